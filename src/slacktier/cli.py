@@ -1,0 +1,69 @@
+"""`slacktier <verb>`: one module per verb under slacktier.commands.
+
+Each verb module defines `HELP` (one line), `add_arguments(parser)` and
+`run(args) -> int`. Verbs are imported only when used, so `--help` stays fast
+and a verb's heavy imports (torch, transformers) cost nothing elsewhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from slacktier.errors import SlackTierError
+
+# verb -> module under slacktier.commands
+VERBS = {
+    "demo": "demo",
+    "stage": "stage",
+    "verify": "verify",
+    "characterize": "characterize",
+    "probe": "probe",
+    "plan": "plan",
+    "bench": "bench",
+    "redknot": "redknot",
+}
+
+
+def _load(verb: str):
+    return importlib.import_module(f"slacktier.commands.{VERBS[verb]}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, every verb with its own --help."""
+    parser = argparse.ArgumentParser(prog="slacktier", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="verb", metavar="VERB")
+    for verb in VERBS:
+        try:
+            module = _load(verb)
+        except ModuleNotFoundError as exc:
+            if exc.name != f"slacktier.commands.{VERBS[verb]}":
+                raise
+            continue  # a verb whose module is not written yet is not offered
+        p = sub.add_parser(verb, help=module.HELP, description=module.HELP)
+        module.add_arguments(p)
+        p.set_defaults(_run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the `slacktier` command."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    if not getattr(args, "_run", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args._run(args) or 0)
+    except SlackTierError as exc:
+        print(f"slacktier {args.verb}: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

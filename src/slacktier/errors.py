@@ -1,0 +1,58 @@
+"""One error family for the whole package: a kind, and a message that says how to fix it."""
+
+from __future__ import annotations
+
+import enum
+
+
+class ErrorKind(enum.Enum):
+    """What went wrong, coarse enough to branch on."""
+
+    BAD_INPUT = "bad_input"          # arguments, config or data of the wrong shape
+    BAD_TOKENIZER = "bad_tokenizer"  # a tokenizer that does not give the expected layout
+    TARGET = "target"                # a staging target that is too small or holds another table
+    CHECKPOINT = "checkpoint"        # a checkpoint tensor missing, or of a wrong dtype or shape
+    IO = "io"                        # a failed, short or unaligned read or write
+    CHECKSUM = "checksum"            # a page whose checksum does not match its manifest
+    MISSING = "missing"              # a region, file, layer or artifact that is not there
+    CLOSED = "closed"                # work asked of something already closed
+    CAPACITY = "capacity"            # a cache or buffer pool too small for one step
+    CERTIFICATE = "certificate"      # a RedKnot artifact certificate that does not match
+    UNAVAILABLE = "unavailable"      # a server or kernel facility that is not there
+
+
+class SlackTierError(Exception):
+    """The one exception type SlackTier raises on purpose.
+
+    `kind` says what went wrong; `fix` says what to do about it. Location fields
+    (layer, rank, page) are filled where a table's bytes are involved so an
+    operator can find the bad page.
+    """
+
+    def __init__(
+        self,
+        kind: ErrorKind,
+        message: str,
+        *,
+        fix: str = "",
+        layer: int | None = None,
+        rank: int | None = None,
+        page: int | None = None,
+    ) -> None:
+        self.kind = kind
+        self.message = message
+        self.fix = fix
+        self.layer = layer
+        self.rank = rank
+        self.page = page
+        where = ", ".join(
+            f"{name} {value}"
+            for name, value in (("layer", layer), ("rank", rank), ("page", page))
+            if value is not None
+        )
+        text = f"[{kind.value}] {message}"
+        if where:
+            text += f" ({where})"
+        if fix:
+            text += f". Fix: {fix}"
+        super().__init__(text)

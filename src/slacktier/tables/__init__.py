@@ -1,0 +1,1 @@
+"""Tables: hashers, the row codec, the page layout, staging and verification."""

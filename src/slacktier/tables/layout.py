@@ -1,0 +1,101 @@
+"""The page layout shared by every tier: 264-byte rows, 15 to a 4 KiB page.
+
+A table layer is split over tensor-parallel ranks; each (layer, rank) shard is
+stored as its own region of whole pages. Row r of a shard lives at page r // 15,
+byte (r % 15) * 264 inside that page; the last 136 bytes of a page are zero.
+
+Worked example: row 31 of a shard -> page 2, byte 264 (31 = 2 * 15 + 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+ROW_VALUES = 256            # fp8 e4m3 values per row
+SCALE_BLOCK = 32            # values per e8m0 scale
+ROW_SCALES = ROW_VALUES // SCALE_BLOCK  # 8
+ROW_BYTES = ROW_VALUES + ROW_SCALES     # 264: 256 B of fp8 then 8 B of e8m0
+PAGE_BYTES = 4096
+ROWS_PER_PAGE = PAGE_BYTES // ROW_BYTES  # 15 (15 * 264 = 3960 B used)
+PAGE_USED_BYTES = ROWS_PER_PAGE * ROW_BYTES
+
+
+def pages_for_rows(rows: int) -> int:
+    """Pages a region of `rows` rows occupies: 16 rows -> 2 pages."""
+    return (rows + ROWS_PER_PAGE - 1) // ROWS_PER_PAGE
+
+
+def page_of_row(row: int) -> int:
+    """Page holding shard row `row`: row 31 -> page 2."""
+    return row // ROWS_PER_PAGE
+
+
+def offset_in_page(row: int) -> int:
+    """Byte offset of shard row `row` inside its page: row 31 -> 264."""
+    return (row % ROWS_PER_PAGE) * ROW_BYTES
+
+
+def shard_bounds(rows: int, column_bounds: tuple[int, ...] | None, rank: int, ranks: int) -> tuple[int, int]:
+    """Global rows [start, end) owned by `rank` of `ranks`.
+
+    On hash-column boundaries when the column count divides by the rank count (a
+    rank owns whole per-head subtables), else the equal-row split. This is the
+    sharding SGLang's Engram embedding uses, so a rank's region holds the same
+    rows as that rank's host table. Example: 24 columns over 4 ranks -> rank 1
+    owns columns 6..11.
+    """
+    if not 0 <= rank < ranks:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"rank {rank} outside 0..{ranks - 1}",
+                             fix="pass a rank below the rank count")
+    if column_bounds is not None:
+        if column_bounds[-1] != rows:
+            raise SlackTierError(ErrorKind.BAD_INPUT,
+                                 f"column bounds end at {column_bounds[-1]} but the table has {rows} rows",
+                                 fix="use the layout's own column bounds")
+        cols = len(column_bounds) - 1
+        if cols % ranks == 0:
+            per = cols // ranks
+            return column_bounds[rank * per], column_bounds[(rank + 1) * per]
+    return rows * rank // ranks, rows * (rank + 1) // ranks
+
+
+@dataclass(frozen=True)
+class RegionGeometry:
+    """Where one (layer, rank) shard lives: global rows [row_start, row_start + rows)."""
+
+    layer: int
+    rank: int
+    row_start: int
+    rows: int
+
+    @property
+    def pages(self) -> int:
+        return pages_for_rows(self.rows)
+
+    @property
+    def nbytes(self) -> int:
+        return self.pages * PAGE_BYTES
+
+
+def pack_rows_into_pages(raw_rows: np.ndarray) -> np.ndarray:
+    """raw_rows [N, 264] uint8 -> pages [ceil(N/15), 4096] uint8, zero-padded."""
+    if raw_rows.ndim != 2 or raw_rows.shape[1] != ROW_BYTES or raw_rows.dtype != np.uint8:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"rows must be [N, {ROW_BYTES}] uint8, got "
+                             f"{raw_rows.shape} {raw_rows.dtype}", fix="encode rows with slacktier.tables.codec")
+    n = raw_rows.shape[0]
+    npages = pages_for_rows(n)
+    pages = np.zeros((npages, PAGE_BYTES), dtype=np.uint8)
+    body = pages[:, :PAGE_USED_BYTES].reshape(npages * ROWS_PER_PAGE, ROW_BYTES)
+    body[:n] = raw_rows
+    return pages
+
+
+def rows_from_pages(pages: np.ndarray, rows: int) -> np.ndarray:
+    """pages [P, 4096] uint8 -> the first `rows` rows [rows, 264] uint8 (a view where possible)."""
+    npages = pages.shape[0]
+    body = pages[:, :PAGE_USED_BYTES].reshape(npages * ROWS_PER_PAGE, ROW_BYTES)
+    return body[:rows]
