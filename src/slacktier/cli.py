@@ -33,7 +33,10 @@ def _load(verb: str):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, every verb with its own --help."""
-    parser = argparse.ArgumentParser(prog="slacktier", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="slacktier",
+        description="Serve token-indexed LLM lookup tables from DRAM, disk or remote memory by layer deadline.",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in VERBS:
