@@ -1,0 +1,215 @@
+"""The disk tier on real files with O_DIRECT: both engines, several devices, and every error path."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import mmap
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store import PageBufferPool, PageReads, RegionSpec
+from slacktier.store import _native
+from slacktier.store._common import page_crc32c
+from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
+from slacktier.store.testing import stage_synthetic, supports_o_direct
+from slacktier.tables.layout import PAGE_BYTES
+
+REPO = Path(__file__).resolve().parents[1]
+_URING_MISSING = _native.probe_io_uring()
+ENGINES = [pytest.param("io_uring", marks=pytest.mark.skipif(_URING_MISSING is not None,
+                                                             reason=f"io_uring unavailable: {_URING_MISSING}")),
+           "threads"]
+
+
+@pytest.fixture
+def region_dir(tmp_path):
+    """A directory that takes O_DIRECT: tmp_path, else one under the repo's git-ignored runs/."""
+    if supports_o_direct(tmp_path):
+        yield tmp_path
+        return
+    (REPO / "runs").mkdir(exist_ok=True)
+    fallback = Path(tempfile.mkdtemp(prefix="test-store-", dir=REPO / "runs"))
+    assert supports_o_direct(fallback), "no directory here supports O_DIRECT; the disk tier needs one"
+    yield fallback
+    shutil.rmtree(fallback)
+
+
+def _reads(pairs: list[tuple[int, int]]) -> PageReads:
+    region, page = zip(*pairs, strict=True)
+    return PageReads(np.array(region, np.int32), np.array(page, np.int64), np.arange(len(pairs), dtype=np.int32))
+
+
+def _where(err: SlackTierError) -> tuple:
+    return err.layer, err.rank, err.page
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_four_devices_many_workers_read_every_page_exactly(region_dir, engine):
+    staged = stage_synthetic(region_dir, layers=(1, 14), ranks=4, rows=150, devices=4)
+    assert len({s.path for s in staged.specs}) == 4
+    src = DiskSource(staged.specs, engine=engine, queue_depth=16, workers_per_device=2, pool_threads=4)
+    try:
+        assert src.engine_name == engine and src.devices == [0, 1, 2, 3]
+        pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
+        order = np.random.default_rng(1).permutation(len(pairs))
+        reads = _reads([pairs[i] for i in order])
+        pool = PageBufferPool(len(pairs))
+        pool.pages[:] = 0xEE
+        stats = src.wait(src.submit(reads, pool))
+        assert stats.pages == len(pairs)
+        for i, (r, p) in enumerate(pairs[j] for j in order):
+            assert np.array_equal(pool.pages[i], staged.pages[r][p])
+    finally:
+        src.close()
+
+
+def test_the_engine_that_runs_is_logged(region_dir, caplog):
+    staged = stage_synthetic(region_dir, ranks=1)
+    with caplog.at_level(logging.INFO, logger="slacktier.store.disk"):
+        src = DiskSource(staged.specs, engine="auto")
+    src.close()
+    assert src.engine_name == ("io_uring" if _URING_MISSING is None else "threads")
+    assert any(f"engine {src.engine_name}" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_read_past_the_end_of_a_truncated_file_names_the_page(region_dir, engine):
+    staged = stage_synthetic(region_dir, ranks=2, rows=150)  # 10 pages per region, both in dev0.bin
+    src = DiskSource(staged.specs, engine=engine)
+    try:
+        last = staged.specs[1]
+        # Cut region 1 in the middle of page 6: page 6 reads short, page 8 lies past the end.
+        os.truncate(last.path, last.offset_bytes + 6 * PAGE_BYTES + 100)
+        pool = PageBufferPool(4)
+        with pytest.raises(SlackTierError) as info:
+            src.wait(src.submit(_reads([(0, 3), (1, 6)]), pool))
+        assert info.value.kind is ErrorKind.IO and "short read, 100 of 4096" in str(info.value)
+        assert _where(info.value) == (last.layer, last.rank, 6)
+        with pytest.raises(SlackTierError) as info:
+            src.wait(src.submit(_reads([(1, 8)]), pool))
+        assert "short read, 0 of 4096" in str(info.value) and _where(info.value) == (last.layer, last.rank, 8)
+        # Intact pages of the same source still read fine afterwards.
+        src.wait(src.submit(_reads([(0, 9), (1, 5)]), pool))
+        assert np.array_equal(pool.pages[0], staged.pages[0][9]) and np.array_equal(pool.pages[1], staged.pages[1][5])
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_an_io_error_names_layer_rank_and_page(region_dir, engine):
+    # A read-only destination page makes the kernel fail the O_DIRECT read with EFAULT: a real errno.
+    staged = stage_synthetic(region_dir, layers=(1, 14), ranks=2)
+    src = DiskSource(staged.specs, engine=engine)
+    pool = PageBufferPool(3)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    assert libc.mprotect(pool.address(1), PAGE_BYTES, mmap.PROT_READ) == 0
+    skips = REGISTRATION_SKIPS["buffers"]
+    try:
+        with pytest.raises(SlackTierError) as info:
+            src.wait(src.submit(_reads([(0, 2), (3, 5), (1, 1)]), pool))
+        assert info.value.kind is ErrorKind.IO and "Bad address" in str(info.value)
+        assert _where(info.value) == (14, 1, 5)
+        if engine == "io_uring":  # the kernel would not pin a read-only pool either: counted, reads ran unregistered
+            assert REGISTRATION_SKIPS["buffers"] == skips + 1
+    finally:
+        libc.mprotect(pool.address(1), PAGE_BYTES, mmap.PROT_READ | mmap.PROT_WRITE)
+        src.close()
+
+
+def test_a_missing_region_file_is_refused_at_construction(region_dir):
+    staged = stage_synthetic(region_dir, ranks=1)
+    os.unlink(staged.specs[0].path)
+    with pytest.raises(SlackTierError) as info:
+        DiskSource(staged.specs)
+    assert info.value.kind is ErrorKind.MISSING and (info.value.layer, info.value.rank) == (1, 0)
+
+
+def test_a_region_past_the_end_of_its_file_is_refused_at_construction(region_dir):
+    staged = stage_synthetic(region_dir, ranks=1, rows=150)
+    spec = staged.specs[0]
+    longer = RegionSpec(spec.layer, spec.rank, spec.path, spec.offset_bytes, spec.pages + 3)
+    with pytest.raises(SlackTierError) as info:
+        DiskSource([longer])
+    assert info.value.kind is ErrorKind.IO and info.value.page == spec.pages
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_corrupt_page_fails_its_checksum_when_verification_is_on(region_dir, engine):
+    staged = stage_synthetic(region_dir, ranks=2)
+    sums = [page_crc32c(p) for p in staged.pages]
+    spec = staged.specs[1]
+    with open(spec.path, "r+b") as f:  # flip one byte of page 4 of region 1, after the checksums were taken
+        f.seek(spec.offset_bytes + 4 * PAGE_BYTES + 77)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+    checked = DiskSource(staged.specs, engine=engine, verify_reads=True, page_crc32c=sums)
+    unchecked = DiskSource(staged.specs, engine=engine)
+    try:
+        with pytest.raises(SlackTierError) as info:
+            checked.wait(checked.submit(_reads([(0, 4), (1, 4)]), PageBufferPool(2)))
+        assert info.value.kind is ErrorKind.CHECKSUM and _where(info.value) == (spec.layer, spec.rank, 4)
+        # Without verification the corrupt bytes come back as stored: the check is what catches them.
+        pool = PageBufferPool(1)
+        unchecked.wait(unchecked.submit(_reads([(1, 4)]), pool))
+        assert not np.array_equal(pool.pages[0], staged.pages[1][4])
+    finally:
+        checked.close()
+        unchecked.close()
+
+
+def test_unknown_engine_and_bad_depth_are_refused(region_dir):
+    staged = stage_synthetic(region_dir, ranks=1)
+    with pytest.raises(SlackTierError, match="unknown disk engine"):
+        DiskSource(staged.specs, engine="aio")
+    with pytest.raises(SlackTierError, match="queue_depth"):
+        DiskSource(staged.specs, queue_depth=0)
+
+
+@pytest.fixture
+def no_compiler(monkeypatch, tmp_path):
+    """A process where the helper is not built yet and no C compiler exists."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("SLACKTIER_CACHE_DIR", str(tmp_path / "cache"))
+    _native.load_helper.cache_clear()
+    yield
+    _native.load_helper.cache_clear()
+
+
+def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(region_dir, no_compiler, caplog):
+    staged = stage_synthetic(region_dir, ranks=1)
+    before = sum(ENGINE_FALLBACKS.values())
+    with caplog.at_level(logging.WARNING, logger="slacktier.store.disk"):
+        src = DiskSource(staged.specs, engine="auto")
+    try:
+        assert src.engine_name == "threads"
+        assert sum(ENGINE_FALLBACKS.values()) == before + 1
+        assert any(r.levelno == logging.WARNING and "falling back" in r.getMessage() for r in caplog.records)
+        pool = PageBufferPool(2)
+        src.wait(src.submit(_reads([(0, 0), (0, 5)]), pool))
+        assert np.array_equal(pool.pages[1], staged.pages[0][5])
+    finally:
+        src.close()
+
+
+def test_without_a_compiler_an_explicit_io_uring_request_fails(region_dir, no_compiler):
+    staged = stage_synthetic(region_dir, ranks=1)
+    with pytest.raises(SlackTierError) as info:
+        DiskSource(staged.specs, engine="io_uring")
+    assert info.value.kind is ErrorKind.UNAVAILABLE and "not found" in str(info.value)
+
+
+def test_the_helper_is_built_once_per_source_hash(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLACKTIER_CACHE_DIR", str(tmp_path / "cache"))
+    first = _native.build_helper()
+    mtime = first.stat().st_mtime_ns
+    assert _native.build_helper() == first and first.stat().st_mtime_ns == mtime
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]

@@ -1,0 +1,262 @@
+"""Every page source (DRAM, disk with each engine, Redis) against the same real staged files."""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store import PageBufferPool, PageReads, PageSource, ReadStats, open_source
+from slacktier.store._native import probe_io_uring
+from slacktier.store.dram import DramSource
+from slacktier.store.redis_source import load_regions_into_redis
+from slacktier.store.testing import RedisServer, stage_synthetic, supports_o_direct
+
+REPO = Path(__file__).resolve().parents[1]
+_URING_MISSING = probe_io_uring()
+KINDS = ["dram", "disk-io_uring", "disk-threads", "redis"]
+AVAILABLE = [k for k in KINDS if k != "disk-io_uring" or _URING_MISSING is None]
+
+
+@pytest.fixture(scope="module")
+def region_dir(tmp_path_factory):
+    """A directory that takes O_DIRECT: the pytest tmp dir, else one under the repo's git-ignored runs/."""
+    candidate = tmp_path_factory.mktemp("regions")
+    if supports_o_direct(candidate):
+        yield candidate
+        return
+    (REPO / "runs").mkdir(exist_ok=True)
+    fallback = Path(tempfile.mkdtemp(prefix="test-store-", dir=REPO / "runs"))
+    assert supports_o_direct(fallback), "no directory here supports O_DIRECT; the disk tier needs one"
+    yield fallback
+    shutil.rmtree(fallback)
+
+
+@pytest.fixture(scope="module")
+def staged(region_dir):
+    # 2 layers x 3 ranks on 2 devices (files), 200 rows = 14 pages per region.
+    return stage_synthetic(region_dir, layers=(1, 14), ranks=3, rows=200, devices=2)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()
+
+
+def _open(kind: str, staged, redis_server_factory) -> PageSource:
+    if kind == "disk-io_uring" and _URING_MISSING is not None:
+        pytest.skip(f"io_uring unavailable here: {_URING_MISSING}")
+    if kind == "dram":
+        return open_source("dram", staged.specs)
+    if kind.startswith("disk-"):
+        return open_source("disk", staged.specs, engine=kind.split("-", 1)[1], workers_per_device=2)
+    server = redis_server_factory()
+    specs = load_regions_into_redis(server.url, staged.specs, prefix="t-sources")
+    return open_source("redis", specs, url=server.url)
+
+
+@pytest.fixture(params=KINDS)
+def source(request, staged):
+    src = _open(request.param, staged, lambda: request.getfixturevalue("redis_server"))
+    yield src
+    src.close()
+
+
+def _random_reads(staged, rng: np.random.Generator, n: int) -> PageReads:
+    region = rng.integers(0, len(staged.specs), n).astype(np.int32)
+    page = np.array([rng.integers(0, staged.specs[r].pages) for r in region], dtype=np.int64)
+    buffer = rng.permutation(n).astype(np.int32)
+    return PageReads(region, page, buffer)
+
+
+def _expected(staged, reads: PageReads) -> np.ndarray:
+    return np.stack([staged.pages[r][p] for r, p in zip(reads.region, reads.page, strict=True)])
+
+
+def test_every_source_implements_the_whole_interface(source):
+    assert isinstance(source, PageSource)
+    assert not inspect.isabstract(type(source))
+    for name in ("submit", "wait", "close"):
+        assert getattr(type(source), name) is not getattr(PageSource, name)
+    assert isinstance(source.capabilities, frozenset) and source.capabilities
+    assert source.capabilities & {"local", "remote"}
+    assert isinstance(source.engine_name, str) and source.engine_name
+
+
+def test_pages_read_are_bit_identical_to_the_staged_bytes(source, staged):
+    rng = np.random.default_rng(3)
+    pool = PageBufferPool(300)
+    pool.pages[:] = 0xA5  # a stale pattern that must be overwritten everywhere a read lands
+    reads = _random_reads(staged, rng, 300)
+    stats = source.wait(source.submit(reads, pool))
+    assert isinstance(stats, ReadStats) and stats.pages == 300 and stats.read_us > 0
+    np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+
+
+def test_several_batches_in_flight_complete_independently(source, staged):
+    rng = np.random.default_rng(4)
+    pool = PageBufferPool(400)
+    first = _random_reads(staged, rng, 200)
+    second = _random_reads(staged, rng, 200)
+    second.buffer = second.buffer + 200
+    t1, t2 = source.submit(first, pool), source.submit(second, pool)
+    assert t1 != t2
+    source.wait(t2)
+    source.wait(t1)
+    np.testing.assert_array_equal(pool.pages[first.buffer], _expected(staged, first))
+    np.testing.assert_array_equal(pool.pages[second.buffer], _expected(staged, second))
+
+
+def test_the_caller_may_reuse_its_arrays_right_after_submit(source, staged):
+    rng = np.random.default_rng(10)
+    pool = PageBufferPool(200)
+    reads = _random_reads(staged, rng, 200)
+    want = _expected(staged, reads)
+    scratch = PageReads(reads.region.copy(), reads.page.copy(), reads.buffer.copy())
+    ticket = source.submit(scratch, pool)
+    scratch.region[:] = 0  # the engine's scratch arrays get the next layer's reads at once
+    scratch.page[:] = 0
+    scratch.buffer[:] = 0
+    source.wait(ticket)
+    np.testing.assert_array_equal(pool.pages[reads.buffer], want)
+
+
+def test_an_empty_batch_completes(source):
+    pool = PageBufferPool(1)
+    empty = PageReads(np.zeros(0, np.int32), np.zeros(0, np.int64), np.zeros(0, np.int32))
+    assert source.wait(source.submit(empty, pool)).pages == 0
+
+
+def test_out_of_range_reads_are_refused_naming_the_region(source, staged):
+    pool = PageBufferPool(4)
+    spec = staged.specs[2]
+    bad_page = PageReads(np.array([2], np.int32), np.array([spec.pages], np.int64), np.array([0], np.int32))
+    with pytest.raises(SlackTierError) as info:
+        source.submit(bad_page, pool)
+    assert info.value.kind is ErrorKind.BAD_INPUT
+    assert (info.value.layer, info.value.rank, info.value.page) == (spec.layer, spec.rank, spec.pages)
+    bad_buffer = PageReads(np.array([0], np.int32), np.array([0], np.int64), np.array([4], np.int32))
+    with pytest.raises(SlackTierError, match="buffer"):
+        source.submit(bad_buffer, pool)
+
+
+def test_a_ticket_is_waited_once(source, staged):
+    pool = PageBufferPool(8)
+    ticket = source.submit(_random_reads(staged, np.random.default_rng(5), 8), pool)
+    source.wait(ticket)
+    with pytest.raises(SlackTierError, match="no ticket"):
+        source.wait(ticket)
+
+
+def test_a_closed_source_refuses_work(source, staged):
+    pool = PageBufferPool(8)
+    reads = _random_reads(staged, np.random.default_rng(6), 8)
+    ticket = source.submit(reads, pool)
+    source.close()
+    # close() finished the queued batch: its pages are in the pool even though wait is now refused.
+    np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+    with pytest.raises(SlackTierError) as info:
+        source.submit(reads, pool)
+    assert info.value.kind is ErrorKind.CLOSED
+    with pytest.raises(SlackTierError) as info:
+        source.wait(ticket)
+    assert info.value.kind is ErrorKind.CLOSED
+    source.close()  # idempotent
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_checksum_verification_passes_on_intact_pages(kind, staged, request):
+    from slacktier.store._common import page_crc32c
+    if kind == "disk-io_uring" and _URING_MISSING is not None:
+        pytest.skip(f"io_uring unavailable here: {_URING_MISSING}")
+    sums = [page_crc32c(p) for p in staged.pages]
+    if kind == "dram":
+        src = open_source("dram", staged.specs, verify_reads=True, page_crc32c=sums)
+    elif kind.startswith("disk-"):
+        src = open_source("disk", staged.specs, engine=kind.split("-", 1)[1], verify_reads=True, page_crc32c=sums)
+    else:
+        server = request.getfixturevalue("redis_server")
+        specs = load_regions_into_redis(server.url, staged.specs, prefix="t-verify")
+        src = open_source("redis", specs, url=server.url, verify_reads=True, page_crc32c=sums)
+    try:
+        assert "verify" in src.capabilities
+        pool = PageBufferPool(100)
+        reads = _random_reads(staged, np.random.default_rng(8), 100)
+        src.wait(src.submit(reads, pool))
+        np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+    finally:
+        src.close()
+
+
+def test_verify_reads_needs_checksums(staged):
+    with pytest.raises(SlackTierError, match="CRC32C"):
+        DramSource(staged.specs, verify_reads=True)
+
+
+def test_dram_source_takes_given_arrays(staged):
+    src = DramSource(staged.specs, pages=staged.pages)
+    try:
+        pool = PageBufferPool(50)
+        reads = _random_reads(staged, np.random.default_rng(9), 50)
+        src.wait(src.submit(reads, pool))
+        np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+    finally:
+        src.close()
+
+
+def test_dram_checksum_mismatch_names_the_page(staged):
+    from slacktier.store._common import page_crc32c
+    sums = [page_crc32c(p) for p in staged.pages]
+    sums[4] = sums[4].copy()
+    sums[4][9] ^= 1
+    src = DramSource(staged.specs, pages=staged.pages, verify_reads=True, page_crc32c=sums)
+    try:
+        pool = PageBufferPool(2)
+        reads = PageReads(np.array([0, 4], np.int32), np.array([1, 9], np.int64), np.array([0, 1], np.int32))
+        with pytest.raises(SlackTierError) as info:
+            src.wait(src.submit(reads, pool))
+        spec = staged.specs[4]
+        assert info.value.kind is ErrorKind.CHECKSUM
+        assert (info.value.layer, info.value.rank, info.value.page) == (spec.layer, spec.rank, 9)
+    finally:
+        src.close()
+
+
+def test_unknown_kind_is_refused(staged):
+    with pytest.raises(SlackTierError, match="unknown page source kind"):
+        open_source("tape", staged.specs)
+
+
+@pytest.fixture(scope="module")
+def all_sources(staged, request):
+    sources = {kind: _open(kind, staged, lambda: request.getfixturevalue("redis_server")) for kind in AVAILABLE
+               if kind != "redis" or shutil.which("redis-server")}
+    yield sources
+    for src in sources.values():
+        src.close()
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_batch_reads_the_same_bytes_from_every_source(all_sources, staged, data):
+    n = data.draw(st.integers(1, 64))
+    region = data.draw(st.lists(st.integers(0, len(staged.specs) - 1), min_size=n, max_size=n))
+    page = [data.draw(st.integers(0, staged.specs[r].pages - 1)) for r in region]
+    buffer = data.draw(st.permutations(list(range(n))))
+    reads = PageReads(np.array(region, np.int32), np.array(page, np.int64), np.array(buffer, np.int32))
+    want = _expected(staged, reads)
+    for kind, src in all_sources.items():
+        pool = PageBufferPool(n)
+        src.wait(src.submit(reads, pool))
+        assert np.array_equal(pool.pages[reads.buffer], want), kind
