@@ -88,14 +88,16 @@ def pack_rows_into_pages(raw_rows: np.ndarray) -> np.ndarray:
                              f"{raw_rows.shape} {raw_rows.dtype}", fix="encode rows with slacktier.tables.codec")
     n = raw_rows.shape[0]
     npages = pages_for_rows(n)
-    pages = np.zeros((npages, PAGE_BYTES), dtype=np.uint8)
-    body = pages[:, :PAGE_USED_BYTES].reshape(npages * ROWS_PER_PAGE, ROW_BYTES)
+    body = np.zeros((npages * ROWS_PER_PAGE, ROW_BYTES), dtype=np.uint8)
     body[:n] = raw_rows
+    pages = np.zeros((npages, PAGE_BYTES), dtype=np.uint8)
+    # Assign through the 2-D slice: reshaping the strided slice would copy it.
+    pages[:, :PAGE_USED_BYTES] = body.reshape(npages, PAGE_USED_BYTES)
     return pages
 
 
 def rows_from_pages(pages: np.ndarray, rows: int) -> np.ndarray:
-    """pages [P, 4096] uint8 -> the first `rows` rows [rows, 264] uint8 (a view where possible)."""
+    """pages [P, 4096] uint8 -> the first `rows` rows [rows, 264] uint8 (a copy: pages are strided)."""
     npages = pages.shape[0]
     body = pages[:, :PAGE_USED_BYTES].reshape(npages * ROWS_PER_PAGE, ROW_BYTES)
     return body[:rows]

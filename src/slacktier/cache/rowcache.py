@@ -1,0 +1,307 @@
+"""The device row cache: slots in two device arrays, a per-layer directory, CLOCK, pins, shares.
+
+Memory: `max_slots` x (256 + 8) B on the device, reserved once; per slot 8 + 4
++ 4 + 1 + 8 + 8 + 4 B of host bookkeeping; per cached layer a directory of
+4 B per row of the rows this process serves (int32, -1 = absent).
+
+The slot budget `slots <= max_slots` is partitioned over layers by shares f_l
+(each layer gets round(f_l * slots) slots by largest remainder); each layer
+runs CLOCK over the slots it owns only, so one layer's misses never evict
+another layer's rows. `resize` moves slot ownership without moving bytes, so
+every row that stays cached stays correct; a shrinking layer gives up free
+slots first, then unpinned rows (evicted), never a pinned row.
+
+Worked example: 1,000 slots, shares {1: 0.75, 14: 0.25} -> layer 1 owns 750
+slots, layer 14 owns 250; resize(slots=400) -> 300 and 100, layer 1 keeps its
+300 most useful slots (free first released, then unreferenced rows).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from slacktier.cache import kernels as K
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CacheLayer:
+    """One layer's share of the cache: its directory and the slots it owns."""
+
+    layer: int
+    key: int                 # small integer stored in slot_layer
+    rows: int                # directory length (rows this process serves)
+    share: float
+    directory: np.ndarray    # [rows] int32, -1 = absent
+    owned: np.ndarray        # [n] int32 slot ids
+    lstate: np.ndarray = field(default_factory=K.empty_lstate)  # [hand, pinned, evictions, spare]
+
+
+def split_slots(slots: int, shares: dict[int, float]) -> dict[int, int]:
+    """Slots per layer by largest remainder: 10 slots, {1: .5, 14: .25} -> {1: 5, 14: 3} (round(7.5) = 8 in all)."""
+    if not shares:
+        return {}
+    total_share = sum(shares.values())
+    if any(f < 0 for f in shares.values()) or total_share > 1.0 + 1e-9:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cache shares {shares} must be >= 0 and sum to at most 1",
+                             fix="give each layer a fraction of the cache, fractions summing to 1")
+    want = {layer: f * slots for layer, f in shares.items()}
+    total = min(slots, int(round(total_share * slots)))
+    counts = {layer: int(np.floor(w)) for layer, w in want.items()}
+    left = total - sum(counts.values())
+    for layer in sorted(want, key=lambda k: (counts[k] - want[k], k))[:max(left, 0)]:
+        counts[layer] += 1
+    return counts
+
+
+class RowCache:
+    """Row slots on `device` with per-layer directories, CLOCK replacement, step pins and shares."""
+
+    def __init__(self, max_slots: int, device: str | torch.device = "cpu", slots: int | None = None) -> None:
+        if max_slots < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"max_slots must be >= 0, got {max_slots}",
+                                 fix="reserve a non-negative number of cache rows")
+        self.device = torch.device(device)
+        self.max_slots = int(max_slots)
+        self.slots = self.max_slots if slots is None else int(slots)
+        self._check_budget(self.slots)
+        # Two device arrays, as in the paper: 256 B of fp8 weights and 8 B of e8m0 scales per slot.
+        self.weight = torch.zeros((self.max_slots, ROW_VALUES), dtype=torch.uint8, device=self.device)
+        self.scale = torch.zeros((self.max_slots, ROW_SCALES), dtype=torch.uint8, device=self.device)
+        self.slot_layer = np.full(self.max_slots, -1, dtype=np.int32)   # layer key holding the slot, -1 free
+        self.slot_row = np.full(self.max_slots, -1, dtype=np.int64)     # local row held
+        # step << 2 | ref << 1 | fill (see cache.kernels); -4: never pinned, unreferenced
+        self.state = np.full(self.max_slots, -4, dtype=np.int64)
+        self.fill_miss = np.full(self.max_slots, -1, dtype=np.int32)    # which read fills it (engine's index)
+        self.owner = np.full(self.max_slots, -1, dtype=np.int32)        # layer key owning the slot, -1 unowned
+        self.step = 0
+        self._layers: dict[int, CacheLayer] = {}
+        self._next_key = 0
+
+    # ---- layers and sizes -------------------------------------------------------------------------
+    def _check_budget(self, slots: int) -> None:
+        if not 0 <= slots <= self.max_slots:
+            raise SlackTierError(ErrorKind.CAPACITY, f"cache budget {slots} rows outside 0..{self.max_slots}",
+                                 fix="reserve a larger max_cache_rows or ask for fewer rows")
+
+    @property
+    def layers(self) -> tuple[int, ...]:
+        """Layer ids with a directory, in the order they were added."""
+        return tuple(self._layers)
+
+    def layer(self, layer: int) -> CacheLayer:
+        """The state of one layer (directory, owned slots)."""
+        try:
+            return self._layers[layer]
+        except KeyError:
+            raise SlackTierError(ErrorKind.MISSING, f"layer {layer} has no cache directory",
+                                 fix="add the layer to the cache first", layer=layer) from None
+
+    def add_layer(self, layer: int, rows: int, share: float) -> CacheLayer:
+        """Give `layer` a directory of `rows` rows and a share of the slots (re-partitions all layers)."""
+        if layer in self._layers:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} already has a cache directory",
+                                 fix="remove it first or use resize", layer=layer)
+        if rows < 0 or rows >= 2**40:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer rows {rows} outside 0..2**40",
+                                 fix="split the table over more processes", layer=layer)
+        state = CacheLayer(layer=layer, key=self._next_key, rows=int(rows), share=float(share),
+                           directory=np.full(int(rows), -1, dtype=np.int32), owned=np.zeros(0, dtype=np.int32))
+        self._next_key += 1
+        shares = {k: v.share for k, v in self._layers.items()} | {layer: float(share)}
+        counts = split_slots(self.slots, shares)   # validate before mutating
+        self._layers[layer] = state
+        try:
+            self._rebalance(counts)
+        except SlackTierError:
+            del self._layers[layer]
+            raise
+        return state
+
+    def remove_layer(self, layer: int) -> None:
+        """Drop a layer's directory and free its slots (their rows are forgotten)."""
+        state = self.layer(layer)
+        self._refuse_if_pinned(state, 0)
+        K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state)
+        self.owner[state.owned] = -1
+        del self._layers[layer]
+
+    def invalidate_layer(self, layer: int) -> None:
+        """Forget every cached row of `layer` (its table changed); keeps its slots."""
+        state = self.layer(layer)
+        self._refuse_if_pinned(state, 0)
+        K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state)
+
+    def resize(self, slots: int | None = None, shares: dict[int, float] | None = None) -> None:
+        """Change the slot budget and/or the per-layer shares; cached rows that keep a slot stay valid."""
+        new_slots = self.slots if slots is None else int(slots)
+        self._check_budget(new_slots)
+        new_shares = {k: v.share for k, v in self._layers.items()}
+        for layer, f in (shares or {}).items():
+            self.layer(layer)
+            new_shares[layer] = float(f)
+        counts = split_slots(new_slots, new_shares)
+        self._rebalance(counts)
+        self.slots = new_slots
+        for layer, f in new_shares.items():
+            self._layers[layer].share = f
+
+    def _refuse_if_pinned(self, state: CacheLayer, target: int) -> None:
+        pinned = int(np.count_nonzero(self._pinned_mask(state.owned)))
+        if pinned > target:
+            raise SlackTierError(ErrorKind.CAPACITY, f"layer {state.layer} has {pinned} slots pinned by the "
+                                 f"current step, cannot go down to {target}",
+                                 fix="resize between steps (after end_step)", layer=state.layer)
+
+    def _rebalance(self, counts: dict[int, int]) -> None:
+        for layer, target in counts.items():
+            state = self._layers[layer]
+            if target < state.owned.shape[0]:
+                self._refuse_if_pinned(state, target)
+        if sum(counts.values()) > self.max_slots:
+            raise SlackTierError(ErrorKind.CAPACITY, f"{sum(counts.values())} slots asked, {self.max_slots} reserved",
+                                 fix="reserve a larger max_cache_rows")
+        # Shrink first: give up free slots, then unreferenced rows, then referenced ones; never pinned.
+        for layer, target in counts.items():
+            state = self._layers[layer]
+            owned = state.owned
+            drop = owned.shape[0] - target
+            if drop <= 0:
+                continue
+            occupied = self.slot_layer[owned] >= 0
+            pinned = self._pinned_mask(owned)
+            referenced = (self.state[owned] & K.REF) != 0
+            order = np.lexsort((referenced, occupied, pinned))   # last key sorts first
+            release = owned[order[:drop]]
+            K.forget_slots(release, state.directory, self.slot_layer, self.slot_row, self.state)
+            self.owner[release] = -1
+            keep = np.sort(owned[order[drop:]]).astype(np.int32)
+            state.owned = keep
+            state.lstate[K.HAND] = 0
+        free = np.flatnonzero(self.owner < 0).astype(np.int32)
+        taken = 0
+        for layer, target in counts.items():
+            state = self._layers[layer]
+            grow = target - state.owned.shape[0]
+            if grow <= 0:
+                continue
+            new = free[taken:taken + grow]
+            taken += grow
+            self.owner[new] = state.key
+            self.slot_layer[new] = -1
+            self.slot_row[new] = -1
+            self.state[new] &= ~np.int64(K.REF | K.FILL)
+            state.owned = np.concatenate([state.owned, new]).astype(np.int32)
+            state.lstate[K.HAND] = 0
+        for state in self._layers.values():
+            state.lstate[K.PINNED] = int(np.count_nonzero(self._pinned_mask(state.owned)))
+
+    # ---- steps --------------------------------------------------------------------------------------
+    def release_pins(self) -> None:
+        """End the current step: every pin is released (one increment), pinned counts reset."""
+        self.step += 1
+        for state in self._layers.values():
+            state.lstate[K.PINNED] = 0
+
+    def lookup(self, layer: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Pin hits and claim slots for misses of local `rows` [n] -> (slots [n] int32, hit [n] bool).
+
+        A claimed slot (hit False, slot >= 0) is in the directory already; its
+        bytes are the caller's to write with `write` before the row is read.
+        Slot -1: every slot of the layer is pinned by this step.
+        """
+        state = self.layer(layer)
+        rows = np.ascontiguousarray(rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= state.rows):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"rows outside 0..{state.rows - 1}",
+                                 fix="pass local rows of the layer's shard", layer=layer)
+        out_slot = np.empty(rows.shape[0], dtype=np.int32)
+        out_hit = np.empty(rows.shape[0], dtype=np.uint8)
+        K.admit_rows(state.key, rows, state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
+                     self.state, self.step, out_slot, out_hit)
+        return out_slot, out_hit.astype(bool)
+
+    def forget(self, layer: int, slots: np.ndarray) -> None:
+        """Drop the rows held in `slots` of `layer` (a fill that never arrived); slots < 0 are skipped."""
+        state = self.layer(layer)
+        K.forget_slots(np.ascontiguousarray(slots, dtype=np.int32), state.directory, self.slot_layer,
+                       self.slot_row, self.state)
+
+    def write(self, slots: np.ndarray, raw: torch.Tensor) -> None:
+        """Store raw rows [n, 264] uint8 into `slots` [n] (the row's two arrays)."""
+        idx = torch.as_tensor(np.asarray(slots, dtype=np.int64), device=self.device)
+        raw = raw.to(self.device)
+        self.weight[idx] = raw[:, :ROW_VALUES]
+        self.scale[idx] = raw[:, ROW_VALUES:ROW_BYTES]
+
+    def read(self, slots: np.ndarray) -> torch.Tensor:
+        """Raw rows [n, 264] uint8 held in `slots`."""
+        idx = torch.as_tensor(np.asarray(slots, dtype=np.int64), device=self.device)
+        return torch.cat([self.weight[idx], self.scale[idx]], dim=1)
+
+    # ---- inspection ---------------------------------------------------------------------------------
+    def cached(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """(local rows [n] int64, slots [n] int32) of every row `layer` holds now."""
+        state = self.layer(layer)
+        rows = np.flatnonzero(state.directory >= 0)
+        return rows.astype(np.int64), state.directory[rows].astype(np.int32)
+
+    def owned_slots(self, layer: int) -> int:
+        """Slots `layer` owns now."""
+        return int(self.layer(layer).owned.shape[0])
+
+    def pinned(self) -> np.ndarray:
+        """Slots pinned by the current step [n] int64."""
+        return np.flatnonzero(self._pinned_mask(np.arange(self.max_slots)))
+
+    def _pinned_mask(self, slots: np.ndarray) -> np.ndarray:
+        return (self.state[slots] >> 2) == self.step
+
+    def evictions(self, layer: int) -> int:
+        """Rows of `layer` evicted so far."""
+        return int(self.layer(layer).lstate[K.EVICTIONS])
+
+    def verify(self) -> list[str]:
+        """Check every invariant; return the violations found (empty when consistent)."""
+        problems: list[str] = []
+        keys = {s.key: s for s in self._layers.values()}
+        seen_owner = np.full(self.max_slots, -1, dtype=np.int64)
+        for state in self._layers.values():
+            if np.unique(state.owned).shape[0] != state.owned.shape[0]:
+                problems.append(f"layer {state.layer} owns a slot twice")
+            if np.any(seen_owner[state.owned] >= 0):
+                problems.append(f"layer {state.layer} owns a slot another layer owns")
+            seen_owner[state.owned] = state.key
+            if np.any(self.owner[state.owned] != state.key):
+                problems.append(f"owner array disagrees with layer {state.layer}'s slot list")
+            rows = np.flatnonzero(state.directory >= 0)
+            slots = state.directory[rows]
+            if np.unique(slots).shape[0] != slots.shape[0]:
+                problems.append(f"layer {state.layer}: two rows map to one slot")
+            if np.any(self.slot_layer[slots] != state.key) or np.any(self.slot_row[slots] != rows):
+                problems.append(f"layer {state.layer}: directory and slot back-pointers disagree")
+            if np.any(self.owner[slots] != state.key):
+                problems.append(f"layer {state.layer}: a row sits in a slot the layer does not own")
+            pinned = int(np.count_nonzero(self._pinned_mask(state.owned)))
+            if pinned != int(state.lstate[K.PINNED]):
+                problems.append(f"layer {state.layer}: pinned count {state.lstate[K.PINNED]} != {pinned}")
+        if np.count_nonzero(self.owner >= 0) > self.slots:
+            problems.append(f"{np.count_nonzero(self.owner >= 0)} slots owned, budget {self.slots}")
+        used = np.flatnonzero(self.slot_layer >= 0)
+        orphan = ~np.isin(self.slot_layer[used], np.array(list(keys), dtype=np.int32))
+        if np.any(orphan):
+            problems.append(f"slots {used[orphan][:5]} hold rows of a removed layer")
+        for key, state in keys.items():
+            mine = used[self.slot_layer[used] == key]
+            bad = state.directory[self.slot_row[mine]] != mine
+            if np.any(bad):
+                problems.append(f"layer {state.layer}: slots {mine[bad][:5]} claim rows whose directory "
+                                f"entry points elsewhere")
+        return problems

@@ -1,0 +1,59 @@
+"""Per-step, per-layer counters the engine publishes at `end_step` (and running totals)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+
+
+@dataclass
+class LayerCounters:
+    """What one layer's lookups did in one step (or summed over steps).
+
+    lookups = hits + reused + rows_read + zero_rows. rows_read counts unique rows
+    fetched from pages, pages_read unique pages, bypass the rows read but not
+    cached (every slot of the layer pinned), reused the lookups served by a read
+    already requested this step. read_us is the source's submit-to-completion
+    time, wait_us how long `gather` blocked on the reads, resolve_us the
+    directory pass, submit_us handing pages to the source, gather_us the fill and
+    dequant pass. mismatches: rows the checker found different from the reference
+    (checked_rows of them compared).
+    """
+
+    lookups: int = 0
+    hits: int = 0
+    reused: int = 0
+    rows_read: int = 0
+    pages_read: int = 0
+    zero_rows: int = 0
+    bypass: int = 0
+    evictions: int = 0
+    read_us: float = 0.0
+    wait_us: float = 0.0
+    resolve_us: float = 0.0
+    submit_us: float = 0.0
+    gather_us: float = 0.0
+    checked_rows: int = 0
+    mismatches: int = 0
+
+    def add(self, other: LayerCounters) -> None:
+        """Accumulate `other` into this one."""
+        for f in fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
+    @property
+    def hit_rate(self) -> float:
+        """hits / lookups (0 when there were none)."""
+        return self.hits / self.lookups if self.lookups else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        """Plain dict (for logs and JSON)."""
+        return asdict(self)
+
+
+@dataclass
+class StepCounters:
+    """One step's counters by layer id."""
+
+    step: int
+    tokens: int
+    layers: dict[int, LayerCounters] = field(default_factory=dict)
