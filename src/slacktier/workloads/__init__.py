@@ -1,1 +1,15 @@
-"""workloads room."""
+"""Real traffic for the tables: agent and chat sessions, replay traces, access characterization.
+
+One role per module:
+
+- `sessions`: Turn / Session (text) and TokenSession (DeepSeek-V4 tokens, reply bounds); the chat format.
+- `sharegpt`: record-by-record parsing of the truncated ShareGPT JSON; chat Sessions.
+- `agent`: SWE-agent-style sessions from real commands on real source trees; the .npz session cache.
+- `corpus`: both workloads as TokenSessions, split by source (`load_workload`).
+- `split`: fit/holdout split by source.
+- `hashing`: the hasher interface (Engram V4.1, PLE) as [T, L, C] row ids plus a HashSpec.
+- `replay`: interleaved replay as Step records (`replay_steps`), flattened to a LookupTrace.
+- `policies`: compiled cache policies (LRU, CLOCK, S3-FIFO-style, static, static head + LRU, Belady).
+- `reference`: slow plain-Python simulators the kernels are tested against.
+- `characterize`: hit rates per policy/capacity/order, batch reuse, miss-page curves P_l(c) for the planner.
+"""

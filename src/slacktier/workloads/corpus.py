@@ -1,0 +1,87 @@
+"""The two workloads as token sessions, split by source: `load_workload("agent" | "chat", config)`."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.workloads.agent import AgentParams, agent_sessions, available_sources
+from slacktier.workloads.sessions import TokenSession, render_session, truncate_turns
+from slacktier.workloads.sharegpt import ParseStats, iter_chat_sessions
+from slacktier.workloads.split import Split, split_by_source
+
+log = logging.getLogger(__name__)
+
+WORKLOADS = ("agent", "chat")
+DEFAULT_CACHE_DIR = Path("data/workloads")
+
+
+@dataclass(frozen=True)
+class CorpusConfig:
+    """How many sessions of each workload, and from where."""
+
+    agent_sources: tuple[str, ...] | None = None  # None: every installed source in AGENT_SOURCES
+    agent_sessions_per_source: int = 5
+    agent_params: AgentParams = field(default_factory=AgentParams)
+    chat_sessions: int = 192
+    chat_min_replies: int = 2      # multi-turn conversations only
+    chat_max_turns: int = 24
+    chat_max_tokens: int = 32768   # longer conversations are skipped (counted)
+    holdout_share: float = 0.5
+    seed: int = 0
+    cache_dir: Path | None = DEFAULT_CACHE_DIR
+
+    def __post_init__(self) -> None:
+        if self.agent_sessions_per_source < 1 or self.chat_sessions < 2 or not 0 < self.holdout_share < 1:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"bad corpus config {self}",
+                                 fix="agent_sessions_per_source >= 1, chat_sessions >= 2, 0 < holdout_share < 1")
+
+
+def chat_token_sessions(n_sessions: int, min_replies: int = 2, max_turns: int = 24, max_tokens: int = 32768,
+                        stats: ParseStats | None = None) -> list[TokenSession]:
+    """The first `n_sessions` ShareGPT conversations (file order) with >= min_replies replies and <= max_tokens."""
+    from slacktier.tables.tokenizer import load_deepseek_tokenizer
+
+    tok = load_deepseek_tokenizer()
+    stats = stats if stats is not None else ParseStats()
+    out: list[TokenSession] = []
+    for session in iter_chat_sessions(min_replies=min_replies, stats=stats):
+        session = truncate_turns(session, max_turns)
+        if sum(t.role == "assistant" for t in session.turns) < min_replies:
+            stats.skip("too_few_replies_after_cut")
+            continue
+        ts = render_session(session, tok)
+        if ts.num_tokens > max_tokens:
+            stats.skip("too_long")
+            continue
+        out.append(ts)
+        if len(out) == n_sessions:
+            break
+    if len(out) < n_sessions:
+        raise SlackTierError(ErrorKind.MISSING, f"ShareGPT gave only {len(out)} of {n_sessions} sessions",
+                             fix="ask for fewer sessions or relax min_replies / max_tokens")
+    if stats.skipped:
+        log.info("ShareGPT sessions skipped: %s", stats.skipped)
+    return out
+
+
+def agent_token_sessions(config: CorpusConfig, progress: bool = False) -> list[TokenSession]:
+    """Agent sessions for every configured source (generated once, then read from the cache)."""
+    sources = available_sources(config.agent_sources)
+    pairs = agent_sessions(sources, config.agent_sessions_per_source, config.seed, config.cache_dir,
+                           config.agent_params, progress=progress)
+    return [tokens for _, tokens in pairs]
+
+
+def load_workload(name: str, config: CorpusConfig = CorpusConfig(), progress: bool = False) -> Split[TokenSession]:
+    """The workload's token sessions split by source into fit and holdout."""
+    if name == "agent":
+        sessions = agent_token_sessions(config, progress)
+    elif name == "chat":
+        sessions = chat_token_sessions(config.chat_sessions, config.chat_min_replies, config.chat_max_turns,
+                                       config.chat_max_tokens)
+    else:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown workload {name!r}", fix=f"use one of {WORKLOADS}")
+    return split_by_source(sessions, holdout_share=config.holdout_share, seed=config.seed)

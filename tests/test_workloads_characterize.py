@@ -1,0 +1,106 @@
+"""Characterization: miss pages per step, capacity sweeps, batch reuse, and the `characterize` verb end to end."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from slacktier.cli import main
+from slacktier.tables.engram_hash import EngramLayout
+from slacktier.workloads.characterize import (Capacity, batch_reuse, capacities_for, decode_step_pages, evaluate,
+                                              miss_page_curve, prepare_layer, read_miss_curves, run_policy)
+from slacktier.workloads.hashing import EngramLookupHasher
+from slacktier.workloads.policies import rank_rows
+from slacktier.workloads.replay import LookupTrace, ReplayConfig, collect_trace, replay_steps, session_rows
+from slacktier.workloads.sessions import render_session, truncate_turns
+from slacktier.workloads.sharegpt import iter_chat_sessions
+
+
+def _hand_trace() -> LookupTrace:
+    # 4 tokens x 2 columns: step 0 prefill (token 0), step 1 decode (tokens 1, 2), step 2 decode (token 3)
+    rows = np.array([[0, 14, 0, 14, 15, 29, 30, 31]], dtype=np.int64)
+    return LookupTrace("hand", 2, (14,), (100,), 2, 1, 2, rows, np.array([0, 1, 1, 2], dtype=np.int32),
+                       np.array([False, True, True, True]), np.array([0, 0, 1, 1], dtype=np.int32))
+
+
+def test_pages_per_decode_step_worked_example():
+    prep = prepare_layer(_hand_trace(), 14)
+    nothing = np.zeros(8, dtype=np.uint8)
+    # step 1 misses rows 0, 14, 15, 29 -> pages 0, 0, 1, 1 -> 2; step 2 misses 30, 31 -> page 2 -> 1
+    assert decode_step_pages(prep, nothing).tolist() == [2, 1]
+    lru = run_policy(prep, "lru", 10)
+    assert lru.tolist() == [0, 0, 1, 1, 0, 0, 0, 0]
+    assert decode_step_pages(prep, lru).tolist() == [1, 1]
+    res = evaluate(prep, "lru", Capacity(10, "10 rows"))
+    assert res.decode_lookups == 6 and res.decode_hits == 2 and res.pages_per_decode_step == 1.0
+    assert res.order_hit_rate == {2: 1 / 3, 3: 1 / 3}
+
+
+@pytest.fixture(scope="module")
+def chat_trace():
+    hasher = EngramLookupHasher(EngramLayout.scaled(2000))
+    sessions = [render_session(truncate_turns(s, 6)) for s in itertools.islice(iter_chat_sessions(min_replies=2), 16)]
+    trace = collect_trace(replay_steps(sessions[:10], hasher, ReplayConfig(batch=8, decode_tokens=32)), hasher,
+                          "chat", 8)
+    return trace, session_rows(sessions[10:], hasher)
+
+
+def test_lru_miss_curve_is_monotone_and_belady_bounds_every_policy(chat_trace):
+    trace, fit = chat_trace
+    preps = [prepare_layer(trace, layer, rank_rows(fit[i])) for i, layer in enumerate(trace.layer_ids)]
+    u = max(p.n_items for p in preps)
+    caps = [0, u // 100, u // 20, u // 5, u // 2, u]
+    curve = miss_page_curve(preps, caps, policy="lru")
+    assert set(curve["layers"]) == {"1", "14"} and curve["batch"] == 8
+    for layer in curve["layers"].values():
+        assert layer["capacity_rows"] == caps
+        assert all(a >= b for a, b in zip(layer["pages_per_step"], layer["pages_per_step"][1:]))
+        assert all(a <= b for a, b in zip(layer["hit_rate"], layer["hit_rate"][1:]))
+        assert layer["hit_rate"][0] == 0.0 and layer["pages_per_step"][0] > 0
+    json.dumps(curve)
+    for prep in preps:
+        for cap in capacities_for(trace, prep.layer_id, absolute_rows=(), table_shares=(),
+                                  unique_shares=(0.05, 0.3)):
+            got = {p: evaluate(prep, p, cap) for p in ("lru", "clock", "s3fifo", "static", "static_lru",
+                                                       "belady", "belady_warm")}
+            for p in ("lru", "clock", "s3fifo"):
+                assert got[p].decode_hits <= got["belady"].decode_hits
+            for p in got:
+                assert got[p].decode_hits <= got["belady_warm"].decode_hits
+                r = got[p]
+                weighted = sum(rate * (r.decode_lookups / 3) for rate in r.order_hit_rate.values())
+                assert abs(weighted - r.decode_hits) < 1e-6 * max(1, r.decode_hits)
+
+
+def test_batch_reuse_counts_distinct_rows(chat_trace):
+    trace, _ = chat_trace
+    prep = prepare_layer(trace, 14)
+    br = batch_reuse(prep, sample_tokens=64, samples=8, window_tokens=512)
+    assert 0 < br.window_distinct <= br.sampled_distinct <= 1
+    rows = prep.rows.reshape(-1, 24)[:512]
+    assert abs(batch_reuse(prep, sample_tokens=64, samples=1, window_tokens=trace.num_tokens).window_distinct
+               - np.unique(prep.rows).shape[0] / prep.rows.shape[0]) < 1e-12
+    assert rows.shape == (512, 24)
+
+
+def test_characterize_verb_writes_csv_json_and_plots(tmp_path):
+    out = tmp_path / "out"
+    rc = main(["characterize", "--agent-sources", "idna,packaging", "--agent-per-source", "1",
+               "--chat-sessions", "4", "--batch", "2", "--decode-tokens", "16", "--capacities", "0,1000,100000",
+               "--miss-points", "4", "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"])
+    assert rc == 0
+    for name in ("hit_rates.csv", "hit_rates.json", "batch_reuse.csv", "summary.json", "miss_curve_agent_B2.json",
+                 "miss_curve_chat_B2.json", "hit_rate_agent_L14.png", "miss_pages.png"):
+        assert (out / name).stat().st_size > 0, name
+    curve = json.loads((out / "miss_curve_agent_B2.json").read_text())
+    curves = read_miss_curves(out / "miss_curve_agent_B2.json")
+    assert set(curves) == {1, 14} and curves[14].pages_at(0) == curve["layers"]["14"]["pages_per_step"][0]
+    assert curve["workload"] == "agent" and set(curve["layers"]) == {"1", "14"}
+    assert len(curve["layers"]["14"]["pages_per_step"]) == len(curve["layers"]["14"]["capacity_rows"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["agent"]["holdout_sources"] == 1 and summary["agent"]["fit_sources"] == 1
+    hits = json.loads((out / "hit_rates.json").read_text())
+    assert {h["policy"] for h in hits} == {"lru", "clock", "s3fifo", "static", "static_lru", "belady", "belady_warm"}

@@ -1,0 +1,106 @@
+"""Compiled cache policies against the plain-Python reference, and Belady as an upper bound."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slacktier.errors import SlackTierError
+from slacktier.workloads import policies as P
+from slacktier.workloads import reference as R
+
+traces = st.tuples(
+    st.lists(st.integers(0, 30), min_size=0, max_size=250),
+    st.integers(0, 24),
+    st.randoms(use_true_random=False),
+)
+
+
+def _arrays(seq, rnd):
+    ids = np.asarray(seq, dtype=np.int32)
+    dec = np.asarray([rnd.random() < 0.5 for _ in seq], dtype=bool)
+    return ids, dec, 31
+
+
+@settings(max_examples=300, deadline=None)
+@given(traces)
+def test_lru_clock_s3fifo_match_reference(trace):
+    seq, cap, rnd = trace
+    ids, _, n = _arrays(seq, rnd)
+    assert P.lru(ids, n, cap).tolist() == R.ref_lru(seq, cap)
+    assert P.clock(ids, n, cap).tolist() == R.ref_clock(seq, cap)
+    assert P.s3fifo(ids, n, cap).tolist() == R.ref_s3fifo(seq, cap, P.s3fifo_small_capacity(cap))
+
+
+@settings(max_examples=300, deadline=None)
+@given(traces)
+def test_belady_matches_reference_and_is_never_beaten(trace):
+    seq, cap, rnd = trace
+    ids, dec, n = _arrays(seq, rnd)
+    best = P.belady(ids, dec, n, cap)
+    assert best.tolist() == R.ref_belady(seq, dec.tolist(), cap)
+    assert not (best.astype(bool) & ~dec).any()  # only decode lookups count
+    bound = int(best.sum())
+    for hit in (P.lru(ids, n, cap), P.clock(ids, n, cap), P.s3fifo(ids, n, cap)):
+        assert int(hit[dec].sum()) <= bound
+    # static sets start full: their ceiling is Belady after free prefill lookups of the top-ranked rows
+    rank_of_item = np.asarray([(x * 7919) % 31 for x in range(n)], dtype=np.int64)  # a fixed ranking
+    ranks = rank_of_item[ids]
+    warm_bound = int(P.belady_warm(ids, dec, ranks, n, cap).sum())
+    assert warm_bound >= bound
+    for hit in (P.static(ranks, cap), P.static_lru(ids, ranks, n, cap, cap // 2)):
+        assert int(hit[dec].sum()) <= warm_bound
+    warm = np.argsort(rank_of_item, kind="stable")[:cap].astype(np.int32)
+    warm = warm[np.isin(warm, ids)]
+    ids_w = np.concatenate([warm, ids])
+    dec_w = np.concatenate([np.zeros(len(warm), dtype=bool), dec])
+    assert warm_bound == sum(R.ref_belady(ids_w.tolist(), dec_w.tolist(), cap)[len(warm):])
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=8), st.integers(0, 2), st.randoms(use_true_random=False))
+def test_belady_equals_exhaustive_optimum_on_tiny_traces(seq, cap, rnd):
+    ids, dec, n = _arrays(seq, rnd)
+    assert int(P.belady(ids, dec, n, cap).sum()) == R.brute_force_best_decode_hits(seq, dec.tolist(), cap)
+
+
+def test_static_and_static_head_follow_their_definition():
+    rng = np.random.default_rng(3)
+    seq = (rng.zipf(1.3, 3000) % 200).astype(np.int64)
+    ranking = P.rank_rows(seq[:1500])
+    ranks = P.ranks_of(seq[1500:], ranking)
+    ids, n = P.densify(seq[1500:])
+    # the most frequent fit row has rank 0; unseen rows never hit
+    uniq, counts = np.unique(seq[:1500], return_counts=True)
+    assert P.ranks_of(np.array([uniq[np.argmax(counts)]]), ranking)[0] == 0
+    assert P.ranks_of(np.array([10_000]), ranking)[0] == np.iinfo(np.int64).max
+    for cap in (0, 5, 40):
+        pinned = set(ranking[0][np.argsort(ranking[1])][:cap].tolist())
+        assert P.static(ranks, cap).tolist() == [int(x in pinned) for x in seq[1500:].tolist()]
+        head = cap // 2
+        head_set = set(ranking[0][np.argsort(ranking[1])][:head].tolist())
+        rest = [x for x in seq[1500:].tolist() if x not in head_set]
+        lru_hits = iter(R.ref_lru(rest, cap - head))
+        expected = [1 if x in head_set else next(lru_hits) for x in seq[1500:].tolist()]
+        assert P.static_lru(ids, ranks, n, cap, head).tolist() == expected
+
+
+def test_densify_and_errors():
+    ids, n = P.densify(np.array([7, 9, 7, 400_000_000]))
+    assert ids.tolist() == [0, 1, 0, 2] and n == 3
+    with pytest.raises(SlackTierError):
+        P.lru(ids, n, -1)
+    with pytest.raises(SlackTierError):
+        P.lru(np.array([5], dtype=np.int32), 3, 1)
+    with pytest.raises(SlackTierError):
+        P.static_lru(ids, np.zeros(4, dtype=np.int64), n, 2, 3)
+
+
+def test_lru_beats_nothing_it_should_not_on_a_loop():
+    # a cyclic scan one larger than the cache: LRU and CLOCK never hit, Belady does
+    seq = np.tile(np.arange(5, dtype=np.int32), 20)
+    dec = np.ones(seq.shape[0], dtype=bool)
+    assert P.lru(seq, 5, 4).sum() == 0 and P.clock(seq, 5, 4).sum() == 0
+    assert P.belady(seq, dec, 5, 4).sum() > 0
