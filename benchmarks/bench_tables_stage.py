@@ -1,0 +1,290 @@
+"""Staging throughput as a fraction of the disk's sequential O_DIRECT write bandwidth, measured in the same run.
+
+Per repeat, in shuffled order, each writing the same bytes to a fresh file in
+--dir (fsync at the end, file deleted right after):
+  fio      fio --rw=write --direct=1 --ioengine=psync --bs=<chunk> --end_fsync=1 (queue depth 1)
+  zeros    our own O_DIRECT writer of zeros: same chunk size, preallocated, one thread, fsync
+  zeros+fill thread   the same while one other thread runs the staging fill kernel nonstop (on a
+           virtio disk the write path needs guest CPU, so this is the disk as seen by a CPU-busy guest)
+  stage    slacktier stage_synthetic: generate + CRC32C + O_DIRECT write + header + manifest
+Ratios are stage / fio and stage / zeros within each repeat; we report min/median/max.
+
+Also, side by side: the row codec's CPU paths (dequantize via the exact lookup
+table vs the torch reference; synthetic_rows now vs the skeleton's numpy+torch
+version from git HEAD, when git has it).
+
+  .venv/bin/python benchmarks/bench_tables_stage.py [--rows-per-layer 8000000] [--repeats 3] [--append-md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import random
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from slacktier.tables import codec
+from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
+from slacktier.tables.manifest import TableLayout, plan_regions, target_bytes
+from slacktier.tables.odirect import DirectFile, aligned_array
+from slacktier.tables.stage import StageStats, SyntheticSource, stage_synthetic
+
+ROOT = Path(__file__).resolve().parents[1]
+SECTION = "### Codec and staging"
+FILL_KEY = "stage fill: synthetic rows + page CRC32C, 4 MiB chunks (CPU time)"
+
+
+def run_fio(path: Path, nbytes: int, chunk_bytes: int) -> float:
+    """GB/s of fio's sequential O_DIRECT write (psync, queue depth 1), end fsync included."""
+    res = subprocess.run(["fio", "--name=seqw", f"--filename={path}", "--rw=write", f"--bs={chunk_bytes}",
+                          f"--size={nbytes}", "--direct=1", "--ioengine=psync", "--end_fsync=1",
+                          "--output-format=json"], capture_output=True, text=True, check=True)
+    job = json.loads(res.stdout)["jobs"][0]["write"]
+    return job["io_bytes"] / (job["runtime"] / 1e3) / 1e9 if job["runtime"] else float("nan")
+
+
+def run_zeros(path: Path, nbytes: int, chunk_bytes: int) -> float:
+    """GB/s of our own O_DIRECT writer of zeros, same chunk size, preallocated like staging, fsync included."""
+    buf = aligned_array(chunk_bytes)
+    t0 = time.perf_counter()
+    with DirectFile(str(path), write=True, create=True) as f:
+        os.ftruncate(f.fd, nbytes)
+        os.posix_fallocate(f.fd, 0, nbytes)
+        for off in range(0, nbytes, chunk_bytes):
+            n = min(chunk_bytes, nbytes - off)
+            f.pwrite(buf[:n], off)
+        f.sync()
+    return nbytes / (time.perf_counter() - t0) / 1e9
+
+
+def run_zeros_beside_fill(path: Path, nbytes: int, chunk_bytes: int) -> float:
+    """`run_zeros` while one other thread runs the staging fill kernel nonstop: the write path's bandwidth
+    when this VM's CPUs are also busy generating pages (on a virtio disk the I/O path needs guest CPU)."""
+    source = SyntheticSource(TableLayout({1: 1 << 40}), seed=3)
+    stop = threading.Event()
+
+    def burn() -> None:
+        pages = aligned_array(chunk_bytes).reshape(-1, PAGE_BYTES)
+        crcs = np.empty(pages.shape[0], dtype=np.uint32)
+        i = 0
+        while not stop.is_set():
+            source.fill_pages(1, i * pages.shape[0] * ROWS_PER_PAGE, pages.shape[0] * ROWS_PER_PAGE, pages, crcs)
+            i += 1
+
+    t = threading.Thread(target=burn, daemon=True)
+    t.start()
+    try:
+        return run_zeros(path, nbytes, chunk_bytes)
+    finally:
+        stop.set()
+        t.join()
+
+
+def run_stage(path: Path, layers: dict[int, int], ranks: int, chunk_bytes: int, seed: int) -> tuple[float, float]:
+    """(GB/s of staging a synthetic table, everything and manifest included; writer busy fraction)."""
+    stats = StageStats()
+    t0 = time.perf_counter()
+    m = stage_synthetic([path], layers, ranks, seed, overwrite=True, chunk_bytes=chunk_bytes, progress=False,
+                        stats=stats)
+    dt_s = time.perf_counter() - t0
+    for p in (Path(m.path), m.crc_path()):
+        p.unlink()
+    return (m.total_pages * PAGE_BYTES + PAGE_BYTES) / dt_s / 1e9, stats.writer_busy_fraction
+
+
+def codec_rows(reps: int) -> list[tuple[str, list[float]]]:
+    """Side-by-side CPU timings (us per row) of the codec paths."""
+    raw = torch.from_numpy(codec.synthetic_rows(1, 0, 20_000))
+    codec.dequantize(raw)
+    old = None
+    try:
+        src = subprocess.run(["git", "show", "HEAD~0:src/slacktier/tables/codec.py"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout
+        if "def synthetic_rows" in src and "_synthetic_fill" not in src:
+            old = types.ModuleType("codec_skeleton")
+            exec(compile(src, "codec_skeleton", "exec"), old.__dict__)
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        old = None
+    source = SyntheticSource(TableLayout({1: 1 << 30}), seed=1)
+    chunk = aligned_array(4 << 20).reshape(-1, PAGE_BYTES)
+    crcs = np.empty(chunk.shape[0], dtype=np.uint32)
+    rows_per_chunk = chunk.shape[0] * ROWS_PER_PAGE
+    source.fill_pages(1, 0, rows_per_chunk, chunk, crcs)
+    timers: dict[str, list[float]] = {"dequantize (lookup table), 20k rows": [],
+                                      "reference_dequant (torch), 20k rows": [],
+                                      "synthetic_rows (numba), 20k rows": []}
+    if old is not None:
+        timers["synthetic_rows (skeleton, numpy+torch), 20k rows"] = []
+    timers[FILL_KEY] = []
+    jobs = list(timers)
+    for _ in range(reps):
+        random.shuffle(jobs)
+        for name in jobs:
+            if name == FILL_KEY:  # CPU time, so other jobs on the machine do not count
+                t0 = time.process_time()
+                for i in range(8):
+                    source.fill_pages(1, i * rows_per_chunk, rows_per_chunk, chunk, crcs)
+                timers[name].append((time.process_time() - t0) / (8 * rows_per_chunk) * 1e6)
+                continue
+            t0 = time.perf_counter()
+            if name.startswith("dequantize"):
+                codec.dequantize(raw)
+            elif name.startswith("reference"):
+                codec.reference_dequant(*codec.split_raw(raw))
+            elif "numba" in name:
+                codec.synthetic_rows(2, 0, 20_000)
+            else:
+                old.synthetic_rows(2, 0, 20_000)
+            timers[name].append((time.perf_counter() - t0) / 20_000 * 1e6)
+    return list(timers.items())
+
+
+def stats(xs: list[float]) -> str:
+    return f"{min(xs):.3f} / {statistics.median(xs):.3f} / {max(xs):.3f}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows-per-layer", type=int, default=8_000_000)
+    ap.add_argument("--layers", default="1,14")
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--chunk-mib", type=int, default=4)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--dir", default=str(ROOT / "runs" / "bench_stage"))
+    ap.add_argument("--png", default=str(ROOT / "runs" / "bench_stage" / "stage_ratio.png"))
+    ap.add_argument("--append-md", action="store_true", help=f"append the results under '{SECTION}' in BENCHMARKS.md")
+    args = ap.parse_args()
+
+    load0 = os.getloadavg()[0]
+    work = Path(args.dir)
+    work.mkdir(parents=True, exist_ok=True)
+    layers = {int(x): args.rows_per_layer for x in args.layers.split(",")}
+    chunk = args.chunk_mib << 20
+    nbytes = target_bytes(plan_regions(TableLayout(layers), args.ranks, ["t"]), 1)[0]
+    have_fio = shutil.which("fio") is not None
+
+    # warm the compiled kernels so the first staging run is not charged for loading them
+    stage_synthetic([work / "warm.bin"], {1: 30_000}, 1, 0, overwrite=True, progress=False)
+    for p in work.glob("warm.bin*"):
+        p.unlink()
+
+    results: dict[str, list[float]] = {"fio": [], "zeros": [], "zeros+fill thread": [], "stage": []}
+    if not have_fio:
+        del results["fio"]
+    ratios: dict[str, list[float]] = {k: [] for k in results if k != "stage"}
+    busy_fractions: list[float] = []
+    print(f"{len(layers)} layers x {args.rows_per_layer:,} rows, {args.ranks} ranks: {nbytes / 1e9:.2f} GB per run, "
+          f"chunk {args.chunk_mib} MiB, {args.repeats} repeats, dir {work}")
+    for rep in range(args.repeats):
+        order = list(results)
+        random.shuffle(order)
+        got: dict[str, float] = {}
+        for name in order:
+            path = work / f"{name.replace('+', '_').replace(' ', '_')}.bin"
+            try:
+                if name == "fio":
+                    got[name] = run_fio(path, nbytes, chunk)
+                elif name == "zeros":
+                    got[name] = run_zeros(path, nbytes, chunk)
+                elif name == "zeros+fill thread":
+                    got[name] = run_zeros_beside_fill(path, nbytes, chunk)
+                else:
+                    got[name], busy = run_stage(path, layers, args.ranks, chunk, seed=rep)
+                    busy_fractions.append(busy)
+            finally:
+                path.unlink(missing_ok=True)
+            results[name].append(got[name])
+        for k in ratios:
+            ratios[k].append(got["stage"] / got[k])
+        print(f"  repeat {rep}: " + ", ".join(f"{k} {got[k]:.2f} GB/s" for k in order)
+              + "; " + ", ".join(f"stage/{k} {got['stage'] / got[k]:.3f}" for k in ratios)
+              + f"; stage writer busy {busy_fractions[-1]:.0%}")
+
+    codec_t = codec_rows(reps=5)
+
+    lines = ["| run | GB/s min / median / max |", "|---|---|"]
+    lines += [f"| {k} | {stats(v)} |" for k, v in results.items()]
+    lines += ["", "| ratio | min / median / max |", "|---|---|"]
+    lines += [f"| stage / {k} | {stats(v)} |" for k, v in ratios.items()]
+    lines += ["", "Staging writer thread busy (inside pwrite) per run, as a fraction of the staging wall time: "
+              + ", ".join(f"{b:.0%}" for b in busy_fractions) + " (near 100%: disk-bound; lower: the fillers "
+              "did not get the CPU to keep the disk busy)."]
+    lines += ["", "Median stage GB/s over median baseline GB/s: " + ", ".join(
+        f"stage / {k} {statistics.median(results['stage']) / statistics.median(results[k]):.3f}" for k in ratios)
+        + ". Target: above 0.8."]
+    lines += ["", "| codec path (CPU, 5 runs, shuffled) | us per row min / median / max |", "|---|---|"]
+    lines += [f"| {k} | {stats(v)} |" for k, v in codec_t]
+    med = {k: statistics.median(v) for k, v in codec_t}
+    deq_ratio = med["reference_dequant (torch), 20k rows"] / med["dequantize (lookup table), 20k rows"]
+    lines += ["", f"dequantize is {deq_ratio:.1f}x faster than the torch reference (median)."]
+    old_key = "synthetic_rows (skeleton, numpy+torch), 20k rows"
+    if old_key in med:
+        lines[-1] += f" synthetic_rows is {med[old_key] / med['synthetic_rows (numba), 20k rows']:.0f}x faster " \
+                     "than the skeleton's."
+    fill_us = statistics.median(dict(codec_t)[FILL_KEY])
+    lines += [f"One filler thread produces {ROW_BYTES / fill_us / 1e3 * PAGE_BYTES / (ROWS_PER_PAGE * ROW_BYTES):.2f} "
+              "GB/s of pages per CPU-second (median); staging runs two fillers and one writer thread."]
+    print()
+    print("\n".join(lines))
+
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3))
+        names = list(results)
+        ax.boxplot([results[k] for k in names])
+        ax.set_xticks(range(1, len(names) + 1), names)
+        ax.set_ylabel("GB/s")
+        ax.set_title(f"staging vs sequential O_DIRECT write ({nbytes / 1e9:.1f} GB)")
+        fig.tight_layout()
+        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(args.png, dpi=120)
+        print(f"plot: {args.png}")
+    except ImportError:
+        print("matplotlib missing: no plot")
+
+    if args.append_md:
+        cmd = "python benchmarks/bench_tables_stage.py " + " ".join(sys.argv[1:])
+        machine = (f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs (1-min load average "
+                   f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end), virtio disk under {work}")
+        when = f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
+        block = [f"Run {when}. Command: `{cmd.strip()}`. Machine: {machine}.",
+                 f"Table: {len(layers)} layers x {args.rows_per_layer:,} rows, {args.ranks} ranks, "
+                 f"{nbytes / 1e9:.2f} GB per run, chunk {args.chunk_mib} MiB, {args.repeats} repeats interleaved "
+                 "(shuffled).", ""] + lines + [""]
+        append_section(ROOT / "BENCHMARKS.md", block)
+    return 0
+
+
+def append_section(md: Path, block: list[str]) -> None:
+    """Append `block` at the end of our subsection (creating it under the Foundation heading if absent)."""
+    text = md.read_text()
+    lines = text.split("\n")
+    if SECTION not in lines:
+        parent = lines.index("## Foundation: hashing and staging")
+        end = next((i for i in range(parent + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+        lines[end:end] = [SECTION, ""]
+    start = lines.index(SECTION)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("## ", "### "))), len(lines))
+    lines[end:end] = block
+    md.write_text("\n".join(lines))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,85 @@
+"""`slacktier stage`: write a table's (layer, rank) regions onto files or raw block devices, O_DIRECT."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+HELP = "stage a table (safetensors checkpoint or seeded synthetic) onto files or block devices, O_DIRECT"
+
+
+def parse_layer_rows(text: str) -> dict[int, int]:
+    """'1:1000000,14:1000000' -> {1: 1000000, 14: 1000000}."""
+    out: dict[int, int] = {}
+    try:
+        for item in text.split(","):
+            layer, rows = item.split(":")
+            out[int(layer)] = int(float(rows))
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read layers {text!r}", fix="write LAYER:ROWS,LAYER:ROWS, "
+                             "e.g. 1:1000000,14:1000000") from exc
+    return out
+
+
+def engram_layout(spec: str) -> object:
+    """'v41' -> DeepSeek-V4.1's EngramLayout; an integer -> EngramLayout.scaled(that engram vocab size)."""
+    from slacktier.tables.engram_hash import EngramLayout
+
+    if spec.lower() == "v41":
+        return EngramLayout.v41()
+    try:
+        vocab = int(float(spec))
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read --engram {spec!r}",
+                             fix="pass v41 or an engram vocab size such as 100000") from exc
+    return EngramLayout.scaled(vocab)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", nargs="+", metavar="PATH",
+                     help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale")
+    src.add_argument("--synthetic", metavar="LAYER:ROWS,...",
+                     help="a seeded synthetic table, e.g. 1:8000000,14:8000000")
+    src.add_argument("--engram", metavar="VOCAB|v41",
+                     help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
+                          "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one")
+    p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram layer found)")
+    p.add_argument("--seed", type=int, default=0, help="synthetic table seed (default 0)")
+    p.add_argument("--target", action="append", required=True, metavar="PATH",
+                   help="a file or raw block device; repeat for several (ranks map round-robin)")
+    p.add_argument("--ranks", type=int, default=1, help="tensor-parallel ranks: shards per layer (default 1)")
+    p.add_argument("--manifest", metavar="PATH", help="manifest path (default <first target>.manifest.json)")
+    p.add_argument("--max-bytes", type=int, metavar="N", help="refuse if a file target would exceed N bytes")
+    p.add_argument("--overwrite", action="store_true", help="replace a target that holds another table")
+    p.add_argument("--chunk-mib", type=int, default=4, help="write chunk in MiB (default 4)")
+    p.add_argument("--buffered", action="store_true",
+                   help="write through the page cache instead of O_DIRECT (logged; for filesystems without O_DIRECT)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from slacktier.tables.stage import stage_checkpoint, stage_synthetic
+
+    common = dict(manifest_path=args.manifest, max_bytes=args.max_bytes, chunk_bytes=args.chunk_mib << 20,
+                  buffered=args.buffered, progress=not args.no_progress)
+    t0 = time.perf_counter()
+    if args.synthetic:
+        m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,
+                            overwrite=args.overwrite, **common)
+    elif args.engram:
+        m = stage_synthetic(args.target, engram_layout(args.engram), args.ranks, args.seed,
+                            overwrite=args.overwrite, **common)
+    else:
+        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
+        m = stage_checkpoint(args.checkpoint, args.target, args.ranks, layers=layers, overwrite=args.overwrite,
+                             **common)
+    dt = time.perf_counter() - t0
+    nbytes = m.total_pages * 4096
+    print(f"staged {len(m.regions)} regions ({sum(r.rows for r in m.regions)} rows, {m.total_pages} pages, "
+          f"{nbytes / 1e9:.2f} GB) in {dt:.1f} s ({nbytes / dt / 1e9:.2f} GB/s)")
+    print(f"source {m.source_digest}")
+    print(f"manifest {m.path}")
+    return 0

@@ -1,0 +1,99 @@
+"""The `slacktier` command line: --help on every registered verb, stage/verify/demo end to end."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from slacktier import cli
+
+
+def _registered_verbs() -> list[str]:
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if a.dest == "verb")
+    return sorted(sub.choices)
+
+
+def test_every_registered_verb_has_help(capsys):
+    verbs = _registered_verbs()
+    assert {"stage", "verify", "demo"} <= set(verbs)
+    for verb in verbs:
+        with pytest.raises(SystemExit) as e:
+            cli.main([verb, "--help"])
+        assert e.value.code == 0, verb
+        out = capsys.readouterr().out
+        assert f"slacktier {verb}" in out and "--help" in out
+
+
+def test_top_level_help_and_no_verb(capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--help"])
+    assert e.value.code == 0
+    assert cli.main([]) == 2
+
+
+def test_installed_entry_point_runs():
+    exe = Path(sys.executable).with_name("slacktier")
+    cmd = [str(exe)] if exe.exists() else [sys.executable, "-m", "slacktier.cli"]
+    res = subprocess.run([*cmd, "stage", "--help"], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and "--synthetic" in res.stdout
+
+
+def test_stage_and_verify_synthetic(tmp_path, capsys):
+    target = tmp_path / "t.bin"
+    rc = cli.main(["stage", "--synthetic", "1:2000,14:1500", "--ranks", "2", "--seed", "4", "--target", str(target),
+                   "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "staged 4 regions (3500 rows" in out
+    manifest = str(target) + ".manifest.json"
+    assert cli.main(["verify", manifest, "--rows", "20", "--no-progress"]) == 0
+    assert ": OK;" in capsys.readouterr().out
+    # another table onto the same target: refused with a fix message, exit code 1
+    rc = cli.main(["stage", "--synthetic", "1:2000", "--seed", "5", "--target", str(target), "--no-progress"])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert "another table" in err and "--overwrite" in err
+
+
+def test_stage_checkpoint_cli(tmp_path, capsys):
+    import torch
+    from safetensors.torch import save_file
+
+    w = torch.randint(0, 256, (50, 256), dtype=torch.uint8)
+    s = torch.randint(100, 150, (50, 8), dtype=torch.uint8)
+    ckpt = tmp_path / "m.safetensors"
+    save_file({"layers.3.engram.embed.weight": w.view(torch.float8_e4m3fn),
+               "layers.3.engram.embed.scale": s.view(torch.float8_e8m0fnu)}, str(ckpt))
+    target = tmp_path / "t.bin"
+    assert cli.main(["stage", "--checkpoint", str(ckpt), "--target", str(target), "--no-progress"]) == 0
+    assert cli.main(["verify", str(target) + ".manifest.json", "--no-progress"]) == 0
+    assert "layer" not in capsys.readouterr().out.split("OK;")[1]
+
+
+def test_stage_scaled_engram_layout(tmp_path, capsys):
+    pytest.importorskip("slacktier.tables.engram_hash")
+    target = tmp_path / "t.bin"
+    assert cli.main(["stage", "--engram", "500", "--ranks", "4", "--target", str(target), "--no-progress"]) == 0
+    from slacktier.tables.manifest import Manifest
+    m = Manifest.load(str(target) + ".manifest.json")
+    assert m.layout.layer_ids == (1, 14) and all(len(b) == 25 for b in m.layout.column_bounds.values())
+    assert cli.main(["verify", m.path, "--rows", "10", "--no-progress"]) == 0
+
+
+def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
+    assert cli.main(["stage", "--synthetic", "1=20", "--target", str(tmp_path / "t.bin")]) == 1
+    assert "LAYER:ROWS" in capsys.readouterr().err
+
+
+def test_demo_runs_small(tmp_path, capsys):
+    rc = cli.main(["demo", "--out", str(tmp_path / "demo"), "--rows", "3000", "--no-progress"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "SlackTier demo" in out and ": OK;" in out
+    assert (tmp_path / "demo" / "table.bin.manifest.json").exists()
+    assert os.path.getsize(tmp_path / "demo" / "table.bin") > 0

@@ -1,0 +1,393 @@
+"""Staging and verification on real files (O_DIRECT), a real safetensors checkpoint and, as root, a loop device."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store.base import RegionSpec
+from slacktier.tables import codec, odirect, pagecrc
+from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, TableLayout, plan_regions
+from slacktier.tables.stage import SyntheticSource, layer_seed, stage_checkpoint, stage_synthetic
+from slacktier.tables.verify import verify_table
+
+
+def _read_region_rows(region, rows: int | None = None) -> np.ndarray:
+    """A region's rows read back through plain os.pread (no O_DIRECT, no SlackTier reader)."""
+    fd = os.open(region.path, os.O_RDONLY)
+    try:
+        data = os.pread(fd, region.pages * PAGE_BYTES, region.offset_bytes)
+    finally:
+        os.close(fd)
+    assert len(data) == region.pages * PAGE_BYTES
+    pages = np.frombuffer(data, dtype=np.uint8).reshape(region.pages, PAGE_BYTES)
+    assert not pages[:, ROWS_PER_PAGE * ROW_BYTES:].any(), "page padding must be zero"
+    body = pages[:, :ROWS_PER_PAGE * ROW_BYTES].reshape(-1, ROW_BYTES)
+    assert not body[region.rows:].any(), "rows past the shard's end must be zero"
+    return body[:region.rows]
+
+
+def test_synthetic_table_reads_back_bit_identical(tmp_path):
+    targets = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    layers = {1: 1000, 14: 737}
+    m = stage_synthetic(targets, layers, ranks=3, seed=7, progress=False)
+    assert Path(m.path) == Path(str(targets[0]) + ".manifest.json")
+    assert [(r.layer, r.rank) for r in m.regions] == [(l, k) for l in (1, 14) for k in range(3)]
+    for r in m.regions:
+        assert r.device == r.rank % 2 and r.path == str(targets[r.device].resolve())
+        assert r.offset_bytes % PAGE_BYTES == 0 and r.offset_bytes >= TARGET_HEADER_BYTES
+        assert r.pages == pages_for_rows(r.rows)
+        got = _read_region_rows(r)
+        # independent regeneration: the layer's seed through the public codec function, row by row range
+        want = codec.synthetic_rows(int(layer_seed(7, r.layer)), r.row_start, r.rows)
+        assert np.array_equal(got, want), (r.layer, r.rank)
+    assert sum(r.rows for r in m.regions if r.layer == 14) == 737
+    # regions of one target never overlap
+    for dev in (0, 1):
+        spans = sorted((r.offset_bytes, r.offset_bytes + r.nbytes) for r in m.regions if r.device == dev)
+        assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))
+    report = verify_table(m.path, rows_per_region=50, progress=False)
+    assert report.ok, report.lines()
+    assert report.pages_checked == m.total_pages and report.rows_checked > 0
+
+
+def test_column_bounds_shard_on_columns(tmp_path):
+    bounds = {1: (0, 100, 250, 270, 400)}  # 4 columns over 2 ranks: rank 1 owns columns 2..3 = rows 250..399
+    m = stage_synthetic([tmp_path / "t.bin"], {1: 400}, ranks=2, seed=1, column_bounds=bounds, progress=False)
+    assert [(r.row_start, r.rows) for r in m.regions] == [(0, 250), (250, 150)]
+    assert Manifest.load(m.path).layout.column_bounds == {1: bounds[1]}
+
+
+def _checkpoint(path: Path, layers: dict[int, int], prefix: str = "layers", seed: int = 0,
+                drop: str | None = None, **overrides: torch.Tensor) -> dict[int, np.ndarray]:
+    """Write a safetensors checkpoint of random fp8/e8m0 bytes (special bytes included); return raw rows."""
+    rng = np.random.default_rng(seed)
+    tensors, raws = {}, {}
+    for layer, rows in layers.items():
+        raw = rng.integers(0, 256, size=(rows, ROW_BYTES), dtype=np.uint8)
+        raw[0, :4] = [0x7F, 0xFF, 0x80, 0x00]
+        raw[0, 256:258] = [0x00, 0xFF]
+        raws[layer] = raw
+        t = torch.from_numpy(raw)
+        tensors[f"{prefix}.{layer}.engram.embed.weight"] = t[:, :256].contiguous().view(torch.float8_e4m3fn)
+        tensors[f"{prefix}.{layer}.engram.embed.scale"] = t[:, 256:].contiguous().view(torch.float8_e8m0fnu)
+        tensors[f"{prefix}.{layer}.attn.wq.weight"] = torch.zeros(4, 4)
+    tensors.update(overrides)
+    if drop:
+        del tensors[drop]
+    save_file(tensors, str(path))
+    return raws
+
+
+@pytest.mark.parametrize("prefix", ["layers", "model.layers"])
+def test_checkpoint_table_reads_back_bit_identical(tmp_path, prefix):
+    ckpt = tmp_path / "model.safetensors"
+    raws = _checkpoint(ckpt, {1: 301, 14: 450}, prefix=prefix)
+    m = stage_checkpoint(ckpt, [tmp_path / "t.bin"], ranks=4, progress=False)
+    assert m.layout.rows == {1: 301, 14: 450}
+    assert m.source["kind"] == "checkpoint" and m.source["files"] == [str(ckpt.resolve())]
+    import hashlib
+    assert m.source_digest == "sha256:" + hashlib.sha256(ckpt.read_bytes()).hexdigest()
+    for r in m.regions:
+        assert np.array_equal(_read_region_rows(r), raws[r.layer][r.row_start:r.row_start + r.rows])
+    report = verify_table(m.path, rows_per_region=40, progress=False)
+    assert report.ok, report.lines()
+    # the staged rows dequantize exactly like the checkpoint tensors through the torch reference
+    r = m.region(1, 0)
+    got = codec.dequantize(torch.from_numpy(_read_region_rows(r).copy()))
+    t = torch.from_numpy(raws[1][:r.rows])
+    ref = codec.reference_dequant(t[:, :256].view(torch.float8_e4m3fn), t[:, 256:].view(torch.float8_e8m0fnu))
+    same = (got.view(torch.int16) == ref.view(torch.int16)) | (torch.isnan(got) & torch.isnan(ref))
+    assert bool(same.all())
+
+
+def test_checkpoint_directory_and_layer_choice(tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    raws = _checkpoint(d / "model-00001-of-00002.safetensors", {1: 40})
+    raws.update(_checkpoint(d / "model-00002-of-00002.safetensors", {14: 50}, seed=1))
+    m = stage_checkpoint(d, [tmp_path / "t.bin"], ranks=1, layers=[14], progress=False)
+    assert m.layout.rows == {14: 50} and len(m.source["files"]) == 1
+    assert np.array_equal(_read_region_rows(m.regions[0]), raws[14])
+
+
+def test_verify_names_layer_rank_page_of_a_flipped_byte(tmp_path, capsys):
+    target = tmp_path / "t.bin"
+    m = stage_synthetic([target], {1: 900, 14: 900}, ranks=2, seed=3, progress=False)
+    r = m.region(14, 1)
+    page, byte = 5, 3 * ROW_BYTES + 17  # row 5 * 15 + 3 = 78 of the shard
+    with open(target, "r+b") as f:
+        f.seek(r.offset_bytes + page * PAGE_BYTES + byte)
+        old = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([old[0] ^ 0x10]))
+    report = verify_table(m.path, rows_per_region=0, progress=False)
+    assert not report.ok
+    assert [(x.kind, x.layer, x.rank, x.page) for x in report.mismatches] == [("checksum", 14, 1, 5)]
+    # the row check alone finds it too when it samples that row (all 450 rows of the region)
+    report = verify_table(m.path, rows_per_region=2000, check_pages=False, progress=False)
+    rows = [(x.kind, x.layer, x.rank, x.page, x.row) for x in report.mismatches]
+    assert rows == [("row", 14, 1, 5, r.row_start + 78)]
+    # and the CLI exits non-zero, naming the place
+    from slacktier.cli import main
+    assert main(["verify", m.path, "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "layer 14, rank 1, page 5" in out
+
+
+def test_verify_catches_a_flipped_padding_byte_and_a_bad_checksum_file(tmp_path):
+    target = tmp_path / "t.bin"
+    m = stage_synthetic([target], {2: 100}, ranks=1, seed=3, progress=False)
+    r = m.regions[0]
+    with open(target, "r+b") as f:
+        f.seek(r.offset_bytes + 2 * PAGE_BYTES + 4000)  # padding of page 2
+        f.write(b"\x01")
+    report = verify_table(m.path, progress=False)
+    assert [(x.kind, x.page) for x in report.mismatches] == [("checksum", 2)]
+    crc = m.crc_path()
+    data = bytearray(crc.read_bytes())
+    data[0] ^= 1
+    crc.write_bytes(bytes(data))
+    with pytest.raises(SlackTierError) as e:
+        verify_table(m.path, progress=False)
+    assert e.value.kind == ErrorKind.CHECKSUM
+
+
+def test_verify_reports_a_truncated_target_by_region(tmp_path):
+    target = tmp_path / "t.bin"
+    m = stage_synthetic([target], {1: 300, 14: 300}, ranks=1, seed=3, progress=False)
+    r = m.region(14, 0)
+    os.truncate(target, r.offset_bytes + 7 * PAGE_BYTES)
+    report = verify_table(m.path, rows_per_region=0, progress=False)
+    assert [(x.kind, x.layer, x.rank, x.page) for x in report.mismatches] == [("read", 14, 0, 7)]
+    report = verify_table(m.path, rows_per_region=500, check_pages=False, progress=False)
+    bad = {(x.kind, x.layer, x.rank) for x in report.mismatches}
+    assert bad == {("read", 14, 0)} and min(x.page for x in report.mismatches) == 7
+
+
+def test_manifest_round_trip_and_region_specs(tmp_path):
+    m = stage_synthetic([tmp_path / "a.bin", tmp_path / "b.bin"], {1: 100, 14: 31}, ranks=2, seed=5, progress=False)
+    loaded = Manifest.load(m.path)
+    assert loaded.regions == m.regions and loaded.layout == m.layout and loaded.source == m.source
+    specs = loaded.region_specs()
+    assert all(isinstance(s, RegionSpec) for s in specs)
+    assert [(s.layer, s.rank, s.path, s.offset_bytes, s.pages, s.device) for s in specs] == [
+        (r.layer, r.rank, r.path, r.offset_bytes, r.pages, r.device) for r in m.regions]
+    crcs = loaded.checksums()
+    assert crcs.shape == (m.total_pages,) and crcs.dtype == np.dtype("<u4")
+    # staging the same table again is allowed and byte-identical
+    before = Path(tmp_path / "a.bin").read_bytes()
+    again = stage_synthetic([tmp_path / "a.bin", tmp_path / "b.bin"], {1: 100, 14: 31}, ranks=2, seed=5,
+                            progress=False)
+    assert Path(tmp_path / "a.bin").read_bytes() == before
+    assert np.array_equal(again.checksums(), crcs)
+
+
+def test_page_checksums_are_crc32c_of_whole_pages(tmp_path):
+    rng = np.random.default_rng(0)
+    pages = rng.integers(0, 256, size=(37, PAGE_BYTES), dtype=np.uint8)
+    pages[3] = 0
+    assert np.array_equal(pagecrc.page_crcs(pages), pagecrc.page_crcs_package(pages))
+    import crc32c
+    assert int(pagecrc.page_crcs(pages[:1])[0]) == crc32c.crc32c(pages[0].tobytes())
+    # the manifest's checksum file holds the package's CRC32C of every page as read back with pread
+    m = stage_synthetic([tmp_path / "t.bin"], {1: 200, 2: 100}, ranks=2, seed=9, progress=False)
+    crcs = m.checksums()
+    for r in m.regions:
+        with open(r.path, "rb") as f:
+            f.seek(r.offset_bytes)
+            data = f.read(r.nbytes)
+        for p in range(r.pages):
+            assert crcs[r.crc_first_page + p] == crc32c.crc32c(data[p * PAGE_BYTES:(p + 1) * PAGE_BYTES])
+
+
+def test_plan_regions_worked_example():
+    regions = plan_regions(TableLayout({1: 1000, 14: 1000}), 2, ["t"])
+    assert [(r.layer, r.rank, r.offset_bytes, r.pages, r.crc_first_page) for r in regions][:2] == [
+        (1, 0, 4096, 34, 0), (1, 1, 4096 + 34 * 4096, 34, 34)]
+
+
+def test_synthetic_source_rows_match_pages():
+    src = SyntheticSource(TableLayout({3: 100}), seed=11)
+    pages = np.empty((pages_for_rows(40), PAGE_BYTES), dtype=np.uint8)
+    crcs = np.zeros(pages.shape[0], dtype=np.uint32)
+    src.fill_pages(3, 20, 40, pages, crcs)
+    body = pages[:, :ROWS_PER_PAGE * ROW_BYTES].reshape(-1, ROW_BYTES)[:40]
+    assert np.array_equal(body, src.rows(3, np.arange(20, 60)))
+    assert np.array_equal(crcs, pagecrc.page_crcs_package(pages))
+    again = np.empty_like(pages)
+    src.fill_pages(3, 20, 40, again)
+    assert np.array_equal(again, pages)
+
+
+# ------------------------------------------------------------------ refusals, each before writing anything
+
+def _untouched(tmp_path: Path, before: set[str]) -> None:
+    assert {p.name for p in tmp_path.iterdir()} == before
+
+
+def test_refuses_a_file_target_over_max_bytes(tmp_path):
+    with pytest.raises(SlackTierError) as e:
+        stage_synthetic([tmp_path / "t.bin"], {1: 15 * 10}, ranks=1, seed=0, max_bytes=10 * PAGE_BYTES,
+                        progress=False)
+    assert e.value.kind == ErrorKind.TARGET and "too small" in str(e.value)
+    _untouched(tmp_path, set())
+    # exactly enough: header page + 10 pages
+    stage_synthetic([tmp_path / "t.bin"], {1: 15 * 10}, ranks=1, seed=0, max_bytes=11 * PAGE_BYTES, progress=False)
+
+
+def test_refuses_a_target_holding_another_table(tmp_path):
+    target = tmp_path / "t.bin"
+    m = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False)
+    before = target.read_bytes()
+    with pytest.raises(SlackTierError) as e:
+        stage_synthetic([target], {1: 300}, ranks=1, seed=2, progress=False)
+    assert e.value.kind == ErrorKind.TARGET and "another table" in str(e.value)
+    assert target.read_bytes() == before
+    # even with the manifest gone, the header page gives it away
+    other_manifest = tmp_path / "elsewhere.json"
+    with pytest.raises(SlackTierError):
+        stage_synthetic([target], {1: 300}, ranks=1, seed=2, manifest_path=other_manifest, progress=False)
+    assert target.read_bytes() == before and not other_manifest.exists()
+    # a manifest path that describes another table is refused too, for a fresh target
+    with pytest.raises(SlackTierError) as e:
+        stage_synthetic([tmp_path / "new.bin"], {1: 300}, ranks=1, seed=2, manifest_path=m.path, progress=False)
+    assert "manifest" in str(e.value) and not (tmp_path / "new.bin").exists()
+    m2 = stage_synthetic([target], {1: 300}, ranks=1, seed=2, overwrite=True, progress=False)
+    assert m2.source_digest != m.source_digest and verify_table(m2, progress=False).ok
+
+
+def test_refuses_a_target_holding_unknown_data(tmp_path):
+    target = tmp_path / "t.bin"
+    target.write_bytes(b"not a table" * 1000)
+    with pytest.raises(SlackTierError) as e:
+        stage_synthetic([target], {1: 30}, ranks=1, seed=0, progress=False)
+    assert e.value.kind == ErrorKind.TARGET and target.read_bytes() == b"not a table" * 1000
+    stage_synthetic([target], {1: 30}, ranks=1, seed=0, overwrite=True, progress=False)
+
+
+def _tensor(rows: int, cols: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.zeros(rows, cols, dtype=torch.uint8).view(dtype) if dtype.itemsize == 1 else torch.zeros(rows, cols,
+                                                                                                         dtype=dtype)
+
+
+@pytest.mark.parametrize("case,overrides,drop,expect", [
+    ("missing scale", {}, "layers.1.engram.embed.scale", "no tensor layers.1.engram.embed.scale"),
+    ("weight dtype", {"layers.1.engram.embed.weight": _tensor(30, 256, torch.bfloat16)}, None, "dtype BF16"),
+    ("scale dtype", {"layers.1.engram.embed.scale": _tensor(30, 8, torch.uint8)}, None, "dtype U8"),
+    ("weight shape", {"layers.1.engram.embed.weight": _tensor(30, 128, torch.float8_e4m3fn)}, None, "shape [30, 128]"),
+    ("scale shape", {"layers.1.engram.embed.scale": _tensor(29, 8, torch.float8_e8m0fnu)}, None, "shape [29, 8]"),
+])
+def test_refuses_a_bad_checkpoint(tmp_path, case, overrides, drop, expect):
+    ckpt = tmp_path / "c.safetensors"
+    _checkpoint(ckpt, {1: 30, 14: 30}, drop=drop, **overrides)
+    with pytest.raises(SlackTierError) as e:
+        stage_checkpoint(ckpt, [tmp_path / "t.bin"], ranks=2, progress=False)
+    assert e.value.kind == ErrorKind.CHECKPOINT and expect in str(e.value), str(e.value)
+    assert e.value.layer == 1
+    _untouched(tmp_path, {"c.safetensors"})
+
+
+def test_refuses_a_missing_layer_and_unexpected_rows(tmp_path):
+    ckpt = tmp_path / "c.safetensors"
+    _checkpoint(ckpt, {1: 30})
+    with pytest.raises(SlackTierError) as e:
+        stage_checkpoint(ckpt, [tmp_path / "t.bin"], ranks=1, layers=[1, 14], progress=False)
+    assert e.value.kind == ErrorKind.CHECKPOINT and e.value.layer == 14
+    with pytest.raises(SlackTierError) as e:
+        stage_checkpoint(ckpt, [tmp_path / "t.bin"], ranks=1, expected={1: 31}, progress=False)
+    assert e.value.kind == ErrorKind.CHECKPOINT and "31" in str(e.value)
+    with pytest.raises(SlackTierError) as e:
+        stage_checkpoint(tmp_path / "nope.safetensors", [tmp_path / "t.bin"], ranks=1, progress=False)
+    assert e.value.kind == ErrorKind.MISSING
+    _untouched(tmp_path, {"c.safetensors"})
+
+
+def _losetup(backing: Path) -> str | None:
+    if os.geteuid() != 0 or shutil.which("losetup") is None:
+        return None
+    res = subprocess.run(["losetup", "-f", "--show", str(backing)], capture_output=True, text=True)
+    return res.stdout.strip() if res.returncode == 0 else None
+
+
+def test_block_device_target(tmp_path):
+    backing = tmp_path / "disk.img"
+    with open(backing, "wb") as f:
+        f.truncate(64 * PAGE_BYTES)
+    dev = _losetup(backing)
+    if dev is None:
+        pytest.skip("no loop device (needs root and losetup)")
+    try:
+        # 63 pages of rows + the header page = 64 pages fits; one row more does not
+        with pytest.raises(SlackTierError) as e:
+            stage_synthetic([dev], {1: 63 * ROWS_PER_PAGE + 1}, ranks=1, seed=0, manifest_path=tmp_path / "m.json",
+                            progress=False)
+        assert e.value.kind == ErrorKind.TARGET and "block device" in str(e.value)
+        assert not backing.read_bytes().strip(b"\x00")
+        with pytest.raises(SlackTierError) as e:  # no room for a manifest beside /dev/loopN
+            stage_synthetic([dev], {1: 30}, ranks=1, seed=0, progress=False)
+        assert "--manifest" in str(e.value)
+        m = stage_synthetic([dev], {1: 63 * ROWS_PER_PAGE}, ranks=1, seed=0, manifest_path=tmp_path / "m.json",
+                            progress=False)
+        assert verify_table(m, progress=False).ok
+        got = _read_region_rows(m.regions[0])
+        assert np.array_equal(got, codec.synthetic_rows(int(layer_seed(0, 1)), 0, 63 * ROWS_PER_PAGE))
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
+
+
+def test_direct_io_refuses_unaligned_buffers_and_logs_buffered(tmp_path, caplog):
+    path = str(tmp_path / "f.bin")
+    with odirect.DirectFile(path, write=True, create=True) as f:
+        with pytest.raises(SlackTierError) as e:
+            f.pwrite(np.zeros(4096, dtype=np.uint8)[1:4097 - 1], 0)
+        assert e.value.kind == ErrorKind.IO
+        buf = odirect.aligned_array(2 * PAGE_BYTES)
+        buf[:] = 7
+        f.pwrite(buf, PAGE_BYTES)
+        back = odirect.aligned_array(PAGE_BYTES)
+        f.pread_into(back, 2 * PAGE_BYTES)
+        assert (back == 7).all()
+        with pytest.raises(SlackTierError) as e:
+            f.pread_into(odirect.aligned_array(PAGE_BYTES), 3 * PAGE_BYTES)  # past the end: short read
+        assert e.value.kind == ErrorKind.IO
+    count = odirect.BUFFERED_OPENS
+    with caplog.at_level(logging.WARNING):
+        m = stage_synthetic([tmp_path / "t.bin"], {1: 30}, ranks=1, seed=0, buffered=True, progress=False)
+    assert odirect.BUFFERED_OPENS == count + 1 and "WITHOUT O_DIRECT" in caplog.text
+    assert verify_table(m, progress=False).ok
+
+
+def test_manifest_is_json_beside_the_data(tmp_path):
+    m = stage_synthetic([tmp_path / "t.bin"], {1: 30}, ranks=1, seed=0, progress=False)
+    d = json.loads(Path(m.path).read_text())
+    assert d["format"] == "slacktier-table" and d["checksums"]["algorithm"] == "crc32c"
+    assert (tmp_path / d["checksums"]["file"]).stat().st_size == 4 * m.total_pages
+    assert d["source"]["kind"] == "synthetic" and d["source"]["digest"].startswith("sha256:")
+    with pytest.raises(SlackTierError) as e:
+        Manifest.load(tmp_path / "missing.json")
+    assert e.value.kind == ErrorKind.MISSING
+
+
+def test_stage_an_engram_layout_object(tmp_path):
+    engram_hash = pytest.importorskip("slacktier.tables.engram_hash")
+    layout = engram_hash.EngramLayout.scaled(1000)
+    m = stage_synthetic([tmp_path / "t.bin"], layout, ranks=4, seed=2, progress=False)
+    assert m.layout.layer_ids == tuple(layout.layer_ids)
+    for i, layer in enumerate(layout.layer_ids):
+        bounds = tuple(layout.column_bounds(i))
+        assert m.layout.rows[layer] == bounds[-1] and m.layout.column_bounds[layer] == bounds
+        # 24 hash columns over 4 ranks: each rank owns 6 whole columns
+        assert [m.region(layer, k).row_start for k in range(4)] == [bounds[6 * k] for k in range(4)]
+    assert verify_table(m, rows_per_region=20, check_pages=False, progress=False).ok
