@@ -1,0 +1,123 @@
+"""`slacktier plan`: windows + tier read-time models + miss-page curves + a cache budget -> an engine control file."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+HELP = ("place each table on the tier cheapest in host memory whose predicted stall fits the target, split the "
+        "cache, and write the engine control file")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of the plan verb."""
+    p.add_argument("--table", action="append", required=True, metavar="LAYER:MANIFEST[:ROWS]",
+                   help="a table to place (repeat per table); ROWS defaults to the layer's rows in the manifest")
+    p.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
+                   help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
+    p.add_argument("--windows-json", type=Path, default=None,
+                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer)")
+    p.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
+    p.add_argument("--step-ms", type=float, default=None,
+                   help="scale the probe's windows (as fractions of its step) to this step time")
+    p.add_argument("--tiers", type=Path, required=True, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
+    p.add_argument("--curves", type=Path, required=True, help="miss-page curves JSON from `slacktier characterize`")
+    p.add_argument("--cache-rows", type=int, required=True, help="the cache budget C in rows")
+    p.add_argument("--target-ms", type=float, required=True, help="largest acceptable predicted slowdown per step")
+    p.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")
+    p.add_argument("--resolve-ms", type=float, default=0.0, help="CPU time to resolve a step's indices (s)")
+    p.add_argument("--grid", type=int, default=200, help="cache split grid (shares in steps of 1/grid)")
+    p.add_argument("--refine", type=int, default=20, help="refinement of the split grid")
+    p.add_argument("--device", default="cpu", help="[engine] device")
+    p.add_argument("--io-threads", type=int, default=1, help="[engine] io_threads")
+    p.add_argument("--verify-reads", action="store_true", help="[engine] verify_reads = true")
+    p.add_argument("--lossy", action="store_true", help="[engine] lossy = true")
+    p.add_argument("--out", type=Path, default=Path("runs/plan/control.toml"), help="the control file to write")
+    p.add_argument("--json", type=Path, default=None, help="also write the plan with its predictions as JSON")
+
+
+def _parse_tables(specs: list[str]) -> list[tuple[int, str, int | None]]:
+    out = []
+    for s in specs:
+        parts = s.split(":")
+        if len(parts) not in (2, 3):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--table {s!r}", fix="use LAYER:MANIFEST or LAYER:MANIFEST:ROWS")
+        try:
+            out.append((int(parts[0]), parts[1], int(parts[2]) if len(parts) == 3 else None))
+        except ValueError as exc:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--table {s!r}", fix="LAYER and ROWS are integers") from exc
+    return out
+
+
+def _rows_from_manifest(path: str, layer: int) -> int:
+    from slacktier.tables.manifest import Manifest
+
+    m = Manifest.load(path)
+    if layer not in m.layout.rows:
+        raise SlackTierError(ErrorKind.MISSING, f"manifest {path} has no layer {layer}", layer=layer,
+                             fix="point the table at the manifest that holds its layer, or give :ROWS")
+    return int(m.layout.rows[layer])
+
+
+def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None) -> dict[int, float]:
+    """Windows (ms) per decoder layer from a probe JSON, optionally rescaled to another step time."""
+    try:
+        sweeps = json.loads(path.read_text())["sweeps"]
+    except (FileNotFoundError, json.JSONDecodeError, KeyError) as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a probe JSON: {exc!r}",
+                             fix="pass the JSON `slacktier probe` wrote") from exc
+    chosen = next((s for s in sweeps if batch is None or s["batch"] == batch), None)
+    if chosen is None:
+        raise SlackTierError(ErrorKind.MISSING, f"no sweep at batch {batch} in {path}",
+                             fix=f"use one of {[s['batch'] for s in sweeps]}")
+    out = {}
+    for lw in chosen["layers"]:
+        if lw["window_ms"] is None:
+            continue
+        out[int(lw["layer"])] = lw["window_frac"] * step_ms if step_ms else lw["window_ms"]
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print the placement and write the control file."""
+    from slacktier.plan import (EngineSettings, TableSpec, load_miss_curves, load_tiers, make_plan, plan_to_dict,
+                                write_control_file)
+
+    windows: dict[int, float] = {}
+    if args.windows_json:
+        windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
+    for w in args.window:
+        try:
+            layer, ms = w.split("=")
+            windows[int(layer)] = float(ms)
+        except ValueError as exc:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
+    tables = []
+    for layer, manifest, rows in _parse_tables(args.table):
+        if layer not in windows:
+            raise SlackTierError(ErrorKind.MISSING, f"no window for layer {layer}", layer=layer,
+                                 fix="pass --window LAYER=MS or a probe JSON that measured this layer")
+        tables.append(TableSpec(layer=layer, rows=rows if rows is not None else _rows_from_manifest(manifest, layer),
+                                manifest=manifest, window_ms=windows[layer]))
+    curves = load_miss_curves(args.curves)
+    plan = make_plan(tables, load_tiers(args.tiers), curves.by_layer, args.cache_rows, args.target_ms,
+                     resolve_ms=args.resolve_ms, kappa_ms=args.kappa_ms, grid=args.grid, refine=args.refine)
+    engine = EngineSettings(device=args.device, io_threads=args.io_threads, verify_reads=args.verify_reads,
+                            lossy=args.lossy)
+    print(f"{'layer':>5} {'order':>5} {'tier':>6} {'share':>7} {'window ms':>9} {'pages/step':>10} {'read ms':>8} "
+          f"{'stall ms':>8} {'host GiB':>9}")
+    for t in plan.tables:
+        print(f"{t.layer:>5} {t.order:>5} {t.source:>6} {t.cache_share:>7.4f} {t.window_ms:>9.3f} "
+              f"{t.pages_per_step:>10.1f} {t.read_ms:>8.3f} {t.stall_ms:>8.3f} {t.host_bytes / 2**30:>9.3f}")
+    print(f"predicted slowdown {plan.slowdown_ms:.3f} ms per step (target {plan.target_ms:.3f}); host memory "
+          f"{plan.host_bytes / 2**30:.3f} GiB; {plan.assignments_feasible} of {plan.assignments_tried} placements "
+          f"meet the target")
+    print(f"wrote {write_control_file(plan, args.out, engine)}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(plan_to_dict(plan), indent=1))
+        print(f"wrote {args.json}")
+    return 0

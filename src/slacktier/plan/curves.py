@@ -1,0 +1,100 @@
+"""Miss-page curves P_l(c): pages per step layer l reads behind a cache of c rows.
+
+They come from the access characterization (slacktier characterize), as JSON:
+
+    {"workload": "agent", "batch": 128,
+     "layers": {"1":  {"capacity_rows": [0, 250000, ...], "pages_per_step": [5000.0, 1900.0, ...]},
+                "14": {...}}}
+
+Between measured points the curve is linear; below the first and above the last
+point it is held flat (a cache larger than any measured one is not assumed to
+help further).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+
+@dataclass(frozen=True)
+class MissCurve:
+    """Pages per step read by one layer as a function of its cache rows (piecewise linear)."""
+
+    capacity_rows: tuple[float, ...]    # strictly increasing
+    pages_per_step: tuple[float, ...]   # same length, >= 0
+
+    def __post_init__(self) -> None:
+        caps, pages = self.capacity_rows, self.pages_per_step
+        if len(caps) == 0 or len(caps) != len(pages):
+            raise SlackTierError(ErrorKind.BAD_INPUT,
+                                 f"{len(caps)} capacities but {len(pages)} page counts",
+                                 fix="give one pages_per_step value per capacity_rows value (at least one)")
+        if any(b <= a for a, b in zip(caps, caps[1:])) or caps[0] < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"capacities {caps} are not strictly increasing from >= 0",
+                                 fix="sort the curve's points by capacity and drop duplicates")
+        if any(p < 0 for p in pages):
+            raise SlackTierError(ErrorKind.BAD_INPUT, "negative pages per step in a miss curve",
+                                 fix="page counts are >= 0")
+
+    def pages_at(self, rows: float | np.ndarray) -> np.ndarray | float:
+        """Pages per step behind `rows` cache rows, linearly interpolated, flat outside the points."""
+        out = np.interp(rows, self.capacity_rows, self.pages_per_step)
+        return float(out) if np.ndim(out) == 0 else out
+
+    def is_convex(self, tol: float = 1e-12) -> bool:
+        """Whether the piecewise-linear curve is convex (slopes never decrease, flat tail included)."""
+        caps = np.asarray(self.capacity_rows, dtype=np.float64)
+        pages = np.asarray(self.pages_per_step, dtype=np.float64)
+        if caps.size < 2:
+            return True
+        slopes = np.append(np.diff(pages) / np.diff(caps), 0.0)  # the flat tail beyond the last point
+        return bool(np.all(np.diff(slopes) >= -tol * max(1.0, float(np.abs(slopes).max()))))
+
+
+@dataclass(frozen=True)
+class MissCurves:
+    """The miss-page curves of one workload at one batch size, by layer."""
+
+    workload: str
+    batch: int
+    by_layer: dict[int, MissCurve]
+
+    def curve(self, layer: int) -> MissCurve:
+        """The curve of `layer`."""
+        if layer not in self.by_layer:
+            raise SlackTierError(ErrorKind.MISSING, f"no miss curve for layer {layer}",
+                                 fix=f"characterize layer {layer} too (have {sorted(self.by_layer)})", layer=layer)
+        return self.by_layer[layer]
+
+
+def miss_curves_from_dict(doc: dict) -> MissCurves:
+    """Parse the characterization JSON document into curves."""
+    try:
+        layers = {int(k): MissCurve(tuple(float(c) for c in v["capacity_rows"]),
+                                    tuple(float(p) for p in v["pages_per_step"]))
+                  for k, v in doc["layers"].items()}
+        return MissCurves(workload=str(doc.get("workload", "")), batch=int(doc.get("batch", 0)), by_layer=layers)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve document is malformed: {exc!r}",
+                             fix='write {"workload":..,"batch":..,"layers":{"1":{"capacity_rows":[..],'
+                                 '"pages_per_step":[..]}}}') from exc
+
+
+def load_miss_curves(path: str | Path) -> MissCurves:
+    """Read a characterization JSON file of miss-page curves."""
+    p = Path(path)
+    try:
+        doc = json.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise SlackTierError(ErrorKind.MISSING, f"miss-curve file {p} not found",
+                             fix="run `slacktier characterize` first or pass the right path") from exc
+    except json.JSONDecodeError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve file {p} is not JSON: {exc}",
+                             fix="pass the JSON the characterization wrote") from exc
+    return miss_curves_from_dict(doc)

@@ -1,0 +1,117 @@
+"""Tiers as the planner sees them: a read-time model per page and a host-memory cost.
+
+Read time of a table on a tier (ms from the end of index resolution): the tier's
+requests are served in window order (short-window tables submitted first, paper
+section 5), so a table waits for its own pages and those of every table submitted
+before it on the same tier, and is slowed only by contention from tables
+submitted after it:
+
+    T_l = a + b * (P_l + sum_{j before l, same tier} P_j) + c * sum_{j after l, same tier} P_j
+
+(paper: one NVMe disk, T_1 = 0.30 ms + 3.05 us * P_1 + 0.37 us * P_14).
+
+Host memory of a table on a tier: the whole table as 4 KiB pages if the tier
+keeps it in host memory (DRAM), plus a directory of `directory_bytes_per_row`
+per row (4 B, int32 row -> slot) for tiers that do not, plus the tier's page
+buffers (counted once per table that uses it).
+
+A tiers file (TOML) holds one [[tier]] per tier:
+
+    [[tier]]
+    name = "disk"            # also the engine's `source`: "dram", "disk" or "redis"
+    intercept_ms = 0.30
+    page_ms = 0.00305
+    contention_page_ms = 0.00037
+    holds_table = false
+    directory_bytes_per_row = 4
+    buffer_bytes = 67108864
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+# The page layout (slacktier.tables.layout), restated so plan/ stays a room of pure
+# functions with no dependencies; tests/test_plan_planner.py checks they agree.
+PAGE_BYTES = 4096
+ROWS_PER_PAGE = 15
+
+SOURCES = ("dram", "disk", "redis")
+
+# Paper section 4.1, one NVMe disk shared by four ranks, least-squares fit over its
+# end-to-end runs (R^2 = 0.997). Quoted for reference; measure your own disk.
+PAPER_NVME_INTERCEPT_MS = 0.30
+PAPER_NVME_PAGE_MS = 3.05e-3
+PAPER_NVME_CONTENTION_PAGE_MS = 0.37e-3
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """One tier: how long its reads take and what it costs in host memory."""
+
+    name: str                      # engine source: dram | disk | redis
+    intercept_ms: float            # a
+    page_ms: float                 # b: per page of this table or of one submitted before it
+    contention_page_ms: float      # c: per page of a table submitted after it on the same tier
+    holds_table: bool              # the table's pages live in host memory (DRAM)
+    directory_bytes_per_row: int = 4
+    buffer_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        if self.name not in SOURCES:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown tier {self.name!r}",
+                                 fix=f"name a tier one of {', '.join(SOURCES)}")
+        if min(self.intercept_ms, self.page_ms, self.contention_page_ms) < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"negative read-time coefficient for tier {self.name}",
+                                 fix="read-time coefficients are >= 0")
+        if self.directory_bytes_per_row < 0 or self.buffer_bytes < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"negative host-memory size for tier {self.name}",
+                                 fix="sizes are >= 0 bytes")
+
+    def host_bytes(self, rows: int) -> int:
+        """Host memory one table of `rows` rows costs on this tier."""
+        table = -(-rows // ROWS_PER_PAGE) * PAGE_BYTES if self.holds_table else 0  # whole pages
+        directory = 0 if self.holds_table else self.directory_bytes_per_row * rows
+        return table + directory + self.buffer_bytes
+
+
+def tiers_from_dict(doc: dict) -> tuple[TierSpec, ...]:
+    """Tiers from a parsed tiers document ({"tier": [{...}, ...]})."""
+    try:
+        tiers = tuple(TierSpec(name=str(t["name"]), intercept_ms=float(t["intercept_ms"]),
+                               page_ms=float(t["page_ms"]),
+                               contention_page_ms=float(t.get("contention_page_ms", t["page_ms"])),
+                               holds_table=bool(t.get("holds_table", t["name"] == "dram")),
+                               directory_bytes_per_row=int(t.get("directory_bytes_per_row", 4)),
+                               buffer_bytes=int(t.get("buffer_bytes", 0)))
+                      for t in doc["tier"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers document is malformed: {exc!r}",
+                             fix="write one [[tier]] per tier with name, intercept_ms and page_ms") from exc
+    names = [t.name for t in tiers]
+    if len(set(names)) != len(names) or not tiers:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers {names}: empty or a name twice",
+                             fix="list each tier once")
+    return tiers
+
+
+def load_tiers(path: str | Path) -> tuple[TierSpec, ...]:
+    """Read a tiers TOML file."""
+    p = Path(path)
+    try:
+        doc = tomllib.loads(p.read_text())
+    except FileNotFoundError as exc:
+        raise SlackTierError(ErrorKind.MISSING, f"tiers file {p} not found", fix="pass the right path") from exc
+    except tomllib.TOMLDecodeError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers file {p} is not TOML: {exc}",
+                             fix="write one [[tier]] table per tier") from exc
+    return tiers_from_dict(doc)
+
+
+def gib(nbytes: float) -> float:
+    """Bytes as GiB."""
+    return nbytes / 2**30

@@ -1,0 +1,287 @@
+"""The window sweep: hold layer k until X, find the first X that grows the step, window = X - delta.
+
+Noise threshold (paper appendix B): the larger of an absolute floor, three
+standard deviations of the baseline step, and 1% of the step. The standard
+deviation is estimated robustly (1.4826 x the median absolute deviation), so a
+single step stretched by another process on a shared machine does not set it.
+By default (`adaptive_threshold`) the baseline is every unheld step so far (the
+initial ones and those interleaved in every block), so a machine whose load
+changes during the sweep is judged by its noise at that time, not at the start.
+
+Each (k, X) point is measured in a block of `repeats` pairs, each pair one step
+held at (k, X) and one step with no target, in shuffled order; delta is the
+difference of the two medians. Interleaving keeps slow drift of the machine out
+of delta. The first delta above the threshold is confirmed by a second block
+(a delta that does not repeat is noise); the window is then X minus the delta of
+the two blocks pooled. Since every millisecond of hold beyond the window shows
+up in the step, X - delta estimates the window at any X past it; the sweep
+still walks X up from zero so the points show where the step starts to grow.
+The first X is chosen because its delta passed the threshold, so on a noisy
+machine its delta is biased up and X - delta down (the larger the threshold
+against the grid, the more). `extra_points` further X values past the first
+detection, measured whatever their delta, give unselected estimates; their
+median is `window_fit_ms` (the paper's rule, first X only, stays `window_ms`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.probe.config import NO_TARGET, ProbeTarget, write_probe_config
+from slacktier.probe.hooks import WindowProbe
+
+log = logging.getLogger(__name__)
+
+MAD_TO_STD = 1.4826  # std of a normal distribution per unit of median absolute deviation
+
+
+@dataclass(frozen=True)
+class SweepSettings:
+    """How hard the sweep looks."""
+
+    warmup_steps: int = 5
+    baseline_steps: int = 40
+    repeats: int = 7               # pairs (held, baseline) per (layer, X) block
+    floor_ms: float = 0.3          # absolute floor of the noise threshold (the paper's 0.3 ms)
+    points_per_step: int = 10      # X grid spacing = baseline step / points_per_step
+    max_delay_frac: float = 1.5    # give up on a layer past X = this x the baseline step
+    confirm: bool = True           # re-measure the first point above threshold
+    extra_points: int = 3          # X values measured past the first detection, for window_fit_ms
+    adaptive_threshold: bool = True  # threshold from every baseline step so far, not only the initial ones
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if min(self.repeats, self.points_per_step) < 1 or self.baseline_steps < 3 or self.extra_points < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "sweep needs >= 3 baseline steps, repeats >= 1, points >= 1",
+                                 fix="raise baseline_steps, repeats or points_per_step; extra_points >= 0")
+        if self.floor_ms < 0 or self.max_delay_frac <= 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "negative floor or non-positive delay range",
+                                 fix="floor_ms >= 0, max_delay_frac > 0")
+
+
+@dataclass(frozen=True)
+class NoiseModel:
+    """The baseline step and the threshold a step-time increase must pass to count."""
+
+    baseline_ms: float   # median step with no target
+    std_ms: float        # robust standard deviation of the baseline step
+    floor_ms: float
+    threshold_ms: float  # max(floor, 3 std, 1% of the step)
+    steps: int
+
+
+def noise_model(step_ms: Sequence[float], floor_ms: float) -> NoiseModel:
+    """Noise threshold from baseline step times."""
+    x = np.asarray(step_ms, dtype=np.float64)
+    med = float(np.median(x))
+    std = MAD_TO_STD * float(np.median(np.abs(x - med)))
+    return NoiseModel(baseline_ms=med, std_ms=std, floor_ms=floor_ms,
+                      threshold_ms=max(floor_ms, 3.0 * std, 0.01 * med), steps=int(x.size))
+
+
+@dataclass(frozen=True)
+class DelayPoint:
+    """One (layer, X) block: medians of held and baseline steps, and their difference."""
+
+    delay_ms: float
+    held_ms: float
+    base_ms: float
+    delta_ms: float
+    pairs: int
+
+
+@dataclass(frozen=True)
+class LayerWindow:
+    """The measured window of one decoder layer."""
+
+    layer: int                     # index in the decoder ModuleList
+    window_ms: float | None        # X - delta at the first confirmed X; None if no X up to the limit grew the step
+    window_frac: float | None      # window / baseline step
+    detected_at_ms: float | None   # that X
+    window_fit_ms: float | None    # median of X - delta over the `extra_points` X values past the first detection
+    arrival_ms: float              # median time from step start to the layer's pre-hook, no target
+    points: tuple[DelayPoint, ...]
+
+
+@dataclass(frozen=True)
+class WindowSweep:
+    """Windows of the probed layers of one model at one batch size."""
+
+    model: str
+    batch: int
+    num_layers: int
+    noise: NoiseModel
+    layers: tuple[LayerWindow, ...]
+    settings: SweepSettings = field(default_factory=SweepSettings)
+    steps_run: int = 0
+    initial_noise: NoiseModel | None = None  # from the initial baseline steps alone (sets the X grid)
+    clock: str = "wall"   # the clock steps and holds were timed with (probe.hooks.CLOCKS)
+
+
+class _Stepper:
+    """Runs steps under a target, through the config file when the probe has one."""
+
+    def __init__(self, probe: WindowProbe, run_step: Callable[[], float]) -> None:
+        self.probe = probe
+        self.run_step = run_step
+        self.current: ProbeTarget | None = None
+        self.steps = 0
+
+    def step(self, target: ProbeTarget) -> float:
+        if target != self.current:
+            if self.probe.config_path:
+                write_probe_config(self.probe.config_path, target)
+            else:
+                self.probe.set_target(target)
+            self.current = target
+        ms = float(self.run_step())
+        self.steps += 1
+        if self.probe.step_target != target:
+            raise SlackTierError(ErrorKind.BAD_INPUT,
+                                 f"the step ran under {self.probe.step_target}, not the target written ({target})",
+                                 fix="make run_step call the probed model's forward once per step, and keep "
+                                     "other writers off the probe's config file")
+        return ms
+
+
+def _block(stepper: _Stepper, target: ProbeTarget, repeats: int, rng: random.Random) -> tuple[list[float], list[float]]:
+    held, base = [], []
+    for _ in range(repeats):
+        first_held = rng.random() < 0.5
+        for is_held in (first_held, not first_held):
+            if is_held:
+                held.append(stepper.step(target))
+            else:
+                base.append(stepper.step(NO_TARGET))
+    return held, base
+
+
+def _point(delay_ms: float, held: list[float], base: list[float]) -> DelayPoint:
+    h, b = float(np.median(held)), float(np.median(base))
+    return DelayPoint(delay_ms=delay_ms, held_ms=h, base_ms=b, delta_ms=h - b, pairs=len(held))
+
+
+def sweep_windows(run_step: Callable[[], float], probe: WindowProbe, layers: Sequence[int] | None = None,
+                  settings: SweepSettings = SweepSettings(), *, batch: int = 1, model_name: str = "",
+                  progress: Callable[[str], None] | None = None) -> WindowSweep:
+    """Measure the windows of `layers` (default: all) of the probed model.
+
+    run_step() runs one step of the model (one forward of the module the probe's
+    step-start hook sits on) and returns its wall time in ms.
+    """
+    if not probe.attached:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "the probe is not attached", fix="call probe.attach() first")
+    layers = list(range(probe.num_layers)) if layers is None else list(layers)
+    for k in layers:
+        if not 0 <= k < probe.num_layers:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {k} outside 0..{probe.num_layers - 1}",
+                                 fix="probe layers of the model's decoder list")
+    rng = random.Random(settings.seed)
+    stepper = _Stepper(probe, run_step)
+    for _ in range(settings.warmup_steps):
+        stepper.step(NO_TARGET)
+    base_ms, arrivals = [], []
+    for _ in range(settings.baseline_steps):
+        base_ms.append(stepper.step(NO_TARGET))
+        arrivals.append(list(probe.arrival_ns))
+    noise = first_noise = noise_model(base_ms, settings.floor_ms)
+    arrival_ms = np.median(np.asarray(arrivals, dtype=np.float64), axis=0) / 1e6  # [num_layers]
+    if progress:
+        progress(f"baseline {noise.baseline_ms:.3f} ms, std {noise.std_ms:.3f} ms, "
+                 f"threshold {noise.threshold_ms:.3f} ms")
+    dx = first_noise.baseline_ms / settings.points_per_step
+
+    def threshold(base: list[float]) -> float:
+        nonlocal noise
+        if settings.adaptive_threshold:
+            base_ms.extend(base)
+            noise = noise_model(base_ms, settings.floor_ms)
+        return noise.threshold_ms
+
+    n_points = max(1, math.ceil(settings.max_delay_frac * settings.points_per_step))
+    out = []
+    for k in layers:
+        points: list[DelayPoint] = []
+        window = detected = fit = None
+        for i in range(1, n_points + 1):
+            x = i * dx
+            target = ProbeTarget(layer=k, delay_ms=x)
+            held, base = _block(stepper, target, settings.repeats, rng)
+            p = _point(x, held, base)
+            points.append(p)
+            if p.delta_ms <= threshold(base):
+                continue
+            if settings.confirm:
+                held2, base2 = _block(stepper, target, settings.repeats, rng)
+                p2 = _point(x, held2, base2)
+                points.append(p2)
+                if p2.delta_ms <= threshold(base2):
+                    log.info("layer %d X=%.3f ms: delta %.3f ms did not repeat (%.3f ms)", k, x, p.delta_ms,
+                             p2.delta_ms)
+                    continue
+                p = _point(x, held + held2, base + base2)
+            window, detected = x - p.delta_ms, x
+            estimates = []
+            for j in range(1, settings.extra_points + 1):
+                xj = x + j * dx
+                held_j, base_j = _block(stepper, ProbeTarget(layer=k, delay_ms=xj), settings.repeats, rng)
+                pj = _point(xj, held_j, base_j)
+                threshold(base_j)
+                points.append(pj)
+                estimates.append(xj - pj.delta_ms)
+            fit = float(np.median(estimates)) if estimates else window
+            break
+        lw = LayerWindow(layer=k, window_ms=window,
+                         window_frac=None if window is None else window / noise.baseline_ms,
+                         detected_at_ms=detected, window_fit_ms=fit, arrival_ms=float(arrival_ms[k]),
+                         points=tuple(points))
+        out.append(lw)
+        if progress:
+            w = "none" if window is None else f"{window:.3f} ms ({window / noise.baseline_ms:.3f} of step)"
+            progress(f"layer {k}: window {w}, arrival {lw.arrival_ms:.3f} ms, {len(points)} points, "
+                     f"threshold now {noise.threshold_ms:.3f} ms")
+    stepper.step(NO_TARGET)  # leave the model unheld
+    # window_frac against the step measured over the whole sweep
+    out = [dataclasses.replace(lw, window_frac=None if lw.window_ms is None else lw.window_ms / noise.baseline_ms)
+           for lw in out]
+    return WindowSweep(model=model_name, batch=batch, num_layers=probe.num_layers, noise=noise,
+                       layers=tuple(out), settings=settings, steps_run=stepper.steps, clock=probe.clock,
+                       initial_noise=first_noise)
+
+
+def measure_overhead(run_step: Callable[[], float], probe: WindowProbe, *, pairs: int = 100,
+                     warmup_steps: int = 5, seed: int = 0) -> tuple[list[float], list[float]]:
+    """Step times with the probe attached but targeting nothing vs hooks removed, A/B interleaved shuffled.
+
+    Returns (hooked_ms, bare_ms); leaves the probe detached.
+    """
+    rng = random.Random(seed)
+    if probe.config_path:
+        write_probe_config(probe.config_path, NO_TARGET)
+    else:
+        probe.set_target(NO_TARGET)
+    for _ in range(warmup_steps):
+        probe.attach()
+        run_step()
+        probe.detach()
+        run_step()
+    hooked, bare = [], []
+    for _ in range(pairs):
+        first_hooked = rng.random() < 0.5
+        for with_hooks in (first_hooked, not first_hooked):
+            if with_hooks:
+                probe.attach()
+                hooked.append(float(run_step()))
+            else:
+                probe.detach()
+                bare.append(float(run_step()))
+    probe.detach()
+    return hooked, bare

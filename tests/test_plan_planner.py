@@ -1,0 +1,255 @@
+"""Miss curves, the cache split and the placement planner."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import tomllib
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from slacktier.errors import SlackTierError
+from slacktier.plan import (EngineSettings, MissCurve, TableSpec, TierSpec, best_split, control_toml,
+                            load_miss_curves, load_tiers, make_plan, predict_placement, split_cost_ms,
+                            write_control_file)
+from slacktier.tables.layout import PAGE_BYTES, pages_for_rows
+
+
+def convex_curve(p0: float, tau: float, cap: float = 1e6, points: int = 9) -> MissCurve:
+    caps = np.linspace(0, cap, points)
+    return MissCurve(tuple(caps), tuple(p0 * np.exp(-caps / tau)))
+
+
+DRAM = TierSpec("dram", intercept_ms=0.01, page_ms=1e-5, contention_page_ms=0.0, holds_table=True)
+DISK = TierSpec("disk", intercept_ms=0.30, page_ms=3.05e-3, contention_page_ms=0.37e-3, holds_table=False,
+                buffer_bytes=1 << 20)
+
+
+# ---- curves -------------------------------------------------------------------------------------------------
+
+def test_curve_interpolates_and_holds_flat_outside(tmp_path):
+    c = MissCurve((0.0, 100.0, 300.0), (50.0, 10.0, 0.0))
+    assert c.pages_at(50.0) == 30.0
+    assert c.pages_at(200.0) == 5.0
+    assert c.pages_at(1000.0) == 0.0
+    assert c.is_convex()
+    assert not MissCurve((0.0, 1.0, 2.0), (10.0, 9.0, 0.0)).is_convex()
+    doc = {"workload": "agent", "batch": 8,
+           "layers": {"1": {"capacity_rows": [0, 100, 300], "pages_per_step": [50, 10, 0]},
+                      "14": {"capacity_rows": [0, 100], "pages_per_step": [40, 20]}}}
+    path = tmp_path / "curves.json"
+    path.write_text(json.dumps(doc))
+    curves = load_miss_curves(path)
+    assert curves.workload == "agent" and curves.batch == 8
+    assert curves.curve(1) == c
+    assert curves.curve(14).pages_at(50) == 30.0
+    with pytest.raises(SlackTierError):
+        curves.curve(2)
+    with pytest.raises(SlackTierError):
+        MissCurve((0.0, 0.0), (1.0, 1.0))
+
+
+# ---- split ---------------------------------------------------------------------------------------------------
+
+def _brute_force(curves, weights, cache_rows, units):
+    best = None
+    for ks in itertools.product(range(units + 1), repeat=len(curves)):
+        if sum(ks) != units:
+            continue
+        c = split_cost_ms(curves, weights, [k / units for k in ks], cache_rows)
+        if best is None or c < best:
+            best = c
+    return best
+
+
+def test_split_on_the_paper_shape_gives_layer1_most_but_not_all():
+    c1, c14 = convex_curve(4000, 2e5), convex_curve(4000, 2e5)
+    s = best_split([1, 14], [c1, c14], [3.05e-3, 0.37e-3], 1_000_000)
+    assert 0.5 < s.shares[0] < 1.0
+    assert sum(s.shares) == pytest.approx(1.0)
+    assert s.cost_ms <= split_cost_ms([c1, c14], [3.05e-3, 0.37e-3], [0.5, 0.5], 1_000_000)
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_split_is_optimal_on_its_grid_for_convex_curves(n):
+    rng = np.random.default_rng(n)
+    curves = [convex_curve(rng.uniform(100, 5000), rng.uniform(5e4, 5e5)) for _ in range(n)]
+    weights = list(rng.uniform(1e-4, 5e-3, n))
+    units = 20
+    s = best_split(list(range(n)), curves, weights, 1_000_000, grid=units, refine=1)
+    assert s.cost_ms == pytest.approx(_brute_force(curves, weights, 1_000_000, units), rel=1e-12)
+    # refinement only helps, and lands on the optimum of the finer grid
+    fine = best_split(list(range(n)), curves, weights, 1_000_000, grid=units, refine=4)
+    assert fine.cost_ms <= s.cost_ms + 1e-12
+    if n <= 3:
+        assert fine.cost_ms == pytest.approx(_brute_force(curves, weights, 1_000_000, units * 4), rel=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.tuples(st.floats(1, 1e4), st.floats(1e3, 1e6), st.floats(1e-5, 1e-2)), min_size=2,
+                max_size=2), st.integers(1, 2_000_000))
+def test_split_two_layers_matches_brute_force(params, cache_rows):
+    curves = [convex_curve(p0, tau) for p0, tau, _ in params]
+    weights = [w for _, _, w in params]
+    s = best_split([1, 14], curves, weights, cache_rows, grid=40, refine=1)
+    assert s.cost_ms == pytest.approx(_brute_force(curves, weights, cache_rows, 40), rel=1e-9, abs=1e-12)
+
+
+def test_split_of_nothing_and_bad_inputs():
+    c = convex_curve(100, 1e5)
+    s = best_split([1, 14], [c, c], [1e-3, 1e-3], 0)
+    assert sum(s.shares) == pytest.approx(1.0)
+    with pytest.raises(SlackTierError):
+        best_split([1], [c, c], [1e-3], 10)
+    with pytest.raises(SlackTierError):
+        best_split([1], [c], [-1.0], 10)
+
+
+# ---- planner -------------------------------------------------------------------------------------------------
+
+def _flat(pages: float) -> MissCurve:
+    return MissCurve((0.0,), (pages,))
+
+
+@pytest.mark.parametrize("pages,window_ms", [(100.0, 0.61), (100.0, 0.604), (100.0, 0.6), (100.0, 0.5),
+                                             (1000.0, 3.35), (1000.0, 3.349)])
+def test_table_goes_to_disk_exactly_when_its_reads_fit_its_window(pages, window_ms):
+    read_ms = DISK.intercept_ms + DISK.page_ms * pages
+    table = TableSpec(layer=14, rows=15_000, manifest="m14.json", window_ms=window_ms)
+    plan = make_plan([table], [DRAM, DISK], {14: _flat(pages)}, cache_rows=0, target_ms=0.0)
+    expected = "disk" if read_ms <= window_ms else "dram"
+    assert plan.tables[0].source == expected
+    assert plan.slowdown_ms == 0.0
+    if expected == "disk":
+        assert plan.host_bytes == 4 * 15_000 + (1 << 20)
+    else:
+        assert plan.host_bytes == pages_for_rows(15_000) * PAGE_BYTES
+
+
+@pytest.mark.parametrize("window_ms,expected", [(1.0, "disk"), (np.nextafter(1.0, 0.0), "dram"), (1.5, "disk")])
+def test_reads_exactly_filling_the_window_still_fit(window_ms, expected):
+    slow = TierSpec("disk", intercept_ms=0.5, page_ms=0.25, contention_page_ms=0.0, holds_table=False)
+    plan = make_plan([TableSpec(1, 100, "m.json", float(window_ms))], [DRAM, slow], {1: _flat(2.0)},
+                     cache_rows=0, target_ms=0.0)  # read = 0.5 + 0.25 * 2 = 1.0 ms exactly
+    assert plan.tables[0].source == expected
+
+
+def test_v41_shape_layer1_needs_cache_or_dram_layer14_stays_on_disk():
+    rows = 1_000_000
+    tables = [TableSpec(1, rows, "l1.json", 0.27), TableSpec(14, rows, "l14.json", 9.35)]
+    curves = {1: convex_curve(3000, 1e5), 14: convex_curve(2500, 1e5)}
+    # no cache: layer 1 reads 3000 pages (9.45 ms) > 0.27 ms window -> DRAM; layer 14 (7.9 ms) fits on disk
+    plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=0, target_ms=0.05)
+    assert [(t.layer, t.source) for t in plan.tables] == [(1, "dram"), (14, "disk")]
+    assert plan.slowdown_ms <= 0.05
+    # a large cache makes layer 1's misses few enough that both fit on disk
+    plan2 = make_plan(tables, [DRAM, DISK], curves, cache_rows=1_000_000, target_ms=0.2)
+    assert [t.source for t in plan2.tables] == ["disk", "disk"]
+    assert plan2.host_bytes < plan.host_bytes
+    t1 = plan2.tables[0]
+    assert t1.cache_share > 0.5
+    assert t1.read_ms == pytest.approx(0.30 + 3.05e-3 * t1.pages_per_step + 0.37e-3 * plan2.tables[1].pages_per_step)
+    # predict_placement reproduces the chosen plan's numbers
+    again = predict_placement(tables, {1: "disk", 14: "disk"}, [DRAM, DISK], curves, 1_000_000, target_ms=0.2)
+    assert again.slowdown_ms == pytest.approx(plan2.slowdown_ms)
+
+
+def test_infeasible_target_raises_with_fix():
+    tables = [TableSpec(1, 1000, "l1.json", 0.0)]
+    with pytest.raises(SlackTierError) as e:
+        make_plan(tables, [DISK], {1: _flat(10.0)}, cache_rows=0, target_ms=0.0)
+    assert "target" in str(e.value) and e.value.fix
+
+
+def test_control_file_round_trips_through_toml(tmp_path):
+    tables = [TableSpec(1, 30_000, "/data/l1/manifest.json", 0.27), TableSpec(14, 30_000, 'odd"name.json', 9.35)]
+    curves = {1: convex_curve(3000, 1e5), 14: convex_curve(3000, 1e5)}
+    plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=500_000, target_ms=1.0)
+    path = write_control_file(plan, tmp_path / "control.toml", EngineSettings(io_threads=4))
+    doc = tomllib.loads(path.read_text())
+    assert doc["engine"] == {"device": "cpu", "cache_rows": 500_000, "io_threads": 4, "verify_reads": False,
+                             "lossy": False}
+    assert [t["layer"] for t in doc["table"]] == [1, 14]
+    assert [t["order"] for t in doc["table"]] == [0, 1]
+    assert doc["table"][1]["manifest"] == 'odd"name.json'
+    assert sum(t["cache_share"] for t in doc["table"]) == pytest.approx(1.0)
+    assert {t["source"] for t in doc["table"]} <= {"dram", "disk", "redis"}
+    assert set(doc["table"][0]) == {"layer", "manifest", "source", "cache_share", "order"}
+    assert control_toml(plan).startswith("# SlackTier control file")
+
+
+def test_plan_page_layout_matches_the_tables_room():
+    from slacktier.plan import tiers
+    from slacktier.tables import layout
+
+    assert (tiers.PAGE_BYTES, tiers.ROWS_PER_PAGE) == (layout.PAGE_BYTES, layout.ROWS_PER_PAGE)
+    dram = TierSpec("dram", 0.0, 0.0, 0.0, holds_table=True)
+    for rows in (1, 15, 16, 384_006_168):
+        assert dram.host_bytes(rows) == layout.pages_for_rows(rows) * layout.PAGE_BYTES
+
+
+def test_tiers_file(tmp_path):
+    p = tmp_path / "tiers.toml"
+    p.write_text('[[tier]]\nname = "disk"\nintercept_ms = 0.3\npage_ms = 0.00305\ncontention_page_ms = 0.00037\n'
+                 'buffer_bytes = 4096\n[[tier]]\nname = "dram"\nintercept_ms = 0.01\npage_ms = 0.00001\n')
+    disk, dram = load_tiers(p)
+    assert disk == TierSpec("disk", 0.3, 0.00305, 0.00037, holds_table=False, buffer_bytes=4096)
+    assert dram.holds_table and dram.contention_page_ms == 0.00001
+    p.write_text('[[tier]]\nname = "tape"\nintercept_ms = 1\npage_ms = 1\n')
+    with pytest.raises(SlackTierError):
+        load_tiers(p)
+
+
+# ---- the engine loads what the planner writes; the CLI -----------------------------------------------------
+
+def test_engine_control_parser_accepts_the_planners_file(tmp_path):
+    control = pytest.importorskip("slacktier.engine.control")
+    tables = [TableSpec(1, 30_000, "l1.manifest.json", 0.27), TableSpec(14, 30_000, "l14.manifest.json", 9.35)]
+    curves = {1: convex_curve(3000, 1e5), 14: convex_curve(3000, 1e5)}
+    plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=500_000, target_ms=1.0)
+    cfg = control.parse_control(control_toml(plan), str(tmp_path / "control.toml"))
+    assert cfg.engine.cache_rows == 500_000
+    assert [t.layer for t in cfg.tables] == [1, 14]
+    assert [t.source for t in cfg.tables] == [t.source for t in plan.tables]
+    assert [t.cache_share for t in cfg.tables] == [t.cache_share for t in plan.tables]
+
+
+def test_plan_cli_end_to_end(tmp_path, capsys):
+    from slacktier import cli
+
+    curves = tmp_path / "curves.json"
+    caps = [0, 250_000, 500_000, 1_000_000]
+    curves.write_text(json.dumps({"workload": "agent", "batch": 128, "layers": {
+        "1": {"capacity_rows": caps, "pages_per_step": [3000, 250, 40, 10]},
+        "14": {"capacity_rows": caps, "pages_per_step": [2500, 300, 60, 20]}}}))
+    tiers = tmp_path / "tiers.toml"
+    tiers.write_text('[[tier]]\nname = "dram"\nintercept_ms = 0.01\npage_ms = 0.00001\n'
+                     '[[tier]]\nname = "disk"\nintercept_ms = 0.30\npage_ms = 0.00305\ncontention_page_ms = 0.00037\n'
+                     'buffer_bytes = 1048576\n')
+    probe_json = tmp_path / "windows.json"
+    probe_json.write_text(json.dumps({"sweeps": [{"batch": 1, "layers": [
+        {"layer": 1, "window_ms": 0.5, "window_frac": 0.009},
+        {"layer": 14, "window_ms": 20.0, "window_frac": 0.318}]}]}))
+    out = tmp_path / "control.toml"
+    rc = cli.main(["plan", "--table", "1:l1.json:1000000", "--table", "14:l14.json:1000000",
+                   "--windows-json", str(probe_json), "--step-ms", "29.4", "--window", "1=0.27",
+                   "--tiers", str(tiers), "--curves", str(curves), "--cache-rows", "1000000", "--target-ms", "0.3",
+                   "--out", str(out), "--json", str(tmp_path / "plan.json")])
+    assert rc == 0
+    text = capsys.readouterr().out
+    assert "predicted slowdown" in text
+    doc = tomllib.loads(out.read_text())
+    assert [t["source"] for t in doc["table"]] == ["disk", "disk"]
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["tables"][0]["window_ms"] == 0.27  # --window overrides the probe JSON
+    assert plan["tables"][1]["window_ms"] == pytest.approx(0.318 * 29.4)
+    assert plan["slowdown_ms"] <= 0.3
+    # an unreachable target is an error with a fix, not a file
+    rc = cli.main(["plan", "--table", "1:l1.json:1000", "--window", "1=0", "--tiers", str(tiers), "--curves",
+                   str(curves), "--cache-rows", "0", "--target-ms", "0", "--out", str(tmp_path / "no.toml")])
+    assert rc == 1
+    assert "Fix:" in capsys.readouterr().err
+    assert not (tmp_path / "no.toml").exists()
