@@ -19,9 +19,6 @@ shuffled order, `--repeats` rounds of `--steps` steps:
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import random
 import statistics
 import sys
@@ -43,7 +40,8 @@ from slacktier.tables.layout import ROW_BYTES
 from slacktier.tables.tokenizer import encode
 
 sys.path.insert(0, str(Path(__file__).parent))
-from bench_engine_begin_step import append_to_benchmarks  # noqa: E402
+from _common import append_to_section, command_line, machine, pyplot, save_figure, utc_stamp  # noqa: E402
+from bench_engine_begin_step import SECTION, SUBSECTION  # noqa: E402
 
 LAYER = 1
 
@@ -159,10 +157,7 @@ def main() -> int:
     table_md = "\n".join(lines)
     print(table_md)
     if args.png:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, ax = pyplot().subplots(figsize=(7, 4))
         names = ["engine warm (cache hits)", "engine cold (page buffers)", base, "torch index_select + codec LUT"]
         width = 0.2
         for k, name in enumerate(names):
@@ -172,18 +167,15 @@ def main() -> int:
         ax.set_ylabel("us per gather (median)")
         ax.set_yscale("log")
         ax.legend(fontsize=7)
-        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.png, dpi=120, bbox_inches="tight")
+        save_figure(fig, args.png, bbox_inches="tight")
     if args.append:
-        cmd = " ".join(["`.venv/bin/python benchmarks/bench_engine_gather.py", *sys.argv[1:]]) + "`"
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        text = (f"**gather throughput vs a plain torch index_select + dequant from DRAM** - {now}, "
-                f"{platform.node()}, {os.cpu_count()} CPUs (shared with other jobs), torch {torch.__version__}, "
-                f"{torch.get_num_threads()} torch threads. Command: {cmd}. One layer of {rows:,} rows in host "
-                f"DRAM, real-token decode ids [B, 24]; {args.repeats} rounds x {args.steps} steps, ways "
+        text = (f"**gather throughput vs a plain torch index_select + dequant from DRAM** - {utc_stamp()}, "
+                f"{machine()} (shared with other jobs), torch {torch.__version__}, {torch.get_num_threads()} "
+                f"torch threads. Command: `{command_line(__file__)}`. One layer of {rows:,} rows in host DRAM, "
+                f"real-token decode ids [B, 24]; {args.repeats} rounds x {args.steps} steps, ways "
                 f"interleaved in shuffled order; GB/s counts the bf16 output (512 B per row). Target: engine "
                 f">= 1.0x the torch gather.\n\n" + table_md)
-        append_to_benchmarks(text)
+        append_to_section(text, SECTION, SUBSECTION)
     return 0
 
 

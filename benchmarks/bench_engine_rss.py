@@ -21,10 +21,7 @@ proportional to the table. The staged files are deleted at the end unless --keep
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -34,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))
+from _common import append_to_section, command_line, machine, utc_stamp  # noqa: E402
 
 VOCAB = 700_000
 BATCH = 128
@@ -118,7 +116,7 @@ def main() -> int:
         child(args.child, args.control, args.steps)
         return 0
 
-    from bench_engine_begin_step import append_to_benchmarks
+    from bench_engine_begin_step import SECTION, SUBSECTION
 
     from slacktier.tables.engram_hash import EngramLayout
     from slacktier.tables.manifest import Manifest
@@ -179,15 +177,13 @@ def main() -> int:
     print(parts)
     print(f"DRAM / disk, above baseline: {ratio:.1f}x")
     if args.append:
-        cmd = " ".join(["`.venv/bin/python benchmarks/bench_engine_rss.py", *sys.argv[1:]]) + "`"
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        text = (f"**Resident memory, two tables of {rows[0]:,} and {rows[1]:,} rows, disk vs DRAM** - {now}, "
-                f"{platform.node()}, {os.cpu_count()} CPUs. Command: {cmd}. One child process per row, run one "
+        text = (f"**Resident memory, two tables of {rows[0]:,} and {rows[1]:,} rows, disk vs DRAM** - {utc_stamp()}, "
+                f"{machine()}. Command: `{command_line(__file__)}`. One child process per row, run one "
                 f"after another; each builds its engine from a control file and runs {args.steps} real-token "
                 f"decode steps (B = {BATCH}). 'none' is the same process without an engine "
                 f"(imports, tokenizer, hasher). Expected above baseline: {parts}.\n\n"
                 + table_md + f"\n\nDRAM holds {ratio:.1f}x the disk process's memory above the baseline.")
-        append_to_benchmarks(text)
+        append_to_section(text, SECTION, SUBSECTION)
     return 0
 
 

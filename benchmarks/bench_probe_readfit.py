@@ -30,7 +30,8 @@ from slacktier.tables.layout import PAGE_BYTES
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_probe_windows import append_markdown, machine  # noqa: E402
+from _common import append_to_section  # noqa: E402
+from bench_probe_windows import SECTION, machine  # noqa: E402
 
 
 def make_file(path: Path, pages: int) -> None:
@@ -128,7 +129,7 @@ def main() -> int:
         lines.append(f"| {name} | {a:.3f} | {b1 * 1e3:.2f} | {b14 * 1e3:.2f} | {b1 / b14:.1f} | {q.r2:.3f} | "
                      f"{q.rmse_ms:.3f} | {h.r2:.3f} | {h.rmse_ms:.3f} |")
     lines += ["", f"Measured T_1 {T1.min():.2f}..{T1.max():.2f} ms, T_14 {T14.min():.2f}..{T14.max():.2f} ms."]
-    append_markdown("\n".join(lines))
+    append_to_section("\n".join(lines), SECTION)
     print("appended to BENCHMARKS.md")
     return 0
 

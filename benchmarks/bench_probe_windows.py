@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -33,20 +32,15 @@ from slacktier.probe.report import PAPER_FRAC_HIGH, PAPER_FRAC_LOW, depth
 ROOT = Path(__file__).resolve().parents[1]
 SECTION = "## Windows and placement"
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_to_section  # noqa: E402
+from _common import machine as common_machine  # noqa: E402
+
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    load = os.getloadavg()
-    return (f"{os.cpu_count()} cores ({cpu}), {mem:.0f} GiB, Linux {platform.release()}, torch {torch.__version__}, "
-            f"{torch.get_num_threads()} torch thread(s); load average at start {load[0]:.1f}")
+    """The shared machine line plus torch's version and threads and the load average now."""
+    return (f"{common_machine()}, torch {torch.__version__}, {torch.get_num_threads()} torch thread(s); "
+            f"load average at start {os.getloadavg()[0]:.1f}")
 
 
 def slope_through_origin(sweep, attr: str = "window_ms") -> float:
@@ -71,16 +65,6 @@ def summary_rows(sweep) -> list[str]:
         rows.append(f"| {sweep.batch} | {lw.layer} | {d:.3f} | {lw.window_ms:.2f} | {lw.window_frac:.3f} | {ratio} | "
                     f"{lw.window_fit_ms:.2f} | {fit_ratio} | {lw.arrival_ms:.2f} |")
     return rows
-
-
-def append_markdown(block: str) -> None:
-    path = ROOT / "BENCHMARKS.md"
-    text = path.read_text()  # re-read right before editing: other areas append to their own sections
-    start = text.index(SECTION)
-    nxt = text.find("\n## ", start + len(SECTION))
-    end = len(text) if nxt < 0 else nxt + 1
-    section = text[start:end].rstrip("\n") + "\n\n" + block.rstrip("\n") + "\n\n"
-    path.write_text(text[:start] + section + text[end:])
 
 
 def main() -> int:
@@ -190,7 +174,7 @@ def main() -> int:
               "| B | clock | pairs | hooks removed | hooks, no target | difference ms | ratio |",
               "|---|---|---|---|---|---|---|"]
     lines += ov_lines
-    append_markdown("\n".join(lines))
+    append_to_section("\n".join(lines), SECTION)
     print("appended to BENCHMARKS.md")
     return 0
 

@@ -21,10 +21,8 @@ The file goes under runs/ (git-ignored) and is deleted at the end unless --keep-
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import random
 import resource
 import statistics
@@ -44,6 +42,10 @@ REPO = Path(__file__).resolve().parents[1]
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Page sources"
 TARGET_IOPS_RATIO = 0.9
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import (BENCHMARKS_MD, append_to_section, command_line, machine, pyplot, save_figure,  # noqa: E402
+                     utc_stamp)
 TARGET_CPU_US = 3.0
 
 
@@ -225,10 +227,7 @@ def main() -> int:
 
 
 def write_png(path: Path, runs: list[Run], engines: list[str], batches: list[int]) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(13, 4.5))
+    fig, (a1, a2) = pyplot().subplots(1, 2, figsize=(13, 4.5))
     labels = ["fio"] + [e.replace(" ", "\n") + f"\n{b} pages" for e in engines for b in batches]
     groups = [[r for r in runs if r.batch == 0]] + [[r for r in runs if r.name == e and r.batch == b]
                                                    for e in engines for b in batches]
@@ -241,8 +240,7 @@ def write_png(path: Path, runs: list[Run], engines: list[str], batches: list[int
         ax.set_title(title)
     a2.axhline(TARGET_CPU_US, color="r", ls="--", lw=1)
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    save_figure(fig, path, dpi=100)
 
 
 def describe_disk(directory: Path) -> str:
@@ -260,30 +258,11 @@ def describe_disk(directory: Path) -> str:
     return f"{name} ({driver}, {size_gib:.0f} GiB, scheduler {active})"
 
 
-def splice_into_subsection(text: str, block: str) -> str:
-    """Insert `block` at the end of '### Page sources' in SECTION (adding the subsection if absent)."""
-    start = text.index(SECTION)
-    nxt = text.find("\n## ", start + len(SECTION))
-    end = len(text) if nxt < 0 else nxt + 1
-    section = text[start:end].rstrip("\n") + "\n"
-    if SUBSECTION not in section:
-        section += f"\n{SUBSECTION}\n"
-    sub = section.index(SUBSECTION)
-    nxt_sub = section.find("\n### ", sub + len(SUBSECTION))
-    cut = len(section) if nxt_sub < 0 else nxt_sub + 1
-    section = section[:cut].rstrip("\n") + "\n" + block.rstrip("\n") + "\n\n" + section[cut:]
-    return text[:start] + section.rstrip("\n") + "\n\n" + text[end:]
-
-
 def append_md(args: argparse.Namespace, table: str, verdicts: list[str], file_pages: int) -> None:
     """Append this run under '### Page sources' inside the tier section (creating the subsection once)."""
-    md = REPO / "BENCHMARKS.md"
-    text = md.read_text()
-    cmd = "python benchmarks/bench_store_disk.py " + " ".join(sys.argv[1:])
-    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     disk = describe_disk(args.file.parent)
-    block = (f"\n#### Disk engine: random 4 KiB reads vs fio ({when})\n\n"
-             f"`{cmd}`\n\nMachine: {os.cpu_count()} cores, {platform.machine()}, kernel {platform.release()}, "
+    block = (f"#### Disk engine: random 4 KiB reads vs fio ({utc_stamp()})\n\n"
+             f"`{command_line(__file__)}`\n\nMachine: {machine()}, "
              f"disk {disk}, shared with other jobs; file {file_pages * PAGE_BYTES / 2**30:.1f} GiB read with O_DIRECT, "
              f"queue depth {args.depth} for every engine and fio, {args.seconds:g} s per run, {args.repeats} "
              f"shuffled rounds of {args.pairs} runs per configuration, each run paired back to back with its "
@@ -291,8 +270,8 @@ def append_md(args: argparse.Namespace, table: str, verdicts: list[str], file_pa
              f"usr+sys over its I/Os. fio runs a steady stream; the engines run back-to-back batches "
              f"(submit, wait), so each batch's ramp-up and drain are included.\n\n"
              f"{table}\n\n" + "\n".join(f"- {v}" for v in verdicts) + "\n")
-    md.write_text(splice_into_subsection(text, block))
-    print(f"appended to {md}")
+    append_to_section(block, SECTION, SUBSECTION)
+    print(f"appended to {BENCHMARKS_MD}")
 
 
 if __name__ == "__main__":

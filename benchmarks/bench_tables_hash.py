@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import ast
-import datetime as dt
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -40,6 +38,9 @@ SECTION = "## Foundation: hashing and staging"
 OURS = "ours (default: integer divide)"
 SUBSECTION = "### Hashing"
 _VALUE_RE = re.compile(r'"value":\s*"((?:[^"\\]|\\.)*)"')
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_to_section, command_line, machine, pyplot, save_figure, utc_stamp  # noqa: E402
 
 
 def sharegpt_tokens(n_tokens: int) -> np.ndarray:
@@ -89,16 +90,6 @@ def sglang_engram_path():
         return ns["compute_engram_hash_ids"](windows.clamp_min(0), windows < 0, pad, token_map, mult, primes, offsets)
 
     return prefill, decode
-
-
-def cpu_name() -> str:
-    """CPU model and family/model numbers from /proc/cpuinfo (Linux), else the platform."""
-    try:
-        info = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or platform.machine()
-    fields = dict(re.findall(r"^(model name|cpu family|model)\s*:\s*(.+)$", info, re.M)[:3])
-    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def time_once(fn) -> float:
@@ -195,12 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     print(verdict)
 
     if args.png is not None:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+        fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4))
         labels = [f"{k[0]}\n{k[1]}" for k, *_ in rows]
         ax1.barh(labels, [r[2] for r in rows])
         ax1.axvline(50, color="red", linestyle="--", label="target 50 us")
@@ -212,37 +198,19 @@ def main(argv: list[str] | None = None) -> int:
         ax2.legend(loc="lower right")
         ax2.set_yticklabels([])
         fig.tight_layout()
-        args.png.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.png, dpi=120)
+        save_figure(fig, args.png)
         print(f"wrote {args.png}")
 
     if args.append_md is not None:
-        command = ".venv/bin/python benchmarks/bench_tables_hash.py " + " ".join(argv or sys.argv[1:])
-        block = (f"\nRun {dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC, `{command.strip()}`, "
-                 f"{cpu_name()}, {os.cpu_count()} cores (shared with other jobs, noisy), {len(ids):,} ShareGPT tokens "
+        block = (f"Run {utc_stamp()}, `{command_line(__file__, argv or None)}`, "
+                 f"{machine()} (shared with other jobs, noisy), {len(ids):,} ShareGPT tokens "
                  f"(DeepSeek-V4 tokenizer), {args.rounds} interleaved shuffled rounds, decode timed "
                  f"{args.rounds * args.decode_reps} times per row, prefill timed per {args.chunk}-token chunk. "
                  f"Targets: decode of 128 tokens < 50 us, Engram prefill > 1M tokens/s on one core.\n\n{table}\n\n"
                  f"{verdict}\n")
-        append_to_section(args.append_md, block)
+        append_to_section(block, SECTION, SUBSECTION, args.append_md)
         print(f"appended to {args.append_md}")
     return 0
-
-
-def append_to_section(path: Path, block: str) -> None:
-    """Append block at the end of '### Hashing' inside '## Foundation: hashing and staging' (created if absent)."""
-    text = path.read_text()
-    start = text.index(SECTION)
-    nxt = text.find("\n## ", start + len(SECTION))
-    section_end = len(text) if nxt < 0 else nxt + 1
-    sub = text.find(SUBSECTION + "\n", start, section_end)
-    if sub < 0:
-        insert_at, block = section_end, f"{SUBSECTION}\n\n{block.strip()}"
-    else:
-        nxt_sub = text.find("\n### ", sub + len(SUBSECTION), section_end)
-        insert_at, block = (section_end if nxt_sub < 0 else nxt_sub + 1), block.strip()
-    head, rest = text[:insert_at].rstrip("\n"), text[insert_at:].lstrip("\n")
-    path.write_text(f"{head}\n\n{block}\n" + (f"\n{rest}" if rest else ""))
 
 
 if __name__ == "__main__":

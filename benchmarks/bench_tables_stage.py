@@ -19,10 +19,8 @@ version from git HEAD, when git has it).
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import random
 import shutil
 import statistics
@@ -43,7 +41,12 @@ from slacktier.tables.odirect import DirectFile, aligned_array
 from slacktier.tables.stage import StageStats, SyntheticSource, stage_synthetic
 
 ROOT = Path(__file__).resolve().parents[1]
+PARENT_SECTION = "## Foundation: hashing and staging"
 SECTION = "### Codec and staging"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_to_section, command_line, machine, pyplot, save_figure, utc_stamp  # noqa: E402
+
 FILL_KEY = "stage fill: synthetic rows + page CRC32C, 4 MiB chunks (CPU time)"
 
 
@@ -241,49 +244,27 @@ def main() -> int:
     print("\n".join(lines))
 
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(5, 3))
+        fig, ax = pyplot().subplots(figsize=(5, 3))
         names = list(results)
         ax.boxplot([results[k] for k in names])
         ax.set_xticks(range(1, len(names) + 1), names)
         ax.set_ylabel("GB/s")
         ax.set_title(f"staging vs sequential O_DIRECT write ({nbytes / 1e9:.1f} GB)")
         fig.tight_layout()
-        Path(args.png).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(args.png, dpi=120)
+        save_figure(fig, args.png)
         print(f"plot: {args.png}")
     except ImportError:
         print("matplotlib missing: no plot")
 
     if args.append_md:
-        cmd = "python benchmarks/bench_tables_stage.py " + " ".join(sys.argv[1:])
-        machine = (f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs (1-min load average "
-                   f"{load0:.1f} at start, {os.getloadavg()[0]:.1f} at end), virtio disk under {work}")
-        when = f"{dt.datetime.now(dt.timezone.utc):%Y-%m-%d %H:%M} UTC"
-        block = [f"Run {when}. Command: `{cmd.strip()}`. Machine: {machine}.",
+        host = (f"{machine()}, shared with other jobs (1-min load average {load0:.1f} at start, "
+                f"{os.getloadavg()[0]:.1f} at end), virtio disk under {work}")
+        block = [f"Run {utc_stamp()}. Command: `{command_line(__file__)}`. Machine: {host}.",
                  f"Table: {len(layers)} layers x {args.rows_per_layer:,} rows, {args.ranks} ranks, "
                  f"{nbytes / 1e9:.2f} GB per run, chunk {args.chunk_mib} MiB, {args.repeats} repeats interleaved "
                  "(shuffled).", ""] + lines + [""]
-        append_section(ROOT / "BENCHMARKS.md", block)
+        append_to_section("\n".join(block), PARENT_SECTION, SECTION)
     return 0
-
-
-def append_section(md: Path, block: list[str]) -> None:
-    """Append `block` at the end of our subsection (creating it under the Foundation heading if absent)."""
-    text = md.read_text()
-    lines = text.split("\n")
-    if SECTION not in lines:
-        parent = lines.index("## Foundation: hashing and staging")
-        end = next((i for i in range(parent + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
-        lines[end:end] = [SECTION, ""]
-    start = lines.index(SECTION)
-    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith(("## ", "### "))), len(lines))
-    lines[end:end] = block
-    md.write_text("\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -12,11 +12,11 @@ BENCHMARKS.md under "## Traffic: access characterization".
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import random
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +28,9 @@ from slacktier.workloads.hashing import EngramLookupHasher
 from slacktier.workloads.replay import ReplayConfig
 
 SECTION = "## Traffic: access characterization"
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_to_section, command_line, machine, utc_stamp  # noqa: E402
 
 
 def main() -> None:
@@ -101,27 +104,10 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.append:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        block = (f"\n### Characterization engine throughput ({stamp})\n\n"
-                 f"Command: `.venv/bin/python benchmarks/bench_workloads_engine.py --append`; machine: "
-                 f"{platform.machine()}, {_cores()} cores (shared with other jobs), one thread.\n\n{text}\n")
-        _append(block)
-
-
-def _cores() -> int:
-    import os
-    return os.cpu_count() or 0
-
-
-def _append(block: str) -> None:
-    """Insert `block` at the end of our section of BENCHMARKS.md (before the next '## ' heading)."""
-    from pathlib import Path
-    path = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
-    text = path.read_text()
-    start = text.index(SECTION) + len(SECTION)
-    nxt = text.find("\n## ", start)
-    end = len(text) if nxt < 0 else nxt
-    path.write_text(text[:end].rstrip("\n") + "\n" + block + text[end:])
+        block = (f"### Characterization engine throughput ({utc_stamp()})\n\n"
+                 f"Command: `{command_line(__file__)}`; machine: "
+                 f"{machine()} (shared with other jobs), one thread.\n\n{text}\n")
+        append_to_section(block, SECTION)
 
 
 if __name__ == "__main__":

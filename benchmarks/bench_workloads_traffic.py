@@ -15,8 +15,7 @@ tables to BENCHMARKS.md under "## Traffic: access characterization".
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
+import sys
 from dataclasses import asdict
 from pathlib import Path
 
@@ -25,6 +24,9 @@ from slacktier.workloads.characterize import (Capacity, batch_reuse, evaluate, m
 from slacktier.workloads.corpus import CorpusConfig
 from slacktier.workloads.hashing import EngramLookupHasher
 from slacktier.workloads.replay import ReplayConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import append_to_section, command_line, machine, utc_stamp  # noqa: E402
 
 SECTION = "## Traffic: access characterization"
 PAPER_T1 = {  # paper Table 1, layer 14, 64 sessions: (1M, 5M) rows
@@ -148,18 +150,10 @@ def main() -> None:
         *sweep_lines] if sweep_lines else []))
     print(text)
     if args.append:
-        stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-        block = (f"\n### Table 1 / Table 10 analog ({stamp})\n\nCommand: `.venv/bin/python "
-                 f"benchmarks/bench_workloads_traffic.py --batch {args.batch}{' --sweep' if args.sweep else ''} --append`; "
-                 f"machine: "
-                 f"{platform.machine()} (2 cores shared); hit rates are deterministic (no timing). Plots and "
+        block = (f"### Table 1 / Table 10 analog ({utc_stamp()})\n\nCommand: `{command_line(__file__)}`; "
+                 f"machine: {machine()} (shared with other jobs); hit rates are deterministic (no timing). Plots and "
                  f"JSON: `{args.out}/`.\n\n{text}\n")
-        path = Path(__file__).resolve().parents[1] / "BENCHMARKS.md"
-        doc = path.read_text()
-        start = doc.index(SECTION) + len(SECTION)
-        nxt = doc.find("\n## ", start)
-        end = len(doc) if nxt < 0 else nxt
-        path.write_text(doc[:end].rstrip("\n") + "\n" + block + doc[end:])
+        append_to_section(block, SECTION)
 
 
 def _plot(wl, prep, res, caps, out: Path) -> None:

@@ -48,27 +48,21 @@ def staged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def write_control(path: Path, manifest: Path, source: str, cache_rows: int, shares: tuple[float, float]) -> Path:
     """A control file for both layers of `manifest`, layer 1 first."""
+    tables = "".join(f"""
+[[table]]
+layer = {layer}
+source = "{source}"
+manifest = "{manifest}"
+cache_share = {share}
+order = {order}
+""" for order, (layer, share) in enumerate(zip((1, 14), shares, strict=True)))
     path.write_text(f"""
 [engine]
 device = "cpu"
 cache_rows = {cache_rows}
 check = true
 max_tokens = 64
-
-[[table]]
-layer = 1
-source = "{source}"
-manifest = "{manifest}"
-cache_share = {shares[0]}
-order = 0
-
-[[table]]
-layer = 14
-source = "{source}"
-manifest = "{manifest}"
-cache_share = {shares[1]}
-order = 1
-""")
+{tables}""")
     return path
 
 

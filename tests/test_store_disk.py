@@ -6,9 +6,6 @@ import ctypes
 import logging
 import mmap
 import os
-import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,27 +15,13 @@ from slacktier.store import PageBufferPool, PageReads, RegionSpec
 from slacktier.store import _native
 from slacktier.store._common import page_crc32c
 from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
-from slacktier.store.testing import stage_synthetic, supports_o_direct
+from slacktier.store.testing import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 
-REPO = Path(__file__).resolve().parents[1]
 _URING_MISSING = _native.probe_io_uring()
 ENGINES = [pytest.param("io_uring", marks=pytest.mark.skipif(_URING_MISSING is not None,
                                                              reason=f"io_uring unavailable: {_URING_MISSING}")),
            "threads"]
-
-
-@pytest.fixture
-def region_dir(tmp_path):
-    """A directory that takes O_DIRECT: tmp_path, else one under the repo's git-ignored runs/."""
-    if supports_o_direct(tmp_path):
-        yield tmp_path
-        return
-    (REPO / "runs").mkdir(exist_ok=True)
-    fallback = Path(tempfile.mkdtemp(prefix="test-store-", dir=REPO / "runs"))
-    assert supports_o_direct(fallback), "no directory here supports O_DIRECT; the disk tier needs one"
-    yield fallback
-    shutil.rmtree(fallback)
 
 
 def _reads(pairs: list[tuple[int, int]]) -> PageReads:
@@ -51,8 +34,8 @@ def _where(err: SlackTierError) -> tuple:
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_four_devices_many_workers_read_every_page_exactly(region_dir, engine):
-    staged = stage_synthetic(region_dir, layers=(1, 14), ranks=4, rows=150, devices=4)
+def test_four_devices_many_workers_read_every_page_exactly(o_direct_dir, engine):
+    staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=4, rows=150, devices=4)
     assert len({s.path for s in staged.specs}) == 4
     src = DiskSource(staged.specs, engine=engine, queue_depth=16, workers_per_device=2, pool_threads=4)
     try:
@@ -70,8 +53,8 @@ def test_four_devices_many_workers_read_every_page_exactly(region_dir, engine):
         src.close()
 
 
-def test_the_engine_that_runs_is_logged(region_dir, caplog):
-    staged = stage_synthetic(region_dir, ranks=1)
+def test_the_engine_that_runs_is_logged(o_direct_dir, caplog):
+    staged = stage_synthetic(o_direct_dir, ranks=1)
     with caplog.at_level(logging.INFO, logger="slacktier.store.disk"):
         src = DiskSource(staged.specs, engine="auto")
     src.close()
@@ -80,8 +63,8 @@ def test_the_engine_that_runs_is_logged(region_dir, caplog):
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_read_past_the_end_of_a_truncated_file_names_the_page(region_dir, engine):
-    staged = stage_synthetic(region_dir, ranks=2, rows=150)  # 10 pages per region, both in dev0.bin
+def test_read_past_the_end_of_a_truncated_file_names_the_page(o_direct_dir, engine):
+    staged = stage_synthetic(o_direct_dir, ranks=2, rows=150)  # 10 pages per region, both in dev0.bin
     src = DiskSource(staged.specs, engine=engine)
     try:
         last = staged.specs[1]
@@ -103,9 +86,9 @@ def test_read_past_the_end_of_a_truncated_file_names_the_page(region_dir, engine
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_an_io_error_names_layer_rank_and_page(region_dir, engine):
+def test_an_io_error_names_layer_rank_and_page(o_direct_dir, engine):
     # A read-only destination page makes the kernel fail the O_DIRECT read with EFAULT: a real errno.
-    staged = stage_synthetic(region_dir, layers=(1, 14), ranks=2)
+    staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2)
     src = DiskSource(staged.specs, engine=engine)
     pool = PageBufferPool(3)
     libc = ctypes.CDLL(None, use_errno=True)
@@ -124,16 +107,16 @@ def test_an_io_error_names_layer_rank_and_page(region_dir, engine):
         src.close()
 
 
-def test_a_missing_region_file_is_refused_at_construction(region_dir):
-    staged = stage_synthetic(region_dir, ranks=1)
+def test_a_missing_region_file_is_refused_at_construction(o_direct_dir):
+    staged = stage_synthetic(o_direct_dir, ranks=1)
     os.unlink(staged.specs[0].path)
     with pytest.raises(SlackTierError) as info:
         DiskSource(staged.specs)
     assert info.value.kind is ErrorKind.MISSING and (info.value.layer, info.value.rank) == (1, 0)
 
 
-def test_a_region_past_the_end_of_its_file_is_refused_at_construction(region_dir):
-    staged = stage_synthetic(region_dir, ranks=1, rows=150)
+def test_a_region_past_the_end_of_its_file_is_refused_at_construction(o_direct_dir):
+    staged = stage_synthetic(o_direct_dir, ranks=1, rows=150)
     spec = staged.specs[0]
     longer = RegionSpec(spec.layer, spec.rank, spec.path, spec.offset_bytes, spec.pages + 3)
     with pytest.raises(SlackTierError) as info:
@@ -142,8 +125,8 @@ def test_a_region_past_the_end_of_its_file_is_refused_at_construction(region_dir
 
 
 @pytest.mark.parametrize("engine", ENGINES)
-def test_a_corrupt_page_fails_its_checksum_when_verification_is_on(region_dir, engine):
-    staged = stage_synthetic(region_dir, ranks=2)
+def test_a_corrupt_page_fails_its_checksum_when_verification_is_on(o_direct_dir, engine):
+    staged = stage_synthetic(o_direct_dir, ranks=2)
     sums = [page_crc32c(p) for p in staged.pages]
     spec = staged.specs[1]
     with open(spec.path, "r+b") as f:  # flip one byte of page 4 of region 1, after the checksums were taken
@@ -166,8 +149,8 @@ def test_a_corrupt_page_fails_its_checksum_when_verification_is_on(region_dir, e
         unchecked.close()
 
 
-def test_unknown_engine_and_bad_depth_are_refused(region_dir):
-    staged = stage_synthetic(region_dir, ranks=1)
+def test_unknown_engine_and_bad_depth_are_refused(o_direct_dir):
+    staged = stage_synthetic(o_direct_dir, ranks=1)
     with pytest.raises(SlackTierError, match="unknown disk engine"):
         DiskSource(staged.specs, engine="aio")
     with pytest.raises(SlackTierError, match="queue_depth"):
@@ -184,8 +167,8 @@ def no_compiler(monkeypatch, tmp_path):
     _native.load_helper.cache_clear()
 
 
-def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(region_dir, no_compiler, caplog):
-    staged = stage_synthetic(region_dir, ranks=1)
+def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(o_direct_dir, no_compiler, caplog):
+    staged = stage_synthetic(o_direct_dir, ranks=1)
     before = sum(ENGINE_FALLBACKS.values())
     with caplog.at_level(logging.WARNING, logger="slacktier.store.disk"):
         src = DiskSource(staged.specs, engine="auto")
@@ -200,8 +183,8 @@ def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(region_dir, no_
         src.close()
 
 
-def test_without_a_compiler_an_explicit_io_uring_request_fails(region_dir, no_compiler):
-    staged = stage_synthetic(region_dir, ranks=1)
+def test_without_a_compiler_an_explicit_io_uring_request_fails(o_direct_dir, no_compiler):
+    staged = stage_synthetic(o_direct_dir, ranks=1)
     with pytest.raises(SlackTierError) as info:
         DiskSource(staged.specs, engine="io_uring")
     assert info.value.kind is ErrorKind.UNAVAILABLE and "not found" in str(info.value)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import inspect
 import shutil
-import tempfile
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,32 +15,17 @@ from slacktier.store import PageBufferPool, PageReads, PageSource, ReadStats, op
 from slacktier.store._native import probe_io_uring
 from slacktier.store.dram import DramSource
 from slacktier.store.redis_source import load_regions_into_redis
-from slacktier.store.testing import RedisServer, stage_synthetic, supports_o_direct
+from slacktier.store.testing import RedisServer, stage_synthetic
 
-REPO = Path(__file__).resolve().parents[1]
 _URING_MISSING = probe_io_uring()
 KINDS = ["dram", "disk-io_uring", "disk-threads", "redis"]
 AVAILABLE = [k for k in KINDS if k != "disk-io_uring" or _URING_MISSING is None]
 
 
 @pytest.fixture(scope="module")
-def region_dir(tmp_path_factory):
-    """A directory that takes O_DIRECT: the pytest tmp dir, else one under the repo's git-ignored runs/."""
-    candidate = tmp_path_factory.mktemp("regions")
-    if supports_o_direct(candidate):
-        yield candidate
-        return
-    (REPO / "runs").mkdir(exist_ok=True)
-    fallback = Path(tempfile.mkdtemp(prefix="test-store-", dir=REPO / "runs"))
-    assert supports_o_direct(fallback), "no directory here supports O_DIRECT; the disk tier needs one"
-    yield fallback
-    shutil.rmtree(fallback)
-
-
-@pytest.fixture(scope="module")
-def staged(region_dir):
+def staged(o_direct_module_dir):
     # 2 layers x 3 ranks on 2 devices (files), 200 rows = 14 pages per region.
-    return stage_synthetic(region_dir, layers=(1, 14), ranks=3, rows=200, devices=2)
+    return stage_synthetic(o_direct_module_dir, layers=(1, 14), ranks=3, rows=200, devices=2)
 
 
 @pytest.fixture(scope="module")
@@ -82,6 +65,14 @@ def _random_reads(staged, rng: np.random.Generator, n: int) -> PageReads:
 
 def _expected(staged, reads: PageReads) -> np.ndarray:
     return np.stack([staged.pages[r][p] for r, p in zip(reads.region, reads.page, strict=True)])
+
+
+def _check_random_batch(src: PageSource, staged, n: int, seed: int) -> None:
+    """Read n random staged pages through `src` and compare them with the staged bytes."""
+    pool = PageBufferPool(n)
+    reads = _random_reads(staged, np.random.default_rng(seed), n)
+    src.wait(src.submit(reads, pool))
+    np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
 
 
 def test_every_source_implements_the_whole_interface(source):
@@ -191,10 +182,7 @@ def test_checksum_verification_passes_on_intact_pages(kind, staged, request):
         src = open_source("redis", specs, url=server.url, verify_reads=True, page_crc32c=sums)
     try:
         assert "verify" in src.capabilities
-        pool = PageBufferPool(100)
-        reads = _random_reads(staged, np.random.default_rng(8), 100)
-        src.wait(src.submit(reads, pool))
-        np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+        _check_random_batch(src, staged, 100, seed=8)
     finally:
         src.close()
 
@@ -207,10 +195,7 @@ def test_verify_reads_needs_checksums(staged):
 def test_dram_source_takes_given_arrays(staged):
     src = DramSource(staged.specs, pages=staged.pages)
     try:
-        pool = PageBufferPool(50)
-        reads = _random_reads(staged, np.random.default_rng(9), 50)
-        src.wait(src.submit(reads, pool))
-        np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+        _check_random_batch(src, staged, 50, seed=9)
     finally:
         src.close()
 

@@ -8,7 +8,8 @@ from hypothesis import strategies as st
 
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout
 from slacktier.tables.ple_hash import PleHasher, PleLayout
-from test_tables_hash_real import _ref_engram_params, _ref_ple_params, _windows, scalar_engram, scalar_ple
+from test_tables_hash_real import _ref_engram_params, _ref_ple_params, _windows, assert_chunked_prefill_equals, \
+    scalar_engram, scalar_ple
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -46,12 +47,7 @@ def test_engram_scaled_equals_scalar_reference(case, rnd):
                                   whole)
     # Decode of every window and chunked prefill reproduce the whole prefill.
     np.testing.assert_array_equal(hasher.decode(ids, _windows(ids, max_ngram - 1)), whole)
-    history, pos = None, 0
-    while pos < len(seq):
-        n = rnd.randrange(0, 40)
-        np.testing.assert_array_equal(hasher.prefill(ids[pos:pos + n], history=history), whole[pos:pos + n])
-        history = hasher.next_history(history, ids[pos:pos + n])
-        pos += n
+    assert_chunked_prefill_equals(hasher, ids, whole, lambda: rnd.randrange(0, 40))
 
 
 @SETTINGS
@@ -110,12 +106,7 @@ def test_ple_scaled_equals_scalar_reference(case, rnd):
     windows = _windows(ids, ngram - 1)
     np.testing.assert_array_equal(hasher.decode(ids, windows), whole)
     np.testing.assert_array_equal(hasher.decode(ids, np.where(windows < 0, eos, windows)), whole)
-    history, pos = None, 0
-    while pos < len(seq):
-        n = rnd.randrange(0, 40)
-        np.testing.assert_array_equal(hasher.prefill(ids[pos:pos + n], history=history), whole[pos:pos + n])
-        history = hasher.next_history(history, ids[pos:pos + n])
-        pos += n
+    assert_chunked_prefill_equals(hasher, ids, whole, lambda: rnd.randrange(0, 40))
 
 
 @SETTINGS

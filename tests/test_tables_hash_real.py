@@ -21,6 +21,7 @@ import json
 import os
 import re
 import site
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,16 @@ def _windows(seq: np.ndarray, width: int) -> np.ndarray:
     return np.stack([padded[i:i + width] for i in range(len(seq))]) if len(seq) else np.zeros((0, width), np.int64)
 
 
+def assert_chunked_prefill_equals(hasher, seq: np.ndarray, whole: np.ndarray, chunk_len: Callable[[], int]) -> None:
+    """Prefill `seq` in chunks of `chunk_len()` tokens, carrying the history, and compare with the whole prefill."""
+    history, pos = None, 0
+    while pos < len(seq):
+        n = chunk_len()
+        np.testing.assert_array_equal(hasher.prefill(seq[pos:pos + n], history=history), whole[pos:pos + n])
+        history = hasher.next_history(history, seq[pos:pos + n])
+        pos += n
+
+
 # ---------------------------------------------------------------------------
 # Engram
 
@@ -236,12 +247,7 @@ def test_engram_batched_decode_and_chunked_prefill_equal_prefill(corpus, engram)
         for start in range(0, len(seq), 128):
             np.testing.assert_array_equal(engram.decode(seq[start:start + 128], windows[start:start + 128]),
                                           whole[start:start + 128])
-        history, pos = None, 0
-        while pos < len(seq):
-            n = int(rng.integers(0, 300))
-            np.testing.assert_array_equal(engram.prefill(seq[pos:pos + n], history=history), whole[pos:pos + n])
-            history = engram.next_history(history, seq[pos:pos + n])
-            pos += n
+        assert_chunked_prefill_equals(engram, seq, whole, lambda: int(rng.integers(0, 300)))
 
 
 def _exec_functions(path: Path, names: set[str], namespace: dict) -> dict:
@@ -336,12 +342,7 @@ def test_ple_prefill_equals_scalar_reference_and_decode_and_chunks(ple_corpus):
             assert np.array_equal(step[0], whole[t]), f"token {t}"
             history = hasher.next_history(history, seq[t:t + 1])
             hist_row[0] = history
-        history, pos = None, 0
-        while pos < len(seq):
-            n = int(rng.integers(0, 300))
-            np.testing.assert_array_equal(hasher.prefill(seq[pos:pos + n], history=history), whole[pos:pos + n])
-            history = hasher.next_history(history, seq[pos:pos + n])
-            pos += n
+        assert_chunked_prefill_equals(hasher, seq, whole, lambda: int(rng.integers(0, 300)))
         checked += len(seq)
     assert checked >= MIN_TOKENS
 

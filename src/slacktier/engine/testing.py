@@ -20,20 +20,13 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
-from slacktier.tables.layout import PAGE_BYTES, PAGE_USED_BYTES, ROW_BYTES, pages_for_rows
+from slacktier.tables.layout import PAGE_BYTES, pack_rows_into_pages, pages_for_rows
 
 FAULTS = ("io", "short", "checksum")
 
 
-def pack_pages(raw_rows: np.ndarray) -> np.ndarray:
-    """raw_rows [N, 264] uint8 -> pages [ceil(N/15), 4096] uint8, zero padded (row r at page r // 15)."""
-    n = raw_rows.shape[0]
-    npages = pages_for_rows(n)
-    body = np.zeros((npages * (PAGE_USED_BYTES // ROW_BYTES), ROW_BYTES), dtype=np.uint8)
-    body[:n] = raw_rows
-    pages = np.zeros((npages, PAGE_BYTES), dtype=np.uint8)
-    pages[:, :PAGE_USED_BYTES] = body.reshape(npages, PAGE_USED_BYTES)
-    return pages
+#: raw_rows [N, 264] uint8 -> pages [ceil(N/15), 4096] uint8, zero padded (row r at page r // 15); the layout's packer
+pack_pages = pack_rows_into_pages
 
 
 class ArraySource(PageSource):

@@ -8,9 +8,10 @@ error, so a caller never sees buffers of a batch that had a failed read.
 from __future__ import annotations
 
 import os
+import queue
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import crc32c
@@ -103,6 +104,21 @@ class TicketBook:
         """Refuse new tickets from now on."""
         with self._lock:
             self.closed = True
+
+
+def stop_workers(book: TicketBook, submit_lock: threading.Lock, queues: Iterable[queue.SimpleQueue],
+                 threads: Iterable[threading.Thread]) -> None:
+    """A source's close: refuse new batches, queue a stop marker behind each queue's batches, join the workers.
+
+    Taken under the source's submit lock, so a batch is either queued before the
+    stop marker (and finished) or refused with CLOSED.
+    """
+    with submit_lock:
+        book.close()
+        for q in queues:
+            q.put(None)
+    for thread in threads:
+        thread.join()
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import (NOT_DONE, RegionTable, TicketBook, _Pending, check_reads, checksum_error,
-                                     expected_checksums, own_reads, results_error)
+                                     expected_checksums, own_reads, results_error, stop_workers)
 from slacktier.store._native import Ring, probe_io_uring
 from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
 from slacktier.tables.layout import PAGE_BYTES
@@ -326,13 +326,7 @@ class DiskSource(PageSource):
 
     def close(self) -> None:
         """Finish queued batches, stop the workers, close rings and files; later calls raise CLOSED."""
-        with self._submit_lock:
-            self._book.close()
-            for queues in self._queues.values():
-                for q in queues:
-                    q.put(None)
-        for thread in self._threads:
-            thread.join()
+        stop_workers(self._book, self._submit_lock, [q for qs in self._queues.values() for q in qs], self._threads)
         self._threads.clear()
         self._close_files()
 

@@ -23,7 +23,7 @@ from numba import njit
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import (RegionTable, TicketBook, _Pending, check_reads, checksum_error,
-                                     expected_checksums, own_reads)
+                                     expected_checksums, own_reads, stop_workers)
 from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
 from slacktier.tables.layout import PAGE_BYTES
 
@@ -141,7 +141,4 @@ class DramSource(PageSource):
 
     def close(self) -> None:
         """Finish queued copies and stop the worker; later calls raise CLOSED."""
-        with self._submit_lock:
-            self._book.close()
-            self._queue.put(None)
-        self._thread.join()
+        stop_workers(self._book, self._submit_lock, [self._queue], [self._thread])

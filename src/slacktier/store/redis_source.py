@@ -28,7 +28,7 @@ import redis
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import (RegionTable, TicketBook, _Pending, check_reads, checksum_error,
-                                     expected_checksums, own_reads)
+                                     expected_checksums, own_reads, stop_workers)
 from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
 from slacktier.store.dram import load_region_pages
 from slacktier.tables.layout import PAGE_BYTES
@@ -194,9 +194,6 @@ class RedisSource(PageSource):
 
     def close(self) -> None:
         """Finish queued batches, stop the worker and drop the connection; later calls raise CLOSED."""
-        with self._submit_lock:
-            self._book.close()
-            self._queue.put(None)
-        self._thread.join()
+        stop_workers(self._book, self._submit_lock, [self._queue], [self._thread])
 
 

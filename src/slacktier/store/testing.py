@@ -1,6 +1,6 @@
-"""Real-component helpers for tests and benchmarks: synthetic staged regions and a private redis-server.
+"""Real-component helpers for tests and benchmarks: synthetic staged tables and a private redis-server.
 
-Not a fake of anything: regions are written as real page files, and
+Not a fake of anything: tables are staged by the real staging code, and
 `RedisServer` runs the real `redis-server` binary on a free local port.
 """
 
@@ -19,7 +19,10 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import RegionSpec
 from slacktier.tables.codec import synthetic_rows
-from slacktier.tables.layout import PAGE_BYTES, pack_rows_into_pages
+from slacktier.tables.layout import pack_rows_into_pages
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.stage import layer_seed
+from slacktier.tables.stage import stage_synthetic as stage_table_synthetic
 
 
 def supports_o_direct(directory: Path) -> bool:
@@ -36,40 +39,31 @@ def supports_o_direct(directory: Path) -> bool:
 
 @dataclass(frozen=True)
 class StagedRegions:
-    """Synthetic regions written to files: specs in order, and each region's pages [P, 4096] uint8."""
+    """A staged synthetic table: region specs in manifest order, each region's expected pages [P, 4096] uint8."""
 
     specs: list[RegionSpec]
     pages: list[np.ndarray]
+    manifest: Manifest
 
 
 def stage_synthetic(directory: Path, *, layers: tuple[int, ...] = (1,), ranks: int = 2, rows: int = 300,
-                    devices: int = 1, seed: int = 7, lead_pages: int = 1) -> StagedRegions:
-    """Write layers x ranks regions of `rows` synthetic rows; device d's regions share file dev<d>.bin.
+                    devices: int = 1, seed: int = 7) -> StagedRegions:
+    """Stage layers x ranks regions of `rows` rows each with the real staging into files dev<d>.bin of `directory`.
 
-    Ranks map to devices round-robin (rank r -> device r % devices). Each region
-    starts `lead_pages` pages after the previous one ends, so offsets are nonzero.
+    A thin wrapper over `slacktier.tables.stage.stage_synthetic` (header page,
+    manifest, CRC file): rank r goes to device r % devices. Writes are O_DIRECT
+    where `directory` takes it, else buffered (tmpfs), which only the Redis tests
+    need. The expected pages come from the scalar reference path
+    (`codec.synthetic_rows` + `layout.pack_rows_into_pages`), not from the files.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    ends = [0] * devices
-    specs, all_pages = [], []
-    for layer in layers:
-        for rank in range(ranks):
-            device = rank % devices
-            row_start = (layer * ranks + rank) * rows
-            pages = pack_rows_into_pages(synthetic_rows(seed + layer, row_start, rows))
-            path = directory / f"dev{device}.bin"
-            offset = ends[device] + lead_pages * PAGE_BYTES
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                os.pwrite(fd, pages.tobytes(), offset)
-            finally:
-                os.close(fd)
-            ends[device] = offset + pages.nbytes
-            specs.append(RegionSpec(layer=layer, rank=rank, path=str(path), offset_bytes=offset,
-                                    pages=pages.shape[0], device=device))
-            all_pages.append(pages)
-    return StagedRegions(specs, all_pages)
+    targets = [directory / f"dev{d}.bin" for d in range(devices)]
+    manifest = stage_table_synthetic(targets, {layer: rows * ranks for layer in layers}, ranks, seed,
+                                     buffered=not supports_o_direct(directory), progress=False)
+    pages = [pack_rows_into_pages(synthetic_rows(int(layer_seed(seed, r.layer)), r.row_start, r.rows))
+             for r in manifest.regions]
+    return StagedRegions(manifest.region_specs(), pages, manifest)
 
 
 def _free_port() -> int:

@@ -349,6 +349,37 @@ def _as_int64(name: str, values: np.ndarray, ndim: int) -> np.ndarray:
     return array
 
 
+def _prefill_history(history: np.ndarray | None, width: int) -> np.ndarray:
+    """A prefill chunk's history [width] as int64: all -1 for None (the chunk starts the sequence), else checked."""
+    if history is None:
+        return np.full(width, -1, dtype=np.int64)
+    hist = _as_int64("history", history, 1)
+    if hist.shape[0] != width:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"history must hold {width} ids, got {hist.shape[0]}",
+                             fix="pass the n-1 predecessors, oldest first, -1 before the sequence start")
+    return hist
+
+
+def _decode_inputs(new_tokens: np.ndarray, history: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
+    """A decode step's new tokens [B] and history [B, width] as int64, shapes checked."""
+    new = _as_int64("new_tokens", new_tokens, 1)
+    hist = _as_int64("history", history, 2)
+    if hist.shape != (new.shape[0], width):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"history must be [{new.shape[0]}, {width}], got {list(hist.shape)}",
+                             fix="one row of n-1 predecessors per new token, oldest first")
+    return new, hist
+
+
+def _output(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
+    """`out` checked to be a C-contiguous int64 array of `shape`, or a new one when None."""
+    if out is None:
+        return np.empty(shape, dtype=np.int64)
+    if out.shape != shape or out.dtype != np.int64 or not out.flags.c_contiguous:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"out must be a C-contiguous int64 array of shape {shape}",
+                             fix="allocate it with new_output(n_tokens)")
+    return out
+
+
 def raise_for_status(status: int, index: int, what: str, vocab: int) -> None:
     """Turn a kernel status code into a SlackTierError (shared by the Engram and PLE hashers)."""
     if status == _BAD_TOKEN:
@@ -413,11 +444,7 @@ class EngramHasher:
         """Row ids [T, L, C] of one sequence's tokens [T]; history [n-1] (oldest first, -1 before start)
         continues an earlier chunk, None means the chunk starts the sequence."""
         ids = _as_int64("token_ids", token_ids, 1)
-        hist = (np.full(self.history_width, -1, dtype=np.int64) if history is None
-                else _as_int64("history", history, 1))
-        if hist.shape[0] != self.history_width:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"history must hold {self.history_width} ids, got {hist.shape[0]}",
-                                 fix="pass the n-1 predecessors, oldest first, -1 before the sequence start")
+        hist = _prefill_history(history, self.history_width)
         out = self._check_out(out, ids.shape[0])
         status, index = _engram_prefill_kernel(ids, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "Engram prefill", self.token_map.shape[0])
@@ -425,12 +452,7 @@ class EngramHasher:
 
     def decode(self, new_tokens: np.ndarray, history: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [B, L, C] of one new token per session [B], given history [B, n-1] (oldest first, -1 before start)."""
-        new = _as_int64("new_tokens", new_tokens, 1)
-        hist = _as_int64("history", history, 2)
-        if hist.shape != (new.shape[0], self.history_width):
-            raise SlackTierError(ErrorKind.BAD_INPUT,
-                                 f"history must be [{new.shape[0]}, {self.history_width}], got {list(hist.shape)}",
-                                 fix="one row of n-1 predecessors per new token, oldest first")
+        new, hist = _decode_inputs(new_tokens, history, self.history_width)
         out = self._check_out(out, new.shape[0])
         status, index = _engram_decode_kernel(new, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "Engram decode", self.token_map.shape[0])
@@ -441,10 +463,4 @@ class EngramHasher:
         return next_history(history, token_ids, self.history_width)
 
     def _check_out(self, out: np.ndarray | None, n_tokens: int) -> np.ndarray:
-        shape = (n_tokens, self.layout.n_layers, self.layout.n_columns)
-        if out is None:
-            return np.empty(shape, dtype=np.int64)
-        if out.shape != shape or out.dtype != np.int64 or not out.flags.c_contiguous:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"out must be a C-contiguous int64 array of shape {shape}",
-                                 fix="allocate it with new_output(n_tokens)")
-        return out
+        return _output(out, (n_tokens, self.layout.n_layers, self.layout.n_columns))

@@ -34,8 +34,8 @@ import numba
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.engram_hash import _FAST_MOD_MIN_PRIME, _OK, _as_int64, _bucket, next_history, next_prime, \
-    raise_for_status
+from slacktier.tables.engram_hash import _FAST_MOD_MIN_PRIME, _OK, _as_int64, _bucket, _decode_inputs, _output, \
+    _prefill_history, next_history, next_prime, raise_for_status
 
 _MASK64 = (1 << 64) - 1
 _SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
@@ -253,11 +253,7 @@ class PleHasher:
         """Row ids [T, C] of one sequence's tokens [T]; history [n-1] (oldest first; -1 or EOS before start)
         continues an earlier chunk, None means the chunk starts the sequence."""
         ids = _as_int64("token_ids", token_ids, 1)
-        hist = (np.full(self.history_width, -1, dtype=np.int64) if history is None
-                else _as_int64("history", history, 1))
-        if hist.shape[0] != self.history_width:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"history must hold {self.history_width} ids, got {hist.shape[0]}",
-                                 fix="pass the n-1 predecessors, oldest first, -1 before the sequence start")
+        hist = _prefill_history(history, self.history_width)
         out = self._check_out(out, ids.shape[0])
         status, index = _ple_prefill_kernel(ids, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "PLE prefill", self.layout.vocab_size)
@@ -265,12 +261,7 @@ class PleHasher:
 
     def decode(self, new_tokens: np.ndarray, history: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [B, C] of one new token per session [B], given history [B, n-1] (oldest first, -1 before start)."""
-        new = _as_int64("new_tokens", new_tokens, 1)
-        hist = _as_int64("history", history, 2)
-        if hist.shape != (new.shape[0], self.history_width):
-            raise SlackTierError(ErrorKind.BAD_INPUT,
-                                 f"history must be [{new.shape[0]}, {self.history_width}], got {list(hist.shape)}",
-                                 fix="one row of n-1 predecessors per new token, oldest first")
+        new, hist = _decode_inputs(new_tokens, history, self.history_width)
         out = self._check_out(out, new.shape[0])
         status, index = _ple_decode_kernel(new, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "PLE decode", self.layout.vocab_size)
@@ -281,10 +272,4 @@ class PleHasher:
         return next_history(history, token_ids, self.history_width)
 
     def _check_out(self, out: np.ndarray | None, n_tokens: int) -> np.ndarray:
-        shape = (n_tokens, self.layout.n_columns)
-        if out is None:
-            return np.empty(shape, dtype=np.int64)
-        if out.shape != shape or out.dtype != np.int64 or not out.flags.c_contiguous:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"out must be a C-contiguous int64 array of shape {shape}",
-                                 fix="allocate it with new_output(n_tokens)")
-        return out
+        return _output(out, (n_tokens, self.layout.n_columns))

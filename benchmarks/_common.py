@@ -1,0 +1,79 @@
+"""Shared by the benchmark scripts: the run's command, time and machine, and recording a run in BENCHMARKS.md.
+
+Every script appends to its own section (and maybe subsection) of BENCHMARKS.md
+while other areas edit theirs, so `append_to_section` re-reads the file right
+before the edit and touches nothing outside the named section.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCHMARKS_MD = ROOT / "BENCHMARKS.md"
+
+
+def utc_stamp() -> str:
+    """Now, as '2026-11-29 13:40 UTC'."""
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def command_line(script: str | Path, argv: list[str] | None = None) -> str:
+    """The command that ran `script` (its __file__) with this process's arguments, as typed from the repo root."""
+    args = sys.argv[1:] if argv is None else argv
+    return " ".join([".venv/bin/python", f"benchmarks/{Path(script).name}", *args])
+
+
+def cpu_model() -> str:
+    """CPU model name and family/model numbers from /proc/cpuinfo (Linux), else what the platform module knows."""
+    try:
+        info = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return platform.processor() or platform.machine()
+    fields = dict(re.findall(r"^(model name|cpu family|model)\s*:\s*(.+)$", info, re.M)[:3])
+    return f"{fields.get('model name', '?')} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
+def machine() -> str:
+    """One line about this machine, e.g. '2 cores (AMD EPYC (family 25, model 1)), 24 GiB, x86_64, Linux 6.8, host h'."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return (f"{os.cpu_count()} cores ({cpu_model()}), {mem_gib:.0f} GiB, {platform.machine()}, "
+            f"Linux {platform.release()}, host {platform.node()}")
+
+
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend; imported on first use, so a run without plots needs no
+    matplotlib."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    return plt
+
+
+def save_figure(fig, path: str | Path, **savefig_kwargs) -> None:
+    """Write `fig` to `path`, creating its directory (kwargs to savefig, dpi 120 unless given)."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, **{"dpi": 120, **savefig_kwargs})
+
+
+def append_to_section(block: str, section: str, subsection: str | None = None, path: Path = BENCHMARKS_MD) -> None:
+    """Insert `block` at the end of `subsection` inside the '## ' `section` (adding the subsection at the section's
+    end if absent), or at the end of `section` when no subsection is named; one blank line around the block."""
+    lines = path.read_text().split("\n")
+    start = lines.index(section)
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    if subsection is not None:
+        sub = next((i for i in range(start + 1, end) if lines[i] == subsection), None)
+        if sub is None:
+            lines[end:end] = ["", subsection]
+            sub = end + 1
+        end = next((i for i in range(sub + 1, len(lines)) if lines[i].startswith(("## ", "### "))), len(lines))
+    head = "\n".join(lines[:end]).rstrip("\n")
+    rest = "\n".join(lines[end:]).lstrip("\n")
+    body = block.strip("\n")
+    path.write_text(f"{head}\n\n{body}\n" + (f"\n{rest}" if rest else ""))

@@ -1,0 +1,38 @@
+"""Fixtures shared by several test files (keep them generic: no area's own setup here)."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from slacktier.store.testing import supports_o_direct
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _o_direct_dir(candidate: Path) -> Iterator[Path]:
+    """`candidate` if it takes O_DIRECT, else a fresh directory under the repo's git-ignored runs/ (removed after)."""
+    if supports_o_direct(candidate):
+        yield candidate
+        return
+    (REPO / "runs").mkdir(exist_ok=True)
+    fallback = Path(tempfile.mkdtemp(prefix="test-store-", dir=REPO / "runs"))
+    assert supports_o_direct(fallback), "no directory here supports O_DIRECT; the disk tier needs one"
+    yield fallback
+    shutil.rmtree(fallback)
+
+
+@pytest.fixture
+def o_direct_dir(tmp_path: Path) -> Iterator[Path]:
+    """A directory that takes O_DIRECT: tmp_path, else one under runs/."""
+    yield from _o_direct_dir(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def o_direct_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A directory that takes O_DIRECT, shared by one test module: a pytest tmp dir, else one under runs/."""
+    yield from _o_direct_dir(tmp_path_factory.mktemp("regions"))
