@@ -1,1 +1,23 @@
-"""redknot room."""
+"""RedKnot-MLA: offline Local-head artifacts and online reuse on DeepSeek-V4 attention.
+
+profile.py   profiles (Flash 3F-37R-3F 56/8, Pro 3F-55R-3F 112/16), Local/Global head policies
+attention.py per-head attention core: float64 RoPE tables, segment partials, LSE merge, sliced wo_a
+runner.py    layer loop over transformers' DeepseekV4ForCausalLM: full recompute or reuse
+protect.py   protected rows (query, new, dirty, boundary, indexer top-k, recent tail; budget)
+artifacts.py page format, certificates, atomic publication, validation and fallback reasons
+service.py   build artifacts / serve prefills through a SlackTier page source (dram or disk)
+ledger.py    head-row ceiling and per-operator arithmetic
+model.py     tiny and bench DeepseekV4 configs, seeded models, weights digest
+corpus.py    real-text documents (installed source files, DeepSeek-V4 tokenizer)
+"""
+
+from slacktier.redknot.artifacts import ArtifactStore, Certificate, FallbackReason, TPGeometry
+from slacktier.redknot.ledger import head_row_ceiling, operator_ledger
+from slacktier.redknot.profile import FLASH, PRO, HeadPolicy, RedKnotProfile, profile_for_config
+from slacktier.redknot.protect import ProtectionPolicy
+from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
+from slacktier.redknot.service import RedKnotService
+
+__all__ = ["ArtifactStore", "Certificate", "FallbackReason", "TPGeometry", "head_row_ceiling", "operator_ledger",
+           "FLASH", "PRO", "HeadPolicy", "RedKnotProfile", "profile_for_config", "ProtectionPolicy", "Layout",
+           "RedKnotRunner", "Segment", "RedKnotService"]
