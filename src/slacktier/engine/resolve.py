@@ -5,12 +5,14 @@ For each lookup (global row id g, local row r = g - row_start):
    r in the directory otherwise -> hit: record the slot, pin it;
 2. r requested earlier this step without a slot (cache full of pins) -> reuse that read;
 3. lossy mode and r not in the seen-set -> zero row, nothing read;
+   (owned_only: r outside [0, rows), a row another rank's process serves -> foreign,
+   nothing read, nothing cached; without owned_only such an id is an error);
 4. miss: r's rank by shard bounds, its page; a page buffer for that page unless
    the page is already being read this step; a slot to fill (CLOCK, never a pinned
    slot; -1 when all the layer's slots are pinned: the row is served from its page
    buffer and not cached).
 
-Descriptors out: kind [N] int8 (0 slot, 1 miss, 2 zero) and idx [N] int64 (slot
+Descriptors out: kind [N] int8 (0 slot, 1 miss, 2 zero, 3 foreign) and idx [N] int64 (slot
 or miss index). Misses out: buffer, row-in-page, slot to fill (or -1), local row.
 Pages out: region, page, buffer: exactly the PageReads to submit.
 
@@ -33,6 +35,7 @@ from slacktier.tables.layout import ROWS_PER_PAGE
 KIND_SLOT = 0
 KIND_MISS = 1
 KIND_ZERO = 2
+KIND_FOREIGN = 3   # owned_only: another rank's row; gather writes -0.0 (see step.StepEngine)
 
 # counts[] fields written by resolve_layer
 C_HITS = 0
@@ -43,7 +46,8 @@ C_BYPASS = 4     # misses with no slot (served from the page buffer, not cached)
 C_REUSE = 5      # lookups served by a read already requested this step
 C_BAD = 6        # index of the first bad row id, -1 if none
 C_SPARE = 7      # keeps the directory prefetch loop from being optimized away
-N_COUNTS = 8
+C_FOREIGN = 8    # owned_only: lookups of rows outside this process's shard
+N_COUNTS = 9
 
 _PAGE_TAG = np.int64(1) << np.int64(62)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -62,12 +66,15 @@ def _probe(key, htab, stamp, shift, mask):
 
 
 @njit(nogil=True, cache=True)
-def resolve_layer(ids, row_start, rows, rank_starts, rank_region, lossy, seen,
+def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
                   layer_key, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, step,
                   htab, stamp, hbits,
                   desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
                   page_region, page_no, page_buf, buf_base, counts):
-    """Resolve one layer's lookups `ids` [N] int64; returns 0, or 1 on a row id outside the table."""
+    """Resolve one layer's lookups `ids` [N] int64; returns 0, or 1 on a row id outside the table.
+
+    owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
+    """
     shift = 64 - hbits
     mask = (np.int64(1) << hbits) - 1
     n_hits = 0
@@ -76,6 +83,7 @@ def resolve_layer(ids, row_start, rows, rank_starts, rank_region, lossy, seen,
     n_zero = 0
     n_bypass = 0
     n_reuse = 0
+    n_foreign = 0
     hand = lstate[HAND]
     pinned = lstate[PINNED]
     evictions = lstate[EVICTIONS]
@@ -113,6 +121,11 @@ def resolve_layer(ids, row_start, rows, rank_starts, rank_region, lossy, seen,
     for i in range(ids.shape[0]):
         r = ids[i] - row_start
         if r < 0 or r >= rows:
+            if owned_only:
+                desc_kind[i] = KIND_FOREIGN
+                desc_idx[i] = -1
+                n_foreign += 1
+                continue
             lstate[HAND] = hand
             lstate[PINNED] = pinned
             lstate[EVICTIONS] = evictions
@@ -222,4 +235,14 @@ def resolve_layer(ids, row_start, rows, rank_starts, rank_region, lossy, seen,
     counts[C_ZERO] = n_zero
     counts[C_BYPASS] = n_bypass
     counts[C_REUSE] = n_reuse
+    counts[C_FOREIGN] = n_foreign
     return 0
+
+
+@njit(nogil=True, cache=True)
+def fill_foreign(desc_kind, n, out):
+    """Write -0.0 (bf16 bits 0x8000) into the output rows of foreign lookups; out: [n, 256] uint16."""
+    for i in range(n):
+        if desc_kind[i] == KIND_FOREIGN:
+            for j in range(out.shape[1]):
+                out[i, j] = 0x8000

@@ -26,6 +26,18 @@ Errors: any source error reaches the caller of `gather` (or `end_step`, for a
 layer never gathered) as a SlackTierError naming layer, rank and page; the
 slots that layer's reads would have filled are forgotten, so no garbage row is
 ever served, then or later. A closed engine raises CLOSED.
+
+Per-rank mode (`owned_only=True`): a tensor-parallel rank's process serves only
+its own shard of each table (TableSpec row_start/rows = the rank's shard, one
+rank region), with a directory of 4 B per row of that shard. Row ids outside
+the shard are foreign: not resolved, not read, not cached, counted in
+zero_rows, and their output rows are -0.0 (bf16 0x8000), the way SGLang's
+per-rank host lookup zero-fills rows it does not own before its all-reduce.
+-0.0 rather than +0.0 because -0.0 is the additive identity of IEEE addition
+(x + -0.0 == x for every x, -0.0 included; -0.0 + +0.0 is +0.0), so the
+all-reduce sum over ranks reproduces the single-process rows bit for bit, the
+owner's -0.0 values included. Without owned_only an id outside the table is an
+error.
 """
 
 from __future__ import annotations
@@ -95,6 +107,7 @@ class _LayerRun:
     n: int = 0
     n_miss: int = 0
     n_pages: int = 0
+    n_foreign: int = 0
     ticket: int | None = None
     resolved: bool = False
     waited: bool = False
@@ -111,7 +124,8 @@ class StepEngine:
     def __init__(self, tables: Sequence[TableSpec], cache: RowCache | None = None, device: str = "cpu", *,
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
                  lossy: bool = False, check: bool = False, check_raise: bool = False, gather_impl: str = "auto",
-                 wait_timeout_s: float | None = None, owned_sources: Sequence[PageSource] = ()) -> None:
+                 wait_timeout_s: float | None = None, owned_sources: Sequence[PageSource] = (),
+                 owned_only: bool = False) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -130,6 +144,7 @@ class StepEngine:
                                  fix="build the cache on the engine's device")
         self.columns = int(columns)
         self.lossy = bool(lossy)
+        self.owned_only = bool(owned_only)
         self.check = bool(check)
         self.check_raise = bool(check_raise)
         self.wait_timeout_s = wait_timeout_s
@@ -197,25 +212,28 @@ class StepEngine:
     def reconfigure(self, tables: Sequence[TableSpec], *, cache_rows: int | None = None,
                     ids_layers: Sequence[int] | None = None, invalidate: Sequence[int] = (),
                     owned_sources: Sequence[PageSource] | None = None, lossy: bool | None = None,
-                    check: bool | None = None) -> None:
+                    check: bool | None = None, owned_only: bool | None = None) -> None:
         """Switch tables, sources, cache size and shares between steps; unchanged layers keep their rows.
 
         `invalidate`: layers whose bytes changed (their cached rows are dropped).
         `owned_sources`: the sources the engine closes on `close` from now on.
+        `owned_only`: switch per-rank mode (ids outside a table's rows are foreign, not errors).
         """
         self._refuse_if_closed()
         if self._in_step:
             raise SlackTierError(ErrorKind.BAD_INPUT, "reconfigure during a step",
                                  fix="call end_step first; configuration changes between steps")
-        before = (self.lossy, self.check)
+        before = (self.lossy, self.check, self.owned_only)
         if lossy is not None:
             self.lossy = bool(lossy)
+        if owned_only is not None:
+            self.owned_only = bool(owned_only)
         if check is not None:
             self.check = bool(check)
         try:
             self._configure(list(tables), ids_layers, invalidate, cache_rows)
         except BaseException:
-            self.lossy, self.check = before
+            self.lossy, self.check, self.owned_only = before
             raise
         if owned_sources is not None:
             self._owned_sources = list(owned_sources)
@@ -330,13 +348,17 @@ class StepEngine:
         self._tokens = tokens
         cache = self.cache
         buf_base = 0
+        # One copy puts each layer's lookups contiguous: by_layer[axis] is layer axis's [T * 24] ids.
+        by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2)).reshape(ids.shape[1], -1)   # [L, T * 24]
+        hbits = _hash_bits(by_layer.shape[1])
+        seen_none = _NO_SEEN
         try:
             for layer in self._order:
                 run = self._layers[layer]
                 run.counters = LayerCounters()
                 run.ticket = None
                 run.resolved = run.waited = run.gathered = run.failed = False
-                flat = np.ascontiguousarray(ids[:, run.axis, :]).reshape(-1)   # [N] int64
+                flat = by_layer[run.axis]   # [N] int64, contiguous
                 run.ids = flat
                 spec = run.spec
                 cl = cache.layer(layer)
@@ -345,24 +367,26 @@ class StepEngine:
                 self._stamp += 1
                 t0 = time.perf_counter_ns()
                 status = R.resolve_layer(
-                    flat, spec.row_start, spec.rows, spec.rank_starts, spec.rank_region, self.lossy,
-                    spec.seen if spec.seen is not None else _NO_SEEN,
+                    flat, spec.row_start, spec.rows, self.owned_only, spec.rank_starts, spec.rank_region, self.lossy,
+                    spec.seen if spec.seen is not None else seen_none,
                     cl.key, cl.directory, cl.owned, cl.lstate, cache.slot_layer, cache.slot_row, cache.state,
                     cache.fill_miss, cache.step,
-                    self._htab, self._stamp, _hash_bits(flat.shape[0]),
+                    self._htab, self._stamp, hbits,
                     sc.desc_kind, sc.desc_idx, sc.miss_buf, sc.miss_inpage, sc.miss_slot, sc.miss_row,
                     sc.page_region, sc.page_no, sc.page_buf, buf_base, sc.counts)
                 t1 = time.perf_counter_ns()
+                counts = sc.counts.tolist()   # Python ints: one call, not one numpy scalar per field
                 run.n = flat.shape[0]
-                run.n_miss = int(sc.counts[R.C_MISSES])
-                run.n_pages = int(sc.counts[R.C_PAGES])
+                run.n_miss = counts[R.C_MISSES]
+                run.n_pages = counts[R.C_PAGES]
                 run.resolved = True   # whatever it claimed must be released on abort
                 if status != 0:
-                    bad = int(sc.counts[R.C_BAD])
+                    bad = counts[R.C_BAD]
                     raise SlackTierError(ErrorKind.BAD_INPUT, f"row id {int(flat[bad])} (token {bad // self.columns}"
                                          f", column {bad % self.columns}) outside the table's rows "
                                          f"[{spec.row_start}, {spec.row_start + spec.rows})", layer=layer,
-                                         fix="hash with the layout the table was staged for")
+                                         fix="hash with the layout the table was staged for (a process serving "
+                                         "one rank's shard: StepEngine(..., owned_only=True))")
                 if run.n_pages:
                     reads = PageReads(region=sc.page_region[:run.n_pages], page=sc.page_no[:run.n_pages],
                                       buffer=sc.page_buf[:run.n_pages])
@@ -371,12 +395,13 @@ class StepEngine:
                 buf_base += run.n_pages
                 c = run.counters
                 c.lookups = run.n
-                c.hits = int(sc.counts[R.C_HITS])
-                c.reused = int(sc.counts[R.C_REUSE])
+                c.hits = counts[R.C_HITS]
+                c.reused = counts[R.C_REUSE]
                 c.rows_read = run.n_miss
                 c.pages_read = run.n_pages
-                c.zero_rows = int(sc.counts[R.C_ZERO])
-                c.bypass = int(sc.counts[R.C_BYPASS])
+                run.n_foreign = counts[R.C_FOREIGN]
+                c.zero_rows = counts[R.C_ZERO] + run.n_foreign
+                c.bypass = counts[R.C_BYPASS]
                 c.resolve_us = (t1 - t0) / 1e3
                 c.submit_us = (t2 - t1) / 1e3
         except BaseException:
@@ -433,6 +458,8 @@ class StepEngine:
             bits = np.empty((run.n, ROW_VALUES), dtype=np.uint16)
             G.gather_cpu(sc.desc_kind, sc.desc_idx, run.n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, run.n_miss,
                          self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut(), bits)
+            if run.n_foreign:
+                R.fill_foreign(sc.desc_kind, run.n, bits)
             out = torch.from_numpy(bits).view(torch.bfloat16)
         else:
             staging = None
@@ -444,6 +471,9 @@ class StepEngine:
             out = G.gather_torch(sc.desc_kind[:run.n], sc.desc_idx[:run.n], sc.miss_buf[:run.n_miss],
                                  sc.miss_inpage[:run.n_miss], sc.miss_slot[:run.n_miss], self._pool.pages,
                                  self.cache.weight, self.cache.scale, staging)
+            if run.n_foreign:
+                foreign = np.flatnonzero(sc.desc_kind[:run.n] == R.KIND_FOREIGN)
+                out.index_fill_(0, torch.from_numpy(foreign).to(out.device, non_blocking=True), -0.0)
         run.counters.gather_us += (time.perf_counter_ns() - t0) / 1e3
         run.gathered = True
         if self.check:
@@ -453,7 +483,7 @@ class StepEngine:
     def _check(self, run: _LayerRun, out: torch.Tensor) -> None:
         kinds = run.scratch.desc_kind[:run.n]
         if run.counters.zero_rows:
-            keep = np.flatnonzero(kinds != R.KIND_ZERO)
+            keep = np.flatnonzero(kinds <= R.KIND_MISS)   # zero and foreign rows are not the table's
             ours = out[torch.from_numpy(keep)]
             local = run.ids[keep] - run.spec.row_start
         else:
@@ -566,4 +596,4 @@ _NO_SEEN = np.zeros(1, dtype=np.uint8)
 def _hash_bits(lookups: int) -> int:
     """log2 of the hash table entries one layer's pass uses: at least 4x its lookups (load <= 1/2),
     sized per step so a small step probes a small, cache-resident table. 3,072 lookups -> 14 (16,384)."""
-    return max(4, int(np.ceil(np.log2(4 * max(lookups, 1)))))
+    return max(4, (4 * max(lookups, 1) - 1).bit_length())   # ceil(log2(4 n)), without numpy's scalar calls
