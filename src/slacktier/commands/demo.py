@@ -1,7 +1,11 @@
-"""`slacktier demo`: the main job on an embedded default (grows issue by issue).
+"""`slacktier demo`: the main job on an embedded default.
 
-Now: stage a small synthetic table (2 layers) into a local file with O_DIRECT,
-verify every page and random rows, and print a short report.
+1. Stage a small synthetic table (2 layers) into a local file with O_DIRECT,
+   verify every page and random rows.
+2. Replay built-in agent traffic (sessions built from real tool output on this
+   machine) through a V4.1-shaped model whose Engram tables are served by the
+   tier under three placements, each side by side with the DRAM table, and
+   print the report.
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-HELP = "run the demo: stage a small synthetic table into runs/demo/, verify it, print a report"
+HELP = "run the demo: stage and verify a small table, replay built-in agent traffic under three placements, print a report"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -21,6 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, default=2, help="ranks per layer (default 2)")
     p.add_argument("--seed", type=int, default=0, help="synthetic table seed (default 0)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--skip-replay", action="store_true", help="stage and verify only; skip the traffic replay")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,4 +61,16 @@ def run(args: argparse.Namespace) -> int:
     print(f"  layer {r.layer} rank 0 row 0 (bf16, first 4): {[round(float(v), 6) for v in row[:4]]}")
     for line in report.lines():
         print(f"  {line}")
-    return 0 if report.ok else 1
+    if not report.ok:
+        return 1
+    if args.skip_replay:
+        return 0
+
+    from slacktier.serve.bench import run_short_demo
+
+    print("\nReplaying built-in agent traffic through the tier (a first run builds the sessions and compiles "
+          "kernels) ...", flush=True)
+    t0 = time.perf_counter()
+    print(run_short_demo(out, progress=progress))
+    print(f"\n  replay took {time.perf_counter() - t0:.0f} s")
+    return 0
