@@ -36,3 +36,15 @@ def o_direct_dir(tmp_path: Path) -> Iterator[Path]:
 def o_direct_module_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A directory that takes O_DIRECT, shared by one test module: a pytest tmp dir, else one under runs/."""
     yield from _o_direct_dir(tmp_path_factory.mktemp("regions"))
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """One torch intra-op thread for a module: tiny matrices on a shared 2-core machine run many times
+    faster than with two spinning threads. Use with `pytestmark = pytest.mark.usefixtures("one_torch_thread")`."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -12,13 +12,7 @@ from slacktier.models.engram import EngramModule, EngramShape, engram_gate
 from slacktier.models.rows import DramRowProvider, DramTable
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """One intra-op thread: on a shared 2-core machine, 2 spinning threads make each small op many times slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 ROWS = 3000
 

@@ -30,12 +30,7 @@ DOCS = [("d0", D0), ("d1", D1)]
 LAYOUT = Layout.of([Segment("d0", D0), Segment("d1", D1), Segment("q", Q, "query")])
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")

@@ -21,12 +21,7 @@ from slacktier.redknot.protect import ProtectionPolicy, select_protected
 from slacktier.redknot.runner import InMemoryLocal, Layout, RedKnotRunner, Segment, measure_head_distances
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_profiles_and_ceilings():
