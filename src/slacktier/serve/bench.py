@@ -64,6 +64,7 @@ class BenchConfig:
     figure5: bool = True
     torch_threads: int = 1
     seed: int = 0
+    agent_sessions_per_source: int = 5    # agent sessions built per source tree (the demo uses 1: quicker first run)
 
     def __post_init__(self) -> None:
         if self.runs < 1 or self.table2_batch < 1 or any(b < 1 for b in self.batches):
@@ -119,7 +120,8 @@ def load_sessions(workload: str, n: int, cfg: BenchConfig) -> list[TokenSession]
     """`n` held-out sessions of `workload` (workloads.corpus), clipped; repeats the list if it is short."""
     from slacktier.workloads.corpus import CorpusConfig, load_workload
 
-    split = load_workload(workload, CorpusConfig(seed=cfg.seed))
+    split = load_workload(workload, CorpusConfig(seed=cfg.seed,
+                                                 agent_sessions_per_source=cfg.agent_sessions_per_source))
     pool = clip_sessions(split.holdout, cfg.max_session_tokens, cfg.max_turns)
     if len(pool) < n:
         pool += clip_sessions(split.fit, cfg.max_session_tokens, cfg.max_turns)
@@ -551,7 +553,8 @@ def run_short_demo(workdir: str | Path, progress: bool = False) -> str:
     """The demo's short version: agent traffic, B=4, three placements, one run each; returns the printed table."""
     cfg = BenchConfig(workdir=str(Path(workdir) / "e2e"), engram_vocab=20_000, workloads=("agent",),
                       table2_batch=4, batches=(4,), runs=1, decode_tokens=8, max_session_tokens=1600,
-                      max_turns=1, cache_rows=8192, devices=1, figure3=False, figure5=False, delays_ms=())
+                      max_turns=1, cache_rows=8192, devices=1, figure3=False, figure5=False, delays_ms=(),
+                      agent_sessions_per_source=1)
     bench = Bench(cfg, progress=progress)
     names = [f"l{bench.first}-dram-l{bench.second}-disk", "disk", "disk-split"]
     records = []
