@@ -2,12 +2,14 @@
 
 Per repeat, in shuffled order, each writing the same bytes to a fresh file in
 --dir (fsync at the end, file deleted right after):
-  fio      fio --rw=write --direct=1 --ioengine=psync --bs=<chunk> --end_fsync=1 (queue depth 1)
-  zeros    our own O_DIRECT writer of zeros: same chunk size, preallocated, one thread, fsync
-  zeros+fill thread   the same while one other thread runs the staging fill kernel nonstop (on a
-           virtio disk the write path needs guest CPU, so this is the disk as seen by a CPU-busy guest)
-  stage    slacktier stage_synthetic: generate + CRC32C + O_DIRECT write + header + manifest
-Ratios are stage / fio and stage / zeros within each repeat; we report min/median/max.
+  fio qdD C   fio --rw=write --direct=1 --bs=C --end_fsync=1, psync (queue depth 1) or libaio --iodepth=D
+  zeros       our own O_DIRECT writer of zeros: --chunk-mib chunks, preallocated, one thread, fsync
+  random qd1  the same writing one chunk of random bytes over and over (a host that detects zero
+              writes would flatter `zeros`)
+  stage wW fF C   slacktier stage_synthetic with W writer threads (W O_DIRECT writes in flight), F filler
+              threads and C chunks: generate + CRC32C + O_DIRECT write + header + manifest
+Each stage variant is compared within each repeat with fio qd1 at its chunk size, fio at its own queue
+depth and chunk size (the fair baseline), and random qd1; we report min/median/max of those ratios.
 
 Also, side by side: the row codec's CPU paths (dequantize via the exact lookup
 table vs the torch reference; synthetic_rows now vs the skeleton's numpy+torch
@@ -26,7 +28,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import threading
 import time
 import types
 from pathlib import Path
@@ -50,18 +51,22 @@ from _common import append_to_section, command_line, machine, pyplot, save_figur
 FILL_KEY = "stage fill: synthetic rows + page CRC32C, 4 MiB chunks (CPU time)"
 
 
-def run_fio(path: Path, nbytes: int, chunk_bytes: int) -> float:
-    """GB/s of fio's sequential O_DIRECT write (psync, queue depth 1), end fsync included."""
+def run_fio(path: Path, nbytes: int, chunk_bytes: int, iodepth: int = 1) -> float:
+    """GB/s of fio's sequential O_DIRECT write, end fsync included: psync at queue depth 1, libaio at `iodepth`."""
+    engine = ["--ioengine=psync"] if iodepth == 1 else ["--ioengine=libaio", f"--iodepth={iodepth}"]
     res = subprocess.run(["fio", "--name=seqw", f"--filename={path}", "--rw=write", f"--bs={chunk_bytes}",
-                          f"--size={nbytes}", "--direct=1", "--ioengine=psync", "--end_fsync=1",
+                          f"--size={nbytes}", "--direct=1", *engine, "--end_fsync=1",
                           "--output-format=json"], capture_output=True, text=True, check=True)
     job = json.loads(res.stdout)["jobs"][0]["write"]
     return job["io_bytes"] / (job["runtime"] / 1e3) / 1e9 if job["runtime"] else float("nan")
 
 
-def run_zeros(path: Path, nbytes: int, chunk_bytes: int) -> float:
-    """GB/s of our own O_DIRECT writer of zeros, same chunk size, preallocated like staging, fsync included."""
+def run_zeros(path: Path, nbytes: int, chunk_bytes: int, random_bytes: bool = False) -> float:
+    """GB/s of our own O_DIRECT writer of zeros (or of one chunk of random bytes, written over and over), same
+    chunk size, preallocated like staging, fsync included."""
     buf = aligned_array(chunk_bytes)
+    if random_bytes:  # a host that detects zero writes would flatter the zeros baseline
+        buf[:] = np.random.default_rng(0).integers(0, 256, chunk_bytes, dtype=np.uint8)
     t0 = time.perf_counter()
     with DirectFile(str(path), write=True, create=True) as f:
         os.ftruncate(f.fd, nbytes)
@@ -73,35 +78,13 @@ def run_zeros(path: Path, nbytes: int, chunk_bytes: int) -> float:
     return nbytes / (time.perf_counter() - t0) / 1e9
 
 
-def run_zeros_beside_fill(path: Path, nbytes: int, chunk_bytes: int) -> float:
-    """`run_zeros` while one other thread runs the staging fill kernel nonstop: the write path's bandwidth
-    when this VM's CPUs are also busy generating pages (on a virtio disk the I/O path needs guest CPU)."""
-    source = SyntheticSource(TableLayout({1: 1 << 40}), seed=3)
-    stop = threading.Event()
-
-    def burn() -> None:
-        pages = aligned_array(chunk_bytes).reshape(-1, PAGE_BYTES)
-        crcs = np.empty(pages.shape[0], dtype=np.uint32)
-        i = 0
-        while not stop.is_set():
-            source.fill_pages(1, i * pages.shape[0] * ROWS_PER_PAGE, pages.shape[0] * ROWS_PER_PAGE, pages, crcs)
-            i += 1
-
-    t = threading.Thread(target=burn, daemon=True)
-    t.start()
-    try:
-        return run_zeros(path, nbytes, chunk_bytes)
-    finally:
-        stop.set()
-        t.join()
-
-
-def run_stage(path: Path, layers: dict[int, int], ranks: int, chunk_bytes: int, seed: int) -> tuple[float, float]:
-    """(GB/s of staging a synthetic table, everything and manifest included; writer busy fraction)."""
+def run_stage(path: Path, layers: dict[int, int], ranks: int, chunk_bytes: int, seed: int, writers: int = 1,
+              fillers: int = 2) -> tuple[float, float]:
+    """(GB/s of staging a synthetic table, everything and manifest included; busiest writer's busy fraction)."""
     stats = StageStats()
     t0 = time.perf_counter()
     m = stage_synthetic([path], layers, ranks, seed, overwrite=True, chunk_bytes=chunk_bytes, progress=False,
-                        stats=stats)
+                        writers=writers, fillers=fillers, stats=stats)
     dt_s = time.perf_counter() - t0
     for p in (Path(m.path), m.crc_path()):
         p.unlink()
@@ -165,6 +148,7 @@ def main() -> int:
     ap.add_argument("--layers", default="1,14")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--chunk-mib", type=int, default=4)
+    ap.add_argument("--big-chunk-mib", type=int, default=16, help="chunk size of the large-chunk staging variants")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--dir", default=str(ROOT / "runs" / "bench_stage"))
     ap.add_argument("--png", default=str(ROOT / "runs" / "bench_stage" / "stage_ratio.png"))
@@ -184,11 +168,27 @@ def main() -> int:
     for p in work.glob("warm.bin*"):
         p.unlink()
 
-    results: dict[str, list[float]] = {"fio": [], "zeros": [], "zeros+fill thread": [], "stage": []}
-    if not have_fio:
-        del results["fio"]
-    ratios: dict[str, list[float]] = {k: [] for k in results if k != "stage"}
-    busy_fractions: list[float] = []
+    # Staging variants: (writer threads = O_DIRECT writes in flight, filler threads, chunk MiB).
+    stage_variants = {f"stage w{w} f{f} {c}MiB": (w, f, c) for w, f, c in
+                      [(1, 2, args.chunk_mib), (2, 2, args.chunk_mib), (4, 2, args.chunk_mib), (2, 1, args.chunk_mib),
+                       (1, 2, args.big_chunk_mib)]}
+    # fio baselines: (queue depth, chunk MiB); each stage variant is compared with fio qd1 at its chunk size and
+    # with fio at its own queue depth and chunk size.
+    fio_variants = {f"fio qd{d} {c}MiB": (d, c) for d, c in
+                    sorted({(1, c) for _, _, c in stage_variants.values()}
+                           | {(w, c) for w, _, c in stage_variants.values()})} if have_fio else {}
+    results: dict[str, list[float]] = {k: [] for k in [*fio_variants, "zeros", "random qd1", *stage_variants]}
+    ratios: dict[str, list[float]] = {}
+    busy_fractions: dict[str, list[float]] = {k: [] for k in stage_variants}
+
+    def fair(name: str) -> list[str]:
+        w, _, c = stage_variants[name]
+        base = [f"fio qd1 {c}MiB", f"fio qd{w} {c}MiB"] if have_fio else []
+        return list(dict.fromkeys(base + ["random qd1"]))
+
+    for name in stage_variants:
+        for k in fair(name):
+            ratios[f"{name} / {k}"] = []
     print(f"{len(layers)} layers x {args.rows_per_layer:,} rows, {args.ranks} ranks: {nbytes / 1e9:.2f} GB per run, "
           f"chunk {args.chunk_mib} MiB, {args.repeats} repeats, dir {work}")
     for rep in range(args.repeats):
@@ -198,36 +198,38 @@ def main() -> int:
         for name in order:
             path = work / f"{name.replace('+', '_').replace(' ', '_')}.bin"
             try:
-                if name == "fio":
-                    got[name] = run_fio(path, nbytes, chunk)
+                if name in fio_variants:
+                    d, c = fio_variants[name]
+                    got[name] = run_fio(path, nbytes, c << 20, iodepth=d)
                 elif name == "zeros":
                     got[name] = run_zeros(path, nbytes, chunk)
-                elif name == "zeros+fill thread":
-                    got[name] = run_zeros_beside_fill(path, nbytes, chunk)
+                elif name == "random qd1":
+                    got[name] = run_zeros(path, nbytes, chunk, random_bytes=True)
                 else:
-                    got[name], busy = run_stage(path, layers, args.ranks, chunk, seed=rep)
-                    busy_fractions.append(busy)
+                    w, f, c = stage_variants[name]
+                    got[name], busy = run_stage(path, layers, args.ranks, c << 20, seed=rep, writers=w, fillers=f)
+                    busy_fractions[name].append(busy)
             finally:
                 path.unlink(missing_ok=True)
             results[name].append(got[name])
-        for k in ratios:
-            ratios[k].append(got["stage"] / got[k])
-        print(f"  repeat {rep}: " + ", ".join(f"{k} {got[k]:.2f} GB/s" for k in order)
-              + "; " + ", ".join(f"stage/{k} {got['stage'] / got[k]:.3f}" for k in ratios)
-              + f"; stage writer busy {busy_fractions[-1]:.0%}")
+        for name in stage_variants:
+            for k in fair(name):
+                ratios[f"{name} / {k}"].append(got[name] / got[k])
+        print(f"  repeat {rep}: " + ", ".join(f"{k} {got[k]:.2f}" for k in order) + " GB/s")
 
     codec_t = codec_rows(reps=5)
 
     lines = ["| run | GB/s min / median / max |", "|---|---|"]
     lines += [f"| {k} | {stats(v)} |" for k, v in results.items()]
-    lines += ["", "| ratio | min / median / max |", "|---|---|"]
-    lines += [f"| stage / {k} | {stats(v)} |" for k, v in ratios.items()]
-    lines += ["", "Staging writer thread busy (inside pwrite) per run, as a fraction of the staging wall time: "
-              + ", ".join(f"{b:.0%}" for b in busy_fractions) + " (near 100%: disk-bound; lower: the fillers "
-              "did not get the CPU to keep the disk busy)."]
-    lines += ["", "Median stage GB/s over median baseline GB/s: " + ", ".join(
-        f"stage / {k} {statistics.median(results['stage']) / statistics.median(results[k]):.3f}" for k in ratios)
-        + ". Target: above 0.8."]
+    lines += ["", "| ratio (within each repeat) | min / median / max |", "|---|---|"]
+    lines += [f"| {k} | {stats(v)} |" for k, v in ratios.items()]
+    lines += ["", "Busiest staging writer thread's time inside pwrite, as a fraction of the staging wall time, per "
+              "run: " + "; ".join(f"{k}: " + ", ".join(f"{b:.0%}" for b in v) for k, v in busy_fractions.items())
+              + " (near 100%: disk-bound; lower: the fillers did not get the CPU to keep the disk busy)."]
+    lines += ["", f"wN = N writer threads (N O_DIRECT writes in flight), fN = N filler threads. fio qd1 is psync, "
+              f"fio qdN>1 is libaio at iodepth N; zeros / random qd1 are our own one-thread O_DIRECT "
+              f"writer of zeros / of one {args.chunk_mib} MiB chunk of random bytes, preallocated like staging. "
+              "Target: stage / disk above 0.8."]
     lines += ["", "| codec path (CPU, 5 runs, shuffled) | us per row min / median / max |", "|---|---|"]
     lines += [f"| {k} | {stats(v)} |" for k, v in codec_t]
     med = {k: statistics.median(v) for k, v in codec_t}
@@ -239,15 +241,15 @@ def main() -> int:
                      "than the skeleton's."
     fill_us = statistics.median(dict(codec_t)[FILL_KEY])
     lines += [f"One filler thread produces {ROW_BYTES / fill_us / 1e3 * PAGE_BYTES / (ROWS_PER_PAGE * ROW_BYTES):.2f} "
-              "GB/s of pages per CPU-second (median); staging runs two fillers and one writer thread."]
+              "GB/s of pages per CPU-second (median)."]
     print()
     print("\n".join(lines))
 
     try:
-        fig, ax = pyplot().subplots(figsize=(5, 3))
+        fig, ax = pyplot().subplots(figsize=(7, 4))
         names = list(results)
         ax.boxplot([results[k] for k in names])
-        ax.set_xticks(range(1, len(names) + 1), names)
+        ax.set_xticks(range(1, len(names) + 1), names, rotation=60, ha="right", fontsize=6)
         ax.set_ylabel("GB/s")
         ax.set_title(f"staging vs sequential O_DIRECT write ({nbytes / 1e9:.1f} GB)")
         fig.tight_layout()
@@ -261,7 +263,7 @@ def main() -> int:
                 f"{os.getloadavg()[0]:.1f} at end), virtio disk under {work}")
         block = [f"Run {utc_stamp()}. Command: `{command_line(__file__)}`. Machine: {host}.",
                  f"Table: {len(layers)} layers x {args.rows_per_layer:,} rows, {args.ranks} ranks, "
-                 f"{nbytes / 1e9:.2f} GB per run, chunk {args.chunk_mib} MiB, {args.repeats} repeats interleaved "
+                 f"{nbytes / 1e9:.2f} GB per run, {args.repeats} repeats interleaved "
                  "(shuffled).", ""] + lines + [""]
         append_to_section("\n".join(block), PARENT_SECTION, SECTION)
     return 0

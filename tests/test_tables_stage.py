@@ -391,3 +391,56 @@ def test_stage_an_engram_layout_object(tmp_path):
         # 24 hash columns over 4 ranks: each rank owns 6 whole columns
         assert [m.region(layer, k).row_start for k in range(4)] == [bounds[6 * k] for k in range(4)]
     assert verify_table(m, rows_per_region=20, check_pages=False, progress=False).ok
+
+
+@pytest.mark.parametrize("writers,fillers", [(3, 1), (4, 2)])
+def test_parallel_writers_write_the_same_bytes(tmp_path, writers, fillers):
+    # small chunks -> dozens of chunks, so several O_DIRECT writes really are in flight at once
+    layers = {1: 3000, 14: 2111}
+    one = stage_synthetic([tmp_path / "one.bin"], layers, ranks=2, seed=5, progress=False,
+                          chunk_bytes=4 * PAGE_BYTES, writers=1, fillers=1)
+    many = stage_synthetic([tmp_path / "many.bin"], layers, ranks=2, seed=5, progress=False,
+                           chunk_bytes=4 * PAGE_BYTES, writers=writers, fillers=fillers)
+    assert (tmp_path / "one.bin").read_bytes() == (tmp_path / "many.bin").read_bytes()
+    assert one.crc_path().read_bytes() == many.crc_path().read_bytes()
+    for r in many.regions:
+        want = codec.synthetic_rows(int(layer_seed(5, r.layer)), r.row_start, r.rows)
+        assert np.array_equal(_read_region_rows(r), want), (r.layer, r.rank)
+    assert verify_table(many.path, rows_per_region=20, progress=False).ok
+
+
+def test_refuses_zero_writers_or_fillers_before_writing(tmp_path):
+    for kw in ({"writers": 0}, {"fillers": 0}):
+        with pytest.raises(SlackTierError) as e:
+            stage_synthetic([tmp_path / "t.bin"], {1: 100}, ranks=1, seed=1, progress=False, **kw)
+        assert e.value.kind == ErrorKind.BAD_INPUT
+        assert not (tmp_path / "t.bin").exists()
+
+
+class _FailingFile:
+    """A fake target whose write at one offset fails like a dying disk."""
+
+    def __init__(self, bad_offset: int) -> None:
+        self.bad_offset = bad_offset
+        self.written: list[int] = []
+
+    def pwrite(self, buf: np.ndarray, offset: int) -> None:
+        if offset == self.bad_offset:
+            raise SlackTierError(ErrorKind.IO, f"write at {offset} failed", fix="replace the disk")
+        self.written.append(offset)
+
+
+def test_a_write_error_in_any_writer_thread_reaches_the_caller():
+    from slacktier.tables.stage import _Writer
+
+    target = _FailingFile(bad_offset=5 * PAGE_BYTES)
+    w = _Writer([target], n_buffers=4, chunk_bytes=PAGE_BYTES, n_threads=3)
+    with pytest.raises(SlackTierError, match="write at 20480 failed"):
+        for i in range(40):
+            buf = w.take()
+            w.put(0, buf, PAGE_BYTES, i * PAGE_BYTES)
+        w.finish()
+    if any(t.is_alive() for t in w.threads):
+        with pytest.raises(SlackTierError):
+            w.finish()
+    assert 5 * PAGE_BYTES not in target.written

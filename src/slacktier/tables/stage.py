@@ -12,7 +12,8 @@ a target too small for its regions, a checkpoint tensor missing or of a wrong
 dtype or shape, a target (or manifest) that already holds another table unless
 `overwrite`. Writes are O_DIRECT, in large aligned chunks (4 MiB) from
 page-aligned buffers: filler threads fill the next chunks (rows, and each
-page's CRC32C while the page is still in L1) while a writer thread writes. The
+page's CRC32C while the page is still in L1) while writer threads (4 by
+default, so 4 writes in flight, each at its own offset) write. The
 manifest and checksum file are written last, after fsync, so a manifest never
 describes a table that is not fully on its targets.
 """
@@ -62,7 +63,8 @@ log = logging.getLogger(__name__)
 SYNTHETIC_GENERATOR = "slacktier-splitmix64-fp8-v1"
 CHECKPOINT_NAME_TEMPLATES = ("layers.{layer}.engram.embed.{part}", "model.layers.{layer}.engram.embed.{part}")
 DEFAULT_CHUNK_BYTES = 4 << 20
-DEFAULT_FILLERS = min(2, os.cpu_count() or 1)  # threads filling chunks; one more thread writes
+DEFAULT_FILLERS = min(2, os.cpu_count() or 1)  # threads filling chunks
+DEFAULT_WRITERS = 4                             # threads writing chunks = O_DIRECT writes in flight
 PAGE_WORDS = PAGE_BYTES // 8            # 512 uint64 words per page
 ROW_WORDS = ROW_BYTES // 8              # 33
 USED_WORDS = ROWS_PER_PAGE * ROW_WORDS  # 495: words 495..511 of a page are zero padding
@@ -455,7 +457,7 @@ class StageStats:
 
     bytes_written: int = 0
     seconds: float = 0.0          # whole call: checks, preallocation, writes, fsync, manifest
-    writer_busy_s: float = 0.0    # time the writer thread spent inside pwrite
+    writer_busy_s: float = 0.0    # time the busiest writer thread spent inside pwrite
     fill_s: float = 0.0           # filler time (rows + CRCs), summed over filler threads
 
     @property
@@ -465,34 +467,46 @@ class StageStats:
 
 
 class _Writer:
-    """A thread that pwrites filled chunks while the caller fills the next ones, over a few reused aligned buffers.
+    """Threads that pwrite filled chunks while the caller fills the next ones, over a few reused aligned buffers.
 
-    The fill kernels (rows and page checksums) and pwrite both release the GIL,
-    so filling and writing overlap; a write error surfaces on the caller in
-    take()/finish().
+    `n_threads` writers each take the next filled chunk and write it at its own
+    offset, so up to `n_threads` O_DIRECT writes are in flight at once (queue
+    depth n_threads). The fill kernels (rows and page checksums) and pwrite all
+    release the GIL, so filling and writing overlap; the first write error
+    surfaces on the caller in take()/finish() and later chunks are not written.
     """
 
-    def __init__(self, files: list[DirectFile], n_buffers: int, chunk_bytes: int) -> None:
+    def __init__(self, files: list[DirectFile], n_buffers: int, chunk_bytes: int, n_threads: int = 1) -> None:
+        if n_threads < 1:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{n_threads} writer threads", fix="use 1 or more writers")
         self.files = files
         self.free: queue.Queue[np.ndarray] = queue.Queue()
         for _ in range(n_buffers):
             self.free.put(aligned_array(chunk_bytes))
         self.todo: queue.Queue[tuple[int, np.ndarray, int, int] | None] = queue.Queue()
         self.error: BaseException | None = None
-        self.busy_s = 0.0
-        self.thread = threading.Thread(target=self._run, name="slacktier-stage-writer", daemon=True)
-        self.thread.start()
+        self._busy_s = [0.0] * n_threads   # per writer thread: seconds inside pwrite
+        self.threads = [threading.Thread(target=self._run, args=(i,), name=f"slacktier-stage-writer-{i}", daemon=True)
+                        for i in range(n_threads)]
+        for t in self.threads:
+            t.start()
 
-    def _run(self) -> None:
+    @property
+    def busy_s(self) -> float:
+        """The busiest writer thread's seconds inside pwrite."""
+        return max(self._busy_s)
+
+    def _run(self, i: int) -> None:
         while (item := self.todo.get()) is not None:
             device, buf, nbytes, offset = item
             try:
                 if self.error is None:
                     t0 = time.perf_counter()
                     self.files[device].pwrite(buf[:nbytes], offset)
-                    self.busy_s += time.perf_counter() - t0
+                    self._busy_s[i] += time.perf_counter() - t0
             except BaseException as exc:  # handed to the caller in take()/finish()
-                self.error = exc
+                if self.error is None:
+                    self.error = exc
             self.free.put(buf)
 
     def take(self) -> np.ndarray:
@@ -505,8 +519,10 @@ class _Writer:
         self.todo.put((device, buf, nbytes, offset))
 
     def finish(self) -> None:
-        self.todo.put(None)
-        self.thread.join()
+        for _ in self.threads:
+            self.todo.put(None)
+        for t in self.threads:
+            t.join()
         if self.error is not None:
             raise self.error
 
@@ -514,12 +530,16 @@ class _Writer:
 def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                 manifest_path: str | Path | None = None, max_bytes: int | None = None, overwrite: bool = False,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffered: bool = False, progress: bool = True,
-                fillers: int = DEFAULT_FILLERS, stats: StageStats | None = None) -> Manifest:
+                fillers: int = DEFAULT_FILLERS, writers: int = DEFAULT_WRITERS,
+                stats: StageStats | None = None) -> Manifest:
     """Stage `source` as `ranks` shards per layer onto `targets` (ranks round-robin); returns the saved manifest.
 
     `stats`, if given, receives the run's bytes, time and writer busy time.
     """
     t_start = time.perf_counter()
+    if writers < 1 or fillers < 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{fillers} filler and {writers} writer threads",
+                             fix="use at least one filler and one writer")
     if chunk_bytes <= 0 or chunk_bytes % PAGE_BYTES:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"chunk of {chunk_bytes} bytes is not whole pages",
                              fix="use a multiple of 4096, e.g. 4 MiB")
@@ -559,7 +579,7 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
             f.pwrite(head, 0)
         chunks = [(region, first_row) for region in regions
                   for first_row in range(0, region.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
-        writer = _Writer(files, n_buffers=8, chunk_bytes=chunk_bytes)
+        writer = _Writer(files, n_buffers=8 + writers, chunk_bytes=chunk_bytes, n_threads=writers)
         fill_total_s = 0.0
         bar = tqdm(total=total_pages * PAGE_BYTES, unit="B", unit_scale=True, desc="stage", disable=not progress)
         try:
@@ -626,7 +646,7 @@ def stage_synthetic(targets: list[str | Path], layers: Any, ranks: int, seed: in
                     **kwargs: Any) -> Manifest:
     """Stage a seeded synthetic table; `layers` is `{layer_id: rows}` or an Engram-style layout object.
 
-    kwargs go to `stage_table` (manifest_path, max_bytes, chunk_bytes, buffered, progress).
+    kwargs go to `stage_table` (manifest_path, max_bytes, chunk_bytes, buffered, progress, fillers, writers).
     """
     layout = table_layout_from(layers, column_bounds)
     return stage_table(SyntheticSource(layout, seed), targets, ranks, overwrite=overwrite, **kwargs)
