@@ -269,3 +269,31 @@ def test_targets_override_moves_a_table_to_another_device(tables, tmp_path: Path
         os.unlink(a.targets[0])                 # the original target is gone: every read comes from the copy
         ids = np.stack([np.arange(96).reshape(4, 24) * 20 for _ in ROWS], axis=1)
         run_step(engine, ids, truth)
+
+
+def test_per_rank_control_files_sum_to_the_single_process_gather(tables, tmp_path: Path) -> None:
+    """`rank` + `owned_only`: each rank's process serves its own shard; the sum over ranks is bit-exact."""
+    a, _ = tables
+    tbl = [{"layer": layer, "manifest": str(a.path), "cache_share": 0.5, "order": i} for i, layer in enumerate(ROWS)]
+    whole = toml(tmp_path, "all.toml", cache_rows=600, tables=tbl)
+    per_rank = [toml(tmp_path, f"r{r}.toml", cache_rows=300, owned_only=True,
+                     tables=[dict(t, rank=r) for t in tbl]) for r in range(2)]
+    rng = np.random.default_rng(7)
+    with StepEngine.from_control(whole) as one, \
+            StepEngine.from_control(per_rank[0]) as r0, StepEngine.from_control(per_rank[1]) as r1:
+        for _ in range(3):
+            ids = np.stack([rng.integers(0, n, (16, 24)) for n in ROWS.values()], axis=1)
+            for e in (one, r0, r1):
+                e.begin_step(ids)
+            for layer in ROWS:
+                want = one.gather(layer)
+                got = r0.gather(layer) + r1.gather(layer)
+                assert torch.equal(got.view(torch.int16), want.view(torch.int16))
+            counts = [e.end_step().layers for e in (one, r0, r1)]
+            for layer in ROWS:
+                # Every lookup is read or hit by exactly one rank and zero-filled by the other.
+                assert counts[1][layer].zero_rows + counts[2][layer].zero_rows == counts[0][layer].lookups
+        assert sum(c.mismatches for e in (one, r0, r1) for c in e.totals.values()) == 0
+    with pytest.raises(SlackTierError) as err:
+        StepEngine.from_control(toml(tmp_path, "bad.toml", cache_rows=10, tables=[dict(tbl[0], rank=5)]))
+    assert err.value.kind is ErrorKind.MISSING and err.value.rank == 5

@@ -55,6 +55,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-bytes", type=int, metavar="N", help="refuse if a file target would exceed N bytes")
     p.add_argument("--overwrite", action="store_true", help="replace a target that holds another table")
     p.add_argument("--chunk-mib", type=int, default=4, help="write chunk in MiB (default 4)")
+    p.add_argument("--writers", type=int, default=None,
+                   help="O_DIRECT writes in flight, one writer thread each (default: the stager's, 4)")
     p.add_argument("--buffered", action="store_true",
                    help="write through the page cache instead of O_DIRECT (logged; for filesystems without O_DIRECT)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -65,6 +67,8 @@ def run(args: argparse.Namespace) -> int:
 
     common = dict(manifest_path=args.manifest, max_bytes=args.max_bytes, chunk_bytes=args.chunk_mib << 20,
                   buffered=args.buffered, progress=not args.no_progress)
+    if args.writers is not None:
+        common["writers"] = args.writers
     t0 = time.perf_counter()
     if args.synthetic:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,

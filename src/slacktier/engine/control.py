@@ -20,12 +20,14 @@ Schema (every key but `layer` and one of `manifest` / `rows`+`region` has a defa
     verify_reads = false        # check every read page's CRC32C against the manifest
     lossy = false               # rows outside a table's seen-set are not read, come out as zeros
     check = false               # run the reference gather beside ours on every lookup
+    owned_only = false          # per-rank process: ids outside this process's rows come out as -0.0 (not errors)
     max_tokens = 256            # tokens per step the buffers are sized for (grown on demand)
 
     [[table]]
     layer = 1                   # table layer id (Engram: 1 and 14)
     source = "disk"             # "dram" | "disk" | "redis"
     manifest = "t.manifest.json"   # a staged table (slacktier.tables.manifest); regions of `layer` from it
+    rank = -1                   # with a manifest: serve only this rank's region (-1: every rank); pair with owned_only
     targets = []                # optional: replace the manifest's target paths, by device index
     cache_share = 0.5           # fraction f_l of cache_rows for this layer (shares sum to <= 1)
     order = 0                   # window order: lower is resolved and submitted first (short window first)
@@ -104,6 +106,7 @@ class EngineConfig:
     lossy: bool = False
     check: bool = False
     max_tokens: int = 256
+    owned_only: bool = False
 
     def __post_init__(self) -> None:
         if not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -137,6 +140,7 @@ class TableConfig:
     seen: str = ""
     rows: int = 0
     row_start: int = 0
+    rank: int = -1
     region: tuple[RegionConfig, ...] = ()
 
     def __post_init__(self) -> None:
@@ -147,6 +151,9 @@ class TableConfig:
         if bool(self.manifest) == bool(self.region):
             raise _bad("give either manifest or explicit [[table.region]] entries",
                        "point `manifest` at a staged table, or list rows and regions", layer=self.layer)
+        if self.rank >= 0 and not self.manifest:
+            raise _bad("`rank` selects a region of a manifest", "list only that rank's [[table.region]] instead",
+                       layer=self.layer)
         if self.region and self.rows <= 0:
             raise _bad("explicit regions need `rows`", "set rows to the layer's table rows", layer=self.layer)
 
@@ -235,6 +242,12 @@ def resolve_table(t: TableConfig, eng: EngineConfig) -> ResolvedTable:
             raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no layer {t.layer} (it has "
                                  f"{list(m.layout.rows)})", layer=t.layer, fix="point the table at its manifest")
         mine = sorted((r for r in m.regions if r.layer == t.layer), key=lambda r: r.rank)
+        if t.rank >= 0:
+            mine = [r for r in mine if r.rank == t.rank]
+            if not mine:
+                raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no rank {t.rank} region of "
+                                     f"layer {t.layer}", layer=t.layer, rank=t.rank,
+                                     fix="pick a rank the table was staged with")
         targets = list(m.targets)
         for i, override in enumerate(t.targets):
             if override:
@@ -243,6 +256,8 @@ def resolve_table(t: TableConfig, eng: EngineConfig) -> ResolvedTable:
                                    pages=r.pages, device=r.device) for r in mine)
         shards = tuple((r.row_start, r.rows) for r in mine)
         rows, row_start = m.layout.rows[t.layer], 0
+        if t.rank >= 0:  # one rank's shard: the directory covers only its rows
+            rows, row_start = mine[0].rows, mine[0].row_start
         if eng.verify_reads:
             every = m.checksums()
             crcs = tuple(np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in mine)
@@ -332,7 +347,8 @@ def build_engine(cfg: ControlFile, **overrides: Any) -> Any:
             sources[t.layer] = open_table_source(t, resolved[t.layer], eng)
         specs = [_table_spec(t, resolved[t.layer], sources[t.layer]) for t in cfg.tables]
         cache = RowCache(eng.max_cache_rows, eng.device, slots=eng.cache_rows)
-        kwargs: dict[str, Any] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check}
+        kwargs: dict[str, Any] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
+                                  "owned_only": eng.owned_only}
         kwargs |= overrides
         engine = StepEngine(specs, cache, eng.device, owned_sources=list(sources.values()), **kwargs)
     except BaseException:
@@ -375,7 +391,8 @@ def apply_control(engine: Any, cfg: ControlFile) -> None:
         if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
             engine.replace_cache(RowCache(eng.max_cache_rows, eng.device, slots=0))
         engine.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
-                           owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check)
+                           owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
+                           owned_only=eng.owned_only)
     except BaseException:
         for s in opened.values():
             s.close()
