@@ -1,0 +1,302 @@
+"""The control file as data: one typed schema at the bottom of the package.
+
+A control file says which tier serves each table, how large the row cache is
+and how it is split, and in which order the tables' reads are issued. It is
+TOML; this module parses it into frozen msgspec structs, validates it, and
+dumps it back (`parse_control(dump_control(cfg)) == cfg`, exactly). Everything
+else builds or reads these objects: the planner and the benchmarks build them,
+`StepEngine.apply(cfg)` applies one in place between steps, and files appear
+only at the edges (the CLI, `StepEngine.from_control(path)`).
+
+Why msgspec (not pydantic): strict typing is its default, so a quoted boolean
+(`lossy = "false"`) or a float where an integer belongs (`cache_rows = 1e11`)
+is an error naming the key, not a silent coercion; it is small, has no runtime
+dependencies, and its frozen structs compare and hash by value, which is what
+`reload` needs to tell what changed. SGLang uses it for the same reasons.
+
+Schema (every key but `layer` and `manifest` has a default):
+
+    [engine]
+    device = "cpu"          # "cpu" | "cuda" | "cuda:N"
+    cache_rows = 0          # cache slots in use, split over tables by cache_share
+    max_cache_rows = 0      # slots reserved on the device (>= cache_rows; 0 = cache_rows)
+    max_tokens = 256        # tokens per step the buffers are sized for (grown on demand)
+    wait_timeout_s = 30.0   # longest a gather waits for its layer's reads before failing the step
+    verify_reads = false    # check every read page's CRC32C against the manifest
+    lossy = false           # rows outside a table's seen-set are not read and come out as zeros
+    check = false           # run the reference gather beside ours on every lookup
+    owned_only = false      # per-rank process: ids outside its rows come out as -0.0, not errors
+
+    [[table]]
+    layer = 1               # table layer id (Engram: 1 and 14)
+    manifest = "t.manifest.json"   # the staged table (relative paths: from the control file's folder)
+    source = "disk"         # a registered tier: "dram" | "disk" | "redis" | a plug-in's name
+    rank = -1               # serve only this rank's region (-1: every rank); pair with owned_only
+    targets = []            # optional: replace the manifest's target paths, by device index
+    cache_share = 0.5       # fraction of cache_rows for this layer (shares sum to <= 1)
+    order = 0               # lower is resolved and submitted first (short window first)
+    seen = ""               # lossy: .npy of local row ids (int64) or a packed uint8 bitmap
+
+    [table.disk]            # options of the table's own tier, typed by that tier
+    engine = "auto"         # "auto" | "io_uring" | "threads"
+    queue_depth = 128       # reads in flight per worker
+    io_threads = 1          # workers per device
+
+    [table.redis]
+    url = "redis://127.0.0.1:6379/0"
+    prefix = ""             # key prefix (default: each region's staged path)
+
+Worked example: two tables, layer 1 (order 0, share 0.7) and layer 14 (order 1,
+share 0.3), cache_rows = 1,000,000 -> layer 1 owns 700,000 slots and its pages
+are submitted before layer 14 is resolved.
+
+A tier registers its option struct with `register_tier_options` (the store's
+registry does it for every tier it registers); the built-in tiers' options
+live here because the planner, which may import only this module, builds them.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import tomli_w
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+#: most slots one cache may hold: slots are int32 indices
+MAX_CACHE_ROWS = 2**31 - 1
+
+
+def _bad(message: str, fix: str, **where: Any) -> SlackTierError:
+    return SlackTierError(ErrorKind.BAD_INPUT, f"control file: {message}", fix=fix, **where)
+
+
+class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Base of every tier's option table (`[table.<tier>]`)."""
+
+
+class DramOptions(Options, frozen=True):
+    """The DRAM tier has no options: pages are copied from host memory."""
+
+
+class DiskOptions(Options, frozen=True):
+    """`[table.disk]`: how the O_DIRECT reads are driven."""
+
+    engine: Literal["auto", "io_uring", "threads"] = "auto"
+    queue_depth: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
+    io_threads: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+
+
+class RedisOptions(Options, frozen=True):
+    """`[table.redis]`: where the pages are kept. Secrets never go in the control file."""
+
+    url: str = "redis://127.0.0.1:6379/0"
+    prefix: str = ""
+
+
+_TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions}
+
+
+def register_tier_options(name: str, options: type[Options]) -> None:
+    """Make `[table.<name>]` parse into `options` (a frozen Options subclass)."""
+    if not (isinstance(options, type) and issubclass(options, Options)):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r}: options must subclass slacktier.config.Options",
+                             fix="declare the tier's options as `class MyOptions(Options, frozen=True)`")
+    known = _TIER_OPTIONS.get(name)
+    if known is not None and known is not options:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r} is already registered with {known.__name__}",
+                             fix="give the new tier another name")
+    _TIER_OPTIONS[name] = options
+
+
+def tier_names() -> tuple[str, ...]:
+    """Names of the tiers a control file may name, built-in first."""
+    return tuple(_TIER_OPTIONS)
+
+
+def tier_options_type(name: str) -> type[Options]:
+    """The option struct of tier `name`; raises BAD_INPUT naming the registered tiers."""
+    try:
+        return _TIER_OPTIONS[name]
+    except KeyError:
+        raise _bad(f"unknown tier {name!r}", f"choose one of {', '.join(tier_names())}, or import the module "
+                   "that registers it") from None
+
+
+class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """The [engine] section."""
+
+    device: str = "cpu"
+    cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
+    max_cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
+    max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
+    wait_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    verify_reads: bool = False
+    lossy: bool = False
+    check: bool = False
+    owned_only: bool = False
+
+    def __post_init__(self) -> None:
+        if not (self.device == "cpu" or self.device == "cuda" or
+                (self.device.startswith("cuda:") and self.device[5:].isdigit())):
+            raise _bad(f"device {self.device!r}", 'use "cpu", "cuda" or "cuda:N"')
+        if self.max_cache_rows == 0:
+            msgspec.structs.force_setattr(self, "max_cache_rows", self.cache_rows)
+        if self.cache_rows > self.max_cache_rows:
+            raise _bad(f"cache_rows {self.cache_rows} above max_cache_rows {self.max_cache_rows}",
+                       "reserve at least cache_rows")
+
+
+class TableConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """One [[table]] entry; `options` is its tier's option struct (`[table.<source>]`)."""
+
+    layer: int
+    manifest: str
+    source: str = "disk"
+    options: Options | None = None
+    rank: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    targets: tuple[str, ...] = ()
+    cache_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
+    order: int = 0
+    seen: str = ""
+
+    def __post_init__(self) -> None:
+        kind = tier_options_type(self.source)
+        if self.options is None:
+            msgspec.structs.force_setattr(self, "options", kind())
+        elif type(self.options) is not kind:
+            raise _bad(f"layer {self.layer}: {type(self.options).__name__} given for tier {self.source!r}",
+                       f"give {kind.__name__} (or no options)", layer=self.layer)
+        if not self.manifest:
+            raise _bad(f"layer {self.layer} has no manifest", "point `manifest` at the staged table "
+                       "(slacktier stage writes one)", layer=self.layer)
+
+
+class ControlFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """A whole control file; `tables` sorted by window order (order, then layer)."""
+
+    engine: EngineConfig = EngineConfig()
+    tables: tuple[TableConfig, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.tables:
+            raise _bad("no [[table]] entries", "list at least one table")
+        layers = [t.layer for t in self.tables]
+        if len(set(layers)) != len(layers):
+            raise _bad(f"layers {layers}: a layer is listed twice", "give each layer once")
+        shares = sum(t.cache_share for t in self.tables)
+        if shares > 1.0 + 1e-9:
+            raise _bad(f"cache shares sum to {shares:.6g}, above 1", "make the shares fractions of one cache")
+        if self.engine.cache_rows > 0 and shares <= 0.0:
+            raise _bad(f"cache_rows = {self.engine.cache_rows} but every cache_share is 0, so no row would "
+                       "be cached", "give the tables cache shares, or set cache_rows = 0")
+        msgspec.structs.force_setattr(self, "tables", tuple(sorted(self.tables, key=lambda t: (t.order, t.layer))))
+
+    def table(self, layer: int) -> TableConfig:
+        """The entry of `layer`."""
+        for t in self.tables:
+            if t.layer == layer:
+                return t
+        raise SlackTierError(ErrorKind.MISSING, f"control file has no layer {layer}", layer=layer,
+                             fix=f"use one of {[t.layer for t in self.tables]}")
+
+    def replace(self, **changes: Any) -> ControlFile:
+        """A copy with [engine] keys changed (`cache_rows=0`), validated again."""
+        return ControlFile(engine=msgspec.structs.replace(self.engine, **changes), tables=self.tables)
+
+
+def _convert(raw: Any, kind: type, where: str) -> Any:
+    try:
+        return msgspec.convert(raw, kind, strict=True)
+    except msgspec.ValidationError as exc:
+        raise _bad(f"{where}: {exc}", "fix the value's type or range (booleans are true/false, unquoted)") from exc
+
+
+def from_dict(doc: dict[str, Any], base_dir: str | Path | None = None) -> ControlFile:
+    """A ControlFile from a parsed TOML document; relative paths resolve against `base_dir`."""
+    if not isinstance(doc, dict):
+        raise _bad("the document is not a table", "write [engine] and [[table]] sections")
+    unknown = set(doc) - {"engine", "table"}
+    if unknown:
+        raise _bad(f"unknown sections {sorted(unknown)}", "use [engine] and [[table]]")
+    engine = _convert(doc.get("engine", {}), EngineConfig, "[engine]")
+    raw_tables = doc.get("table", [])
+    if not isinstance(raw_tables, list):
+        raise _bad("`table` must be an array of tables", "write each table as [[table]]")
+    tables = []
+    for i, raw in enumerate(raw_tables):
+        where = f"[[table]] #{i + 1}"
+        if not isinstance(raw, dict):
+            raise _bad(f"{where} is not a table", "write each table as [[table]]")
+        raw = dict(raw)
+        source = raw.get("source", "disk")
+        if not isinstance(source, str):
+            raise _bad(f"{where}: source {source!r}", f"choose one of {', '.join(tier_names())}")
+        kind = tier_options_type(source)
+        others = sorted(k for k in raw if k in _TIER_OPTIONS and k != source)
+        if others:
+            raise _bad(f"{where}: options for {others} on a {source!r} table", f"put options under [table.{source}]")
+        if "options" in raw:
+            raise _bad(f"{where}: key `options`", f"put the tier's options under [table.{source}]")
+        options = _convert(raw.pop(source, {}), kind, f"{where} [table.{source}]")
+        for key in ("manifest", "seen"):
+            value = raw.get(key)
+            if isinstance(value, str) and value and base_dir is not None and not os.path.isabs(value):
+                raw[key] = str(Path(base_dir) / value)
+        raw["options"] = None
+        table = _convert(raw, TableConfig, where)
+        tables.append(msgspec.structs.replace(table, options=options))
+    try:
+        return ControlFile(engine=engine, tables=tuple(tables))
+    except msgspec.ValidationError as exc:   # pragma: no cover - fields are validated above
+        raise _bad(str(exc), "fix the control file") from exc
+
+
+def to_dict(cfg: ControlFile) -> dict[str, Any]:
+    """Plain data for TOML: every key written, each table's options under its tier's name."""
+    tables = []
+    for t in cfg.tables:
+        d = msgspec.to_builtins(t)
+        options = d.pop("options")
+        d["targets"] = list(t.targets)
+        d[t.source] = options
+        tables.append(d)
+    return {"engine": msgspec.to_builtins(cfg.engine), "table": tables}
+
+
+def parse_control(text: str, path: str | Path = "") -> ControlFile:
+    """A ControlFile from TOML text (`path` names it in errors and anchors relative paths)."""
+    try:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise _bad(f"{path or 'text'} is not TOML: {exc}", "fix the syntax") from exc
+    return from_dict(doc, Path(path).parent if path else None)
+
+
+def dump_control(cfg: ControlFile, comment: str = "") -> str:
+    """TOML text for `cfg`, `comment` lines first (each prefixed with '# ')."""
+    head = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
+    return head + tomli_w.dumps(to_dict(cfg))
+
+
+def load_control(path: str | Path) -> ControlFile:
+    """Read and validate a control file."""
+    p = Path(path)
+    if not p.is_file():
+        raise SlackTierError(ErrorKind.MISSING, f"control file {p} does not exist",
+                             fix="write one (schema: slacktier.config), or let `slacktier plan` write it")
+    return parse_control(p.read_text(), p)
+
+
+def write_control(cfg: ControlFile, path: str | Path, comment: str = "") -> Path:
+    """Write `cfg` to `path` atomically (a reader sees the old file or the new one, never half of one)."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
+    tmp.write_text(dump_control(cfg, comment))
+    os.replace(tmp, p)
+    return p
