@@ -45,12 +45,12 @@ import numpy as np
 
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
-from slacktier.engine.tables import RankRegion, TableSpec, rank_regions_for
+from slacktier.engine.tables import TableSpec, rank_regions_for
 from slacktier.engine.testing import real_text
-from slacktier.store.base import RegionSpec
 from slacktier.store.disk import DiskSource
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds
+from slacktier.tables.regions import Region
 from slacktier.tables.tokenizer import encode
 
 SECTION = "## The tier: page sources, cache and step engine"
@@ -94,13 +94,14 @@ def build_rank_engine(layout: EngramLayout, directory: Path, cache_rows_per_laye
     for i, layer in enumerate(layout.layer_ids):
         lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), rank, RANKS)
         path = directory / f"layer{layer}.rank{rank}.sparse"
-        region = RegionSpec(layer=layer, rank=rank, path=str(path), offset_bytes=0, pages=pages_for_rows(hi - lo))
+        region = Region(layer=layer, rank=rank, path=str(path), offset_bytes=0, pages=pages_for_rows(hi - lo),
+                        row_start=lo, rows=hi - lo)
         with open(path, "wb") as f:
             f.truncate(region.pages * PAGE_BYTES)             # sparse: no disk space used
         source = DiskSource([region])
         sources.append(source)
         tables.append(TableSpec(layer=layer, row_start=lo, rows=hi - lo, source=source, cache_share=0.5,
-                                ranks=(RankRegion(rank=rank, row_start=lo, rows=hi - lo, region=0),)))
+                                regions=(region,)))
     cache = RowCache(2 * cache_rows_per_layer)
     return StepEngine(tables, cache, max_tokens=max_tokens, owned_sources=sources, owned_only=True)
 
@@ -116,15 +117,15 @@ def build_engine(layout: EngramLayout, directory: Path, cache_rows_per_layer: in
         regions, offset = [], 0
         for rank in range(RANKS):
             lo, hi = shard_bounds(rows, bounds, rank, RANKS)
-            regions.append(RegionSpec(layer=layer, rank=rank, path=str(path), offset_bytes=offset,
-                                      pages=pages_for_rows(hi - lo)))
+            regions.append(Region(layer=layer, rank=rank, path=str(path), offset_bytes=offset,
+                                  pages=pages_for_rows(hi - lo)))
             offset += pages_for_rows(hi - lo) * PAGE_BYTES
         with open(path, "wb") as f:
             f.truncate(offset)                                 # sparse: no disk space used
         source = DiskSource(regions)
         sources.append(source)
         tables.append(TableSpec(layer=layer, row_start=0, rows=rows, source=source, cache_share=0.5,
-                                ranks=rank_regions_for(layer, rows, regions, column_bounds=bounds)))
+                                regions=rank_regions_for(layer, rows, regions, column_bounds=bounds)))
     cache = RowCache(2 * cache_rows_per_layer)
     return StepEngine(tables, cache, max_tokens=max_tokens, owned_sources=sources)
 

@@ -32,7 +32,7 @@ from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec, rank_regions_for
 from slacktier.engine.testing import pack_pages, real_text
-from slacktier.store.base import RegionSpec
+from slacktier.tables.regions import Region
 from slacktier.store.dram import DramSource
 from slacktier.tables.codec import dequantize, reference_dequant, split_raw, synthetic_rows
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout
@@ -78,10 +78,10 @@ def main() -> int:
     rows = layout.rows(0)
     raw = synthetic_rows(3, 0, rows)                                     # [rows, 264] host table
     table = torch.from_numpy(raw)
-    region = RegionSpec(layer=LAYER, rank=0, path="", offset_bytes=0, pages=(rows + 14) // 15)
-    source = DramSource([region], [pack_pages(raw)])
+    region = Region(layer=LAYER, rank=0, path="", offset_bytes=0, pages=(rows + 14) // 15)
+    source = DramSource([region], pages=[pack_pages(raw)])
     spec = lambda share: TableSpec(layer=LAYER, row_start=0, rows=rows, source=source, cache_share=share,  # noqa
-                                   ranks=rank_regions_for(LAYER, rows, [region]))
+                                   regions=rank_regions_for(LAYER, rows, [region]))
     print(f"table: {rows:,} rows ({rows * ROW_BYTES / 2**20:.0f} MiB)", flush=True)
 
     results: dict[tuple[int, str], list[float]] = {}

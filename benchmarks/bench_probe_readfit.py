@@ -24,7 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.plan import fit_quality, fit_read_time
-from slacktier.store.base import PageBufferPool, PageReads, RegionSpec
+from slacktier.config import DiskOptions
+from slacktier.store.base import PageBufferPool, PageReads
+from slacktier.tables.regions import Region
 from slacktier.store.disk import DiskSource
 from slacktier.tables.layout import PAGE_BYTES
 
@@ -69,11 +71,12 @@ def main() -> int:
     started = datetime.datetime.now(datetime.timezone.utc)
     host = machine()
     make_file(args.file, 2 * args.region_pages)
-    r1 = RegionSpec(layer=1, rank=0, path=str(args.file), offset_bytes=0, pages=args.region_pages)
-    r14 = RegionSpec(layer=14, rank=0, path=str(args.file), offset_bytes=args.region_pages * PAGE_BYTES,
+    r1 = Region(layer=1, rank=0, path=str(args.file), offset_bytes=0, pages=args.region_pages)
+    r14 = Region(layer=14, rank=0, path=str(args.file), offset_bytes=args.region_pages * PAGE_BYTES,
                      pages=args.region_pages)
-    s1 = DiskSource([r1], engine=args.engine, queue_depth=args.queue_depth)
-    s14 = DiskSource([r14], engine=args.engine, queue_depth=args.queue_depth)
+    options = DiskOptions(engine=args.engine, queue_depth=args.queue_depth)
+    s1 = DiskSource([r1], options)
+    s14 = DiskSource([r14], options)
     pool1, pool14 = PageBufferPool(args.max_p1), PageBufferPool(args.max_p14)
     rng = np.random.default_rng(args.seed)
     pages, t1, t14 = [], [], []

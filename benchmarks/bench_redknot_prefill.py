@@ -91,6 +91,7 @@ def main() -> int:
     from slacktier.redknot.corpus import documents, question_tokens
     from slacktier.redknot.ledger import ModelDims, operator_ledger
     from slacktier.redknot.model import bench_config, build_model
+    from slacktier.redknot.placement import artifact_placement
     from slacktier.redknot.profile import profile_for_config
     from slacktier.redknot.protect import ProtectionPolicy
     from slacktier.redknot.runner import InMemoryLocal, Layout, RedKnotRunner, Segment
@@ -102,7 +103,8 @@ def main() -> int:
     model = build_model(cfg, seed=args.seed, dtype=torch.float32, lm_head_scale=args.lm_head_scale)
     profile = profile_for_config(cfg, name="bench-1F1F")
     runner = RedKnotRunner(model, profile, chunk_rows=256)
-    svc = RedKnotService(runner, ArtifactStore(Path(args.store)), source_kind=args.source)
+    store = ArtifactStore(Path(args.store))
+    svc = RedKnotService(runner, store, placement=artifact_placement(store.root, profile.reusable, args.source))
     n_docs = max(lengths) // args.doc_tokens
     docs = documents(n_docs, args.doc_tokens)
     query = question_tokens()

@@ -37,7 +37,7 @@ import torch
 
 from slacktier.tables import codec
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
-from slacktier.tables.manifest import TableLayout, plan_regions, target_bytes
+from slacktier.tables.manifest import StagedLayout, plan_regions, target_bytes
 from slacktier.tables.odirect import DirectFile, aligned_array
 from slacktier.tables.stage import StageStats, SyntheticSource, stage_synthetic
 
@@ -104,7 +104,7 @@ def codec_rows(reps: int) -> list[tuple[str, list[float]]]:
             exec(compile(src, "codec_skeleton", "exec"), old.__dict__)
     except (subprocess.CalledProcessError, FileNotFoundError):
         old = None
-    source = SyntheticSource(TableLayout({1: 1 << 30}), seed=1)
+    source = SyntheticSource(StagedLayout.from_rows({1: 1 << 30}), seed=1)
     chunk = aligned_array(4 << 20).reshape(-1, PAGE_BYTES)
     crcs = np.empty(chunk.shape[0], dtype=np.uint32)
     rows_per_chunk = chunk.shape[0] * ROWS_PER_PAGE
@@ -160,7 +160,7 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     layers = {int(x): args.rows_per_layer for x in args.layers.split(",")}
     chunk = args.chunk_mib << 20
-    nbytes = target_bytes(plan_regions(TableLayout(layers), args.ranks, ["t"]), 1)[0]
+    nbytes = target_bytes(plan_regions(StagedLayout.from_rows(layers), args.ranks, ["t"]), 1)[0]
     have_fio = shutil.which("fio") is not None
 
     # warm the compiled kernels so the first staging run is not charged for loading them

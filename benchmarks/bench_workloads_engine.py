@@ -1,7 +1,8 @@
 """Lookups per second of the compiled policy kernels on a real replay trace, against the pure-Python reference.
 
 Replays the agent holdout sessions (B=64, N=128) through the V4.1 Engram hash,
-takes layer 14's lookups and times each policy at two capacities, interleaved in
+takes layer 14's lookups and times each policy at two capacities (CLOCK: the
+served cache's own directory pass, step by step, pins included), interleaved in
 a shuffled order, `--repeats` times; the pure-Python reference runs once on a
 prefix of the same trace. Prints a table and optionally appends it to
 BENCHMARKS.md under "## Traffic: access characterization".
@@ -22,7 +23,7 @@ import numpy as np
 
 from slacktier.workloads import policies as P
 from slacktier.workloads import reference as R
-from slacktier.workloads.characterize import prepare_workload
+from slacktier.workloads.characterize import prepare_workload, step_starts
 from slacktier.workloads.corpus import CorpusConfig
 from slacktier.workloads.hashing import EngramLookupHasher
 from slacktier.workloads.replay import ReplayConfig
@@ -45,10 +46,11 @@ def main() -> None:
     prep = pw.preps[0]
     ids, n, dec, ranks = prep.ids, prep.n_items, prep.decode, prep.ranks
     m = ids.shape[0]
+    starts = step_starts(pw.trace)   # CLOCK is the served cache's directory pass, replayed step by step
     caps = [1_000_000, max(1, prep.n_items // 4)]
     kernels = {
         "lru": lambda c: P.lru(ids, n, c),
-        "clock": lambda c: P.clock(ids, n, c),
+        "clock": lambda c: P.clock(ids, n, c, starts),
         "s3fifo": lambda c: P.s3fifo(ids, n, c),
         "static_lru": lambda c: P.static_lru(ids, ranks, n, c, c // 2),
         "belady": lambda c: P.belady(ids, dec, n, c),

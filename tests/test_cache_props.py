@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slacktier.cache import RowCache, split_slots
+from slacktier.cache import KIND_SLOT, LayerGeometry, PassScratch, RowCache, split_slots
 from slacktier.errors import ErrorKind, SlackTierError
 
 LAYERS = {1: 300, 14: 200}   # layer -> rows
@@ -166,3 +166,24 @@ def test_remove_and_invalidate_layer() -> None:
     with pytest.raises(SlackTierError) as exc:
         cache.layer(14)
     assert exc.value.kind == ErrorKind.MISSING
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slots=st.integers(0, 10), steps=st.lists(st.lists(st.integers(0, 39), max_size=25), min_size=1, max_size=10))
+def test_lookup_and_directory_pass_run_one_clock(slots: int, steps: list) -> None:
+    """The batch lookup and the engine's directory pass give every row the same slot, step after step."""
+    a, b = RowCache(slots), RowCache(slots)
+    for c in (a, b):
+        c.add_layer(1, 40, 1.0)
+    geo, scratch = LayerGeometry.one_rank(40), PassScratch(25)
+    for rows in steps:
+        ids = np.array(rows, dtype=np.int64)
+        slot_a, _ = a.lookup(1, ids)
+        b.resolve(1, ids, geo, scratch)
+        n = len(rows)
+        kind, idx = scratch.desc_kind[:n], scratch.desc_idx[:n]
+        slot_b = np.where(kind == KIND_SLOT, idx, scratch.miss_slot[np.where(kind == KIND_SLOT, 0, idx)])
+        assert slot_a.tolist() == slot_b.tolist()
+        assert a.evictions(1) == b.evictions(1)
+        a.release_pins()
+        b.release_pins()

@@ -1,4 +1,4 @@
-"""The control file: schema validation, building an engine, reloading between steps."""
+"""Building an engine from a control file and switching it between steps (the schema: tests/test_config.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import numpy as np
 import pytest
 import torch
 
-from slacktier.engine.control import load_control, parse_control
+from slacktier.config import from_dict, write_control
 from slacktier.engine.step import StepEngine
-from slacktier.engine.testing import pack_pages
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.testing import supports_o_direct
-from slacktier.tables.codec import dequantize_bits, synthetic_rows
+from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.manifest import Manifest
 from slacktier.tables.stage import SyntheticSource, stage_synthetic
 
@@ -33,15 +32,9 @@ def tables(tmp_path: Path) -> tuple[Manifest, Manifest]:
 
 
 def toml(tmp_path: Path, name: str, *, cache_rows: int, tables: list[dict], **engine: object) -> str:
-    lines = ["[engine]", f"cache_rows = {cache_rows}", "max_cache_rows = 4000", "check = true"]
-    lines += [f"{k} = {v!r}".replace("True", "true").replace("False", "false").replace("'", '"')
-              for k, v in engine.items()]
-    for t in tables:
-        lines.append("[[table]]")
-        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in t.items()]
-    p = tmp_path / name
-    p.write_text("\n".join(lines) + "\n")
-    return str(p)
+    """A control file built as data and written with config.write_control; its path."""
+    doc = {"engine": {"cache_rows": cache_rows, "max_cache_rows": 4000, "check": True, **engine}, "table": tables}
+    return str(write_control(from_dict(doc), tmp_path / name))
 
 
 def run_step(engine: StepEngine, ids: np.ndarray, truth: dict[int, SyntheticSource]) -> dict:
@@ -51,81 +44,6 @@ def run_step(engine: StepEngine, ids: np.ndarray, truth: dict[int, SyntheticSour
         want = dequantize_bits(truth[layer].rows(layer, ids[:, j].reshape(-1)))
         assert np.array_equal(out.reshape(-1, 256).view(torch.int16).numpy(), want.view(np.int16))
     return engine.end_step().layers
-
-
-def test_schema_is_validated() -> None:
-    ok = '[engine]\ncache_rows = 10\n[[table]]\nlayer = 1\nmanifest = "m.json"\n'
-    cfg = parse_control(ok)
-    assert cfg.engine.max_cache_rows == 10 and cfg.tables[0].source == "disk"
-    bad = {
-        "unknown key": ok + "colour = 1\n",
-        "unknown section": ok + "[extra]\n",
-        "bad source": ok.replace('layer = 1', 'layer = 1\nsource = "tape"'),
-        "shares above 1": ok + "cache_share = 0.7\n[[table]]\nlayer = 14\nmanifest = \"m.json\"\ncache_share = 0.6\n",
-        "no manifest, no regions": "[[table]]\nlayer = 1\n",
-        "regions without rows": '[[table]]\nlayer = 1\n[[table.region]]\nrank = 0\npath = "x"\n',
-        "cache above max": ok.replace("cache_rows = 10", "cache_rows = 10\nmax_cache_rows = 5"),
-        "layer twice": ok + '[[table]]\nlayer = 1\nmanifest = "m.json"\n',
-        "bad device": ok.replace("[engine]", '[engine]\ndevice = "tpu"'),
-        "not toml": "[engine\n",
-    }
-    for why, text in bad.items():
-        with pytest.raises(SlackTierError) as exc:
-            parse_control(text)
-        assert exc.value.kind == ErrorKind.BAD_INPUT, why
-    with pytest.raises(SlackTierError) as exc:
-        load_control("/nonexistent/control.toml")
-    assert exc.value.kind == ErrorKind.MISSING
-
-
-def test_window_order_sorts_tables() -> None:
-    cfg = parse_control('[[table]]\nlayer = 1\nmanifest = "m"\norder = 1\n[[table]]\nlayer = 14\nmanifest = "m"\n')
-    assert [t.layer for t in cfg.tables] == [14, 1]
-
-
-def test_explicit_regions_without_a_manifest(tmp_path: Path) -> None:
-    if not supports_o_direct(tmp_path):
-        pytest.skip("no O_DIRECT")
-    raws = {layer: synthetic_rows(layer, 0, n) for layer, n in ROWS.items()}
-    tables = []
-    for layer, n in ROWS.items():
-        path = tmp_path / f"l{layer}.bin"
-        half = n // 2
-        lead = 8192
-        with open(path, "wb") as f:
-            f.write(b"\0" * lead)
-            p0 = pack_pages(raws[layer][:half])
-            f.write(p0.tobytes())
-            f.write(pack_pages(raws[layer][half:]).tobytes())
-        tables.append(f"""
-[[table]]
-layer = {layer}
-source = "disk"
-rows = {n}
-cache_share = 0.5
-[[table.region]]
-rank = 0
-path = "{path}"
-offset_bytes = {lead}
-[[table.region]]
-rank = 1
-path = "{path}"
-offset_bytes = {lead + p0.nbytes}
-""")
-    p = tmp_path / "c.toml"
-    p.write_text("[engine]\ncache_rows = 500\ncheck = true\n" + "".join(tables))
-    rng = np.random.default_rng(0)
-    with StepEngine.from_control(str(p)) as engine:
-        for _ in range(3):
-            ids = np.stack([rng.integers(0, n, (20, 24)) for n in ROWS.values()], axis=1)
-            engine.begin_step(ids)
-            for j, layer in enumerate((1, 14)):
-                out = engine.gather(layer)
-                want = dequantize_bits(raws[layer][ids[:, j].reshape(-1)])
-                assert np.array_equal(out.reshape(-1, 256).view(torch.int16).numpy(), want.view(np.int16))
-            engine.end_step()
-        assert sum(c.mismatches for c in engine.totals.values()) == 0
-        assert sum(c.checked_rows for c in engine.totals.values()) == 3 * 20 * 48
 
 
 def test_reload_switches_tiers_sizes_and_tables_in_one_process(tables, tmp_path: Path) -> None:
@@ -178,7 +96,7 @@ def test_reload_switches_tiers_sizes_and_tables_in_one_process(tables, tmp_path:
 
     # A control file naming a layer the table does not have is refused; the engine keeps working.
     broken = toml(tmp_path, "d.toml", cache_rows=1200, tables=[
-        {"layer": 2, "source": "disk", "manifest": a.path}])
+        {"layer": 2, "source": "disk", "manifest": a.path, "cache_share": 0.5}])
     with pytest.raises(SlackTierError) as exc:
         engine.reload(broken)
     assert exc.value.kind == ErrorKind.MISSING and exc.value.layer == 2
@@ -203,12 +121,10 @@ def test_reload_to_a_larger_reserved_cache_and_lossy(tables, tmp_path: Path) -> 
     run_step(engine, ids, truth)
     seen = tmp_path / "seen.npy"
     np.save(seen, np.arange(0, 2000, 2, dtype=np.int64))        # even rows seen
-    lines = Path(first).read_text().replace("max_cache_rows = 4000", "max_cache_rows = 8000")
-    lines = lines.replace("check = true", "check = true\nlossy = true")
-    lines = lines.replace('cache_share = 0.5\n', f'cache_share = 0.5\nseen = "{seen}"\n')
-    second = tmp_path / "b.toml"
-    second.write_text(lines)
-    engine.reload(str(second))
+    second = toml(tmp_path, "b.toml", cache_rows=100, max_cache_rows=8000, lossy=True, tables=[
+        {"layer": 1, "source": "dram", "manifest": a.path, "cache_share": 0.5, "seen": str(seen)},
+        {"layer": 14, "source": "dram", "manifest": a.path, "cache_share": 0.5, "order": 1, "seen": str(seen)}])
+    engine.reload(second)
     assert engine.cache.max_slots == 8000 and engine.lossy
     engine.begin_step(ids)
     out = engine.gather(1).reshape(-1, 256)
@@ -225,27 +141,27 @@ def test_reload_to_a_larger_reserved_cache_and_lossy(tables, tmp_path: Path) -> 
 def test_reload_onto_a_redis_tier_keeps_the_cache(tables, tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (scripts/test.sh installs it)")
-    from slacktier.store.redis_source import load_regions_into_redis
+    from slacktier.store.redis_source import RedisSource, load_regions_into_redis
     from slacktier.store.testing import RedisServer
     a, _ = tables
     truth = {layer: SyntheticSource(a.layout, 1) for layer in ROWS}
     server = RedisServer(tmp_path)
     try:
-        load_regions_into_redis(server.url, a.region_specs(), "t")
+        load_regions_into_redis(server.url, a.runtime_regions(), "t")
         first = toml(tmp_path, "a.toml", cache_rows=1000, tables=[
             {"layer": 1, "source": "disk", "manifest": a.path, "cache_share": 0.5},
             {"layer": 14, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": 1}])
         second = toml(tmp_path, "b.toml", cache_rows=1000, tables=[
-            {"layer": 1, "source": "redis", "manifest": a.path, "cache_share": 0.5, "redis_url": server.url,
-             "redis_prefix": "t"},
+            {"layer": 1, "source": "redis", "manifest": a.path, "cache_share": 0.5,
+             "redis": {"url": server.url, "prefix": "t"}},
             {"layer": 14, "source": "redis", "manifest": a.path, "cache_share": 0.5, "order": 1,
-             "redis_url": server.url, "redis_prefix": "t"}])
+             "redis": {"url": server.url, "prefix": "t"}}])
         rng = np.random.default_rng(3)
         with StepEngine.from_control(first) as engine:
             ids = np.stack([rng.integers(0, 300, (8, 24)) for _ in ROWS], axis=1)
             run_step(engine, ids, truth)
             engine.reload(second)
-            assert "redis" in engine.table(1).source.capabilities
+            assert isinstance(engine.table(1).source, RedisSource)
             layers = run_step(engine, ids, truth)                 # same bytes: the cache is kept
             assert all(c.hits == c.lookups - c.reused for c in layers.values())
             fresh = np.stack([rng.integers(300, 2000, (8, 24)) for _ in ROWS], axis=1)

@@ -7,6 +7,8 @@ step (the slots the failed reads would have filled are forgotten).
 
 from __future__ import annotations
 
+import dataclasses
+
 import os
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import torch
 
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
-from slacktier.engine.tables import RankRegion, TableSpec
+from slacktier.engine.tables import TableSpec
 from slacktier.engine.testing import array_tables
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.testing import supports_o_direct
@@ -199,13 +201,14 @@ def test_missing_rank_region_in_a_table_spec() -> None:
     tables, source, _ = array_tables({1: 3000}, ranks=3)
     t = tables[0]
     with pytest.raises(SlackTierError) as exc:
-        TableSpec(layer=1, row_start=0, rows=3000, ranks=(t.ranks[0], t.ranks[2]), source=source)
+        TableSpec(layer=1, row_start=0, rows=3000, regions=(t.regions[0], t.regions[2]), source=source)
     assert (exc.value.kind, exc.value.layer, exc.value.rank) == (ErrorKind.MISSING, 1, 2)
     with pytest.raises(SlackTierError) as exc:
-        TableSpec(layer=1, row_start=0, rows=3000, ranks=t.ranks[:2], source=source)
+        TableSpec(layer=1, row_start=0, rows=3000, regions=t.regions[:2], source=source)
     assert exc.value.kind == ErrorKind.MISSING and exc.value.layer == 1
-    with pytest.raises(SlackTierError):
-        RankRegion(rank=0, row_start=0, rows=0, region=0)
+    with pytest.raises(SlackTierError):   # a region with no rows cannot hold a shard
+        TableSpec(layer=1, row_start=0, rows=3000, regions=(dataclasses.replace(t.regions[0], rows=0),),
+                  source=source)
 
 
 def test_row_id_outside_the_table_is_refused_and_the_step_undone() -> None:

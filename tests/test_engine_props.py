@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -108,8 +110,7 @@ def test_first_window_layer_is_submitted_before_the_next_is_resolved() -> None:
 def test_lossy_mode_zeroes_unseen_rows_without_reading_them() -> None:
     tables, source, raws = array_tables(ROWS, ranks=2)
     seen_rows = {layer: np.arange(0, n, 2) for layer, n in ROWS.items()}   # even rows seen
-    for t in tables:
-        t.seen = seen_bitmap(t.rows, seen_rows[t.layer])
+    tables = [dataclasses.replace(t, seen=seen_bitmap(t.rows, seen_rows[t.layer])) for t in tables]
     engine = StepEngine(tables, RowCache(200), lossy=True, check=True, check_raise=True)
     rng = np.random.default_rng(4)
     ids = np.stack([rng.integers(0, n, (10, 24)) for n in ROWS.values()], axis=1)

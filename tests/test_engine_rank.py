@@ -19,10 +19,10 @@ import torch
 from slacktier.cache import RowCache
 from slacktier.engine.checker import ArrayRowReader
 from slacktier.engine.step import StepEngine
-from slacktier.engine.tables import RankRegion, TableSpec
+from slacktier.engine.tables import TableSpec
 from slacktier.engine.testing import ArraySource, pack_pages, real_token_ids
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import RegionSpec
+from slacktier.tables.regions import Region
 from slacktier.tables.codec import synthetic_rows
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.layout import pages_for_rows, shard_bounds
@@ -45,17 +45,18 @@ def single_engine(raws: dict[int, np.ndarray], cache_rows: int, gather_impl: str
     """One process serving every rank's region of both layers."""
     regions, pages, tables = [], [], []
     for i, layer in enumerate(LAYOUT.layer_ids):
-        ranks = []
+        index = []
         for rank in range(RANKS):
             lo, hi = _bounds(i, rank)
-            ranks.append(RankRegion(rank=rank, row_start=lo, rows=hi - lo, region=len(regions)))
-            regions.append(RegionSpec(layer=layer, rank=rank, path=f"mem:{layer}:{rank}", offset_bytes=0,
-                                      pages=pages_for_rows(hi - lo)))
+            index.append(len(regions))
+            regions.append(Region(layer=layer, rank=rank, path=f"mem:{layer}:{rank}", offset_bytes=0,
+                                  pages=pages_for_rows(hi - lo), row_start=lo, rows=hi - lo))
             pages.append(pack_pages(raws[layer][lo:hi]))
-        tables.append((layer, ranks))
+        tables.append((layer, index))
     source = ArraySource(regions, pages)
-    specs = [TableSpec(layer=layer, row_start=0, rows=raws[layer].shape[0], ranks=tuple(ranks), source=source,
-                       cache_share=0.5, reference=ArrayRowReader(raws[layer])) for layer, ranks in tables]
+    specs = [TableSpec(layer=layer, row_start=0, rows=raws[layer].shape[0], regions=tuple(regions[i] for i in index),
+                       region_index=tuple(index), source=source, cache_share=0.5,
+                       reference=ArrayRowReader(raws[layer])) for layer, index in tables]
     return StepEngine(specs, RowCache(cache_rows), max_tokens=64, check=True, check_raise=True,
                       gather_impl=gather_impl)
 
@@ -66,14 +67,14 @@ def rank_engine(raws: dict[int, np.ndarray], rank: int, cache_rows: int, gather_
     regions, pages, specs = [], [], []
     for i, layer in enumerate(LAYOUT.layer_ids):
         lo, hi = _bounds(i, rank)
-        regions.append(RegionSpec(layer=layer, rank=rank, path=f"mem:{layer}:{rank}", offset_bytes=0,
-                                  pages=pages_for_rows(hi - lo)))
+        regions.append(Region(layer=layer, rank=rank, path=f"mem:{layer}:{rank}", offset_bytes=0,
+                              pages=pages_for_rows(hi - lo), row_start=lo, rows=hi - lo))
         pages.append(pack_pages(raws[layer][lo:hi]))
     source = ArraySource(regions, pages)
     for i, layer in enumerate(LAYOUT.layer_ids):
         lo, hi = _bounds(i, rank)
         specs.append(TableSpec(layer=layer, row_start=lo, rows=hi - lo, source=source, cache_share=0.5,
-                               ranks=(RankRegion(rank=rank, row_start=lo, rows=hi - lo, region=i),),
+                               regions=(regions[i],), region_index=(i,),
                                reference=ArrayRowReader(raws[layer][lo:hi])))
     return StepEngine(specs, RowCache(cache_rows), max_tokens=64, check=True, check_raise=True,
                       gather_impl=gather_impl, owned_only=owned_only)

@@ -11,7 +11,7 @@ from slacktier.models.qwen38 import (Q38Config, Q38Served, QwenSlot, build_qwen3
                                      ple_column_bounds, ple_table_rows, ple_tables_from)
 from slacktier.models.rows import DramRowProvider
 from slacktier.serve.tiers import Placement, TierSet
-from slacktier.tables.manifest import TableLayout
+from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.stage import SyntheticSource
 
 
@@ -30,7 +30,7 @@ def _chunks() -> list[torch.Tensor]:
 @pytest.fixture(scope="module")
 def setup():
     model = build_qwen38(Q38Config.preset("tiny"))
-    layout = TableLayout(ple_table_rows(model), ple_column_bounds(model))
+    layout = StagedLayout(ple_table_rows(model), ple_column_bounds(model))
     source = SyntheticSource(layout, seed=21)
     tables = ple_tables_from(source, model)
     load_ple_tables(model, tables)

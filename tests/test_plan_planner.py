@@ -11,10 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slacktier import config
 from slacktier.errors import SlackTierError
-from slacktier.plan import (EngineSettings, MissCurve, TableSpec, TierSpec, best_split, control_toml,
-                            load_miss_curves, load_tiers, make_plan, predict_placement, split_cost_ms,
-                            write_control_file)
+from slacktier.plan import (MissCurve, TableDemand, TierSpec, best_split, control_file, format_plan, load_miss_curves,
+                            load_tiers, make_plan, plan_comment, predict_placement, split_cost_ms, write_plan)
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows
 
 
@@ -118,7 +118,7 @@ def _flat(pages: float) -> MissCurve:
                                              (1000.0, 3.35), (1000.0, 3.349)])
 def test_table_goes_to_disk_exactly_when_its_reads_fit_its_window(pages, window_ms):
     read_ms = DISK.intercept_ms + DISK.page_ms * pages
-    table = TableSpec(layer=14, rows=15_000, manifest="m14.json", window_ms=window_ms)
+    table = TableDemand(layer=14, rows=15_000, manifest="m14.json", window_ms=window_ms)
     plan = make_plan([table], [DRAM, DISK], {14: _flat(pages)}, cache_rows=0, target_ms=0.0)
     expected = "disk" if read_ms <= window_ms else "dram"
     assert plan.tables[0].source == expected
@@ -132,14 +132,14 @@ def test_table_goes_to_disk_exactly_when_its_reads_fit_its_window(pages, window_
 @pytest.mark.parametrize("window_ms,expected", [(1.0, "disk"), (np.nextafter(1.0, 0.0), "dram"), (1.5, "disk")])
 def test_reads_exactly_filling_the_window_still_fit(window_ms, expected):
     slow = TierSpec("disk", intercept_ms=0.5, page_ms=0.25, contention_page_ms=0.0, holds_table=False)
-    plan = make_plan([TableSpec(1, 100, "m.json", float(window_ms))], [DRAM, slow], {1: _flat(2.0)},
+    plan = make_plan([TableDemand(1, 100, "m.json", float(window_ms))], [DRAM, slow], {1: _flat(2.0)},
                      cache_rows=0, target_ms=0.0)  # read = 0.5 + 0.25 * 2 = 1.0 ms exactly
     assert plan.tables[0].source == expected
 
 
 def test_v41_shape_layer1_needs_cache_or_dram_layer14_stays_on_disk():
     rows = 1_000_000
-    tables = [TableSpec(1, rows, "l1.json", 0.27), TableSpec(14, rows, "l14.json", 9.35)]
+    tables = [TableDemand(1, rows, "l1.json", 0.27), TableDemand(14, rows, "l14.json", 9.35)]
     curves = {1: convex_curve(3000, 1e5), 14: convex_curve(2500, 1e5)}
     # no cache: layer 1 reads 3000 pages (9.45 ms) > 0.27 ms window -> DRAM; layer 14 (7.9 ms) fits on disk
     plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=0, target_ms=0.05)
@@ -158,27 +158,50 @@ def test_v41_shape_layer1_needs_cache_or_dram_layer14_stays_on_disk():
 
 
 def test_infeasible_target_raises_with_fix():
-    tables = [TableSpec(1, 1000, "l1.json", 0.0)]
+    tables = [TableDemand(1, 1000, "l1.json", 0.0)]
     with pytest.raises(SlackTierError) as e:
         make_plan(tables, [DISK], {1: _flat(10.0)}, cache_rows=0, target_ms=0.0)
     assert "target" in str(e.value) and e.value.fix
 
 
 def test_control_file_round_trips_through_toml(tmp_path):
-    tables = [TableSpec(1, 30_000, "/data/l1/manifest.json", 0.27), TableSpec(14, 30_000, 'odd"name.json', 9.35)]
+    # The planner builds a config.ControlFile; config.write_control writes it and config.load_control reads back
+    # the same object (manifest paths absolute: relative ones are anchored at the file's folder on load).
+    tables = [TableDemand(1, 30_000, "/data/l1/manifest.json", 0.27),
+              TableDemand(14, 30_000, str(tmp_path / 'odd"name.json'), 9.35)]
     curves = {1: convex_curve(3000, 1e5), 14: convex_curve(3000, 1e5)}
     plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=500_000, target_ms=1.0)
-    path = write_control_file(plan, tmp_path / "control.toml", EngineSettings(io_threads=4))
-    doc = tomllib.loads(path.read_text())
-    assert doc["engine"] == {"device": "cpu", "cache_rows": 500_000, "io_threads": 4, "verify_reads": False,
-                             "lossy": False}
-    assert [t["layer"] for t in doc["table"]] == [1, 14]
-    assert [t["order"] for t in doc["table"]] == [0, 1]
-    assert doc["table"][1]["manifest"] == 'odd"name.json'
-    assert sum(t["cache_share"] for t in doc["table"]) == pytest.approx(1.0)
-    assert {t["source"] for t in doc["table"]} <= {"dram", "disk", "redis"}
-    assert set(doc["table"][0]) == {"layer", "manifest", "source", "cache_share", "order"}
-    assert control_toml(plan).startswith("# SlackTier control file")
+    disk = config.DiskOptions(io_threads=4)
+    cfg = control_file(plan, config.EngineConfig(device="cpu", verify_reads=True), (disk,))
+    path = config.write_control(cfg, tmp_path / "control.toml", comment=plan_comment(plan))
+    assert config.load_control(path) == cfg
+    assert cfg.engine.cache_rows == cfg.engine.max_cache_rows == 500_000 and cfg.engine.verify_reads
+    assert [t.layer for t in cfg.tables] == [1, 14] and [t.order for t in cfg.tables] == [0, 1]
+    assert [t.source for t in cfg.tables] == [t.source for t in plan.tables]
+    assert [t.cache_share for t in cfg.tables] == [t.cache_share for t in plan.tables]
+    assert sum(t.cache_share for t in cfg.tables) == pytest.approx(1.0)
+    for t in cfg.tables:   # each table carries its own tier's options: the given ones or the tier's defaults
+        assert type(t.options) is config.tier_options_type(t.source)
+        assert t.source != "disk" or t.options == disk
+    text = path.read_text()
+    assert text.startswith("# SlackTier control file") and "predicted slowdown" in text
+    doc = tomllib.loads(text)
+    assert doc["table"][1]["manifest"] == str(tmp_path / 'odd"name.json')
+    # write_plan is the same two steps
+    assert write_plan(plan, tmp_path / "again.toml", config.EngineConfig(verify_reads=True), (disk,)) == cfg
+    assert config.load_control(tmp_path / "again.toml") == cfg
+    table = format_plan(plan).splitlines()
+    assert table[0].split()[:3] == ["layer", "order", "tier"] and len(table) == 2 + len(plan.tables)
+
+
+def test_control_file_takes_the_engine_section_and_refuses_two_options_of_one_tier():
+    tables = [TableDemand(1, 1000, "/m.json", 5.0)]
+    plan = make_plan(tables, [DISK], {1: _flat(1.0)}, cache_rows=100, target_ms=0.0)
+    cfg = control_file(plan, config.EngineConfig(max_cache_rows=1000, max_tokens=64))
+    assert (cfg.engine.cache_rows, cfg.engine.max_cache_rows, cfg.engine.max_tokens) == (100, 1000, 64)
+    assert cfg.tables[0].options == config.DiskOptions()
+    with pytest.raises(SlackTierError):
+        control_file(plan, options=(config.DiskOptions(), config.DiskOptions(io_threads=2)))
 
 
 def test_plan_page_layout_matches_the_tables_room():
@@ -199,23 +222,12 @@ def test_tiers_file(tmp_path):
     assert disk == TierSpec("disk", 0.3, 0.00305, 0.00037, holds_table=False, buffer_bytes=4096)
     assert dram.holds_table and dram.contention_page_ms == 0.00001
     p.write_text('[[tier]]\nname = "tape"\nintercept_ms = 1\npage_ms = 1\n')
-    with pytest.raises(SlackTierError):
+    with pytest.raises(SlackTierError) as e:
         load_tiers(p)
+    assert all(name in e.value.fix for name in config.tier_names())
 
 
-# ---- the engine loads what the planner writes; the CLI -----------------------------------------------------
-
-def test_engine_control_parser_accepts_the_planners_file(tmp_path):
-    control = pytest.importorskip("slacktier.engine.control")
-    tables = [TableSpec(1, 30_000, "l1.manifest.json", 0.27), TableSpec(14, 30_000, "l14.manifest.json", 9.35)]
-    curves = {1: convex_curve(3000, 1e5), 14: convex_curve(3000, 1e5)}
-    plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=500_000, target_ms=1.0)
-    cfg = control.parse_control(control_toml(plan), str(tmp_path / "control.toml"))
-    assert cfg.engine.cache_rows == 500_000
-    assert [t.layer for t in cfg.tables] == [1, 14]
-    assert [t.source for t in cfg.tables] == [t.source for t in plan.tables]
-    assert [t.cache_share for t in cfg.tables] == [t.cache_share for t in plan.tables]
-
+# ---- the CLI ---------------------------------------------------------------------------------------------------
 
 def test_plan_cli_end_to_end(tmp_path, capsys):
     from slacktier import cli
@@ -241,8 +253,9 @@ def test_plan_cli_end_to_end(tmp_path, capsys):
     assert rc == 0
     text = capsys.readouterr().out
     assert "predicted slowdown" in text
-    doc = tomllib.loads(out.read_text())
-    assert [t["source"] for t in doc["table"]] == ["disk", "disk"]
+    cfg = config.load_control(out)
+    assert [t.source for t in cfg.tables] == ["disk", "disk"]
+    assert cfg.engine.cache_rows == 1_000_000
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert plan["tables"][0]["window_ms"] == 0.27  # --window overrides the probe JSON
     assert plan["tables"][1]["window_ms"] == pytest.approx(0.318 * 29.4)

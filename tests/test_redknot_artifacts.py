@@ -14,6 +14,7 @@ from slacktier.redknot.model import build_model, tiny_config
 from slacktier.redknot.profile import HeadPolicy, profile_for_config
 from slacktier.redknot.protect import ProtectionPolicy
 from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
+from slacktier.redknot.placement import artifact_placement
 from slacktier.redknot.service import RedKnotService
 
 CFG = tiny_config()
@@ -65,8 +66,9 @@ def test_row_format_worked_example():
     assert (flash_tp1.row_bytes, flash_tp1.pages_per_row, flash_tp1.pages_for(3)) == (16384, 4, 12)
 
 
-def _built(tmp_path, runner, **kw) -> RedKnotService:
-    svc = RedKnotService(runner, ArtifactStore(tmp_path / "store"), **kw)
+def _built(tmp_path, runner, tier: str = "dram", **kw) -> RedKnotService:
+    placement = artifact_placement(tmp_path / "store", runner.profile.reusable, tier)
+    svc = RedKnotService(runner, ArtifactStore(tmp_path / "store"), placement=placement, **kw)
     for doc_id, toks in DOCS:
         svc.build(doc_id, toks)
     return svc
@@ -110,18 +112,19 @@ def test_publish_is_atomic(tmp_path, runner):
 @pytest.mark.parametrize("kind", ["dram", "disk"])
 def test_tp_ranks_and_sources_agree(tmp_path, runner, kind):
     """TP2 artifacts (groups split over ranks) through either page source give TP1's result."""
-    one = _built(tmp_path / "tp1", runner, source_kind=kind).prefill(DOCS, Q, ProtectionPolicy(0.2))
-    two_svc = _built(tmp_path / "tp2", runner, tp_size=2, source_kind=kind)
+    one = _built(tmp_path / "tp1", runner, kind).prefill(DOCS, Q, ProtectionPolicy(0.2))
+    two_svc = _built(tmp_path / "tp2", runner, kind, tp_size=2)
     two = two_svc.prefill(DOCS, Q, ProtectionPolicy(0.2))
     assert one.fallback_reason is None and two.fallback_reason is None
-    assert two.reads.tickets == 2 * one.reads.tickets
+    # one read batch per document and layer, holding every rank's pages
+    assert two.reads.tickets == one.reads.tickets == len(DOCS) * len(PROFILE.reusable)
     assert torch.equal(one.result.hidden, two.result.hidden)
     assert one.result.stats.local_rows_reused > 0
 
 
 def test_bad_page_recomputes_that_layer(tmp_path, runner):
     """A page whose CRC32C fails: that layer's Local heads are recomputed for every row, logged and counted."""
-    svc = _built(tmp_path, runner, source_kind="disk")
+    svc = _built(tmp_path, runner, "disk")
     cert = svc.store.certificate("d1", 0)
     path = svc.store.data_path(cert)
     raw = bytearray(path.read_bytes())

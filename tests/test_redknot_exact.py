@@ -14,6 +14,7 @@ from slacktier.redknot.model import build_model, tiny_config
 from slacktier.redknot.profile import HeadPolicy, profile_for_config
 from slacktier.redknot.protect import ProtectionPolicy
 from slacktier.redknot.runner import InMemoryLocal, Layout, RedKnotRunner, Segment
+from slacktier.redknot.placement import artifact_placement
 from slacktier.redknot.service import RedKnotService
 
 CFG = tiny_config()
@@ -166,15 +167,16 @@ def test_wo_a_slices_add_up():
     torch.testing.assert_close(total, ref, rtol=0, atol=1e-12)
 
 
-def _service(tmp_path, runner, **kw) -> RedKnotService:
-    svc = RedKnotService(runner, ArtifactStore(tmp_path / "store"), **kw)
+def _service(tmp_path, runner, tier: str = "dram") -> RedKnotService:
+    placement = artifact_placement(tmp_path / "store", runner.profile.reusable, tier)
+    svc = RedKnotService(runner, ArtifactStore(tmp_path / "store"), placement=placement)
     for doc_id, toks in DOCS:
         svc.build(doc_id, toks)
     return svc
 
 
 def test_every_row_protected_equals_full(tmp_path, runner, full):
-    svc = _service(tmp_path, runner, source_kind="disk")
+    svc = _service(tmp_path, runner, "disk")
     rep = svc.prefill(DOCS, Q, ProtectionPolicy(0.1), dirty=torch.ones(LAYOUT.rows, dtype=torch.bool))
     assert rep.fallback_reason is None and rep.reads.pages > 0
     assert rep.result.stats.local_rows_reused == 0

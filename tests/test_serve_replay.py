@@ -17,7 +17,7 @@ from slacktier.serve.loop import LoopConfig, replay
 from slacktier.serve.runners import Q38Runner, V41Runner
 from slacktier.serve.tiers import Placement, TierSet, table2_placements
 from slacktier.tables.engram_hash import EngramLayout
-from slacktier.tables.manifest import TableLayout
+from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.stage import SyntheticSource
 from slacktier.workloads.hashing import EngramLookupHasher
 from slacktier.workloads.replay import ReplayConfig, replay_steps
@@ -79,7 +79,7 @@ def test_v41_replay_is_bit_exact_on_every_placement(tmp_path) -> None:
 
 def test_qwen_replay_is_bit_exact_through_the_engine(tmp_path) -> None:
     model = build_qwen38(Q38Config.preset("tiny"))
-    layout = TableLayout(ple_table_rows(model), ple_column_bounds(model))
+    layout = StagedLayout(ple_table_rows(model), ple_column_bounds(model))
     tables = ple_tables_from(SyntheticSource(layout, seed=4), model)
     load_ple_tables(model, tables)
     sessions = _sessions(2, 1)

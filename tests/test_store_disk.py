@@ -10,13 +10,15 @@ import os
 import numpy as np
 import pytest
 
+from slacktier.config import DiskOptions
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store import PageBufferPool, PageReads, RegionSpec
+from slacktier.store import PageBufferPool, PageReads
 from slacktier.store import _native
 from slacktier.store._common import page_crc32c
 from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
 from slacktier.store.testing import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.regions import Region
 
 _URING_MISSING = _native.probe_io_uring()
 ENGINES = [pytest.param("io_uring", marks=pytest.mark.skipif(_URING_MISSING is not None,
@@ -37,7 +39,7 @@ def _where(err: SlackTierError) -> tuple:
 def test_four_devices_many_workers_read_every_page_exactly(o_direct_dir, engine):
     staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=4, rows=150, devices=4)
     assert len({s.path for s in staged.specs}) == 4
-    src = DiskSource(staged.specs, engine=engine, queue_depth=16, workers_per_device=2, pool_threads=4)
+    src = DiskSource(staged.specs, DiskOptions(engine=engine, queue_depth=16, io_threads=2))
     try:
         assert src.engine_name == engine and src.devices == [0, 1, 2, 3]
         pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
@@ -56,7 +58,7 @@ def test_four_devices_many_workers_read_every_page_exactly(o_direct_dir, engine)
 def test_the_engine_that_runs_is_logged(o_direct_dir, caplog):
     staged = stage_synthetic(o_direct_dir, ranks=1)
     with caplog.at_level(logging.INFO, logger="slacktier.store.disk"):
-        src = DiskSource(staged.specs, engine="auto")
+        src = DiskSource(staged.specs, DiskOptions(engine="auto"))
     src.close()
     assert src.engine_name == ("io_uring" if _URING_MISSING is None else "threads")
     assert any(f"engine {src.engine_name}" in r.getMessage() for r in caplog.records)
@@ -65,7 +67,7 @@ def test_the_engine_that_runs_is_logged(o_direct_dir, caplog):
 @pytest.mark.parametrize("engine", ENGINES)
 def test_read_past_the_end_of_a_truncated_file_names_the_page(o_direct_dir, engine):
     staged = stage_synthetic(o_direct_dir, ranks=2, rows=150)  # 10 pages per region, both in dev0.bin
-    src = DiskSource(staged.specs, engine=engine)
+    src = DiskSource(staged.specs, DiskOptions(engine=engine))
     try:
         last = staged.specs[1]
         # Cut region 1 in the middle of page 6: page 6 reads short, page 8 lies past the end.
@@ -89,7 +91,7 @@ def test_read_past_the_end_of_a_truncated_file_names_the_page(o_direct_dir, engi
 def test_an_io_error_names_layer_rank_and_page(o_direct_dir, engine):
     # A read-only destination page makes the kernel fail the O_DIRECT read with EFAULT: a real errno.
     staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2)
-    src = DiskSource(staged.specs, engine=engine)
+    src = DiskSource(staged.specs, DiskOptions(engine=engine))
     pool = PageBufferPool(3)
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mprotect.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -118,7 +120,7 @@ def test_a_missing_region_file_is_refused_at_construction(o_direct_dir):
 def test_a_region_past_the_end_of_its_file_is_refused_at_construction(o_direct_dir):
     staged = stage_synthetic(o_direct_dir, ranks=1, rows=150)
     spec = staged.specs[0]
-    longer = RegionSpec(spec.layer, spec.rank, spec.path, spec.offset_bytes, spec.pages + 3)
+    longer = Region(spec.layer, spec.rank, spec.path, spec.offset_bytes, spec.pages + 3)
     with pytest.raises(SlackTierError) as info:
         DiskSource([longer])
     assert info.value.kind is ErrorKind.IO and info.value.page == spec.pages
@@ -134,8 +136,8 @@ def test_a_corrupt_page_fails_its_checksum_when_verification_is_on(o_direct_dir,
         byte = f.read(1)
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x10]))
-    checked = DiskSource(staged.specs, engine=engine, verify_reads=True, page_crc32c=sums)
-    unchecked = DiskSource(staged.specs, engine=engine)
+    checked = DiskSource(staged.specs, DiskOptions(engine=engine), page_crc32c=sums)
+    unchecked = DiskSource(staged.specs, DiskOptions(engine=engine))
     try:
         with pytest.raises(SlackTierError) as info:
             checked.wait(checked.submit(_reads([(0, 4), (1, 4)]), PageBufferPool(2)))
@@ -152,9 +154,9 @@ def test_a_corrupt_page_fails_its_checksum_when_verification_is_on(o_direct_dir,
 def test_unknown_engine_and_bad_depth_are_refused(o_direct_dir):
     staged = stage_synthetic(o_direct_dir, ranks=1)
     with pytest.raises(SlackTierError, match="unknown disk engine"):
-        DiskSource(staged.specs, engine="aio")
+        DiskSource(staged.specs, DiskOptions(engine="aio"))  # type: ignore[arg-type]
     with pytest.raises(SlackTierError, match="queue_depth"):
-        DiskSource(staged.specs, queue_depth=0)
+        DiskSource(staged.specs, DiskOptions(queue_depth=0))
 
 
 @pytest.fixture
@@ -171,7 +173,7 @@ def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(o_direct_dir, n
     staged = stage_synthetic(o_direct_dir, ranks=1)
     before = sum(ENGINE_FALLBACKS.values())
     with caplog.at_level(logging.WARNING, logger="slacktier.store.disk"):
-        src = DiskSource(staged.specs, engine="auto")
+        src = DiskSource(staged.specs, DiskOptions(engine="auto"))
     try:
         assert src.engine_name == "threads"
         assert sum(ENGINE_FALLBACKS.values()) == before + 1
@@ -186,7 +188,7 @@ def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(o_direct_dir, n
 def test_without_a_compiler_an_explicit_io_uring_request_fails(o_direct_dir, no_compiler):
     staged = stage_synthetic(o_direct_dir, ranks=1)
     with pytest.raises(SlackTierError) as info:
-        DiskSource(staged.specs, engine="io_uring")
+        DiskSource(staged.specs, DiskOptions(engine="io_uring"))
     assert info.value.kind is ErrorKind.UNAVAILABLE and "not found" in str(info.value)
 
 

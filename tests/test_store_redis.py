@@ -8,11 +8,13 @@ import numpy as np
 import pytest
 import redis
 
+from slacktier.config import RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store import PageBufferPool, PageReads, RegionSpec
+from slacktier.store import PageBufferPool, PageReads
 from slacktier.store._common import page_crc32c
 from slacktier.store.redis_source import RedisSource, load_regions_into_redis, page_key, store_region_pages
 from slacktier.store.testing import RedisServer, stage_synthetic
+from slacktier.tables.regions import Region
 
 
 @pytest.fixture
@@ -39,7 +41,7 @@ def test_two_instances_read_one_copy(server, tmp_path):
     client = redis.Redis.from_url(server.url)
     keys_once = client.dbsize()
     assert keys_once == sum(s.pages for s in staged.specs)  # exactly one copy of every page
-    a, b = RedisSource(specs, url=server.url), RedisSource(specs, url=server.url)
+    a, b = RedisSource(specs, RedisOptions(url=server.url)), RedisSource(specs, RedisOptions(url=server.url))
     try:
         pairs = [(r, p) for r, spec in enumerate(specs) for p in range(spec.pages)]
         pool_a, pool_b = PageBufferPool(len(pairs)), PageBufferPool(len(pairs))
@@ -56,17 +58,33 @@ def test_two_instances_read_one_copy(server, tmp_path):
         client.close()
 
 
+def test_the_prefix_option_replaces_the_regions_paths(server):
+    pages = np.random.default_rng(2).integers(0, 256, (3, 4096), dtype=np.uint8)
+    spec = store_region_pages(server.url, "kept-here", 1, 0, pages)
+    staged_path = Region(layer=1, rank=0, path="/staged/t.bin", offset_bytes=4096, pages=3)
+    src = RedisSource([staged_path], RedisOptions(url=server.url, prefix=spec.path))
+    try:
+        pool = PageBufferPool(3)
+        src.wait(src.submit(_reads([(0, 2), (0, 0), (0, 1)]), pool))
+        np.testing.assert_array_equal(pool.pages, pages[[2, 0, 1]])
+    finally:
+        src.close()
+    with pytest.raises(SlackTierError) as info:  # without the prefix the keys are looked up under the path
+        RedisSource([staged_path], RedisOptions(url=server.url))
+    assert info.value.kind is ErrorKind.MISSING
+
+
 def test_a_region_never_loaded_is_missing_at_construction(server, tmp_path):
     spec = store_region_pages(server.url, "p", 1, 0, np.ones((3, 4096), np.uint8))
-    ghost = RegionSpec(layer=14, rank=2, path="p", offset_bytes=0, pages=3)
+    ghost = Region(layer=14, rank=2, path="p", offset_bytes=0, pages=3)
     with pytest.raises(SlackTierError) as info:
-        RedisSource([spec, ghost], url=server.url)
+        RedisSource([spec, ghost], RedisOptions(url=server.url))
     assert info.value.kind is ErrorKind.MISSING and (info.value.layer, info.value.rank, info.value.page) == (14, 2, 0)
 
 
 def test_a_lost_key_or_a_short_value_names_the_page(server):
     spec = store_region_pages(server.url, "p", 1, 2, np.full((5, 4096), 9, np.uint8))
-    src = RedisSource([spec], url=server.url)
+    src = RedisSource([spec], RedisOptions(url=server.url))
     client = redis.Redis.from_url(server.url)
     try:
         client.delete(page_key("p", 1, 2, 3))
@@ -85,7 +103,7 @@ def test_a_lost_key_or_a_short_value_names_the_page(server):
 def test_a_changed_page_fails_its_checksum(server):
     pages = np.random.default_rng(0).integers(0, 256, (4, 4096), dtype=np.uint8)
     spec = store_region_pages(server.url, "c", 1, 0, pages)
-    src = RedisSource([spec], url=server.url, verify_reads=True, page_crc32c=[page_crc32c(pages)])
+    src = RedisSource([spec], RedisOptions(url=server.url), page_crc32c=[page_crc32c(pages)])
     client = redis.Redis.from_url(server.url)
     try:
         changed = pages[2].copy()
@@ -101,7 +119,7 @@ def test_a_changed_page_fails_its_checksum(server):
 
 def test_a_server_that_went_away_is_an_io_error(server):
     spec = store_region_pages(server.url, "g", 1, 0, np.ones((2, 4096), np.uint8))
-    src = RedisSource([spec], url=server.url)
+    src = RedisSource([spec], RedisOptions(url=server.url))
     try:
         server.stop()
         with pytest.raises(SlackTierError) as info:
@@ -112,16 +130,16 @@ def test_a_server_that_went_away_is_an_io_error(server):
 
 
 def test_no_server_is_unavailable():
-    spec = RegionSpec(layer=1, rank=0, path="x", offset_bytes=0, pages=1)
+    spec = Region(layer=1, rank=0, path="x", offset_bytes=0, pages=1)
     with pytest.raises(SlackTierError) as info:
-        RedisSource([spec], url="redis://127.0.0.1:1/0")
+        RedisSource([spec], RedisOptions(url="redis://127.0.0.1:1/0"))
     assert info.value.kind is ErrorKind.UNAVAILABLE
 
 
 def test_a_wait_that_times_out_can_be_waited_again(server):
     pages = np.random.default_rng(1).integers(0, 256, (3, 4096), dtype=np.uint8)
     spec = store_region_pages(server.url, "slow", 1, 0, pages)
-    src = RedisSource([spec], url=server.url)
+    src = RedisSource([spec], RedisOptions(url=server.url))
     client = redis.Redis.from_url(server.url)
     try:
         client.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # the server answers nobody for 1.5 s

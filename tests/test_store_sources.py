@@ -10,8 +10,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from slacktier.config import DiskOptions, RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads, PageSource, ReadStats, open_source
+from slacktier.store._common import page_crc32c
 from slacktier.store._native import probe_io_uring
 from slacktier.store.dram import DramSource
 from slacktier.store.redis_source import load_regions_into_redis
@@ -43,10 +45,10 @@ def _open(kind: str, staged, redis_server_factory) -> PageSource:
     if kind == "dram":
         return open_source("dram", staged.specs)
     if kind.startswith("disk-"):
-        return open_source("disk", staged.specs, engine=kind.split("-", 1)[1], workers_per_device=2)
+        return open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1], io_threads=2))
     server = redis_server_factory()
     specs = load_regions_into_redis(server.url, staged.specs, prefix="t-sources")
-    return open_source("redis", specs, url=server.url)
+    return open_source("redis", specs, RedisOptions(url=server.url))
 
 
 @pytest.fixture(params=KINDS)
@@ -80,8 +82,6 @@ def test_every_source_implements_the_whole_interface(source):
     assert not inspect.isabstract(type(source))
     for name in ("submit", "wait", "close"):
         assert getattr(type(source), name) is not getattr(PageSource, name)
-    assert isinstance(source.capabilities, frozenset) and source.capabilities
-    assert source.capabilities & {"local", "remote"}
     assert isinstance(source.engine_name, str) and source.engine_name
 
 
@@ -168,28 +168,31 @@ def test_a_closed_source_refuses_work(source, staged):
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_checksum_verification_passes_on_intact_pages(kind, staged, request):
-    from slacktier.store._common import page_crc32c
     if kind == "disk-io_uring" and _URING_MISSING is not None:
         pytest.skip(f"io_uring unavailable here: {_URING_MISSING}")
     sums = [page_crc32c(p) for p in staged.pages]
     if kind == "dram":
-        src = open_source("dram", staged.specs, verify_reads=True, page_crc32c=sums)
+        src = open_source("dram", staged.specs, page_crc32c=sums)
     elif kind.startswith("disk-"):
-        src = open_source("disk", staged.specs, engine=kind.split("-", 1)[1], verify_reads=True, page_crc32c=sums)
+        src = open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1]), page_crc32c=sums)
     else:
         server = request.getfixturevalue("redis_server")
         specs = load_regions_into_redis(server.url, staged.specs, prefix="t-verify")
-        src = open_source("redis", specs, url=server.url, verify_reads=True, page_crc32c=sums)
+        src = open_source("redis", specs, RedisOptions(url=server.url), page_crc32c=sums)
     try:
-        assert "verify" in src.capabilities
+        assert src.verifies_reads
         _check_random_batch(src, staged, 100, seed=8)
     finally:
         src.close()
 
 
-def test_verify_reads_needs_checksums(staged):
-    with pytest.raises(SlackTierError, match="CRC32C"):
-        DramSource(staged.specs, verify_reads=True)
+def test_checksums_must_cover_every_region(staged):
+    sums = [page_crc32c(p) for p in staged.pages]
+    with pytest.raises(SlackTierError, match="CRC32C arrays for"):
+        DramSource(staged.specs, page_crc32c=sums[:-1])
+    with pytest.raises(SlackTierError, match="CRC32C values for") as info:
+        DramSource(staged.specs, page_crc32c=sums[:2] + [sums[2][:-1]] + sums[3:])
+    assert (info.value.layer, info.value.rank) == (staged.specs[2].layer, staged.specs[2].rank)
 
 
 def test_dram_source_takes_given_arrays(staged):
@@ -201,11 +204,10 @@ def test_dram_source_takes_given_arrays(staged):
 
 
 def test_dram_checksum_mismatch_names_the_page(staged):
-    from slacktier.store._common import page_crc32c
     sums = [page_crc32c(p) for p in staged.pages]
     sums[4] = sums[4].copy()
     sums[4][9] ^= 1
-    src = DramSource(staged.specs, pages=staged.pages, verify_reads=True, page_crc32c=sums)
+    src = DramSource(staged.specs, pages=staged.pages, page_crc32c=sums)
     try:
         pool = PageBufferPool(2)
         reads = PageReads(np.array([0, 4], np.int32), np.array([1, 9], np.int64), np.array([0, 1], np.int32))
@@ -221,6 +223,12 @@ def test_dram_checksum_mismatch_names_the_page(staged):
 def test_unknown_kind_is_refused(staged):
     with pytest.raises(SlackTierError, match="unknown page source kind"):
         open_source("tape", staged.specs)
+
+
+def test_options_of_another_tier_are_refused(staged):
+    with pytest.raises(SlackTierError, match="takes DramOptions") as info:
+        open_source("dram", staged.specs, DiskOptions())
+    assert info.value.kind is ErrorKind.BAD_INPUT
 
 
 @pytest.fixture(scope="module")
@@ -245,3 +253,5 @@ def test_any_batch_reads_the_same_bytes_from_every_source(all_sources, staged, d
         pool = PageBufferPool(n)
         src.wait(src.submit(reads, pool))
         assert np.array_equal(pool.pages[reads.buffer], want), kind
+
+

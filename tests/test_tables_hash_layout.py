@@ -13,17 +13,19 @@ from tokenizers.models import WordLevel
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.compressed_vocab import DEEPSEEK_V4_COMPRESSED_VOCAB, check_compressed_map, \
     compressed_map_from_tokenizer, deepseek_v4_compressed_map
-from slacktier.tables.engram_hash import V41_MULTIPLIERS, V41_PRIMES, EngramHasher, EngramLayout, \
-    derive_engram_multipliers, derive_engram_primes, is_prime, next_prime
-from slacktier.tables.ple_hash import QWEN38_MULTIPLIERS, QWEN38_SIZES, PleHasher, PleLayout, \
-    derive_ple_multipliers, derive_ple_sizes
+from slacktier.tables.engram_hash import V41_MULTIPLIERS, V41_PRIMES, V41_ROWS, EngramHasher, EngramLayout, \
+    derive_engram_multipliers, derive_engram_primes
+from slacktier.tables.hash_kernels import is_prime, next_prime
+from slacktier.tables.ple_hash import QWEN38_MULTIPLIERS, QWEN38_PADDED_ROWS, QWEN38_ROWS, QWEN38_SIZES, PleHasher, \
+    PleLayout, derive_ple_multipliers, derive_ple_sizes
 
 
 def test_v41_layout_facts():
     layout = EngramLayout.v41()
     assert layout.layer_ids == (1, 14) and layout.max_ngram == 4 and layout.n_heads == 8
     assert layout.n_columns == 24 and layout.engram_vocab_size == 16_000_000
-    assert (layout.rows(0), layout.rows(1)) == layout.rows_per_layer == (384_006_168, 384_016_682)
+    assert (layout.rows(0), layout.rows(1)) == layout.rows_per_layer == V41_ROWS == (384_006_168, 384_016_682)
+    assert (layout.layer_rows(1), layout.layer_rows(14)) == V41_ROWS
     flat = [p for per in layout.primes for heads in per for p in heads]
     assert len(flat) == 48 and len(set(flat)) == 48
     assert all(sympy.isprime(p) and p > 16_000_000 - 1 for p in flat)
@@ -53,7 +55,8 @@ def test_v41_frozen_constants_equal_their_derivation():
 
 def test_qwen38_layout_facts_and_frozen_constants():
     layout = PleLayout.qwen38()
-    assert layout.n_columns == 16 and layout.rows == 320_001_446 and layout.padded_rows == 320_001_536
+    assert layout.n_columns == 16 and layout.rows == QWEN38_ROWS == 320_001_446
+    assert layout.padded_rows == QWEN38_PADDED_ROWS == 320_001_536
     expected, p = [], 20_000_000 - 1
     for _ in range(16):
         p = sympy.nextprime(p)

@@ -15,10 +15,10 @@ import torch
 from safetensors.torch import save_file
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import RegionSpec
 from slacktier.tables import codec, odirect, pagecrc
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows
-from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, TableLayout, plan_regions
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, StagedLayout, plan_regions
+from slacktier.tables.regions import Region
 from slacktier.tables.stage import SyntheticSource, layer_seed, stage_checkpoint, stage_synthetic
 from slacktier.tables.verify import verify_table
 
@@ -176,14 +176,21 @@ def test_verify_reports_a_truncated_target_by_region(tmp_path):
     assert bad == {("read", 14, 0)} and min(x.page for x in report.mismatches) == 7
 
 
-def test_manifest_round_trip_and_region_specs(tmp_path):
+def test_manifest_round_trip_and_runtime_regions(tmp_path):
     m = stage_synthetic([tmp_path / "a.bin", tmp_path / "b.bin"], {1: 100, 14: 31}, ranks=2, seed=5, progress=False)
     loaded = Manifest.load(m.path)
     assert loaded.regions == m.regions and loaded.layout == m.layout and loaded.source == m.source
-    specs = loaded.region_specs()
-    assert all(isinstance(s, RegionSpec) for s in specs)
-    assert [(s.layer, s.rank, s.path, s.offset_bytes, s.pages, s.device) for s in specs] == [
-        (r.layer, r.rank, r.path, r.offset_bytes, r.pages, r.device) for r in m.regions]
+    runtime = loaded.runtime_regions()
+    assert all(isinstance(r, Region) for r in runtime)
+    assert [(r.layer, r.rank, r.path, r.offset_bytes, r.pages, r.device, r.row_start, r.rows) for r in runtime] == [
+        (r.layer, r.rank, r.path, r.offset_bytes, r.pages, r.device, r.row_start, r.rows) for r in m.regions]
+    # filters, and a moved target: device 1's regions read from the override, device 0's keep the staged path
+    moved = loaded.runtime_regions(layer=14, targets=["", "/elsewhere/b.bin"])
+    assert [(r.rank, r.path) for r in moved] == [(0, m.targets[0]), (1, "/elsewhere/b.bin")]
+    assert loaded.runtime_regions(layer=1, rank=1) == [m.region(1, 1).runtime()]
+    with pytest.raises(SlackTierError) as e:
+        loaded.runtime_regions(layer=2)
+    assert e.value.kind == ErrorKind.MISSING
     crcs = loaded.checksums()
     assert crcs.shape == (m.total_pages,) and crcs.dtype == np.dtype("<u4")
     # staging the same table again is allowed and byte-identical
@@ -213,13 +220,13 @@ def test_page_checksums_are_crc32c_of_whole_pages(tmp_path):
 
 
 def test_plan_regions_worked_example():
-    regions = plan_regions(TableLayout({1: 1000, 14: 1000}), 2, ["t"])
+    regions = plan_regions(StagedLayout.from_rows({1: 1000, 14: 1000}), 2, ["t"])
     assert [(r.layer, r.rank, r.offset_bytes, r.pages, r.crc_first_page) for r in regions][:2] == [
         (1, 0, 4096, 34, 0), (1, 1, 4096 + 34 * 4096, 34, 34)]
 
 
 def test_synthetic_source_rows_match_pages():
-    src = SyntheticSource(TableLayout({3: 100}), seed=11)
+    src = SyntheticSource(StagedLayout.from_rows({3: 100}), seed=11)
     pages = np.empty((pages_for_rows(40), PAGE_BYTES), dtype=np.uint8)
     crcs = np.zeros(pages.shape[0], dtype=np.uint32)
     src.fill_pages(3, 20, 40, pages, crcs)
@@ -393,6 +400,32 @@ def test_stage_an_engram_layout_object(tmp_path):
     assert verify_table(m, rows_per_region=20, check_pages=False, progress=False).ok
 
 
+def test_staged_layout_from_either_hash_layout():
+    from slacktier.tables.engram_hash import EngramLayout
+    from slacktier.tables.ple_hash import PleLayout
+    from slacktier.tables.stage import staged_layout
+
+    engram, ple = EngramLayout.scaled(1000), PleLayout.scaled(1000, layer_id=3)
+    for layout in (engram, ple):
+        staged = StagedLayout.from_layout(layout)
+        assert staged.layer_ids == tuple(sorted(layout.layer_ids))
+        for layer in layout.layer_ids:
+            bounds = layout.layer_column_bounds(layer)
+            assert len(bounds) == layout.n_columns + 1
+            assert staged.rows[layer] == layout.layer_rows(layer) == bounds[-1]
+            assert staged.column_bounds[layer] == bounds
+        assert staged_layout(layout) == staged
+    assert StagedLayout.from_layout(ple).rows == {3: ple.rows}
+    assert staged_layout({1: 30}, {1: (0, 10, 30)}) == StagedLayout({1: 30}, {1: (0, 10, 30)})
+    with pytest.raises(SlackTierError) as e:
+        staged_layout(engram, {1: (0, 10)})
+    assert e.value.kind == ErrorKind.BAD_INPUT
+    with pytest.raises(SlackTierError):
+        engram.layer_rows(2)   # a layer id, not a position
+    with pytest.raises(SlackTierError):
+        ple.layer_rows(1)
+
+
 @pytest.mark.parametrize("writers,fillers", [(3, 1), (4, 2)])
 def test_parallel_writers_write_the_same_bytes(tmp_path, writers, fillers):
     # small chunks -> dozens of chunks, so several O_DIRECT writes really are in flight at once
@@ -431,7 +464,7 @@ class _FailingFile:
 
 
 def test_a_write_error_in_any_writer_thread_reaches_the_caller():
-    from slacktier.tables.stage import _Writer
+    from slacktier.tables.page_writer import _Writer
 
     target = _FailingFile(bad_offset=5 * PAGE_BYTES)
     w = _Writer([target], n_buffers=4, chunk_bytes=PAGE_BYTES, n_threads=3)

@@ -1,4 +1,5 @@
-"""Compiled cache policies against the plain-Python reference, and Belady as an upper bound."""
+"""Compiled cache policies against the plain-Python reference, Belady as an upper bound, and the CLOCK
+simulator against the served cache (RowCache's directory pass) step by step."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from slacktier.cache import KIND_MISS, KIND_SLOT, LayerGeometry, PassScratch, RowCache
+from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.errors import SlackTierError
+from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.workloads import policies as P
 from slacktier.workloads import reference as R
 
@@ -104,3 +108,53 @@ def test_lru_beats_nothing_it_should_not_on_a_loop():
     dec = np.ones(seq.shape[0], dtype=bool)
     assert P.lru(seq, 5, 4).sum() == 0 and P.clock(seq, 5, 4).sum() == 0
     assert P.belady(seq, dec, 5, 4).sum() > 0
+
+
+def test_clock_pins_a_step_rows_as_the_served_cache_does():
+    # capacity 2, one step [1, 2, 3, 1, 2]: 1 and 2 take the slots and stay pinned, 3 is read without a
+    # slot, then 1 and 2 find theirs. Pin-free CLOCK (one lookup per step) would evict 1 for 3, then 2 for 1.
+    seq = np.array([1, 2, 3, 1, 2], dtype=np.int32)
+    assert P.clock(seq, 4, 2, np.array([0, 5])).tolist() == [0, 0, 0, 1, 1]
+    assert P.clock(seq, 4, 2).tolist() == R.ref_clock(seq.tolist(), 2) == [0, 0, 0, 0, 0]
+    # the simulator's worked example: capacity 1, rows [5, 7, 5] in one step
+    assert replay_clock(np.array([0, 1, 0]), np.array([0, 3]), 2, 1).tolist() == [READ, READ, REUSE_FILLED]
+
+
+@pytest.mark.parametrize("capacity", [0, 37, 400, 2500, 20_000])
+def test_clock_simulator_is_the_served_cache_step_by_step(capacity):
+    """A Zipf trace in steps of T x 24 lookups (T varying, as prefill chunks and decode batches do), replayed
+    through the characterization simulator and through a RowCache's directory pass: the same outcome for every
+    lookup, so the same hits, reuses, reads and pages in every step."""
+    rng = np.random.default_rng(capacity)
+    table_rows = 2_000_000
+    tokens = rng.integers(1, 65, 40)                                  # tokens per step
+    starts = np.concatenate([[0], np.cumsum(tokens) * 24]).astype(np.int64)
+    rows = (rng.zipf(1.15, int(starts[-1])) * 7919) % table_rows      # sparse rows of a big table
+    ids, n = P.densify(rows)
+    outcome = replay_clock(ids, starts, n, capacity)
+    hit = P.clock(ids, n, capacity, starts)
+    assert hit.tolist() == (outcome <= REUSE_FILLED).astype(np.uint8).tolist()
+
+    cache = RowCache(capacity)
+    cache.add_layer(14, table_rows, 1.0)
+    geo = LayerGeometry.one_rank(table_rows)
+    scratch = PassScratch(int(tokens.max()) * 24)
+    for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
+        step_ids = rows[a:b].astype(np.int64)
+        res = cache.resolve(14, step_ids, geo, scratch)
+        o = outcome[a:b]
+        assert res.hits == int((o == HIT).sum())
+        assert res.reused == int(((o == REUSE_FILLED) | (o == REUSE_BYPASS)).sum())
+        assert res.misses == int((o == READ).sum())
+        assert res.pages == np.unique(step_ids[o == READ] // ROWS_PER_PAGE).shape[0]
+        # per lookup: served from a slot (cached, or filled earlier in the step) exactly where the simulator says
+        kind, idx = scratch.desc_kind[:b - a], scratch.desc_idx[:b - a]
+        first = np.zeros(b - a, dtype=bool)
+        miss = np.flatnonzero(kind == KIND_MISS)
+        _, at = np.unique(idx[miss], return_index=True)
+        first[miss[at]] = True
+        has_slot = scratch.miss_slot[np.where(kind == KIND_MISS, idx, 0)] >= 0
+        served = (kind == KIND_SLOT) | ((kind == KIND_MISS) & ~first & has_slot)
+        assert served.astype(np.uint8).tolist() == hit[a:b].tolist()
+        cache.release_pins()
+    assert cache.verify() == []

@@ -14,7 +14,8 @@ import sys
 
 from slacktier.errors import SlackTierError
 
-# verb -> module under slacktier.commands
+# verb -> module under slacktier.commands. The end-to-end benchmark is not a verb: it is an experiment beside the
+# package, `python benchmarks/bench_e2e_table2.py`.
 VERBS = {
     "demo": "demo",
     "stage": "stage",
@@ -22,7 +23,6 @@ VERBS = {
     "characterize": "characterize",
     "probe": "probe",
     "plan": "plan",
-    "bench": "bench",
     "redknot": "redknot",
 }
 

@@ -21,7 +21,7 @@ Schema (every key but `layer` and `manifest` has a default):
     cache_rows = 0          # cache slots in use, split over tables by cache_share
     max_cache_rows = 0      # slots reserved on the device (>= cache_rows; 0 = cache_rows)
     max_tokens = 256        # tokens per step the buffers are sized for (grown on demand)
-    wait_timeout_s = 30.0   # longest a gather waits for its layer's reads before failing the step
+    wait_timeout_ms = 5000.0  # longest a gather waits for its layer's reads before failing the step
     verify_reads = false    # check every read page's CRC32C against the manifest
     lossy = false           # rows outside a table's seen-set are not read and come out as zeros
     check = false           # run the reference gather beside ours on every lookup
@@ -134,7 +134,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
-    wait_timeout_s: Annotated[float, msgspec.Meta(gt=0)] = 30.0
+    wait_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 5000.0
     verify_reads: bool = False
     lossy: bool = False
     check: bool = False
@@ -206,7 +206,8 @@ class ControlFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
     def replace(self, **changes: Any) -> ControlFile:
         """A copy with [engine] keys changed (`cache_rows=0`), validated again."""
-        return ControlFile(engine=msgspec.structs.replace(self.engine, **changes), tables=self.tables)
+        engine = _convert(msgspec.to_builtins(self.engine) | changes, EngineConfig, "[engine]")
+        return ControlFile(engine=engine, tables=self.tables)
 
 
 def _convert(raw: Any, kind: type, where: str) -> Any:

@@ -19,6 +19,7 @@ class ErrorKind(enum.Enum):
     CAPACITY = "capacity"            # a cache or buffer pool too small for one step
     CERTIFICATE = "certificate"      # a RedKnot artifact certificate that does not match
     UNAVAILABLE = "unavailable"      # a server or kernel facility that is not there
+    TIMEOUT = "timeout"              # a read not done within its wait limit (it may still land later)
 
 
 class SlackTierError(Exception):

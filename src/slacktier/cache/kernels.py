@@ -1,8 +1,13 @@
-"""Compiled pieces of the row cache: pinning, CLOCK victim choice, slot claims, forgetting slots.
+"""The one CLOCK: pinning, victim choice, slot claims and forgetting, compiled, over a `RowCache`'s arrays.
 
-They operate on the plain numpy arrays a `RowCache` owns, so the step engine's
-directory pass (`slacktier.engine.resolve`) calls them inline from its own
-compiled loop and the cache's Python API calls them for batches.
+Every user of the replacement policy calls these: the directory pass of
+`begin_step` (`cache.directory.resolve_layer`), the cache's batch lookup
+(`admit_rows`), and the characterization replay (`cache.simulate`) that draws
+the miss-page curves the planner reads. The primitives `pin`, `victim` and
+`claim` take the layer's hand and pinned count as values and return them
+updated, and are inlined (`inline="always"`), so a caller's loop keeps those
+counters in registers: writing them back to memory on every lookup made the
+directory pass several times slower.
 
 Per-layer state `lstate` is an int64 [4] array: hand position in the layer's
 owned-slot list, slots pinned in the current step, evictions so far, spare.
@@ -14,8 +19,8 @@ slot is being filled by a read of that step. A slot is pinned when
 `step`, no sweep; and a hit touches one word (one cache line) of slot state.
 
 Worked example: step 5 pins slot 9 on a hit -> state[9] = 5 << 2 | 2 = 22; a miss
-claiming slot 9 in step 5 -> 23; CLOCK passing unpinned slot 9 in step 6 clears
-the reference bit -> 20, and takes it on the next pass.
+claiming slot 9 in step 5 -> 5 << 2 | 2 | 1 = 23; CLOCK passing unpinned slot 9
+in step 6 clears the reference bit -> 20, and takes it on the next pass.
 """
 
 from __future__ import annotations
@@ -31,27 +36,34 @@ REF = 2    # state bit: referenced since CLOCK last passed
 FILL = 1   # state bit: filled by a read of the step in state >> 2
 
 
-@njit(nogil=True, cache=True)
-def pin_slot(slot, step, state, lstate):
-    """Mark `slot` used in this step: pin it and set its reference bit."""
+@njit(nogil=True, cache=True, inline="always")
+def pin(state, slot, step):
+    """Pin `slot` for `step` and set its reference bit; returns 1 when the slot was not pinned yet, else 0."""
     v = state[slot]
     if (v >> 2) != step:
         state[slot] = (step << 2) | REF
-        lstate[PINNED] += 1
-    else:
-        state[slot] = v | REF
+        return 1
+    state[slot] = v | REF
+    return 0
 
 
-@njit(nogil=True, cache=True)
-def clock_victim(owned, lstate, state, step):
-    """Next unpinned slot of the layer whose reference bit is clear (CLOCK), or -1 if all are pinned.
+@njit(nogil=True, cache=True, inline="always")
+def filling(state, slot, step):
+    """True when `slot` is being filled by a read of `step` (a later lookup of its row reuses that read)."""
+    return state[slot] == (step << 2) | REF | FILL
 
-    Two laps suffice: the first clears every unpinned slot's reference bit.
+
+@njit(nogil=True, cache=True, inline="always")
+def victim(owned, state, hand, pinned, step):
+    """CLOCK over the layer's `owned` [n] int32 slots: (slot, new hand); slot -1 when all n are pinned.
+
+    A pinned slot is skipped with its reference bit kept; an unpinned referenced
+    slot loses its bit; the first unpinned unreferenced slot is the victim. Two
+    laps suffice: the first clears every unpinned slot's bit.
     """
     n = owned.shape[0]
-    if n == 0 or lstate[PINNED] >= n:
-        return -1
-    hand = lstate[HAND]
+    if n == 0 or pinned >= n:
+        return -1, hand
     if hand >= n:
         hand = 0
     for _ in range(2 * n + 1):
@@ -65,45 +77,52 @@ def clock_victim(owned, lstate, state, step):
         if v & REF:
             state[s] = v & ~np.int64(REF)
             continue
-        lstate[HAND] = hand
-        return s
-    lstate[HAND] = hand
-    return -1
+        return s, hand
+    return -1, hand
 
 
-@njit(nogil=True, cache=True)
-def claim_slot(layer_key, row, directory, owned, lstate, slot_layer, slot_row, state, step):
-    """Give `row` (absent from the directory) a slot of its layer, evicting an unpinned row; -1 if none."""
-    s = clock_victim(owned, lstate, state, step)
-    if s < 0:
-        return -1
-    if slot_layer[s] >= 0:
+@njit(nogil=True, cache=True, inline="always")
+def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, step):
+    """Put `row` into `slot` (a victim: unpinned), pinned and marked filling; returns 1 if it evicted a row."""
+    evicted = 0
+    if slot_layer[slot] >= 0:
         # Owned slots only ever hold rows of their owner layer, so this is our directory.
-        directory[slot_row[s]] = -1
-        lstate[EVICTIONS] += 1
-    slot_layer[s] = layer_key
-    slot_row[s] = row
-    directory[row] = s
-    pin_slot(s, step, state, lstate)
-    return s
+        directory[slot_row[slot]] = -1
+        evicted = 1
+    slot_layer[slot] = layer_key
+    slot_row[slot] = row
+    directory[row] = slot
+    state[slot] = (step << 2) | REF | FILL   # a victim is never pinned: this is a new pin
+    return evicted
 
 
 @njit(nogil=True, cache=True)
 def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, state, step, out_slot, out_hit):
     """Batch lookup: hits pin their slot, misses claim one (-1 when every slot is pinned).
 
-    rows: [n] int64 local rows; out_slot: [n] int32; out_hit: [n] uint8.
+    rows: [n] int64 local rows; out_slot: [n] int32; out_hit: [n] uint8 (1 also for a row claimed
+    earlier in the same call or step: it has its slot).
     """
+    hand = lstate[HAND]
+    pinned = lstate[PINNED]
+    evictions = lstate[EVICTIONS]
     for i in range(rows.shape[0]):
         r = rows[i]
         s = directory[r]
         if s >= 0:
-            pin_slot(s, step, state, lstate)
+            pinned += pin(state, s, step)
             out_slot[i] = s
             out_hit[i] = 1
-        else:
-            out_slot[i] = claim_slot(layer_key, r, directory, owned, lstate, slot_layer, slot_row, state, step)
-            out_hit[i] = 0
+            continue
+        s, hand = victim(owned, state, hand, pinned, step)
+        if s >= 0:
+            evictions += claim(layer_key, r, s, directory, slot_layer, slot_row, state, step)
+            pinned += 1
+        out_slot[i] = s
+        out_hit[i] = 0
+    lstate[HAND] = hand
+    lstate[PINNED] = pinned
+    lstate[EVICTIONS] = evictions
 
 
 @njit(nogil=True, cache=True)

@@ -1,5 +1,9 @@
 """The device row cache: slots in two device arrays, a per-layer directory, CLOCK, pins, shares.
 
+`resolve` runs a layer's directory pass (`cache.directory`) over one step's
+lookups; `lookup` is the same policy for a batch of local rows without pages
+(both on the one CLOCK of `cache.kernels`).
+
 Memory: `max_slots` x (256 + 8) B on the device, reserved once; per slot 8 + 4
 + 4 + 1 + 8 + 8 + 4 B of host bookkeeping; per cached layer a directory of
 4 B per row of the rows this process serves (int32, -1 = absent).
@@ -25,10 +29,14 @@ import numpy as np
 import torch
 
 from slacktier.cache import kernels as K
+from slacktier.cache.directory import LayerGeometry, PassResult, PassScratch, StepTable, resolve_layer
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 
 log = logging.getLogger(__name__)
+
+_NO_SEEN = np.zeros(1, dtype=np.uint8)   # the pass's seen argument when not lossy (never read)
+_INT64 = np.dtype(np.int64)              # dtype identity test: a third of the cost of dtype != np.int64
 
 
 @dataclass
@@ -84,6 +92,7 @@ class RowCache:
         self.step = 0
         self._layers: dict[int, CacheLayer] = {}
         self._next_key = 0
+        self._table = StepTable()
 
     # ---- layers and sizes -------------------------------------------------------------------------
     def _check_budget(self, slots: int) -> None:
@@ -227,6 +236,51 @@ class RowCache:
         K.admit_rows(state.key, rows, state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
                      self.state, self.step, out_slot, out_hit)
         return out_slot, out_hit.astype(bool)
+
+    def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
+                buf_base: int = 0, lossy: bool = False, owned_only: bool = False) -> PassResult:
+        """Run `layer`'s directory pass over this step's ids [N] int64 (global row ids), outputs in `scratch`.
+
+        Hits are pinned, misses claim a slot to fill (CLOCK) and a page buffer numbered from `buf_base`;
+        lossy: rows outside geometry.seen come out as KIND_ZERO; owned_only: ids outside the geometry's
+        rows are KIND_FOREIGN instead of an error. On an id outside the table (result.bad_index >= 0)
+        the pass stops there; what it claimed so far stays claimed (forget it, or end the step).
+        """
+        state = self._layers.get(layer)
+        if state is None:
+            state = self.layer(layer)   # raises MISSING
+        n = ids.shape[0]
+        # The compiled pass has no bounds checks: these guard the arrays it indexes.
+        if n > scratch.capacity or geometry.rows != state.rows or ids.dtype is not _INT64 or ids.ndim != 1:
+            self._refuse_pass(state, ids, geometry, scratch)
+        seen = geometry.seen
+        if seen is None:
+            if lossy:
+                raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=layer,
+                                     fix="give the layer's geometry a seen bitmap, or turn lossy off")
+            seen = _NO_SEEN
+        table = self._table
+        bits = table.prepare(n)
+        resolve_layer(ids, geometry.row_start, geometry.rows, owned_only, geometry.rank_starts,
+                      geometry.rank_region, lossy, seen, state.key, state.directory, state.owned, state.lstate,
+                      self.slot_layer, self.slot_row, self.state, self.fill_miss, self.step,
+                      table.table, table.stamp, bits,
+                      scratch.desc_kind, scratch.desc_idx, scratch.miss_buf, scratch.miss_inpage,
+                      scratch.miss_slot, scratch.miss_row, scratch.page_region, scratch.page_no, scratch.page_buf,
+                      buf_base, scratch.counts)
+        # counts holds PassResult's fields in order; tuple.__new__ skips NamedTuple's slower keyword path.
+        return tuple.__new__(PassResult, scratch.counts.tolist())
+
+    @staticmethod
+    def _refuse_pass(state: CacheLayer, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch) -> None:
+        if ids.ndim != 1 or ids.dtype is not _INT64:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype} {ids.shape}, want [N] int64",
+                                 layer=state.layer, fix="pass one layer's lookups as a flat int64 array")
+        if ids.shape[0] > scratch.capacity:
+            raise SlackTierError(ErrorKind.CAPACITY, f"{ids.shape[0]} lookups, scratch holds {scratch.capacity}",
+                                 layer=state.layer, fix="allocate PassScratch for the largest step")
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"geometry of {geometry.rows} rows, directory of {state.rows}",
+                             layer=state.layer, fix="re-add the layer with the table's row count")
 
     def forget(self, layer: int, slots: np.ndarray) -> None:
         """Drop the rows held in `slots` of `layer` (a fill that never arrived); slots < 0 are skipped."""

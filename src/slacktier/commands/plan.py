@@ -32,7 +32,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grid", type=int, default=200, help="cache split grid (shares in steps of 1/grid)")
     p.add_argument("--refine", type=int, default=20, help="refinement of the split grid")
     p.add_argument("--device", default="cpu", help="[engine] device")
-    p.add_argument("--io-threads", type=int, default=1, help="[engine] io_threads")
+    p.add_argument("--io-threads", type=int, default=1, help="[table.disk] io_threads (workers per device)")
+    p.add_argument("--queue-depth", type=int, default=128, help="[table.disk] queue_depth (reads in flight)")
+    p.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads"),
+                   help="[table.disk] engine")
     p.add_argument("--verify-reads", action="store_true", help="[engine] verify_reads = true")
     p.add_argument("--lossy", action="store_true", help="[engine] lossy = true")
     p.add_argument("--out", type=Path, default=Path("runs/plan/control.toml"), help="the control file to write")
@@ -82,9 +85,9 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Plan, print the placement and write the control file."""
-    from slacktier.plan import (EngineSettings, TableSpec, load_miss_curves, load_tiers, make_plan, plan_to_dict,
-                                write_control_file)
+    """Plan, print the placement and write the control file (and the plan as JSON if asked)."""
+    from slacktier.config import DiskOptions, EngineConfig
+    from slacktier.plan import TableDemand, format_plan, load_miss_curves, load_tiers, make_plan, plan_to_dict, write_plan
 
     windows: dict[int, float] = {}
     if args.windows_json:
@@ -100,22 +103,16 @@ def run(args: argparse.Namespace) -> int:
         if layer not in windows:
             raise SlackTierError(ErrorKind.MISSING, f"no window for layer {layer}", layer=layer,
                                  fix="pass --window LAYER=MS or a probe JSON that measured this layer")
-        tables.append(TableSpec(layer=layer, rows=rows if rows is not None else _rows_from_manifest(manifest, layer),
-                                manifest=manifest, window_ms=windows[layer]))
-    curves = load_miss_curves(args.curves)
-    plan = make_plan(tables, load_tiers(args.tiers), curves.by_layer, args.cache_rows, args.target_ms,
-                     resolve_ms=args.resolve_ms, kappa_ms=args.kappa_ms, grid=args.grid, refine=args.refine)
-    engine = EngineSettings(device=args.device, io_threads=args.io_threads, verify_reads=args.verify_reads,
-                            lossy=args.lossy)
-    print(f"{'layer':>5} {'order':>5} {'tier':>6} {'share':>7} {'window ms':>9} {'pages/step':>10} {'read ms':>8} "
-          f"{'stall ms':>8} {'host GiB':>9}")
-    for t in plan.tables:
-        print(f"{t.layer:>5} {t.order:>5} {t.source:>6} {t.cache_share:>7.4f} {t.window_ms:>9.3f} "
-              f"{t.pages_per_step:>10.1f} {t.read_ms:>8.3f} {t.stall_ms:>8.3f} {t.host_bytes / 2**30:>9.3f}")
-    print(f"predicted slowdown {plan.slowdown_ms:.3f} ms per step (target {plan.target_ms:.3f}); host memory "
-          f"{plan.host_bytes / 2**30:.3f} GiB; {plan.assignments_feasible} of {plan.assignments_tried} placements "
-          f"meet the target")
-    print(f"wrote {write_control_file(plan, args.out, engine)}")
+        tables.append(TableDemand(layer=layer, rows=rows if rows is not None else _rows_from_manifest(manifest, layer),
+                                  manifest=manifest, window_ms=windows[layer]))
+    engine = EngineConfig(device=args.device, verify_reads=args.verify_reads, lossy=args.lossy)
+    disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
+    plan = make_plan(tables, load_tiers(args.tiers), load_miss_curves(args.curves).by_layer, args.cache_rows,
+                     args.target_ms, resolve_ms=args.resolve_ms, kappa_ms=args.kappa_ms, grid=args.grid,
+                     refine=args.refine)
+    print(format_plan(plan))
+    write_plan(plan, args.out, engine, (disk,))
+    print(f"wrote {args.out}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(plan_to_dict(plan), indent=1))

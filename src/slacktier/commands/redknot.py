@@ -35,7 +35,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                             "mean attention distance on the first two documents (first 512 tokens each)")
         if name == "run":
             q.add_argument("--budget", type=float, default=0.2, help="protected share of document rows")
-            q.add_argument("--source", choices=("dram", "disk"), default="dram", help="page source kind")
+            q.add_argument("--source", choices=("dram", "disk"), default="dram",
+                           help="the tier every reusable layer's artifact pages are read from")
+            q.add_argument("--placement", default="",
+                           help="control file placing each reusable layer's artifact pages on a tier (overrides "
+                                "--source; schema: slacktier.redknot.placement)")
     q = sub.add_parser("ledger", help="head-row ceiling and per-operator arithmetic for Flash and Pro")
     q.add_argument("--profiles", default="flash,pro")
     q.add_argument("--context", type=int, default=262144, help="document tokens of the prefill")
@@ -47,8 +51,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _service(args, docs):
     import torch
 
+    from slacktier.config import load_control
     from slacktier.redknot.artifacts import ArtifactStore
     from slacktier.redknot.model import bench_config, build_model, tiny_config
+    from slacktier.redknot.placement import artifact_placement
     from slacktier.redknot.profile import profile_for_config
     from slacktier.redknot.runner import RedKnotRunner
     from slacktier.redknot.service import RedKnotService
@@ -66,8 +72,12 @@ def _service(args, docs):
         samples = [list(toks[:512]) for _, toks in docs[:2]]
         runner = RedKnotRunner(model, profile, policy_from_distances(measure_head_distances(runner, samples)))
         log.info("distance policy: Global heads %s", runner.policy.global_heads)
-    return RedKnotService(runner, ArtifactStore(Path(args.store)), tp_size=args.tp,
-                          source_kind=getattr(args, "source", "dram")), cfg
+    store = ArtifactStore(Path(args.store))
+    if getattr(args, "placement", ""):
+        placement = load_control(args.placement)
+    else:
+        placement = artifact_placement(store.root, profile.reusable, getattr(args, "source", "dram"))
+    return RedKnotService(runner, store, tp_size=args.tp, placement=placement), cfg
 
 
 def _docs(args, vocab: int):

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import time
+from typing import TYPE_CHECKING
 
 from slacktier.errors import ErrorKind, SlackTierError
+
+if TYPE_CHECKING:
+    from slacktier.tables.engram_hash import EngramLayout
 
 HELP = "stage a table (safetensors checkpoint or seeded synthetic) onto files or block devices, O_DIRECT"
 
@@ -23,7 +27,7 @@ def parse_layer_rows(text: str) -> dict[int, int]:
     return out
 
 
-def engram_layout(spec: str) -> object:
+def engram_layout(spec: str) -> EngramLayout:
     """'v41' -> DeepSeek-V4.1's EngramLayout; an integer -> EngramLayout.scaled(that engram vocab size)."""
     from slacktier.tables.engram_hash import EngramLayout
 
@@ -63,6 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from slacktier.tables.layout import PAGE_BYTES
     from slacktier.tables.stage import stage_checkpoint, stage_synthetic
 
     common = dict(manifest_path=args.manifest, max_bytes=args.max_bytes, chunk_bytes=args.chunk_mib << 20,
@@ -81,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
         m = stage_checkpoint(args.checkpoint, args.target, args.ranks, layers=layers, overwrite=args.overwrite,
                              **common)
     dt = time.perf_counter() - t0
-    nbytes = m.total_pages * 4096
+    nbytes = m.total_pages * PAGE_BYTES
     print(f"staged {len(m.regions)} regions ({sum(r.rows for r in m.regions)} rows, {m.total_pages} pages, "
           f"{nbytes / 1e9:.2f} GB) in {dt:.1f} s ({nbytes / dt / 1e9:.2f} GB/s)")
     print(f"source {m.source_digest}")

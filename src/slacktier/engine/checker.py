@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import RegionSpec
+from slacktier.tables.regions import Region
 from slacktier.tables.codec import reference_dequant, split_raw
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
 
@@ -53,7 +53,7 @@ class FileRowReader:
     """Rows of a table's rank regions, memory-mapped read-only from their files (buffered, no O_DIRECT)."""
 
     def __init__(self, layer: int, shard_starts: Sequence[int], shard_rows: Sequence[int],
-                 regions: Sequence[RegionSpec]) -> None:
+                 regions: Sequence[Region]) -> None:
         self.layer = layer
         self.starts = np.asarray(shard_starts, dtype=np.int64)   # [R] local row of each shard's row 0
         self._shards: list[np.ndarray] = []

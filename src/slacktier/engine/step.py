@@ -46,16 +46,18 @@ import logging
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from slacktier.cache.kernels import EVICTIONS
-from slacktier.cache.rowcache import RowCache
+from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassScratch, RowCache, fill_foreign
 from slacktier.engine import gather as G
-from slacktier.engine import resolve as R
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
+from slacktier.config import ControlFile, load_control
+from slacktier.engine import build as B
 from slacktier.engine.counters import LayerCounters, StepCounters
+from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
@@ -67,52 +69,19 @@ GATHER_IMPLS = ("auto", "numba", "torch")
 
 
 @dataclass
-class _Scratch:
-    """Preallocated outputs of one layer's directory pass, for up to `capacity` lookups."""
-
-    capacity: int
-    desc_kind: np.ndarray = field(init=False)    # [cap] int8
-    desc_idx: np.ndarray = field(init=False)     # [cap] int64
-    miss_buf: np.ndarray = field(init=False)     # [cap] int32
-    miss_inpage: np.ndarray = field(init=False)  # [cap] int32
-    miss_slot: np.ndarray = field(init=False)    # [cap] int32
-    miss_row: np.ndarray = field(init=False)     # [cap] int64
-    page_region: np.ndarray = field(init=False)  # [cap] int32
-    page_no: np.ndarray = field(init=False)      # [cap] int64
-    page_buf: np.ndarray = field(init=False)     # [cap] int32
-    counts: np.ndarray = field(init=False)       # [N_COUNTS] int64
-
-    def __post_init__(self) -> None:
-        n = self.capacity
-        self.desc_kind = np.zeros(n, dtype=np.int8)
-        self.desc_idx = np.zeros(n, dtype=np.int64)
-        self.miss_buf = np.zeros(n, dtype=np.int32)
-        self.miss_inpage = np.zeros(n, dtype=np.int32)
-        self.miss_slot = np.zeros(n, dtype=np.int32)
-        self.miss_row = np.zeros(n, dtype=np.int64)
-        self.page_region = np.zeros(n, dtype=np.int32)
-        self.page_no = np.zeros(n, dtype=np.int64)
-        self.page_buf = np.zeros(n, dtype=np.int32)
-        self.counts = np.zeros(R.N_COUNTS, dtype=np.int64)
-
-
-@dataclass
 class _LayerRun:
     """A layer's state within the engine and within the current step."""
 
     spec: TableSpec
     axis: int                      # index in ids' layer axis
-    scratch: _Scratch
+    scratch: PassScratch
     ids: np.ndarray | None = None  # [N] int64 this step's row ids
     n: int = 0
     n_miss: int = 0
     n_pages: int = 0
     n_foreign: int = 0
-    ticket: int | None = None
     resolved: bool = False
-    waited: bool = False
     gathered: bool = False
-    failed: bool = False
     evictions_before: int = 0
     counters: LayerCounters = field(default_factory=LayerCounters)
     reader: object | None = None
@@ -124,7 +93,7 @@ class StepEngine:
     def __init__(self, tables: Sequence[TableSpec], cache: RowCache | None = None, device: str = "cpu", *,
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
                  lossy: bool = False, check: bool = False, check_raise: bool = False, gather_impl: str = "auto",
-                 wait_timeout_s: float | None = None, owned_sources: Sequence[PageSource] = (),
+                 wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
                  owned_only: bool = False) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
@@ -152,12 +121,13 @@ class StepEngine:
         self._closed = False
         self._in_step = False
         self._step = 0
-        self._stamp = 0
         self._tokens = 0
         self._token_capacity = 0
         self._pool: PageBufferPool | None = None
         self._staging: torch.Tensor | None = None
-        self._htab = np.zeros((0, 3), dtype=np.int64)
+        self._reads = LayerReads(wait_timeout_s)
+        self.retired_pools = 0   # pools given up after a read timed out (its buffers may still be written)
+        self._applied: _Applied | None = None   # set when built from a ControlFile
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
         self.last_step: StepCounters | None = None
@@ -196,8 +166,8 @@ class StepEngine:
         old = self._layers
         self._layers = {}
         for t in tables:
-            run = _LayerRun(spec=t, axis=axis.index(t.layer), scratch=_Scratch(1))
-            if t.layer in old and t.layer not in invalidate and old[t.layer].spec.regions == t.regions:
+            run = _LayerRun(spec=t, axis=axis.index(t.layer), scratch=PassScratch(1))
+            if t.layer in old and t.layer not in invalidate and _bytes_at(old[t.layer].spec) == _bytes_at(t):
                 run.reader = old[t.layer].reader if t.reference is None else None
             self._layers[t.layer] = run
             self.totals.setdefault(t.layer, LayerCounters())
@@ -286,28 +256,23 @@ class StepEngine:
             return run.spec.reference
         if run.reader is None:
             spec = run.spec
-            if len(spec.regions) != len(spec.ranks):
-                raise SlackTierError(ErrorKind.BAD_INPUT, "the checker needs the table's regions or a reference",
-                                     layer=spec.layer, fix="give TableSpec.regions or TableSpec.reference")
-            by_rank = {r.rank: r for r in spec.regions}
-            regions = [by_rank[r.rank] for r in spec.ranks]
-            run.reader = FileRowReader(spec.layer, [r.row_start - spec.row_start for r in spec.ranks],
-                                       [r.rows for r in spec.ranks], regions)
+            regions = _bytes_at(spec)
+            run.reader = FileRowReader(spec.layer, [r.row_start - spec.row_start for r in regions],
+                                       [r.rows for r in regions], regions)
         return run.reader
 
     def _ensure_capacity(self, tokens: int) -> None:
-        """Scratch, page pool and hash table for steps of up to `tokens` tokens."""
+        """Scratch and page pool for steps of up to `tokens` tokens."""
         if tokens <= self._token_capacity:
             return
         n = tokens * self.columns
         for run in self._layers.values():
-            run.scratch = _Scratch(n)
+            run.scratch = PassScratch(n)
         pages = n * max(1, len(self._layers))
         self._unpin_pool()
         self._pool = PageBufferPool(pages)
         if self.device.type == "cuda":
             self._pin_pool()
-        self._htab = np.zeros((1 << _hash_bits(n), 3), dtype=np.int64)   # [H, 3] (stamp, key, value)
         self._token_capacity = tokens
 
     def _pin_pool(self) -> None:  # pragma: no cover - needs a GPU
@@ -350,92 +315,62 @@ class StepEngine:
         buf_base = 0
         # One copy puts each layer's lookups contiguous: by_layer[axis] is layer axis's [T * 24] ids.
         by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2)).reshape(ids.shape[1], -1)   # [L, T * 24]
-        hbits = _hash_bits(by_layer.shape[1])
-        seen_none = _NO_SEEN
         try:
             for layer in self._order:
                 run = self._layers[layer]
                 run.counters = LayerCounters()
-                run.ticket = None
-                run.resolved = run.waited = run.gathered = run.failed = False
+                run.resolved = run.gathered = False
                 flat = by_layer[run.axis]   # [N] int64, contiguous
                 run.ids = flat
                 spec = run.spec
-                cl = cache.layer(layer)
                 sc = run.scratch
-                run.evictions_before = int(cl.lstate[EVICTIONS])
-                self._stamp += 1
+                run.evictions_before = cache.evictions(layer)
                 t0 = time.perf_counter_ns()
-                status = R.resolve_layer(
-                    flat, spec.row_start, spec.rows, self.owned_only, spec.rank_starts, spec.rank_region, self.lossy,
-                    spec.seen if spec.seen is not None else seen_none,
-                    cl.key, cl.directory, cl.owned, cl.lstate, cache.slot_layer, cache.slot_row, cache.state,
-                    cache.fill_miss, cache.step,
-                    self._htab, self._stamp, hbits,
-                    sc.desc_kind, sc.desc_idx, sc.miss_buf, sc.miss_inpage, sc.miss_slot, sc.miss_row,
-                    sc.page_region, sc.page_no, sc.page_buf, buf_base, sc.counts)
+                res = cache.resolve(layer, flat, spec.geometry, sc, buf_base=buf_base, lossy=self.lossy,
+                                    owned_only=self.owned_only)
                 t1 = time.perf_counter_ns()
-                counts = sc.counts.tolist()   # Python ints: one call, not one numpy scalar per field
-                run.n = flat.shape[0]
-                run.n_miss = counts[R.C_MISSES]
-                run.n_pages = counts[R.C_PAGES]
+                run.n = res.lookups
+                run.n_miss = res.misses
+                run.n_pages = res.pages
                 run.resolved = True   # whatever it claimed must be released on abort
-                if status != 0:
-                    bad = counts[R.C_BAD]
+                if res.bad_index >= 0:
+                    bad = res.bad_index
                     raise SlackTierError(ErrorKind.BAD_INPUT, f"row id {int(flat[bad])} (token {bad // self.columns}"
                                          f", column {bad % self.columns}) outside the table's rows "
                                          f"[{spec.row_start}, {spec.row_start + spec.rows})", layer=layer,
                                          fix="hash with the layout the table was staged for (a process serving "
                                          "one rank's shard: StepEngine(..., owned_only=True))")
-                if run.n_pages:
-                    reads = PageReads(region=sc.page_region[:run.n_pages], page=sc.page_no[:run.n_pages],
-                                      buffer=sc.page_buf[:run.n_pages])
-                    run.ticket = self._call_source(run, lambda: spec.source.submit(reads, self._pool))
+                if res.pages:
+                    reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
+                                      buffer=sc.page_buf[:res.pages])
+                    self._reads.submit(layer, spec.source, reads, self._pool)
                 t2 = time.perf_counter_ns()
-                buf_base += run.n_pages
+                buf_base += res.pages
                 c = run.counters
-                c.lookups = run.n
-                c.hits = counts[R.C_HITS]
-                c.reused = counts[R.C_REUSE]
-                c.rows_read = run.n_miss
-                c.pages_read = run.n_pages
-                run.n_foreign = counts[R.C_FOREIGN]
-                c.zero_rows = counts[R.C_ZERO] + run.n_foreign
-                c.bypass = counts[R.C_BYPASS]
+                c.lookups = res.lookups
+                c.hits = res.hits
+                c.reused = res.reused
+                c.rows_read = res.misses
+                c.pages_read = res.pages
+                run.n_foreign = res.foreign
+                c.zero_rows = res.zero + res.foreign
+                c.bypass = res.bypass
                 c.resolve_us = (t1 - t0) / 1e3
                 c.submit_us = (t2 - t1) / 1e3
         except BaseException:
             self._abort_step()
             raise
 
-    def _call_source(self, run: _LayerRun, fn):
-        """Run a source call; name the layer (and rank/page where known) on any error it raises."""
-        try:
-            return fn()
-        except SlackTierError as exc:
-            if exc.layer is not None:
-                raise
-            raise SlackTierError(exc.kind, exc.message, fix=exc.fix, layer=run.spec.layer, rank=exc.rank,
-                                 page=exc.page) from exc
-        except OSError as exc:
-            raise SlackTierError(ErrorKind.IO, f"page source failed: {exc}", layer=run.spec.layer,
-                                 fix="check the table's device or server") from exc
-
     def _wait(self, run: _LayerRun) -> None:
-        if run.waited:
-            return
-        if run.ticket is not None:
-            t0 = time.perf_counter_ns()
-            try:
-                stats = self._call_source(run, lambda: run.spec.source.wait(run.ticket, self.wait_timeout_s))
-            except BaseException:
-                run.waited = True
-                run.failed = True
+        """Wait for `run`'s reads; on failure forget the slots they would have filled, then raise."""
+        try:
+            waited = self._reads.wait(run.spec.layer)
+        except BaseException:
+            if not run.gathered:
                 self._forget_fills(run)
-                raise
-            run.counters.wait_us += (time.perf_counter_ns() - t0) / 1e3
-            run.counters.read_us += stats.read_us
-        run.waited = True
+            raise
+        run.counters.wait_us += waited.wait_us
+        run.counters.read_us += waited.read_us
 
     def _forget_fills(self, run: _LayerRun) -> None:
         if run.resolved and run.n_miss:
@@ -448,9 +383,6 @@ class StepEngine:
             raise SlackTierError(ErrorKind.BAD_INPUT, "gather outside a step", layer=layer,
                                  fix="call begin_step(ids) first")
         run = self._run(layer)
-        if run.failed:
-            raise SlackTierError(ErrorKind.IO, "this layer's reads failed earlier in the step", layer=layer,
-                                 fix="end the step and retry it")
         self._wait(run)
         sc = run.scratch
         t0 = time.perf_counter_ns()
@@ -459,7 +391,7 @@ class StepEngine:
             G.gather_cpu(sc.desc_kind, sc.desc_idx, run.n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, run.n_miss,
                          self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut(), bits)
             if run.n_foreign:
-                R.fill_foreign(sc.desc_kind, run.n, bits)
+                fill_foreign(sc.desc_kind, run.n, bits)
             out = torch.from_numpy(bits).view(torch.bfloat16)
         else:
             staging = None
@@ -472,7 +404,7 @@ class StepEngine:
                                  sc.miss_inpage[:run.n_miss], sc.miss_slot[:run.n_miss], self._pool.pages,
                                  self.cache.weight, self.cache.scale, staging)
             if run.n_foreign:
-                foreign = np.flatnonzero(sc.desc_kind[:run.n] == R.KIND_FOREIGN)
+                foreign = np.flatnonzero(sc.desc_kind[:run.n] == KIND_FOREIGN)
                 out.index_fill_(0, torch.from_numpy(foreign).to(out.device, non_blocking=True), -0.0)
         run.counters.gather_us += (time.perf_counter_ns() - t0) / 1e3
         run.gathered = True
@@ -483,7 +415,7 @@ class StepEngine:
     def _check(self, run: _LayerRun, out: torch.Tensor) -> None:
         kinds = run.scratch.desc_kind[:run.n]
         if run.counters.zero_rows:
-            keep = np.flatnonzero(kinds <= R.KIND_MISS)   # zero and foreign rows are not the table's
+            keep = np.flatnonzero(kinds <= KIND_MISS)   # zero and foreign rows are not the table's
             ours = out[torch.from_numpy(keep)]
             local = run.ids[keep] - run.spec.row_start
         else:
@@ -510,24 +442,22 @@ class StepEngine:
         error: BaseException | None = None
         for layer in self._order:
             run = self._layers[layer]
+            if self._reads.failed(layer):
+                continue   # its error reached the caller at gather; its fills are already forgotten
             try:
                 self._wait(run)
             except SlackTierError as exc:
                 error = error or exc
-            if not run.gathered and not run.failed:
+            if not run.gathered:
                 self._forget_fills(run)
         counters = StepCounters(step=self._step, tokens=self._tokens)
         for layer in self._order:
             run = self._layers[layer]
-            run.counters.evictions = int(self.cache.layer(layer).lstate[EVICTIONS]) - run.evictions_before
+            run.counters.evictions = self.cache.evictions(layer) - run.evictions_before
             counters.layers[layer] = run.counters
             self.totals[layer].add(run.counters)
             run.ids = None
-        if self.device.type == "cuda":  # pragma: no cover - needs a GPU
-            # The step's host->device copies read pinned staging that the next step rewrites.
-            torch.cuda.current_stream(self.device).synchronize()
-        self.cache.release_pins()
-        self._in_step = False
+        self._finish_step()
         self.last_step = counters
         if error is not None:
             raise error
@@ -535,17 +465,28 @@ class StepEngine:
 
     def _abort_step(self) -> None:
         """Undo an open step after an error: wait out submitted reads, forget their fills, release pins."""
+        for exc in self._reads.drain():   # the step is being abandoned; the first error is already raised
+            log.warning("layer %s: read error while aborting the step: %s", exc.layer, exc)
         for run in self._layers.values():
-            if run.ticket is not None and not run.waited:
-                try:
-                    run.spec.source.wait(run.ticket, self.wait_timeout_s)
-                except BaseException as exc:  # the step is being abandoned; the first error is already raised
-                    log.warning("layer %d: read error while aborting the step: %s", run.spec.layer, exc)
-                run.waited = True
             if not run.gathered:
                 self._forget_fills(run)
             run.resolved = False
-            run.ticket = None
+        self._finish_step()
+
+    def _finish_step(self) -> None:
+        if self.device.type == "cuda":  # pragma: no cover - needs a GPU
+            # The step's host->device copies read pinned staging that the next step rewrites.
+            torch.cuda.current_stream(self.device).synchronize()
+        if self._reads.tainted:
+            # A read timed out and may still land: its buffers are never handed out again. The old pool
+            # stays alive for as long as the source holds it; the next step reads into a fresh one.
+            log.warning("a read timed out: retiring the page buffer pool (%d buffers)", self._pool.capacity)
+            self._unpin_pool()
+            self._pool = PageBufferPool(self._pool.capacity)
+            if self.device.type == "cuda":
+                self._pin_pool()
+            self.retired_pools += 1
+        self._reads = LayerReads(self.wait_timeout_s)
         self.cache.release_pins()
         self._in_step = False
 
@@ -578,22 +519,97 @@ class StepEngine:
 
     # ---- control file -------------------------------------------------------------------------
     @classmethod
-    def from_control(cls, path: str, **overrides: object) -> StepEngine:
-        """An engine built from a control file (see slacktier.engine.control for the schema)."""
-        from slacktier.engine.control import build_engine, load_control
-        return build_engine(load_control(path), **overrides)
+    def from_config(cls, cfg: ControlFile, **overrides: object) -> StepEngine:
+        """An engine serving control file `cfg`; it owns (and closes) the sources it opens.
 
-    def reload(self, path: str) -> None:
-        """Switch to the configuration in control file `path` between steps, without a new process."""
+        `overrides` go to the constructor (ids_layers, columns, gather_impl, check_raise, ...).
+        """
+        eng = cfg.engine
+        resolved = {t.layer: B.resolve(t, eng) for t in cfg.tables}
+        sources: dict[int, PageSource] = {}
+        try:
+            for t in cfg.tables:
+                sources[t.layer] = B.open_table_source(resolved[t.layer])
+            specs = [B.table_spec(resolved[t.layer], sources[t.layer]) for t in cfg.tables]
+            kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
+                                         "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3}
+            kwargs |= overrides
+            engine = cls(specs, RowCache(eng.max_cache_rows, eng.device, slots=eng.cache_rows), eng.device,
+                         owned_sources=list(sources.values()), **kwargs)
+        except BaseException:
+            for s in sources.values():
+                s.close()
+            raise
+        engine._applied = _Applied(cfg, resolved, sources)
+        return engine
+
+    @classmethod
+    def from_control(cls, path: str | Path, **overrides: object) -> StepEngine:
+        """An engine built from a control file on disk (schema: slacktier.config)."""
+        return cls.from_config(load_control(path), **overrides)
+
+    @property
+    def config(self) -> ControlFile | None:
+        """The control file this engine serves, when it was built from one."""
+        return self._applied.control if self._applied is not None else None
+
+    def apply(self, cfg: ControlFile) -> None:
+        """Switch to `cfg` between steps, in place, rebuilding only what changed (see engine.build)."""
         self._refuse_if_closed()
-        from slacktier.engine.control import apply_control, load_control
-        apply_control(self, load_control(path))
+        live = self._applied
+        if live is None:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "this engine was not built from a control file",
+                                 fix="build it with StepEngine.from_config(cfg) or from_control(path)")
+        if self._in_step:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "apply during a step", fix="call end_step first")
+        eng = cfg.engine
+        resolved = {t.layer: B.resolve(t, eng) for t in cfg.tables}
+        opened: dict[int, PageSource] = {}
+        sources: dict[int, PageSource] = {}
+        try:
+            for t in cfg.tables:
+                old = live.resolved.get(t.layer)
+                if old is not None and old.source_key == resolved[t.layer].source_key:
+                    sources[t.layer] = live.sources[t.layer]
+                else:
+                    sources[t.layer] = opened[t.layer] = B.open_table_source(resolved[t.layer])
+            specs = [B.table_spec(resolved[t.layer], sources[t.layer]) for t in cfg.tables]
+            invalidate = [layer for layer, r in resolved.items()
+                          if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
+            old_eng = live.control.engine
+            if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
+                self.replace_cache(RowCache(eng.max_cache_rows, eng.device, slots=0))
+            self.wait_timeout_s = eng.wait_timeout_ms / 1e3
+            self._reads = LayerReads(self.wait_timeout_s)
+            self.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
+                             owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
+                             owned_only=eng.owned_only)
+        except BaseException:
+            for s in opened.values():
+                s.close()
+            raise
+        for s in live.sources.values():
+            if all(s is not kept for kept in sources.values()):
+                s.close()
+        self._applied = _Applied(cfg, resolved, sources)
+        log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
+                 len(cfg.tables), len(opened), len(invalidate))
+
+    def reload(self, path: str | Path) -> None:
+        """Switch to the control file at `path` between steps, without a new process."""
+        self._refuse_if_closed()
+        self.apply(load_control(path))
 
 
-_NO_SEEN = np.zeros(1, dtype=np.uint8)
+@dataclass
+class _Applied:
+    """What an engine built from a control file serves, to tell what a new one changes."""
+
+    control: ControlFile
+    resolved: dict[int, B.Resolved]
+    sources: dict[int, PageSource]
 
 
-def _hash_bits(lookups: int) -> int:
-    """log2 of the hash table entries one layer's pass uses: at least 4x its lookups (load <= 1/2),
-    sized per step so a small step probes a small, cache-resident table. 3,072 lookups -> 14 (16,384)."""
-    return max(4, (4 * max(lookups, 1) - 1).bit_length())   # ceil(log2(4 n)), without numpy's scalar calls
+def _bytes_at(spec: TableSpec) -> tuple:
+    """Where a table's bytes are staged (the checker reads them there)."""
+    return spec.staged or spec.regions

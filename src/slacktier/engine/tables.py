@@ -1,7 +1,8 @@
 """What the step engine serves: per-layer table specs (rows, rank regions, source, cache share).
 
 A table layer's rows [row_start, row_start + rows) are split over R ranks,
-each rank's shard stored as one region of a page source. Row ids in a step are
+each rank's shard stored as one region (`slacktier.tables.regions.Region`,
+whose row_start/rows say which global rows it holds) of a page source. Row ids in a step are
 the layer's table rows (what the hasher returns); a row maps to its rank by the
 shard bounds, then to a page and byte inside that rank's region.
 
@@ -11,30 +12,17 @@ row 531 -> rank 1, shard row 31 -> page 2 of rank 1's region, byte 264.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from slacktier.cache import LayerGeometry
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import PageSource, RegionSpec
+from slacktier.store.base import PageSource
 from slacktier.tables.layout import pages_for_rows, shard_bounds
-
-
-@dataclass(frozen=True)
-class RankRegion:
-    """One rank's shard of a table layer: global rows [row_start, row_start + rows) in source region `region`."""
-
-    rank: int
-    row_start: int
-    rows: int
-    region: int   # index into the source's region list
-
-    def __post_init__(self) -> None:
-        if self.rows <= 0 or self.row_start < 0 or self.region < 0:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"rank shard rows {self.rows}, start {self.row_start}, "
-                                 f"region {self.region}", fix="give each rank a non-empty shard and a region index",
-                                 rank=self.rank)
+from slacktier.tables.regions import Region
 
 
 @dataclass
@@ -51,14 +39,14 @@ class TableSpec:
     layer: int
     row_start: int
     rows: int
-    ranks: tuple[RankRegion, ...]
+    regions: tuple[Region, ...]           # one per rank, each with its global row_start and rows
     source: PageSource
     cache_share: float = 0.0
     seen: np.ndarray | None = None
-    reference: object | None = None   # a slacktier.engine.checker.RowReader
-    regions: tuple[RegionSpec, ...] = ()   # the RegionSpecs of `ranks`, for the checker and error messages
-    rank_starts: np.ndarray = field(init=False, repr=False)   # [R + 1] int64 local-row bounds
-    rank_region: np.ndarray = field(init=False, repr=False)   # [R] int32
+    reference: object | None = None       # a slacktier.engine.checker.RowReader
+    region_index: tuple[int, ...] = ()    # regions[i]'s index in the source's region list (default: i)
+    staged: tuple[Region, ...] = ()       # where the bytes are staged, when the source reads a copy (checker)
+    geometry: LayerGeometry = field(init=False, repr=False)   # what the directory pass needs (cache room)
 
     def __post_init__(self) -> None:
         if self.rows <= 0 or self.row_start < 0:
@@ -67,12 +55,20 @@ class TableSpec:
         if not 0.0 <= self.cache_share <= 1.0:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"cache share {self.cache_share} outside 0..1",
                                  fix="give the layer a fraction of the cache", layer=self.layer)
-        ranks = tuple(sorted(self.ranks, key=lambda r: r.row_start))
-        if not ranks:
+        if not self.regions:
             raise SlackTierError(ErrorKind.MISSING, "table has no rank regions", layer=self.layer,
                                  fix="list one region per rank")
+        index = self.region_index or tuple(range(len(self.regions)))
+        if len(index) != len(self.regions):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(index)} region indices for {len(self.regions)} "
+                                 "regions", layer=self.layer, fix="give one source index per region")
+        order = sorted(range(len(self.regions)), key=lambda i: self.regions[i].row_start)
         at = self.row_start
-        for r in ranks:
+        for i in order:
+            r = self.regions[i]
+            if r.rows <= 0:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"rank region holds {r.rows} rows", layer=self.layer,
+                                     rank=r.rank, fix="give each rank region its rows (rank_regions_for)")
             if r.row_start != at:
                 raise SlackTierError(ErrorKind.MISSING, f"no region holds rows [{at}, {r.row_start})" if
                                      r.row_start > at else f"rank regions overlap at row {r.row_start}",
@@ -80,21 +76,20 @@ class TableSpec:
             at += r.rows
         if at != self.row_start + self.rows:
             raise SlackTierError(ErrorKind.MISSING, f"regions end at row {at}, table ends at "
-                                 f"{self.row_start + self.rows}", layer=self.layer, rank=len(ranks),
+                                 f"{self.row_start + self.rows}", layer=self.layer, rank=len(self.regions),
                                  fix="list every rank's region")
-        self.ranks = ranks
-        self.rank_starts = np.array([r.row_start - self.row_start for r in ranks] + [self.rows], dtype=np.int64)
-        self.rank_region = np.array([r.region for r in ranks], dtype=np.int32)
+        self.regions = tuple(self.regions[i] for i in order)
+        self.region_index = tuple(int(index[i]) for i in order)
         if self.seen is not None:
             seen = np.ascontiguousarray(self.seen, dtype=np.uint8)
             if seen.ndim != 1 or seen.shape[0] < (self.rows + 7) // 8:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"seen bitmap has {seen.shape} bytes, need "
                                      f"{(self.rows + 7) // 8}", layer=self.layer, fix="use seen_bitmap(rows, ...)")
             self.seen = seen
-
-    def rank_of(self, rank_index: int) -> int:
-        """Rank id of the `rank_index`-th shard (shards sorted by row)."""
-        return self.ranks[rank_index].rank
+        self.geometry = LayerGeometry(
+            row_start=self.row_start, rows=self.rows,
+            rank_starts=np.array([r.row_start - self.row_start for r in self.regions] + [self.rows], dtype=np.int64),
+            rank_region=np.array(self.region_index, dtype=np.int32), seen=self.seen)
 
 
 def seen_bitmap(rows: int, seen_rows: np.ndarray) -> np.ndarray:
@@ -108,13 +103,9 @@ def seen_bitmap(rows: int, seen_rows: np.ndarray) -> np.ndarray:
     return np.packbits(bits, bitorder="little")
 
 
-def rank_regions_for(layer: int, rows: int, regions: Sequence[RegionSpec], *,
-                     column_bounds: tuple[int, ...] | None = None, row_start: int = 0,
-                     region_index: Sequence[int] | None = None) -> tuple[RankRegion, ...]:
-    """Shards of a table of `rows` rows over the given (layer's) regions, one per rank, by `shard_bounds`.
-
-    region_index[i] is regions[i]'s index in its source (default: i).
-    """
+def rank_regions_for(layer: int, rows: int, regions: Sequence[Region], *,
+                     column_bounds: tuple[int, ...] | None = None, row_start: int = 0) -> tuple[Region, ...]:
+    """The given (layer's) regions, one per rank, with the global rows `shard_bounds` gives each rank."""
     ranks = len(regions)
     if ranks == 0:
         raise SlackTierError(ErrorKind.MISSING, "no regions for the table", layer=layer,
@@ -137,6 +128,5 @@ def rank_regions_for(layer: int, rows: int, regions: Sequence[RegionSpec], *,
             raise SlackTierError(ErrorKind.MISSING, f"region has {spec.pages} pages, shard needs "
                                  f"{pages_for_rows(hi - lo)}", layer=layer, rank=spec.rank,
                                  fix="stage the region with all of the shard's rows")
-        out.append(RankRegion(rank=spec.rank, row_start=row_start + lo, rows=hi - lo,
-                              region=int(region_index[i]) if region_index is not None else i))
+        out.append(dataclasses.replace(spec, row_start=row_start + lo, rows=hi - lo))
     return tuple(out)

@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
+from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats
+from slacktier.tables.regions import Region
 from slacktier.tables.layout import PAGE_BYTES, pack_rows_into_pages, pages_for_rows
 
 FAULTS = ("io", "short", "checksum")
@@ -32,9 +33,7 @@ pack_pages = pack_rows_into_pages
 class ArraySource(PageSource):
     """Pages held in numpy arrays (one [pages, 4096] uint8 per region), copied into the pool at `wait`."""
 
-    capabilities = frozenset({"local", "fake"})
-
-    def __init__(self, regions: Sequence[RegionSpec], pages: Sequence[np.ndarray]) -> None:
+    def __init__(self, regions: Sequence[Region], pages: Sequence[np.ndarray]) -> None:
         if len(regions) != len(pages):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(pages)} page arrays for {len(regions)} regions",
                                  fix="one array per region")
@@ -147,21 +146,22 @@ def array_tables(rows: dict[int, int], ranks: int = 2, seed: int = 5, cache_shar
     layer is split over `ranks` ranks by `shard_bounds`, one region per rank.
     """
     from slacktier.engine.checker import ArrayRowReader
-    from slacktier.engine.tables import RankRegion, TableSpec
+    from slacktier.engine.tables import TableSpec
     from slacktier.tables.codec import synthetic_rows
     from slacktier.tables.layout import shard_bounds
-    regions, pages, raws, shards = [], [], {}, {}
+    regions, pages, raws, index = [], [], {}, {}
     for layer, n in rows.items():
         raws[layer] = synthetic_rows(seed + layer, 0, n)
         for rank in range(ranks):
             lo, hi = shard_bounds(n, None, rank, ranks)
-            shards.setdefault(layer, []).append(RankRegion(rank=rank, row_start=lo, rows=hi - lo, region=len(regions)))
-            regions.append(RegionSpec(layer=layer, rank=rank, path=f"mem:{layer}:{rank}", offset_bytes=0,
-                                      pages=pages_for_rows(hi - lo)))
+            index.setdefault(layer, []).append(len(regions))
+            regions.append(Region(layer=layer, rank=rank, path=f"mem:{layer}:{rank}", offset_bytes=0,
+                                  pages=pages_for_rows(hi - lo), row_start=lo, rows=hi - lo))
             pages.append(pack_pages(raws[layer][lo:hi]))
     source = ArraySource(regions, pages)
     shares = cache_shares or {layer: 1.0 / len(rows) for layer in rows}
-    tables = [TableSpec(layer=layer, row_start=0, rows=n, ranks=tuple(shards[layer]), source=source,
-                        cache_share=shares[layer], reference=ArrayRowReader(raws[layer]))
+    tables = [TableSpec(layer=layer, row_start=0, rows=n, regions=tuple(regions[i] for i in index[layer]),
+                        region_index=tuple(index[layer]), source=source, cache_share=shares[layer],
+                        reference=ArrayRowReader(raws[layer]))
               for layer, n in rows.items()]
     return tables, source, raws

@@ -1,5 +1,11 @@
 """The placement planner: windows + tier read-time models + miss curves + a cache budget -> a control file.
 
+The planner's answer is data: `make_plan` returns a `Plan` (what goes where and
+what the model predicts), `control_file(plan, ...)` turns it into a
+`slacktier.config.ControlFile`, and `write_plan` writes that with
+`config.write_control`, the predictions riding along as comments
+(`plan.report.plan_comment`). Nothing here writes TOML by hand.
+
 For every assignment of tables to tiers (tables are few: two for DeepSeek-V4.1,
 one for Qwen3.8), the planner
   1. splits the cache (plan.split) with per-page weights taken from the read time
@@ -17,68 +23,24 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import msgspec
+
+from slacktier.config import ControlFile, EngineConfig, Options, TableConfig, tier_options_type, write_control
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.curves import MissCurve
 from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.plan.report import plan_comment
 from slacktier.plan.split import best_split
 from slacktier.plan.tiers import TierSpec
+from slacktier.plan.types import Plan, TableDemand, TablePlan
 
 MAX_ENUMERATED_TABLES = 8  # 3^8 assignments; real models have one or two tables
 
 
-@dataclass(frozen=True)
-class TableSpec:
-    """One table to place: the layer that reads it, its rows (this rank's shard), its manifest, its window."""
-
-    layer: int
-    rows: int
-    manifest: str
-    window_ms: float
-
-    def __post_init__(self) -> None:
-        if self.rows < 0 or self.window_ms < 0:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"rows {self.rows}, window {self.window_ms} ms",
-                                 fix="rows and windows are >= 0", layer=self.layer)
-
-
-@dataclass(frozen=True)
-class TablePlan:
-    """Where one table goes and what the model predicts for it."""
-
-    layer: int
-    manifest: str
-    source: str            # tier name
-    order: int             # window order, 0 = shortest window (submitted first)
-    cache_share: float     # f_l
-    cache_rows: float      # f_l * C
-    window_ms: float
-    pages_per_step: float  # P_l(f_l * C)
-    read_ms: float         # T_l
-    stall_ms: float        # d_l
-    host_bytes: int
-
-
-@dataclass(frozen=True)
-class Plan:
-    """A placement with its predicted slowdown and host memory."""
-
-    tables: tuple[TablePlan, ...]  # window order
-    cache_rows: int
-    target_ms: float
-    kappa_ms: float
-    resolve_ms: float
-    slowdown_ms: float
-    host_bytes: int
-    split_cost_ms: float
-    assignments_tried: int
-    assignments_feasible: int
-
-
-def _evaluate(tables: Sequence[TableSpec], tiers: Sequence[TierSpec], curves: Sequence[MissCurve],
+def _evaluate(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], curves: Sequence[MissCurve],
               cache_rows: int, *, resolve_ms: float, kappa_ms: float, target_ms: float,
               grid: int, refine: int) -> Plan:
     """Predict one assignment (tables and tiers in window order, paired by position)."""
@@ -108,7 +70,7 @@ def _evaluate(tables: Sequence[TableSpec], tiers: Sequence[TierSpec], curves: Se
                 assignments_tried=1, assignments_feasible=int(exp.slowdown_ms <= target_ms))
 
 
-def predict_placement(tables: Sequence[TableSpec], sources: Mapping[int, str], tiers: Sequence[TierSpec],
+def predict_placement(tables: Sequence[TableDemand], sources: Mapping[int, str], tiers: Sequence[TierSpec],
                       curves: Mapping[int, MissCurve], cache_rows: int, *, resolve_ms: float = 0.0,
                       kappa_ms: float = 0.0, target_ms: float = 0.0, grid: int = 200, refine: int = 20) -> Plan:
     """Predicted slowdown, split and host memory of a given placement (layer -> tier name)."""
@@ -130,7 +92,7 @@ def _curve(curves: Mapping[int, MissCurve], layer: int) -> MissCurve:
     return curves[layer]
 
 
-def make_plan(tables: Sequence[TableSpec], tiers: Sequence[TierSpec], curves: Mapping[int, MissCurve],
+def make_plan(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], curves: Mapping[int, MissCurve],
               cache_rows: int, target_ms: float, *, resolve_ms: float = 0.0, kappa_ms: float = 0.0,
               grid: int = 200, refine: int = 20) -> Plan:
     """The placement with the least host memory whose predicted slowdown is within `target_ms`."""
@@ -173,57 +135,30 @@ def plan_to_dict(plan: Plan) -> dict:
     return dataclasses.asdict(plan)
 
 
-def _toml_str(s: str) -> str:
-    """A TOML basic string."""
-    out = s.replace("\\", "\\\\").replace('"', '\\"')
-    return '"' + "".join(c if c >= " " else f"\\u{ord(c):04x}" for c in out) + '"'
+def control_file(plan: Plan, engine: EngineConfig = EngineConfig(), options: Sequence[Options] = ()) -> ControlFile:
+    """The control file that serves `plan`: `engine` with the plan's cache budget, one [[table]] per planned table.
+
+    `options` are tier option structs (e.g. `DiskOptions(io_threads=4)`); each table gets the one of its tier's
+    type, or its tier's defaults. Worked example: a plan putting layer 1 on "dram" (share 0.7, order 0) and
+    layer 14 on "disk" (share 0.3, order 1) with `options=(DiskOptions(io_threads=4),)` gives layer 14
+    `DiskOptions(io_threads=4)` and layer 1 `DramOptions()`.
+    """
+    by_type = {type(o): o for o in options}
+    if len(by_type) != len(options):
+        raise SlackTierError(ErrorKind.BAD_INPUT, "two option structs of one tier",
+                             fix="give each tier's options once")
+    rows = plan.cache_rows
+    eng = msgspec.structs.replace(engine, cache_rows=rows, max_cache_rows=max(engine.max_cache_rows, rows))
+    tables = tuple(TableConfig(layer=t.layer, manifest=t.manifest, source=t.source,
+                               options=by_type.get(tier_options_type(t.source)),
+                               cache_share=t.cache_share, order=t.order)
+                   for t in plan.tables)
+    return ControlFile(engine=eng, tables=tables)
 
 
-@dataclass(frozen=True)
-class EngineSettings:
-    """The [engine] section of a control file."""
-
-    device: str = "cpu"
-    io_threads: int = 1
-    verify_reads: bool = False
-    lossy: bool = False
-
-
-def control_toml(plan: Plan, engine: EngineSettings = EngineSettings()) -> str:
-    """The engine control file for a plan; predictions ride along as comments."""
-    b = lambda x: "true" if x else "false"  # noqa: E731
-    lines = [
-        "# SlackTier control file written by `slacktier plan`.",
-        f"# predicted slowdown {plan.slowdown_ms:.4f} ms per step (target {plan.target_ms:.4f} ms, "
-        f"kappa {plan.kappa_ms:.4f} ms, resolve {plan.resolve_ms:.4f} ms)",
-        f"# host memory {plan.host_bytes} bytes ({plan.host_bytes / 2**30:.3f} GiB)",
-        "",
-        "[engine]",
-        f"device = {_toml_str(engine.device)}",
-        f"cache_rows = {plan.cache_rows}",
-        f"io_threads = {engine.io_threads}",
-        f"verify_reads = {b(engine.verify_reads)}",
-        f"lossy = {b(engine.lossy)}",
-    ]
-    for t in plan.tables:
-        lines += [
-            "",
-            f"# layer {t.layer}: window {t.window_ms:.4f} ms, {t.pages_per_step:.2f} pages/step behind "
-            f"{t.cache_rows:.0f} cache rows, read {t.read_ms:.4f} ms, stall {t.stall_ms:.4f} ms, "
-            f"host {t.host_bytes} bytes",
-            "[[table]]",
-            f"layer = {t.layer}",
-            f"manifest = {_toml_str(t.manifest)}",
-            f"source = {_toml_str(t.source)}",
-            f"cache_share = {t.cache_share!r}",
-            f"order = {t.order}",
-        ]
-    return "\n".join(lines) + "\n"
-
-
-def write_control_file(plan: Plan, path: str | Path, engine: EngineSettings = EngineSettings()) -> Path:
-    """Write the control file for `plan` to `path`."""
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(control_toml(plan, engine))
-    return p
+def write_plan(plan: Plan, path: str | Path, engine: EngineConfig = EngineConfig(),
+               options: Sequence[Options] = ()) -> ControlFile:
+    """Write the control file of `plan` to `path`, its predictions as comments; returns what was written."""
+    cfg = control_file(plan, engine, options)
+    write_control(cfg, path, comment=plan_comment(plan))
+    return cfg

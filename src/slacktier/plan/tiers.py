@@ -18,7 +18,7 @@ buffers (counted once per table that uses it).
 A tiers file (TOML) holds one [[tier]] per tier:
 
     [[tier]]
-    name = "disk"            # also the engine's `source`: "dram", "disk" or "redis"
+    name = "disk"            # also the engine's `source`: a tier of slacktier.config.tier_names()
     intercept_ms = 0.30
     page_ms = 0.00305
     contention_page_ms = 0.00037
@@ -33,14 +33,13 @@ import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 
+from slacktier.config import DramOptions, tier_names, tier_options_type
 from slacktier.errors import ErrorKind, SlackTierError
 
 # The page layout (slacktier.tables.layout), restated so plan/ stays a room of pure
 # functions with no dependencies; tests/test_plan_planner.py checks they agree.
 PAGE_BYTES = 4096
 ROWS_PER_PAGE = 15
-
-SOURCES = ("dram", "disk", "redis")
 
 # Paper section 4.1, one NVMe disk shared by four ranks, least-squares fit over its
 # end-to-end runs (R^2 = 0.997). Quoted for reference; measure your own disk.
@@ -53,7 +52,7 @@ PAPER_NVME_CONTENTION_PAGE_MS = 0.37e-3
 class TierSpec:
     """One tier: how long its reads take and what it costs in host memory."""
 
-    name: str                      # engine source: dram | disk | redis
+    name: str                      # engine source: one of slacktier.config.tier_names()
     intercept_ms: float            # a
     page_ms: float                 # b: per page of this table or of one submitted before it
     contention_page_ms: float      # c: per page of a table submitted after it on the same tier
@@ -62,9 +61,9 @@ class TierSpec:
     buffer_bytes: int = 0
 
     def __post_init__(self) -> None:
-        if self.name not in SOURCES:
+        if self.name not in tier_names():
             raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown tier {self.name!r}",
-                                 fix=f"name a tier one of {', '.join(SOURCES)}")
+                                 fix=f"name a tier one of {', '.join(tier_names())}")
         if min(self.intercept_ms, self.page_ms, self.contention_page_ms) < 0:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"negative read-time coefficient for tier {self.name}",
                                  fix="read-time coefficients are >= 0")
@@ -79,13 +78,18 @@ class TierSpec:
         return table + directory + self.buffer_bytes
 
 
+def _in_host_memory(name: str) -> bool:
+    """Default of `holds_table`: the tier keeps whole pages in host memory (the DRAM tier's option type)."""
+    return name in tier_names() and tier_options_type(name) is DramOptions
+
+
 def tiers_from_dict(doc: dict) -> tuple[TierSpec, ...]:
     """Tiers from a parsed tiers document ({"tier": [{...}, ...]})."""
     try:
         tiers = tuple(TierSpec(name=str(t["name"]), intercept_ms=float(t["intercept_ms"]),
                                page_ms=float(t["page_ms"]),
                                contention_page_ms=float(t.get("contention_page_ms", t["page_ms"])),
-                               holds_table=bool(t.get("holds_table", t["name"] == "dram")),
+                               holds_table=bool(t.get("holds_table", _in_host_memory(str(t["name"])))),
                                directory_bytes_per_row=int(t.get("directory_bytes_per_row", 4)),
                                buffer_bytes=int(t.get("buffer_bytes", 0)))
                       for t in doc["tier"])
@@ -110,8 +114,3 @@ def load_tiers(path: str | Path) -> tuple[TierSpec, ...]:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers file {p} is not TOML: {exc}",
                              fix="write one [[tier]] table per tier") from exc
     return tiers_from_dict(doc)
-
-
-def gib(nbytes: float) -> float:
-    """Bytes as GiB."""
-    return nbytes / 2**30

@@ -5,7 +5,8 @@ attention.py per-head attention core: float64 RoPE tables, segment partials, LSE
 runner.py    layer loop over transformers' DeepseekV4ForCausalLM: full recompute or reuse
 protect.py   protected rows (query, new, dirty, boundary, indexer top-k, recent tail; budget)
 artifacts.py page format, certificates, atomic publication, validation and fallback reasons
-service.py   build artifacts / serve prefills through a SlackTier page source (dram or disk)
+service.py   build artifacts / serve prefills; artifact pages read through the engine's per-layer reads
+placement.py where each reusable layer's artifact pages are read from: a control file, one table per layer
 ledger.py    head-row ceiling and per-operator arithmetic
 model.py     tiny and bench DeepseekV4 configs, seeded models, weights digest
 corpus.py    real-text documents (installed source files, DeepSeek-V4 tokenizer)
@@ -13,6 +14,7 @@ corpus.py    real-text documents (installed source files, DeepSeek-V4 tokenizer)
 
 from slacktier.redknot.artifacts import ArtifactStore, Certificate, FallbackReason, TPGeometry
 from slacktier.redknot.ledger import head_row_ceiling, operator_ledger
+from slacktier.redknot.placement import artifact_placement
 from slacktier.redknot.profile import FLASH, PRO, HeadPolicy, RedKnotProfile, profile_for_config
 from slacktier.redknot.protect import ProtectionPolicy
 from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
@@ -20,4 +22,4 @@ from slacktier.redknot.service import RedKnotService
 
 __all__ = ["ArtifactStore", "Certificate", "FallbackReason", "TPGeometry", "head_row_ceiling", "operator_ledger",
            "FLASH", "PRO", "HeadPolicy", "RedKnotProfile", "profile_for_config", "ProtectionPolicy", "Layout",
-           "RedKnotRunner", "Segment", "RedKnotService"]
+           "RedKnotRunner", "Segment", "RedKnotService", "artifact_placement"]

@@ -1,14 +1,21 @@
-"""Build artifacts offline and serve prefills that reuse them, through a SlackTier page source.
+"""Build artifacts offline and serve prefills that reuse them, reading artifact pages like any other table.
 
 `RedKnotService` ties the runner (model), an ArtifactStore (files + certificates)
-and a page source kind ("dram" or "disk", slacktier.store.factory.open_source):
+and a placement (`slacktier.redknot.placement`: a control file with one table
+per reusable layer, naming the tier and options that serve that layer's pages):
 - `build(doc_id, tokens, context=())`: prefill the document alone at position 0
   (or after `context`), capture every reusable layer's Local z, publish per rank;
 - `prefill(docs, query, protection)`: validate every certificate first; on any
   problem log it, count it in `counters`, and run full recompute (no artifact
-  page is read, no Local row reused); otherwise issue every artifact page read
-  at once (one ticket per document and layer, layer order, like a SlackTier
-  step) and run reuse, each layer waiting only for its own pages.
+  page is read, no Local row reused); otherwise submit every artifact page read
+  at once through the engine's per-layer reads (`engine.reads.LayerReads`: one
+  batch per document and layer, in the placement's deadline order) and run
+  reuse, each layer waiting only for its own pages;
+- `apply(placement)`: move layers between tiers between prefills.
+
+Sources: one per (document build, tier and options), kept open across
+prefills (a DRAM source keeps the document's pages resident, a disk source its
+file and workers). A rebuild, a new placement or a failed read reopens it.
 """
 
 from __future__ import annotations
@@ -21,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from slacktier.config import ControlFile, Options
+from slacktier.engine.reads import LayerReads
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.redknot.artifacts import (
     ArtifactStore,
@@ -33,15 +42,21 @@ from slacktier.redknot.artifacts import (
     validate,
 )
 from slacktier.redknot.model import model_digest
+from slacktier.redknot.placement import artifact_placement, check_placement
 from slacktier.redknot.protect import ProtectionPolicy
 from slacktier.redknot.runner import Layout, RedKnotRunner, RunResult, Segment
-from slacktier.store.base import PageBufferPool, PageReads, RegionSpec
-from slacktier.store.factory import open_source
+from slacktier.store.base import PageBufferPool, PageReads, PageSource
+from slacktier.store.registry import open_source
+from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.regions import Region
 
 log = logging.getLogger(__name__)
 
 _DTYPE_NAMES = {torch.float64: "float64", torch.float32: "float32", torch.bfloat16: "bfloat16",
                 torch.float16: "float16"}
+
+#: (tier name, its options): the layers placed on the same pair share one source per document
+TierKey = tuple[str, Options]
 
 
 @dataclass
@@ -50,109 +65,78 @@ class ReadCounters:
 
     pages: int = 0
     bytes: int = 0
-    tickets: int = 0
+    tickets: int = 0          # read batches: one per document and layer
     wait_s: float = 0.0
     failed_layers: int = 0
 
 
-class StoredLocal:
-    """LocalSource over published artifacts, read through a SlackTier page source.
+@dataclass(frozen=True)
+class _Slot:
+    """Where one (document, rank, layer) artifact region lands: its pool buffers -> rows x the rank's columns.
 
-    All page reads are submitted in the constructor (step start); `layer(l)` waits
-    for layer l's tickets only, checks nothing twice (the source verifies each
-    page's CRC32C against the certificate), and assembles z_off [S, G*R] from the
-    ranks' group slices. A failed read or checksum makes that layer unusable: it
-    is logged, counted, and its Local heads are recomputed for every row.
+    Worked example: TP2, o_lora_rank 16, rank 1 of a document at request rows
+    [40, 85) -> rows 40..84, columns [16, 32) of the layer's z_off [S, 32].
     """
 
-    def __init__(self, store: ArtifactStore, layout: Layout, doc_certs: dict[int, list[Certificate]],
-                 tp: TPGeometry, o_lora_rank: int, dtype: torch.dtype, layers: tuple[int, ...],
-                 source_kind: str = "dram", open_fn=None) -> None:
-        """`open_fn(certs, regions, sums) -> PageSource` lends a (cached) source; None opens one per call."""
-        self.layout = layout
-        self.tp = tp
-        self.o_lora_rank = o_lora_rank
-        self.dtype = dtype
-        self.counters = ReadCounters()
-        self.failed_docs: set[str] = set()
-        self.has_artifact = torch.zeros(layout.rows, dtype=torch.bool)
-        self._sources = []  # sources this object opened and must close
-        self._open_fn = open_fn
-        self._tickets: dict[int, list[tuple]] = collections.defaultdict(list)
-        total_pages = 0
-        plans = []
-        for seg_index, certs in doc_certs.items():
-            s, e = layout.starts[seg_index], layout.ends[seg_index]
-            self.has_artifact[s:e] = True
-            regions, sums, where = [], [], {}
-            for cert in certs:
-                path = str(store.data_path(cert))
-                for i, layer in enumerate(cert.covered_layers):
-                    if layer not in layers:
-                        continue
-                    where[(layer, cert.rank)] = len(regions)
-                    regions.append(RegionSpec(layer=layer, rank=cert.rank, path=path,
-                                              offset_bytes=cert.region_offsets_bytes[i], pages=cert.region_pages[i]))
-                    sums.append(np.asarray(cert.page_crc32c[i], dtype=np.uint32))
-            plans.append((seg_index, certs, regions, sums, where))
-            total_pages += sum(r.pages for r in regions)
-        self.pool = PageBufferPool(max(total_pages, 1))
-        try:
-            self._submit_all(plans, layers, source_kind)
-        except BaseException:
-            self.close()  # sources already opened must not outlive a failed start
-            raise
+    row_start: int
+    row_end: int
+    col_start: int
+    col_end: int
+    fmt: RowFormat
+    buffers: np.ndarray   # [pages] int32, in the prefill's pool
 
-    def _submit_all(self, plans, layers, source_kind: str) -> None:
-        next_buffer = 0
-        for seg_index, certs, regions, sums, where in plans:
-            if self._open_fn is not None:
-                source = self._open_fn(certs, regions, sums)
-            else:
-                source = open_source(source_kind, regions, verify_reads=True, page_crc32c=sums)
-                self._sources.append(source)
-            for layer in sorted(layers):  # layer order: the earliest deadline first
-                for cert in certs:
-                    ri = where[(layer, cert.rank)]
-                    n = regions[ri].pages
-                    buffers = np.arange(next_buffer, next_buffer + n, dtype=np.int32)
-                    next_buffer += n
-                    reads = PageReads(np.full(n, ri, dtype=np.int32), np.arange(n, dtype=np.int64), buffers)
-                    ticket = source.submit(reads, self.pool)
-                    self._tickets[layer].append((source, ticket, seg_index, cert, buffers))
-                    self.counters.tickets += 1
+
+class StoredLocal:
+    """LocalSource over artifact pages already submitted to a `LayerReads` (at prefill start).
+
+    `layer(l)` waits for layer l's reads only (the sources check each page's
+    CRC32C against the certificate) and assembles z_off [S, G*R] from the
+    ranks' column slices. A failed read makes that layer unusable: it is
+    logged, counted, and the runner recomputes its Local heads for every row.
+    `close()` waits out the layers never asked for, so no read outlives the prefill.
+    """
+
+    def __init__(self, layout: Layout, width: int, dtype: torch.dtype, reads: LayerReads, pool: PageBufferPool,
+                 slots: dict[int, list[_Slot]], has_artifact: torch.Tensor, counters: ReadCounters) -> None:
+        self.layout = layout
+        self.width = width
+        self.dtype = dtype
+        self.reads = reads
+        self.pool = pool
+        self.slots = slots
+        self.has_artifact = has_artifact   # [S] bool
+        self.counters = counters
+        self.failed_layers: set[int] = set()
 
     def layer(self, layer: int) -> torch.Tensor | None:
         """z_off [S, G*R] of `layer` (rows without an artifact are zero), or None if a read failed."""
-        z = torch.zeros(self.layout.rows, self.tp.o_groups * self.o_lora_rank, dtype=self.dtype)
-        failed = False
-        for source, ticket, seg_index, cert, buffers in self._tickets.pop(layer, []):
-            t0 = time.perf_counter()
-            try:
-                stats = source.wait(ticket)
-            except SlackTierError as exc:
-                log.warning("artifact %s rank %d layer %d unusable: %s", cert.doc_id, cert.rank, layer, exc)
-                failed = True
-                self.failed_docs.add(cert.doc_id)
-                continue
-            finally:
-                self.counters.wait_s += time.perf_counter() - t0
-            self.counters.pages += stats.pages
-            self.counters.bytes += stats.pages * 4096
-            s, e = self.layout.starts[seg_index], self.layout.ends[seg_index]
-            rows = cert.row_format.unpack(self.pool.pages[buffers], e - s)
-            lo, hi = self.tp.groups(cert.rank)
-            z[s:e, lo * self.o_lora_rank:hi * self.o_lora_rank] = rows.to(self.dtype)
-        if failed:
+        if layer in self.failed_layers:
+            return None
+        t0 = time.perf_counter()
+        try:
+            waited = self.reads.wait(layer)
+        except SlackTierError as exc:
+            log.warning("layer %d: artifact pages unusable, its Local heads are recomputed: %s", layer, exc)
+            self.failed_layers.add(layer)
             self.counters.failed_layers += 1
             return None
+        finally:
+            self.counters.wait_s += time.perf_counter() - t0
+        self.counters.pages += waited.pages
+        self.counters.bytes += waited.pages * PAGE_BYTES
+        z = torch.zeros(self.layout.rows, self.width, dtype=self.dtype)
+        for s in self.slots.get(layer, ()):
+            rows = s.fmt.unpack(self.pool.pages[s.buffers], s.row_end - s.row_start)
+            z[s.row_start:s.row_end, s.col_start:s.col_end] = rows.to(self.dtype)
         return z
 
-    def close(self) -> None:
-        """Close the page sources this object opened (lent ones stay with their owner)."""
-        for source in self._sources:
-            source.close()
-        self._sources.clear()
+    def close(self) -> set[int]:
+        """Wait out every layer not yet waited for; the layers whose reads failed (logged), asked for or not."""
+        for exc in self.reads.drain():
+            log.warning("artifact pages of a layer the prefill did not need failed: %s", exc)
+            if exc.layer is not None:
+                self.failed_layers.add(exc.layer)
+        return set(self.failed_layers)
 
 
 @dataclass
@@ -166,46 +150,59 @@ class PrefillReport:
 
 
 class RedKnotService:
-    """Offline builds and online prefills over one model, profile, policy, store and TP geometry."""
+    """Offline builds and online prefills over one model, profile, policy, store, TP geometry and placement."""
 
     def __init__(self, runner: RedKnotRunner, store: ArtifactStore, *, tp_size: int = 1,
-                 source_kind: str = "dram") -> None:
+                 placement: ControlFile | None = None) -> None:
+        """`placement` None: every reusable layer's artifacts in host memory (`artifact_placement(root, reusable)`)."""
         self.runner = runner
         self.store = store
         cfg = runner.config
         self.tp = TPGeometry(tp_size, cfg.o_groups)
-        self.source_kind = source_kind
         self.dtype = runner.model.model.embed_tokens.weight.dtype
         self.counters: collections.Counter[str] = collections.Counter()
         self._model_digest: str | None = None
-        # open page sources, one per document build: a DRAM source keeps the artifact resident
-        # across prefills (hot artifacts), a disk source keeps its files and rings open
-        self._sources: dict[str, tuple[tuple, object]] = {}
+        # open page sources: (doc_id, tier key) -> (the regions it was opened over, the source)
+        self._sources: dict[tuple[str, TierKey], tuple[tuple[Region, ...], PageSource]] = {}
+        if placement is None:
+            placement = artifact_placement(store.root, runner.profile.reusable)
+        self.placement = placement
+        self._tables = check_placement(self.placement, store.root, runner.profile.reusable)
 
-    def _source_for(self, certs: list[Certificate], regions, sums):
-        """The cached source of this exact build of the document (a new build or generation reopens it)."""
-        doc_id = certs[0].doc_id
-        key = (tuple(c.data_file for c in certs), tuple((r.layer, r.rank) for r in regions))
-        cached = self._sources.get(doc_id)
-        if cached is not None and cached[0] == key:
+    def apply(self, placement: ControlFile) -> None:
+        """Serve artifact pages from the tiers `placement` names from the next prefill on (between prefills)."""
+        tables = check_placement(placement, self.store.root, self.runner.profile.reusable)
+        self.placement, self._tables = placement, tables
+        keep = {(t.source, t.options) for t in tables}
+        for doc_id, key in [k for k in self._sources if k[1] not in keep]:
+            self._drop(doc_id, key)
+
+    def _source_for(self, doc_id: str, key: TierKey, regions: list[Region], sums: list[np.ndarray]) -> PageSource:
+        """The open source of this exact build of the document on tier `key` (a new build reopens it)."""
+        cached = self._sources.get((doc_id, key))
+        if cached is not None and cached[0] == tuple(regions):
             return cached[1]
         if cached is not None:
-            cached[1].close()
-        source = open_source(self.source_kind, regions, verify_reads=True, page_crc32c=sums)
-        self._sources[doc_id] = (key, source)
+            self._drop(doc_id, key)
+        source = open_source(key[0], regions, key[1], page_crc32c=sums)
+        self._sources[(doc_id, key)] = (tuple(regions), source)
         self.counters["sources_opened"] += 1
         return source
 
-    def drop_source(self, doc_id: str) -> None:
-        """Close and forget a document's cached source (after a failed read, or when it is evicted)."""
-        cached = self._sources.pop(doc_id, None)
+    def _drop(self, doc_id: str, key: TierKey) -> None:
+        cached = self._sources.pop((doc_id, key), None)
         if cached is not None:
             cached[1].close()
 
+    def drop_source(self, doc_id: str) -> None:
+        """Close and forget a document's open sources (after a failed read, or when it is evicted)."""
+        for d, key in [k for k in self._sources if k[0] == doc_id]:
+            self._drop(d, key)
+
     def close(self) -> None:
-        """Close every cached page source."""
-        for doc_id in list(self._sources):
-            self.drop_source(doc_id)
+        """Close every open page source."""
+        for doc_id, key in list(self._sources):
+            self._drop(doc_id, key)
 
     @property
     def model_digest(self) -> str:
@@ -256,6 +253,70 @@ class RedKnotService:
         return certs
 
     # ---- online -------------------------------------------------------------------
+    def _start_reads(self, layout: Layout, doc_certs: dict[int, list[Certificate]]) -> StoredLocal:
+        """Open (or reuse) every document's sources, then submit all artifact reads in deadline order.
+
+        Opening comes first, so a certified file that is gone fails here before
+        any read is issued (the caller then falls back to full recompute).
+        """
+        R = self.runner.config.o_lora_rank
+        tier_layers: dict[TierKey, list[int]] = {}
+        for t in self._tables:
+            tier_layers.setdefault((t.source, t.options), []).append(t.layer)
+        opened: dict[tuple[int, TierKey], tuple[PageSource, list[Region], dict[tuple[int, int], int]]] = {}
+        has_artifact = torch.zeros(layout.rows, dtype=torch.bool)
+        total_pages = 0
+        for seg, certs in doc_certs.items():
+            has_artifact[layout.starts[seg]:layout.ends[seg]] = True
+            for key, layers in tier_layers.items():
+                regions, sums, index = [], [], {}
+                for layer in layers:
+                    for cert in certs:
+                        i = cert.covered_layers.index(layer)
+                        index[(layer, cert.rank)] = len(regions)
+                        regions.append(Region(layer=layer, rank=cert.rank, path=str(self.store.data_path(cert)),
+                                              offset_bytes=cert.region_offsets_bytes[i],
+                                              pages=cert.region_pages[i]))
+                        sums.append(np.asarray(cert.page_crc32c[i], dtype=np.uint32))
+                opened[(seg, key)] = (self._source_for(certs[0].doc_id, key, regions, sums), regions, index)
+                total_pages += sum(r.pages for r in regions)
+        pool = PageBufferPool(max(total_pages, 1))
+        reads = LayerReads(self.placement.engine.wait_timeout_ms / 1e3)
+        counters = ReadCounters()
+        slots: dict[int, list[_Slot]] = collections.defaultdict(list)
+        next_buffer = 0
+        try:
+            for t in self._tables:  # (order, layer): the earliest deadline first
+                for seg, certs in doc_certs.items():
+                    source, regions, index = opened[(seg, (t.source, t.options))]
+                    region_ids, pages, buffers = [], [], []
+                    for cert in certs:
+                        ri = index[(t.layer, cert.rank)]
+                        n = regions[ri].pages
+                        buf = np.arange(next_buffer, next_buffer + n, dtype=np.int32)
+                        next_buffer += n
+                        region_ids.append(np.full(n, ri, dtype=np.int32))
+                        pages.append(np.arange(n, dtype=np.int64))
+                        buffers.append(buf)
+                        lo, hi = self.tp.groups(cert.rank)
+                        slots[t.layer].append(_Slot(layout.starts[seg], layout.ends[seg], lo * R, hi * R,
+                                                    cert.row_format, buf))
+                    batch = PageReads(np.concatenate(region_ids), np.concatenate(pages), np.concatenate(buffers))
+                    reads.submit(t.layer, source, batch, pool)
+                    counters.tickets += 1
+        except BaseException:
+            reads.drain()  # nothing submitted may still be landing when the pool is dropped
+            raise
+        return StoredLocal(layout, self.tp.o_groups * R, self.dtype, reads, pool, dict(slots), has_artifact,
+                           counters)
+
+    def _fallback(self, layout: Layout, reason: FallbackReason, new_docs: int) -> PrefillReport:
+        self.counters[f"fallback.{reason.value}"] += 1
+        result = self.runner.full(layout)
+        result.stats.mode = "fallback"
+        result.stats.fallback_reason = reason.value
+        return PrefillReport(result, reason, ReadCounters(), new_docs)
+
     def prefill(self, docs: list[tuple[str, tuple[int, ...]]], query: tuple[int, ...],
                 protection: ProtectionPolicy, *, dirty: torch.Tensor | None = None) -> PrefillReport:
         """Prefill documents + query, reusing valid artifacts; full recompute on any certificate problem."""
@@ -281,28 +342,22 @@ class RedKnotService:
             reason = FallbackReason.NO_ARTIFACT
             log.info("RedKnot: no document of the request has an artifact; full recompute")
         if reason is not None:
-            self.counters[f"fallback.{reason.value}"] += 1
-            result = self.runner.full(layout)
-            result.stats.mode = "fallback"
-            result.stats.fallback_reason = reason.value
-            return PrefillReport(result, reason, ReadCounters(), new_docs)
+            return self._fallback(layout, reason, new_docs)
         try:
-            local = StoredLocal(self.store, layout, doc_certs, self.tp, exp.o_lora_rank, self.dtype,
-                                self.runner.profile.reusable, self.source_kind, open_fn=self._source_for)
+            local = self._start_reads(layout, doc_certs)
         except SlackTierError as exc:  # a certified file that is gone or unreadable: still before reuse work
             log.warning("RedKnot fallback to full recompute: artifact data unreadable: %s", exc)
-            reason = FallbackReason.UNREADABLE
-            self.counters[f"fallback.{reason.value}"] += 1
-            result = self.runner.full(layout)
-            result.stats.mode = "fallback"
-            result.stats.fallback_reason = reason.value
-            return PrefillReport(result, reason, ReadCounters(), new_docs)
+            return self._fallback(layout, FallbackReason.UNREADABLE, new_docs)
         try:
             result = self.runner.reuse(layout, local, protection, dirty)
         finally:
-            local.close()
-        for doc_id in local.failed_docs:  # a bad page in a resident copy: reload it next time
-            self.drop_source(doc_id)
+            failed = local.close()
+            # a bad page may sit in a resident copy: reopen the sources that served a failed layer next time
+            bad_keys = {(t.source, t.options) for t in self._tables if t.layer in failed}
+            for certs in doc_certs.values():
+                for key in bad_keys:
+                    self._drop(certs[0].doc_id, key)
         self.counters["reuse"] += 1
         self.counters["new_documents"] += new_docs
+        self.counters["artifact_layers_failed"] += local.counters.failed_layers
         return PrefillReport(result, None, local.counters, new_docs)

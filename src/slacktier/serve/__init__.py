@@ -1,7 +1,11 @@
-"""serve room: the serving loop and the replay benchmark.
+"""serve room: the serving loop, its runners, placements, and runs measured as typed records.
 
 - `loop.replay`: replayed sessions through a runner, per-session caches, measured per step.
 - `runners`: V41Runner / Q38Runner (issue lookups at step start, run the model).
-- `tiers`: placements (Table 2's rows) and TierSet (staged tables -> row providers, one engine).
-- `bench`: `slacktier bench` (Table 2, Figures 3 and 5, the exposure model's fit) and run_short_demo.
+- `tiers`: placements (tier per layer, cache, devices) as control files, and TierSet (staged tables -> providers,
+  one engine switched in place).
+- `runs`: ReplayRig (model + tables + engine across runs) and RunRecord (what one run measured).
+- `report`: the placement table and the demo's report; `demo`: `slacktier demo`.
+
+The paper's Table 2 / Figure 3 / Figure 5 harness is beside the package: benchmarks/e2e/.
 """

@@ -57,7 +57,10 @@ class StepRecord:
     issue_ms: float           # step start -> all lookups issued
     rss_bytes: int
     digest: str = ""
-    extra: dict = field(default_factory=dict)   # what `step_stats` returned after the step
+    stats: object = None      # what `step_stats` returned after the step (arm 0's when paired)
+    arm_ms: tuple[float, ...] = ()     # paired: each arm's step time (arm 0's is step_ms)
+    arm_stats: tuple[object, ...] = ()  # paired: what `step_stats` returned after each arm
+    mismatch: int = 0         # paired: arms whose logits differ from arm 0's at this step
 
 
 @dataclass
@@ -133,14 +136,14 @@ def _runs(session_ids: np.ndarray) -> list[tuple[int, int, int]]:
 
 def replay(runner: Runner, sessions: Sequence, steps: Iterable, decode_tokens: int,
            config: LoopConfig = LoopConfig(), after_begin: Callable[[], None] | None = None,
-           step_stats: Callable[[], dict] | None = None, arms: Sequence | None = None) -> ReplayResult:
+           step_stats: Callable[[], object] | None = None, arms: Sequence | None = None) -> ReplayResult:
     """Run every Step of `steps` (workloads.replay.replay_steps over `sessions`) through `runner`.
 
     `step_stats`, called after each step (each arm), adds per-step measurements to its record.
     `arms`: row providers to compare side by side. Each step then runs once per arm, each arm with its own
-    session caches, in an order that rotates step by step; `extra["arm_ms"]` holds the arms' step times and
-    `extra["arms"]` their stats. Arm 0's time is `step_ms`; a step whose logits differ between arms counts in
-    `extra["mismatch"]` (a bit-exactness check on every step). Pairing step by step keeps slow drifts of a
+    session caches, in an order that rotates step by step; `arm_ms` holds the arms' step times and
+    `arm_stats` their stats. Arm 0's time is `step_ms`; a step whose logits differ between arms counts in
+    `mismatch` (a bit-exactness check on every step). Pairing step by step keeps slow drifts of a
     shared machine's load out of the comparison.
     """
     n_arms = len(arms) if arms else 1
@@ -166,7 +169,7 @@ def replay(runner: Runner, sessions: Sequence, steps: Iterable, decode_tokens: i
             if int(step.positions[a]) != s.seen:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"session {sid} step feeds position {step.positions[a]} "
                                      f"but its cache holds {s.seen} tokens", fix="replay steps in order")
-        arm_ms, arm_issue, arm_stats, arm_logits = [0.0] * n_arms, [0.0] * n_arms, [{}] * n_arms, [None] * n_arms
+        arm_ms, arm_issue, arm_stats, arm_logits = [0.0] * n_arms, [0.0] * n_arms, [None] * n_arms, [None] * n_arms
         for j in range(n_arms):
             k = (step.index + j) % n_arms
             if arms:
@@ -200,11 +203,9 @@ def replay(runner: Runner, sessions: Sequence, steps: Iterable, decode_tokens: i
             digest = h.hexdigest()
         if len(result.steps) % config.rss_every_steps == 0:
             rss = rss_bytes()
-        extra = dict(arm_stats[0])
-        if arms:
-            extra.update({"arm_ms": arm_ms, "arms": arm_stats, "mismatch": mismatch})
         result.steps.append(StepRecord(step.index, step.kind, len(runs), step.num_tokens, arm_ms[0], arm_issue[0],
-                                       rss, digest, extra))
+                                       rss, digest, arm_stats[0], tuple(arm_ms) if arms else (),
+                                       tuple(arm_stats) if arms else (), mismatch))
         t1 = t_end0
         for (sid, a, b), tok in zip(runs, greedy0):
             s = state[sid]

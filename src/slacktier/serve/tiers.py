@@ -5,9 +5,10 @@ per-layer shares): the configurations of the paper's Table 2. `TierSet` stages
 one synthetic table (tables.stage) on one "device" file and on `devices`
 files (ranks round-robin), and turns a placement into a row provider:
 the stock DRAM table with the reference gather (`dram-table`), or SlackTier's
-step engine over DRAM / disk page sources. One engine is kept and switched
-between placements by control file (`engine.reload`), so the process stays
-the same across runs; each switch starts from an empty cache.
+step engine over DRAM / disk page sources. A placement becomes a
+`slacktier.config.ControlFile` (`TierSet.control`); one engine is kept and
+switched between placements in place (`engine.apply(cfg)`, no files), so the
+process stays the same across runs; each switch starts from an empty cache.
 
 "Several devices" here are several files on the machine's one virtual disk,
 each with its own I/O worker; they emulate separate devices' queues, not
@@ -21,24 +22,24 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Sequence
 
+from slacktier.config import ControlFile, EngineConfig, Options, TableConfig, tier_names, tier_options_type
 from slacktier.engine.step import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.models.rows import DramRowProvider, DramTable, EngineRowProvider, RowProvider
-from slacktier.tables.manifest import Manifest, table_layout_from
-from slacktier.tables.stage import SyntheticSource, stage_synthetic
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.stage import SyntheticSource, stage_synthetic, staged_layout
 
 log = logging.getLogger(__name__)
-
-TIERS = ("dram", "disk")
 
 
 @dataclass(frozen=True)
 class Placement:
     """Tier per table layer plus the row cache; `stock` = the DRAM table with the reference gather, no engine."""
 
-    name: str
-    tiers: tuple[tuple[int, str], ...] = ()       # (layer, "dram" | "disk")
+    name: str                                     # a label for reports; code never reads meaning from it
+    tiers: tuple[tuple[int, str], ...] = ()       # (layer, tier name of slacktier.config.tier_names())
     cache_rows: int = 0
     shares: tuple[tuple[int, float], ...] = ()    # (layer, share of cache_rows)
     devices: int = 1                              # disk regions spread over this many device files
@@ -46,18 +47,20 @@ class Placement:
     delays_ms: tuple[tuple[int, float], ...] = ()  # (layer, ms): rows not ready before this long after issue
 
     def __post_init__(self) -> None:
-        bad = [t for _, t in self.tiers if t not in TIERS]
+        bad = [t for _, t in self.tiers if t not in tier_names()]
         if bad:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: unknown tiers {bad}",
-                                 fix=f"use one of {TIERS}")
+                                 fix=f"use one of {', '.join(tier_names())}")
         if sum(s for _, s in self.shares) > 1.0 + 1e-9:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: cache shares exceed 1",
                                  fix="give the layers shares summing to at most 1")
 
     def tier(self, layer: int) -> str:
+        """The tier serving `layer` (DRAM unless placed elsewhere)."""
         return dict(self.tiers).get(layer, "dram")
 
     def share(self, layer: int) -> float:
+        """The share of `cache_rows` given to `layer`."""
         return dict(self.shares).get(layer, 0.0)
 
 
@@ -110,31 +113,25 @@ def table2_placements(first: int, second: int, cache_rows: int, devices: int = 4
     ]
 
 
-def split_placement(first: int, second: int, cache_rows: int, f: float) -> Placement:
-    """Both on disk, share f of `cache_rows` to the short-window layer (Figure 3's sweep)."""
-    return Placement(f"disk-split-f{f:.2f}", ((first, "disk"), (second, "disk")), cache_rows,
-                     ((first, f), (second, 1.0 - f)))
-
-
 @dataclass
 class TierSet:
     """A staged synthetic table and everything needed to serve it under any placement."""
 
     workdir: Path
-    layout: object                   # EngramLayout, {layer: rows}, or a TableLayout
+    layout: object                   # a TableLayout (EngramLayout, PleLayout), a StagedLayout, or {layer: rows}
     seed: int
     columns: int = 24
     max_cache_rows: int = 0
     max_tokens: int = 512
     devices: int = 4
-    disk_opts: dict = field(default_factory=dict)
+    options: Sequence[Options] = ()  # tier option structs (e.g. DiskOptions(queue_depth=64)); defaults otherwise
     manifests: dict[int, Manifest] = field(default_factory=dict, init=False)
     engine: StepEngine | None = field(default=None, init=False)
     _stock: DramRowProvider | None = field(default=None, init=False)
 
     def __post_init__(self) -> None:
         self.workdir = Path(self.workdir)
-        self.table_layout = table_layout_from(self.layout)
+        self.table_layout = staged_layout(self.layout)
         self.layer_ids = self.table_layout.layer_ids
         self.source = SyntheticSource(self.table_layout, self.seed)
 
@@ -165,30 +162,29 @@ class TierSet:
         self._stock = None
         gc.collect()
 
-    def control_text(self, placement: Placement, cache_rows: int | None = None) -> str:
-        """The control file (engine.control schema) that serves `placement` from the staged manifests."""
+    def control(self, placement: Placement, cache_rows: int | None = None) -> ControlFile:
+        """The control file that serves `placement` from the staged manifests (`cache_rows` overrides its cache)."""
         manifest = self.manifests.get(placement.devices)
         if manifest is None:
             raise SlackTierError(ErrorKind.MISSING, f"no table staged on {placement.devices} devices",
                                  fix="stage() with that placement's device count")
         rows = placement.cache_rows if cache_rows is None else cache_rows
-        disk = dict(self.disk_opts)
-        lines = ["[engine]", 'device = "cpu"', f"cache_rows = {rows}", f"max_cache_rows = {self.max_cache_rows}",
-                 f"max_tokens = {self.max_tokens}", f"io_threads = {int(disk.get('workers_per_device', 1))}",
-                 f"queue_depth = {int(disk.get('queue_depth', 128))}",
-                 f'disk_engine = "{disk.get("engine", "auto")}"', ""]
-        for order, layer in enumerate(self.layer_ids):   # window order = model order: short window first
-            lines += ["[[table]]", f"layer = {layer}", f'source = "{placement.tier(layer)}"',
-                      f'manifest = "{manifest.path}"', f"cache_share = {placement.share(layer)}",
-                      f"order = {order}", ""]
-        return "\n".join(lines)
+        by_type = {type(o): o for o in self.options}
+        engine = EngineConfig(device="cpu", cache_rows=rows, max_cache_rows=max(self.max_cache_rows, rows),
+                              max_tokens=self.max_tokens)
+        tables = tuple(   # window order = model order: short window first
+            TableConfig(layer=layer, manifest=str(manifest.path), source=placement.tier(layer),
+                        options=by_type.get(tier_options_type(placement.tier(layer))),
+                        cache_share=placement.share(layer), order=order)
+            for order, layer in enumerate(self.layer_ids))
+        return ControlFile(engine=engine, tables=tables)
 
     def provider(self, placement: Placement, keep_stock: bool = False) -> RowProvider:
-        """A provider serving `placement`: the stock table, or the one engine switched by control file.
+        """A provider serving `placement`: the stock table, or the one engine switched in place.
 
-        Engine placements write `control-<name>.toml` and `engine.reload` it (the first builds the engine with
-        `StepEngine.from_control`). Each switch first reloads the same tables with an empty cache, so every
-        run starts cold. The stock DRAM table is freed unless `keep_stock` (to compare side by side with it).
+        The first engine placement builds the engine (`StepEngine.from_config`); later ones `engine.apply` the
+        placement's control file, first with an empty cache, so every run starts cold. The stock DRAM table is
+        freed unless `keep_stock` (to compare side by side with it).
         """
         if placement.stock:
             if not keep_stock:
@@ -196,15 +192,12 @@ class TierSet:
             return self.stock_provider()
         if not keep_stock:
             self.drop_stock()
-        path = self.workdir / f"control-{placement.name}.toml"
-        path.write_text(self.control_text(placement))
+        cfg = self.control(placement)
         if self.engine is None:
-            self.engine = StepEngine.from_control(str(path), ids_layers=self.layer_ids, columns=self.columns)
+            self.engine = StepEngine.from_config(cfg, ids_layers=self.layer_ids, columns=self.columns)
         else:
-            cold = self.workdir / f"control-{placement.name}-cold.toml"
-            cold.write_text(self.control_text(placement, cache_rows=0))
-            self.engine.reload(str(cold))
-            self.engine.reload(str(path))
+            self.engine.apply(cfg.replace(cache_rows=0))
+            self.engine.apply(cfg)
         provider = EngineRowProvider(self.engine, self.layer_ids)
         if placement.delays_ms:
             return DelayedRowProvider(provider, dict(placement.delays_ms))

@@ -1,6 +1,13 @@
-"""Page sources: host DRAM, local disk (O_DIRECT, io_uring), Redis; one small interface (base.py)."""
+"""Page sources: host DRAM, local disk (O_DIRECT, io_uring), Redis; one small interface (base.py).
 
-from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
-from slacktier.store.factory import SOURCE_KINDS, open_source
+Importing this package registers the three built-in tiers (each registers
+itself at the bottom of its own module); see registry.py for adding one.
+"""
 
-__all__ = ["SOURCE_KINDS", "PageBufferPool", "PageReads", "PageSource", "ReadStats", "RegionSpec", "open_source"]
+from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats
+from slacktier.store.registry import get_tier, open_source, register_tier, tiers
+
+from slacktier.store import disk, dram, redis_source  # noqa: E402,F401  (registers "dram", "disk", "redis")
+
+__all__ = ["PageBufferPool", "PageReads", "PageSource", "ReadStats", "get_tier", "open_source",
+           "register_tier", "tiers"]

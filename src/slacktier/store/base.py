@@ -1,50 +1,42 @@
-"""The page-source interface every tier implements: submit, wait, close, capabilities.
+"""The page-source interface every tier implements: submit, wait, close.
 
 Control plane (which pages, into which buffers) lives in the engine; a source
-only moves bytes. A source is built over a list of regions (one per
-(layer, rank) shard) and reads whole 4 KiB pages of them into a caller-owned,
-page-aligned buffer pool.
+only moves bytes. A source is built over a list of runtime regions
+(`slacktier.tables.regions.Region`, one per (layer, rank) shard) and reads
+whole 4 KiB pages of them into a caller-owned, page-aligned buffer pool.
+
+There is no `capabilities` set: nothing ever consulted it (the engine and
+RedKnot treat every tier alike), so it was dropped (issue 10). A capability
+comes back beside the optional operation that needs it, not before.
+
+Most tiers build on `slacktier.store.queued.QueuedSource`, which owns the
+workers, queues, tickets, checks, checksums and close, and register
+themselves by name in `slacktier.store.registry`.
 """
 
 from __future__ import annotations
 
 import abc
 import mmap
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.regions import Region
 
-
-@dataclass(frozen=True)
-class RegionSpec:
-    """Where one (layer, rank) region lives on its medium.
-
-    `path` is a file or raw block device (disk tier), a key prefix (Redis tier)
-    or unused (DRAM tier). `offset_bytes` is 4 KiB aligned. `device` is the
-    index of the disk/device the region maps to (ranks map round-robin).
-    """
-
-    layer: int
-    rank: int
-    path: str
-    offset_bytes: int
-    pages: int
-    device: int = 0
-
-    def __post_init__(self) -> None:
-        if self.offset_bytes % PAGE_BYTES:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"region offset {self.offset_bytes} is not 4 KiB aligned",
-                                 fix="stage regions on page boundaries", layer=self.layer, rank=self.rank)
 
 
 class PageBufferPool:
     """`capacity` page-aligned 4 KiB buffers in one anonymous mapping (O_DIRECT-safe).
 
-    `pages` is a [capacity, 4096] uint8 view. On CUDA the engine registers the
-    mapping as pinned memory (cudaHostRegister) so copies are asynchronous.
+    `pages` is a [capacity, 4096] uint8 view. The mapping is ordinary pageable
+    memory: the engine does not register it with CUDA. On a GPU it packs the
+    missed rows (264 of each page's 4,096 bytes) into its own pinned staging
+    tensor and copies from there (engine/step.py, `_pin_pool`). The disk tier's
+    io_uring engine may register the pool with its ring, which makes the
+    kernel pin it for the ring's lifetime (see store/disk.py).
     """
 
     def __init__(self, capacity: int) -> None:
@@ -79,14 +71,10 @@ class ReadStats:
     pages: int = 0
     read_us: float = 0.0          # submit -> last completion, wall clock
     cpu_us: float = 0.0           # CPU time the source spent on it, where measurable
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 class PageSource(abc.ABC):
-    """A tier that reads pages. At most four methods; everything else is built on top."""
-
-    #: capability names, e.g. {"local", "odirect", "remote", "shared"}
-    capabilities: frozenset[str] = frozenset()
+    """A tier that reads pages: three methods; everything else is built on top."""
 
     @abc.abstractmethod
     def submit(self, reads: PageReads, pool: PageBufferPool) -> int:

@@ -1,14 +1,16 @@
-"""Local disk tier: O_DIRECT page reads of staged regions, one I/O worker per device.
+"""Local disk tier: O_DIRECT page reads of staged regions, `io_threads` I/O workers per device.
 
 Each region's file (or raw block device) is opened once with O_DIRECT. A batch
-is split by `RegionSpec.device`; each device has its own worker thread(s) that
-drive the reads at up to `queue_depth` in flight with one of two engines:
+is split by `Region.device`; each device has its own `io_threads` worker lanes
+(store/queued.py) that drive the reads at up to `queue_depth` in flight with
+one of two engines:
 
 - ``io_uring``: a small C helper (csrc/uring_read.c, raw syscalls) queues the
   whole sub-batch and reaps completions with the GIL released.
-- ``threads``: a thread pool issuing ``os.preadv``; the fallback where io_uring
-  cannot be set up (no compiler, kernel without io_uring). Choosing it under
-  ``engine="auto"`` is logged at WARNING and counted in `ENGINE_FALLBACKS`.
+- ``threads``: a pool of min(queue_depth, PREAD_THREADS_MAX) threads issuing
+  ``os.preadv``; the fallback where io_uring cannot be set up (no compiler,
+  kernel without io_uring). Choosing it under ``engine="auto"`` is logged at
+  WARNING and counted in `ENGINE_FALLBACKS`.
 
 Which engine runs is in `DiskSource.engine_name` and logged at INFO.
 
@@ -19,9 +21,7 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import stat
-import threading
 import time
 import weakref
 from collections import Counter
@@ -31,12 +31,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slacktier.config import DiskOptions
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store._common import (NOT_DONE, RegionTable, TicketBook, _Pending, check_reads, checksum_error,
-                                     expected_checksums, own_reads, results_error, stop_workers)
+from slacktier.store._common import NOT_DONE
 from slacktier.store._native import Ring, probe_io_uring
-from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats, RegionSpec
+from slacktier.store.base import PageBufferPool
+from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
+from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.regions import Region
 
 log = logging.getLogger(__name__)
 
@@ -45,20 +48,20 @@ ENGINES = ("auto", "io_uring", "threads")
 ENGINE_FALLBACKS: Counter[str] = Counter()
 #: io_uring file/buffer registrations the kernel refused (reads then run unregistered), by kind
 REGISTRATION_SKIPS: Counter[str] = Counter()
+#: most threads the `threads` engine runs per lane: BENCHMARKS.md ("Disk engine: random 4 KiB reads vs fio")
+#: measured 32 threads at 9-11 us CPU per page against 20-30 us for 128, at no lower IOPS
+PREAD_THREADS_MAX = 32
 
 
-@dataclass
-class _Part:
-    """The reads of one batch that one worker performs."""
+@dataclass(slots=True)
+class _DiskPart:
+    """A part's reads as the engines take them: file, byte offset and destination address of each."""
 
-    pending: _Pending | None  # set under the submit lock, before the part is queued
-    pool: PageBufferPool   # kept referenced until the reads land
-    region: np.ndarray     # [n] int32
-    page: np.ndarray       # [n] int64
-    buffer: np.ndarray     # [n] int32
-    fds: np.ndarray        # [n] int32
-    offsets: np.ndarray    # [n] int64, bytes
-    addrs: np.ndarray      # [n] uint64, destination addresses
+    pool: PageBufferPool  # kept referenced until the reads land
+    buffer: np.ndarray    # [n] int32
+    fds: np.ndarray       # [n] int32
+    offsets: np.ndarray   # [n] int64, bytes
+    addrs: np.ndarray     # [n] uint64, destination addresses
 
 
 class _UringEngine:
@@ -89,7 +92,7 @@ class _UringEngine:
         log.info("io_uring: registering %s refused (%s); reads of them run unregistered", what, os.strerror(-rc))
         return False
 
-    def read(self, part: _Part, res: np.ndarray) -> int:
+    def read(self, part: _DiskPart, res: np.ndarray) -> int:
         """Fill res with each read's bytes or -errno; returns CPU ns spent off this thread (none here)."""
         pool = part.pool
         if pool is not self._pool and pool not in self._refused:
@@ -118,7 +121,7 @@ class _ThreadEngine:
         self._executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="slacktier-pread")
 
     @staticmethod
-    def _chunk(part: _Part, lo: int, hi: int, res: np.ndarray) -> int:
+    def _chunk(part: _DiskPart, lo: int, hi: int, res: np.ndarray) -> int:
         t0 = time.thread_time_ns()
         pages = part.pool.pages
         for i in range(lo, hi):
@@ -128,7 +131,7 @@ class _ThreadEngine:
                 res[i] = -(exc.errno or 5)
         return time.thread_time_ns() - t0
 
-    def read(self, part: _Part, res: np.ndarray) -> int:
+    def read(self, part: _DiskPart, res: np.ndarray) -> int:
         """Fill res with each read's bytes or -errno; returns the pool threads' CPU ns."""
         n = res.shape[0]
         k = min(self._threads, n)
@@ -140,49 +143,41 @@ class _ThreadEngine:
         self._executor.shutdown(wait=True)
 
 
-class DiskSource(PageSource):
+class DiskSource(QueuedSource[_UringEngine | _ThreadEngine]):
     """Pages of staged regions read with O_DIRECT from local files or block devices."""
 
-    capabilities = frozenset({"local", "disk", "odirect"})
+    read_what = "disk read"
 
-    def __init__(self, regions: Sequence[RegionSpec], *, engine: str = "auto", queue_depth: int = 128,
-                 workers_per_device: int = 1, pool_threads: int = 32, verify_reads: bool = False,
+    def __init__(self, regions: Sequence[Region], options: DiskOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None) -> None:
-        if engine not in ENGINES:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown disk engine {engine!r}",
+        super().__init__(regions, page_crc32c=page_crc32c)
+        self.options = opts = typed_options(options, DiskOptions)
+        # DiskOptions is a msgspec struct: its bounds hold when parsed from a control file, not when built in code.
+        if opts.engine not in ENGINES:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown disk engine {opts.engine!r}",
                                  fix=f"choose one of {', '.join(ENGINES)}")
-        if not 1 <= queue_depth <= 4096 or workers_per_device < 1 or pool_threads < 1:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"queue_depth {queue_depth}, workers_per_device "
-                                 f"{workers_per_device}, pool_threads {pool_threads}",
-                                 fix="use 1 <= queue_depth <= 4096 and at least one worker and thread")
-        self._table = RegionTable.build(regions)
-        self._expected = expected_checksums(self._table, page_crc32c, verify_reads)
-        self.verify_reads = verify_reads
-        self.queue_depth = queue_depth
+        if not 1 <= opts.queue_depth <= 4096 or not 1 <= opts.io_threads <= 64:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"queue_depth {opts.queue_depth}, io_threads "
+                                 f"{opts.io_threads}", fix="use 1 <= queue_depth <= 4096 and 1 <= io_threads <= 64")
+        self.queue_depth = opts.queue_depth
         self._fds: dict[str, int] = {}
         try:
             self._open_files()
-            self.engine_name = self._choose_engine(engine)
+            self.engine_name = self._choose_engine(opts.engine)
         except BaseException:
             self._close_files()
             raise
-        if verify_reads:
-            self.capabilities = self.capabilities | {"verify"}
-        self._book = TicketBook("DiskSource")
-        self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
-        self.devices = sorted({int(d) for d in self._table.device})
-        self._region_fd = np.array([self._fds[s.path] for s in self._table.regions], dtype=np.int32)
-        self._region_offset = np.array([s.offset_bytes for s in self._table.regions], dtype=np.int64)
-        self._queues: dict[int, list[queue.SimpleQueue]] = {}
-        self._threads: list[threading.Thread] = []
-        self._start_workers(workers_per_device, pool_threads)
+        self.devices = sorted({int(d) for d in self._region_device})
+        self._region_fd = np.array([self._fds[r.path] for r in self.regions], dtype=np.int32)         # [R]
+        self._region_offset = np.array([r.offset_bytes for r in self.regions], dtype=np.int64)  # [R] bytes
+        self._start_lanes(opts.io_threads, per_device=True)
         log.info("DiskSource: engine %s, %d regions on %d devices, queue depth %d, %d worker(s) per device",
-                 self.engine_name, len(self._table.regions), len(self.devices), queue_depth, workers_per_device)
+                 self.engine_name, len(self.regions), len(self.devices), opts.queue_depth, opts.io_threads)
 
     # -- construction ---------------------------------------------------------------------------
 
     def _open_files(self) -> None:
-        for spec in self._table.regions:
+        for spec in self.regions:
             if spec.path not in self._fds:
                 try:
                     self._fds[spec.path] = os.open(spec.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
@@ -219,118 +214,36 @@ class DiskSource(PageSource):
                     "(fallback #%d in this process)", reason, sum(ENGINE_FALLBACKS.values()))
         return "threads"
 
-    def _start_workers(self, workers_per_device: int, pool_threads: int) -> None:
-        ready: list[tuple[threading.Event, list[BaseException]]] = []
-        for device in self.devices:
-            self._queues[device] = []
-            for w in range(workers_per_device):
-                q: queue.SimpleQueue = queue.SimpleQueue()
-                started = (threading.Event(), [])
-                thread = threading.Thread(target=self._worker, args=(q, started, pool_threads), daemon=True,
-                                          name=f"slacktier-disk-d{device}-w{w}")
-                thread.start()
-                self._queues[device].append(q)
-                self._threads.append(thread)
-                ready.append(started)
-        failures = []
-        for event, errors in ready:
-            event.wait()
-            failures.extend(errors)
-        if failures:
-            self.close()
-            raise failures[0]
+    # -- the lanes ------------------------------------------------------------------------------
 
-    # -- the I/O workers ------------------------------------------------------------------------
+    def _open_lane(self, lane: Lane[_UringEngine | _ThreadEngine]) -> None:
+        # The ring is created on the lane's thread: with IORING_SETUP_SINGLE_ISSUER only it may submit.
+        lane.state = (_UringEngine(self.queue_depth, list(self._fds.values())) if self.engine_name == "io_uring"
+                      else _ThreadEngine(min(PREAD_THREADS_MAX, self.queue_depth)))
 
-    def _worker(self, q: queue.SimpleQueue, started: tuple[threading.Event, list[BaseException]],
-                pool_threads: int) -> None:
-        try:
-            # The ring is created here: with IORING_SETUP_SINGLE_ISSUER only this thread may submit.
-            io: _UringEngine | _ThreadEngine = (_UringEngine(self.queue_depth, list(self._fds.values()))
-                                                if self.engine_name == "io_uring"
-                                                else _ThreadEngine(min(pool_threads, self.queue_depth)))
-        except BaseException as exc:  # reported to the constructor, which raises it
-            started[1].append(exc)
-            started[0].set()
-            return
-        started[0].set()
-        try:
-            while True:
-                part = q.get()
-                if part is None:
-                    return
-                self._run_part(io, part)
-        finally:
-            io.close()
+    def _close_lane(self, lane: Lane[_UringEngine | _ThreadEngine]) -> None:
+        if lane.state is not None:
+            lane.state.close()
 
-    def _run_part(self, io: _UringEngine | _ThreadEngine, part: _Part) -> None:
-        t0 = time.thread_time_ns()
-        error: BaseException | None = None
-        extra_cpu = 0
-        try:
-            res = np.full(part.region.shape[0], NOT_DONE, dtype=np.int32)
-            extra_cpu = io.read(part, res)
-            error = results_error(res, part.region, part.page, self._table, "disk read")
-            if error is None and self._expected is not None:
-                error = checksum_error(part.pool, part.region, part.page, part.buffer, self._table,
-                                       self._expected, "disk read")
-        except BaseException as exc:  # never leave a ticket hanging; wait() re-raises it
-            error = exc
-        self._book.finish_part(part.pending, time.thread_time_ns() - t0 + extra_cpu, error)
-
-    # -- the interface --------------------------------------------------------------------------
-
-    def submit(self, reads: PageReads, pool: PageBufferPool) -> int:
-        """Queue the batch on the device workers; returns a ticket at once."""
-        self._book.refuse_if_closed()
-        reads = own_reads(reads)
-        check_reads(reads, self._table, pool)
-        region, page, buffer = reads.region, reads.page, reads.buffer
-        fds = self._region_fd[region]
-        offsets = self._region_offset[region] + page * PAGE_BYTES
-        addrs = np.uint64(pool.address(0)) + buffer.astype(np.uint64) * np.uint64(PAGE_BYTES)
-        if len(self.devices) == 1:
-            groups = [(self.devices[0], None)]
-        else:
-            device = self._table.device[region]
-            groups = [(d, np.flatnonzero(device == d)) for d in self.devices]
-            groups = [(d, idx) for d, idx in groups if idx.size]
-        parts: list[tuple[int, int, np.ndarray | None]] = []  # (device, worker, read indices or all)
-        for d, idx in groups:
-            n = region.shape[0] if idx is None else idx.shape[0]
-            k = min(len(self._queues[d]), n)
-            if k <= 1:
-                parts.append((d, 0, idx))
-            else:
-                whole = np.arange(n) if idx is None else idx
-                parts.extend((d, w, chunk) for w, chunk in enumerate(np.array_split(whole, k)))
-        if not region.shape[0]:
-            return self._book.open(0, 0)[0]
-        batch = []
-        for d, w, idx in parts:
-            if idx is None:
-                part = _Part(None, pool, region, page, buffer, fds, offsets, addrs)
-            else:
-                part = _Part(None, pool, region[idx], page[idx], buffer[idx], fds[idx], offsets[idx], addrs[idx])
-            batch.append((self._queues[d][w], part))
-        with self._submit_lock:
-            ticket, pending = self._book.open(len(batch), int(region.shape[0]))
-            for q, part in batch:
-                part.pending = pending
-                q.put(part)
-        return ticket
-
-    def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
-        """Block until the batch landed in the pool; raise SlackTierError naming layer/rank/page on a bad read."""
-        return self._book.wait(ticket, timeout_s)
+    def _read(self, lane: Lane[_UringEngine | _ThreadEngine], part: Part) -> None | SlackTierError:
+        assert lane.state is not None
+        region, buffer = part.region, part.buffer
+        pool = part.pool
+        io = _DiskPart(pool, buffer, self._region_fd[region], self._region_offset[region] + part.page * PAGE_BYTES,
+                       np.uint64(pool.address(0)) + buffer.astype(np.uint64) * np.uint64(PAGE_BYTES))
+        res = np.full(region.shape[0], NOT_DONE, dtype=np.int32)
+        part.cpu_ns += lane.state.read(io, res)
+        return self._results_error(res, part)
 
     def close(self) -> None:
         """Finish queued batches, stop the workers, close rings and files; later calls raise CLOSED."""
-        stop_workers(self._book, self._submit_lock, [q for qs in self._queues.values() for q in qs], self._threads)
-        self._threads.clear()
+        super().close()
         self._close_files()
 
     def _close_files(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+register_tier("disk", DiskSource, DiskOptions)

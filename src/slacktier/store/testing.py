@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import RegionSpec
 from slacktier.tables.codec import synthetic_rows
 from slacktier.tables.layout import pack_rows_into_pages
 from slacktier.tables.manifest import Manifest
+from slacktier.tables.regions import Region
 from slacktier.tables.stage import layer_seed
 from slacktier.tables.stage import stage_synthetic as stage_table_synthetic
 
@@ -39,9 +39,9 @@ def supports_o_direct(directory: Path) -> bool:
 
 @dataclass(frozen=True)
 class StagedRegions:
-    """A staged synthetic table: region specs in manifest order, each region's expected pages [P, 4096] uint8."""
+    """A staged synthetic table: runtime regions in manifest order, each region's expected pages [P, 4096] uint8."""
 
-    specs: list[RegionSpec]
+    specs: list[Region]
     pages: list[np.ndarray]
     manifest: Manifest
 
@@ -63,7 +63,7 @@ def stage_synthetic(directory: Path, *, layers: tuple[int, ...] = (1,), ranks: i
                                      buffered=not supports_o_direct(directory), progress=False)
     pages = [pack_rows_into_pages(synthetic_rows(int(layer_seed(seed, r.layer)), r.row_start, r.rows))
              for r in manifest.regions]
-    return StagedRegions(manifest.region_specs(), pages, manifest)
+    return StagedRegions(manifest.runtime_regions(), pages, manifest)
 
 
 def _free_port() -> int:

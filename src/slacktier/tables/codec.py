@@ -42,7 +42,7 @@ import numpy as np
 import torch
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES, SCALE_BLOCK
+from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES, ROW_WORDS, SCALE_BLOCK
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BF16_NAN_BITS = 0x7FC0  # the NaN we write (see the module docstring)
@@ -198,7 +198,6 @@ def _mix64(z: np.uint64) -> np.uint64:
 _NAN_LOW7 = 0x7F7F7F7F7F7F7F7F
 _ONES = 0x0101010101010101
 _HIGHS = 0x8080808080808080
-_ROW_WORDS = ROW_BYTES // 8  # 33: a row is 8-byte aligned in any [N, 264] array
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -223,8 +222,8 @@ def synthetic_row_into(seed: np.uint64, row: np.int64, out64: np.ndarray, at: np
 @numba.njit(nogil=True, cache=True)
 def _synthetic_fill(seed: np.uint64, row_start: np.int64, out64: np.ndarray) -> None:
     # out64: [rows * 33] uint64, the [rows, 264] uint8 output viewed as words
-    for i in range(out64.shape[0] // _ROW_WORDS):
-        synthetic_row_into(seed, row_start + i, out64, i * _ROW_WORDS)
+    for i in range(out64.shape[0] // ROW_WORDS):
+        synthetic_row_into(seed, row_start + i, out64, i * ROW_WORDS)
 
 
 def synthetic_seed(seed: int) -> np.uint64:

@@ -33,44 +33,8 @@ import numba
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-
-# ---------------------------------------------------------------------------
-# Deterministic primality (Miller-Rabin, witnesses exact for n < 3.3e24).
-
-_MR_WITNESSES = (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)
-
-
-def is_prime(n: int) -> bool:
-    """Exact primality for n < 3.3e24: is_prime(16000057) -> True."""
-    if n < 2:
-        return False
-    for p in _MR_WITNESSES:
-        if n % p == 0:
-            return n == p
-    odd, twos = n - 1, 0
-    while odd % 2 == 0:
-        odd //= 2
-        twos += 1
-    for a in _MR_WITNESSES:
-        x = pow(a, odd, n)
-        if x in (1, n - 1):
-            continue
-        for _ in range(twos - 1):
-            x = x * x % n
-            if x == n - 1:
-                break
-        else:
-            return False
-    return True
-
-
-def next_prime(n: int) -> int:
-    """Smallest prime strictly above n (sympy.nextprime's contract): next_prime(19999999) -> 20000003."""
-    candidate = max(n + 1, 2)
-    while not is_prime(candidate):
-        candidate += 1
-    return candidate
-
+from slacktier.tables.hash_kernels import BAD_HISTORY, BAD_TOKEN, FAST_MOD_MIN_PRIME, OK, as_int64, decode_inputs, \
+    next_history, next_prime, output, prefill_history, raise_for_status, rolling_hash
 
 # ---------------------------------------------------------------------------
 # Frozen DeepSeek-V4.1 facts (tests re-derive every one of them).
@@ -102,8 +66,6 @@ V41_MULTIPLIERS = (
 )
 
 _INT64_MAX = (1 << 63) - 1
-# The float-reciprocal modulo is exact when x < 2**63 and p >= 2**13 (see _mod).
-_FAST_MOD_MIN_PRIME = 1 << 13
 
 
 def derive_engram_primes(layer_ids: tuple[int, ...], max_ngram: int, n_heads: int,
@@ -139,7 +101,11 @@ def derive_engram_multipliers(layer_ids: tuple[int, ...], max_ngram: int,
 
 @dataclass(frozen=True)
 class EngramLayout:
-    """Where each Engram hash column lands: primes, offsets, multipliers and rows per layer."""
+    """Where each Engram hash column lands: primes, offsets, multipliers and rows per layer.
+
+    Implements slacktier.tables.table_layout.TableLayout (`layer_rows`, `layer_column_bounds` by layer id);
+    `rows(i)` and `column_bounds(i)` take the layer's position i in `layer_ids`.
+    """
 
     layer_ids: tuple[int, ...]
     max_ngram: int
@@ -225,6 +191,23 @@ class EngramLayout:
         """Column c of a layer owns rows [b[c], b[c+1]); b[0] = 0, b[-1] = rows(layer_index)."""
         return (0, *(int(v) for v in np.cumsum(self.primes_array[layer_index])))
 
+    # slacktier.tables.table_layout.TableLayout: the same facts keyed by model layer id, not position.
+
+    def layer_rows(self, layer_id: int) -> int:
+        """Rows of model layer `layer_id`'s table: layer_rows(14) -> 384,016,682 in V4.1."""
+        return self.rows(self._index_of(layer_id))
+
+    def layer_column_bounds(self, layer_id: int) -> tuple[int, ...]:
+        """Column bounds of model layer `layer_id`'s table (see column_bounds)."""
+        return self.column_bounds(self._index_of(layer_id))
+
+    def _index_of(self, layer_id: int) -> int:
+        if layer_id not in self.layer_ids:
+            raise SlackTierError(ErrorKind.BAD_INPUT,
+                                 f"layer {layer_id} has no Engram table (layers {self.layer_ids})",
+                                 fix="pick one of the layout's layer_ids", layer=layer_id)
+        return self.layer_ids.index(layer_id)
+
 
 @functools.lru_cache(maxsize=1)
 def _v41_layout() -> EngramLayout:
@@ -234,41 +217,7 @@ def _v41_layout() -> EngramLayout:
 
 
 # ---------------------------------------------------------------------------
-# Compiled hot loops. Status codes: 0 ok, 1 token id out of the map, 2 bad history row.
-
-_OK, _BAD_TOKEN, _BAD_HISTORY = 0, 1, 2
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _mod_reciprocal(x, x_float, p, inv_p):
-    """x % p for 0 <= x < 2**63 and p >= 2**13 without a divide: q = trunc(float(x) * (1/p)) is
-    off by at most one (three roundings of 2**-53 on a quotient below 2**50 stay under 3/8),
-    and two branchless steps fix it."""
-    r = x - np.int64(x_float * inv_p) * p
-    r += p & (r >> 63)
-    r -= p
-    return r + (p & (r >> 63))
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _mod_divide(x, p):
-    """x % p for 0 <= x < 2**63 by an unsigned hardware divide (no sign fix-ups)."""
-    return np.int64(np.uint64(x) % np.uint64(p))
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _bucket(rolling, base, n_heads, primes, inv_primes, offsets, fast, out, out_base):
-    # Columns base..base+n_heads of one layer: out[out_base + h] = rolling % primes[base + h] + offsets[base + h]
-    if fast:
-        rolling_float = np.float64(rolling)
-        for head in range(n_heads):
-            col = base + head
-            out[out_base + head] = _mod_reciprocal(rolling, rolling_float, primes[col], inv_primes[col]) + offsets[col]
-    else:
-        for head in range(n_heads):
-            col = base + head
-            out[out_base + head] = _mod_divide(rolling, primes[col]) + offsets[col]
-
+# Compiled hot loops (the shared rolling hash is slacktier.tables.hash_kernels.rolling_hash).
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _hash_window(comp, mult, primes, inv_primes, offsets, fast, n_heads, out, row):
@@ -277,11 +226,8 @@ def _hash_window(comp, mult, primes, inv_primes, offsets, fast, n_heads, out, ro
     n_layers = mult.shape[0] // n
     n_cols = (n - 1) * n_heads
     for layer in range(n_layers):
-        rolling = comp[0] * mult[layer * n]
-        for shift in range(1, n):
-            rolling ^= comp[shift] * mult[layer * n + shift]
-            base = layer * n_cols + (shift - 1) * n_heads
-            _bucket(rolling, base, n_heads, primes, inv_primes, offsets, fast, out, row * n_layers * n_cols + base)
+        rolling_hash(comp, mult, layer * n, primes, inv_primes, offsets, layer * n_cols, fast, n_heads, out,
+                     row * n_layers * n_cols)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -296,22 +242,22 @@ def _engram_prefill_kernel(ids, history, token_map, pad_id, mult, primes, inv_pr
         tok = history[k]
         if tok < 0:
             if started:
-                return _BAD_HISTORY, k
+                return BAD_HISTORY, k
             comp[n - 1 - k] = pad_id
         else:
             if tok >= vocab:
-                return _BAD_TOKEN, -1 - k
+                return BAD_TOKEN, -1 - k
             started = True
             comp[n - 1 - k] = token_map[tok]
     for t in range(ids.shape[0]):
         tok = ids[t]
         if tok < 0 or tok >= vocab:
-            return _BAD_TOKEN, t
+            return BAD_TOKEN, t
         comp[0] = token_map[tok]
         _hash_window(comp, mult, primes, inv_primes, offsets, fast, n_heads, out, t)
         for shift in range(n - 1, 0, -1):
             comp[shift] = comp[shift - 1]
-    return _OK, 0
+    return OK, 0
 
 
 @numba.njit(nogil=True, cache=True)
@@ -323,80 +269,22 @@ def _engram_decode_kernel(new_tokens, history, token_map, pad_id, mult, primes, 
     for b in range(new_tokens.shape[0]):
         tok = new_tokens[b]
         if tok < 0 or tok >= vocab:
-            return _BAD_TOKEN, b
+            return BAD_TOKEN, b
         comp[0] = token_map[tok]
         started = False
         for k in range(n - 1):
             prev = history[b, k]
             if prev < 0:
                 if started:
-                    return _BAD_HISTORY, b
+                    return BAD_HISTORY, b
                 comp[n - 1 - k] = pad_id
             else:
                 if prev >= vocab:
-                    return _BAD_TOKEN, b
+                    return BAD_TOKEN, b
                 started = True
                 comp[n - 1 - k] = token_map[prev]
         _hash_window(comp, mult, primes, inv_primes, offsets, fast, n_heads, out, b)
-    return _OK, 0
-
-
-def _as_int64(name: str, values: np.ndarray, ndim: int) -> np.ndarray:
-    array = np.ascontiguousarray(values, dtype=np.int64)
-    if array.ndim != ndim:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{name} must have {ndim} dimension(s), got shape {array.shape}",
-                             fix=f"pass {name} as a {ndim}-d integer array")
-    return array
-
-
-def _prefill_history(history: np.ndarray | None, width: int) -> np.ndarray:
-    """A prefill chunk's history [width] as int64: all -1 for None (the chunk starts the sequence), else checked."""
-    if history is None:
-        return np.full(width, -1, dtype=np.int64)
-    hist = _as_int64("history", history, 1)
-    if hist.shape[0] != width:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"history must hold {width} ids, got {hist.shape[0]}",
-                             fix="pass the n-1 predecessors, oldest first, -1 before the sequence start")
-    return hist
-
-
-def _decode_inputs(new_tokens: np.ndarray, history: np.ndarray, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """A decode step's new tokens [B] and history [B, width] as int64, shapes checked."""
-    new = _as_int64("new_tokens", new_tokens, 1)
-    hist = _as_int64("history", history, 2)
-    if hist.shape != (new.shape[0], width):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"history must be [{new.shape[0]}, {width}], got {list(hist.shape)}",
-                             fix="one row of n-1 predecessors per new token, oldest first")
-    return new, hist
-
-
-def _output(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
-    """`out` checked to be a C-contiguous int64 array of `shape`, or a new one when None."""
-    if out is None:
-        return np.empty(shape, dtype=np.int64)
-    if out.shape != shape or out.dtype != np.int64 or not out.flags.c_contiguous:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"out must be a C-contiguous int64 array of shape {shape}",
-                             fix="allocate it with new_output(n_tokens)")
-    return out
-
-
-def raise_for_status(status: int, index: int, what: str, vocab: int) -> None:
-    """Turn a kernel status code into a SlackTierError (shared by the Engram and PLE hashers)."""
-    if status == _BAD_TOKEN:
-        where = f"history slot {-1 - index}" if index < 0 else f"position {index}"
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{what}: token id at {where} is outside 0..{vocab - 1}",
-                             fix="pass raw token ids of the tokenizer the hasher was built for")
-    if status == _BAD_HISTORY:
-        raise SlackTierError(ErrorKind.BAD_INPUT,
-                             f"{what}: history row {index} has a -1 (before sequence start) after a real token",
-                             fix="history is oldest first; -1 may only fill its oldest slots")
-
-
-def next_history(history: np.ndarray | None, token_ids: np.ndarray, width: int) -> np.ndarray:
-    """History row ([width] oldest first, -1 before start) after appending token_ids: [-1,-1,5] + [7] -> [-1,5,7]."""
-    prior = np.full(width, -1, dtype=np.int64) if history is None else np.asarray(history, dtype=np.int64)
-    joined = np.concatenate([prior, np.asarray(token_ids, dtype=np.int64).reshape(-1)])
-    return joined[-width:].copy()
+    return OK, 0
 
 
 class EngramHasher:
@@ -428,7 +316,7 @@ class EngramHasher:
         # reciprocal_mod swaps the divide for a float-reciprocal modulo (bit-identical, needs primes >= 2**13).
         # Off by default: on the Zen 4 CI machine the unsigned divide measured faster (bench_tables_hash.py);
         # it is kept for CPUs with a slow 64-bit divide.
-        self._fast = bool(reciprocal_mod and layout.primes_array.min() >= _FAST_MOD_MIN_PRIME)
+        self._fast = bool(reciprocal_mod and layout.primes_array.min() >= FAST_MOD_MIN_PRIME)
         self.history_width = layout.max_ngram - 1
 
     def _args(self) -> tuple:
@@ -443,8 +331,8 @@ class EngramHasher:
                 out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [T, L, C] of one sequence's tokens [T]; history [n-1] (oldest first, -1 before start)
         continues an earlier chunk, None means the chunk starts the sequence."""
-        ids = _as_int64("token_ids", token_ids, 1)
-        hist = _prefill_history(history, self.history_width)
+        ids = as_int64("token_ids", token_ids, 1)
+        hist = prefill_history(history, self.history_width)
         out = self._check_out(out, ids.shape[0])
         status, index = _engram_prefill_kernel(ids, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "Engram prefill", self.token_map.shape[0])
@@ -452,7 +340,7 @@ class EngramHasher:
 
     def decode(self, new_tokens: np.ndarray, history: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [B, L, C] of one new token per session [B], given history [B, n-1] (oldest first, -1 before start)."""
-        new, hist = _decode_inputs(new_tokens, history, self.history_width)
+        new, hist = decode_inputs(new_tokens, history, self.history_width)
         out = self._check_out(out, new.shape[0])
         status, index = _engram_decode_kernel(new, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "Engram decode", self.token_map.shape[0])
@@ -463,4 +351,4 @@ class EngramHasher:
         return next_history(history, token_ids, self.history_width)
 
     def _check_out(self, out: np.ndarray | None, n_tokens: int) -> np.ndarray:
-        return _output(out, (n_tokens, self.layout.n_layers, self.layout.n_columns))
+        return output(out, (n_tokens, self.layout.n_layers, self.layout.n_columns))

@@ -9,8 +9,6 @@ Worked example: row 31 of a shard -> page 2, byte 264 (31 = 2 * 15 + 1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
@@ -21,7 +19,11 @@ ROW_SCALES = ROW_VALUES // SCALE_BLOCK  # 8
 ROW_BYTES = ROW_VALUES + ROW_SCALES     # 264: 256 B of fp8 then 8 B of e8m0
 PAGE_BYTES = 4096
 ROWS_PER_PAGE = PAGE_BYTES // ROW_BYTES  # 15 (15 * 264 = 3960 B used)
-PAGE_USED_BYTES = ROWS_PER_PAGE * ROW_BYTES
+PAGE_USED_BYTES = ROWS_PER_PAGE * ROW_BYTES  # 3960; the last 136 bytes of a page are zero
+# The same geometry in 8-byte words, for the compiled page fillers (rows are 8-byte aligned in a page).
+PAGE_WORDS = PAGE_BYTES // 8                 # 512
+ROW_WORDS = ROW_BYTES // 8                   # 33
+PAGE_USED_WORDS = ROWS_PER_PAGE * ROW_WORDS  # 495: words 495..511 of a page are zero
 
 
 def pages_for_rows(rows: int) -> int:
@@ -61,24 +63,6 @@ def shard_bounds(rows: int, column_bounds: tuple[int, ...] | None, rank: int, ra
             per = cols // ranks
             return column_bounds[rank * per], column_bounds[(rank + 1) * per]
     return rows * rank // ranks, rows * (rank + 1) // ranks
-
-
-@dataclass(frozen=True)
-class RegionGeometry:
-    """Where one (layer, rank) shard lives: global rows [row_start, row_start + rows)."""
-
-    layer: int
-    rank: int
-    row_start: int
-    rows: int
-
-    @property
-    def pages(self) -> int:
-        return pages_for_rows(self.rows)
-
-    @property
-    def nbytes(self) -> int:
-        return self.pages * PAGE_BYTES
 
 
 def pack_rows_into_pages(raw_rows: np.ndarray) -> np.ndarray:

@@ -1,8 +1,9 @@
 """The manifest of a staged table: JSON beside the data, never inside the pages.
 
-`<manifest>.json` records the format version, the table layout (layer ids, rows
-per layer, column bounds, row/page geometry), the rank count, the targets, every
-(layer, rank) region (target, device index, byte offset, pages, global rows),
+`<manifest>.json` records the format version, the table layout (`StagedLayout`:
+layer ids, rows per layer, column bounds, row/page geometry), the rank count,
+the targets, every (layer, rank) region (`tables.regions.StagedRegion`: target,
+device index, byte offset, pages, global rows),
 the source digest, and a reference to the per-page checksums. Checksums
 (CRC32C of each whole 4 KiB page, little-endian uint32, regions concatenated in
 manifest order) live in a binary file beside the manifest, `<manifest stem>.crc`,
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,8 +32,9 @@ from typing import Any
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.base import RegionSpec
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
+from slacktier.tables.regions import Region, StagedRegion
+from slacktier.tables.table_layout import TableLayout
 
 FORMAT = "slacktier-table"
 FORMAT_VERSION = 1
@@ -40,8 +43,12 @@ TARGET_MAGIC = b"SLACKTIER-TABLE\x00"  # first 16 bytes of a target's header pag
 
 
 @dataclass(frozen=True)
-class TableLayout:
-    """Which layers a table has and how many rows each; column bounds where the hash has columns."""
+class StagedLayout:
+    """The manifest's record of a table layout: rows per layer id, and column bounds where the hash has columns.
+
+    Build it from any `TableLayout` (EngramLayout, PleLayout) with `from_layout`,
+    or from `{layer_id: rows}` with `from_rows`.
+    """
 
     rows: dict[int, int]                                   # layer id -> rows
     column_bounds: dict[int, tuple[int, ...]] = field(default_factory=dict)  # layer id -> bounds (len cols+1)
@@ -61,8 +68,22 @@ class TableLayout:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"column bounds of layer {layer} must rise from 0 to "
                                      f"{self.rows[layer]}", fix="use the layout's own column bounds", layer=layer)
 
+    @classmethod
+    def from_layout(cls, layout: TableLayout) -> StagedLayout:
+        """The record of a hashed table's layout: every layer's rows and column bounds."""
+        bounds = {int(layer): tuple(int(b) for b in layout.layer_column_bounds(layer)) for layer in layout.layer_ids}
+        return cls({layer: b[-1] for layer, b in bounds.items()}, bounds)
+
+    @classmethod
+    def from_rows(cls, rows: Mapping[int, int],
+                  column_bounds: Mapping[int, Sequence[int]] | None = None) -> StagedLayout:
+        """A layout from `{layer_id: rows}` and, optionally, some layers' column bounds: {1: 400} -> one layer."""
+        return cls({int(k): int(v) for k, v in rows.items()},
+                   {int(k): tuple(int(x) for x in v) for k, v in (column_bounds or {}).items()})
+
     @property
     def layer_ids(self) -> tuple[int, ...]:
+        """Layer ids, ascending."""
         return tuple(sorted(self.rows))
 
     def shard(self, layer: int, rank: int, ranks: int) -> tuple[int, int]:
@@ -70,12 +91,14 @@ class TableLayout:
         return shard_bounds(self.rows[layer], self.column_bounds.get(layer), rank, ranks)
 
     def to_json(self) -> dict[str, Any]:
+        """The manifest's "layout" object."""
         return {"layers": list(self.layer_ids), "rows": {str(k): self.rows[k] for k in self.layer_ids},
                 "column_bounds": {str(k): list(v) for k, v in sorted(self.column_bounds.items())},
                 "row_bytes": ROW_BYTES, "page_bytes": PAGE_BYTES, "rows_per_page": ROWS_PER_PAGE}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> TableLayout:
+    def from_json(cls, d: dict[str, Any]) -> StagedLayout:
+        """Read the manifest's "layout" object, refusing another row/page geometry."""
         if (d.get("row_bytes"), d.get("page_bytes"), d.get("rows_per_page")) != (ROW_BYTES, PAGE_BYTES, ROWS_PER_PAGE):
             raise SlackTierError(ErrorKind.BAD_INPUT, "manifest row/page geometry differs from this build's "
                                  f"({ROW_BYTES} B rows, {PAGE_BYTES} B pages)", fix="restage the table")
@@ -83,54 +106,7 @@ class TableLayout:
                    {int(k): tuple(int(x) for x in v) for k, v in d.get("column_bounds", {}).items()})
 
 
-def table_layout_from(layout: Any, column_bounds: dict[int, tuple[int, ...]] | None = None) -> TableLayout:
-    """A TableLayout from `{layer_id: rows}` (+ optional bounds), a TableLayout, or an Engram-style layout object.
-
-    An object needs `layer_ids` and either a `column_bounds(i)` method (rows =
-    its last bound, as in SGLang's EngramLayout) or `num_embeddings[i]`.
-    """
-    if isinstance(layout, TableLayout):
-        return layout
-    if isinstance(layout, dict):
-        return TableLayout({int(k): int(v) for k, v in layout.items()},
-                           {int(k): tuple(int(x) for x in v) for k, v in (column_bounds or {}).items()})
-    layer_ids = getattr(layout, "layer_ids", None)
-    if layer_ids is None:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read a table layout from {type(layout).__name__}",
-                             fix="pass {layer_id: rows} or an object with layer_ids")
-    rows: dict[int, int] = {}
-    bounds: dict[int, tuple[int, ...]] = {}
-    cb = getattr(layout, "column_bounds", None)
-    for i, layer in enumerate(layer_ids):
-        if callable(cb):
-            b = tuple(int(x) for x in cb(i))
-            bounds[int(layer)] = b
-            rows[int(layer)] = b[-1]
-        else:
-            rows[int(layer)] = int(layout.num_embeddings[i])
-    return TableLayout(rows, bounds)
-
-
-@dataclass(frozen=True)
-class Region:
-    """One (layer, rank) shard on a target: global rows [row_start, row_start + rows), whole pages."""
-
-    layer: int
-    rank: int
-    device: int            # index into the manifest's targets
-    path: str              # the target file or block device
-    offset_bytes: int      # 4 KiB aligned, past the target's header page
-    pages: int
-    row_start: int
-    rows: int
-    crc_first_page: int    # index of this region's first page in the checksum file
-
-    @property
-    def nbytes(self) -> int:
-        return self.pages * PAGE_BYTES
-
-
-def plan_regions(layout: TableLayout, ranks: int, targets: list[str]) -> list[Region]:
+def plan_regions(layout: StagedLayout, ranks: int, targets: list[str]) -> list[StagedRegion]:
     """Place every (layer, rank) region: rank r on target r % len(targets), packed after each header page.
 
     Regions are ordered by (layer, rank); each target's regions follow one
@@ -140,21 +116,21 @@ def plan_regions(layout: TableLayout, ranks: int, targets: list[str]) -> list[Re
         raise SlackTierError(ErrorKind.BAD_INPUT, f"need ranks >= 1 and at least one target, got {ranks} and "
                              f"{len(targets)}", fix="pass --ranks and --target")
     next_offset = [TARGET_HEADER_BYTES] * len(targets)
-    regions: list[Region] = []
+    regions: list[StagedRegion] = []
     crc_first = 0
     for layer in layout.layer_ids:
         for rank in range(ranks):
             start, end = layout.shard(layer, rank, ranks)
             device = rank % len(targets)
             pages = pages_for_rows(end - start)
-            regions.append(Region(layer, rank, device, targets[device], next_offset[device], pages, start,
-                                  end - start, crc_first))
+            regions.append(StagedRegion(layer, rank, device, targets[device], next_offset[device], pages, start,
+                                        end - start, crc_first))
             next_offset[device] += pages * PAGE_BYTES
             crc_first += pages
     return regions
 
 
-def target_bytes(regions: list[Region], n_targets: int) -> list[int]:
+def target_bytes(regions: list[StagedRegion], n_targets: int) -> list[int]:
     """Bytes each target needs: header page + its regions."""
     need = [TARGET_HEADER_BYTES] * n_targets
     for r in regions:
@@ -175,10 +151,10 @@ def sha256_file(path: str | Path, chunk_bytes: int = 8 << 20) -> str:
 class Manifest:
     """A staged table: layout, ranks, targets, regions, checksums, source. See the module docstring."""
 
-    layout: TableLayout
+    layout: StagedLayout
     ranks: int
     targets: list[str]
-    regions: list[Region]
+    regions: list[StagedRegion]
     source: dict[str, Any]          # {"kind": "synthetic"|"checkpoint", "digest": "sha256:...", ...}
     crc_file: str                   # checksum file name, relative to the manifest's directory
     crc_sha256: str
@@ -189,22 +165,39 @@ class Manifest:
 
     @property
     def source_digest(self) -> str:
+        """The "sha256:..." identity of the staged rows."""
         return str(self.source["digest"])
 
-    def region(self, layer: int, rank: int) -> Region:
-        """The region of (layer, rank)."""
+    def region(self, layer: int, rank: int) -> StagedRegion:
+        """The staged region of (layer, rank)."""
         for r in self.regions:
             if r.layer == layer and r.rank == rank:
                 return r
         raise SlackTierError(ErrorKind.MISSING, f"no region for layer {layer} rank {rank}",
                              fix="check the layer ids and rank count", layer=layer, rank=rank)
 
-    def region_specs(self) -> list[RegionSpec]:
-        """The regions as the tier's RegionSpec list, in manifest order."""
-        return [RegionSpec(layer=r.layer, rank=r.rank, path=r.path, offset_bytes=r.offset_bytes, pages=r.pages,
-                           device=r.device) for r in self.regions]
+    def runtime_regions(self, layer: int | None = None, rank: int | None = None,
+                        targets: Sequence[str] = ()) -> list[Region]:
+        """The regions a source reads, in manifest order (layer, then rank), rows filled in.
+
+        `layer` / `rank` keep only that layer's / rank's regions; `targets[d]`, where
+        given and non-empty, replaces the staged path of device d (a moved file or
+        device, a key prefix). A filter that matches nothing is refused.
+        """
+        if len(targets) > len(self.targets):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(targets)} target overrides for {len(self.targets)} "
+                                 "staged targets", fix="give at most one override per staged target")
+        picked = [r.runtime(targets[r.device] if r.device < len(targets) and targets[r.device] else None)
+                  for r in self.regions
+                  if (layer is None or r.layer == layer) and (rank is None or r.rank == rank)]
+        if not picked:
+            raise SlackTierError(ErrorKind.MISSING, f"manifest {self.path} has no region of layer {layer} rank {rank} "
+                                 f"(layers {list(self.layout.layer_ids)}, {self.ranks} ranks)",
+                                 fix="pick a layer and rank the table was staged with", layer=layer, rank=rank)
+        return picked
 
     def crc_path(self) -> Path:
+        """The checksum file, beside the manifest."""
         return Path(self.path).parent / self.crc_file
 
     def checksums(self) -> np.ndarray:
@@ -223,6 +216,7 @@ class Manifest:
         return crcs
 
     def to_json(self) -> dict[str, Any]:
+        """The manifest as a JSON object (see the module docstring)."""
         return {
             "format": FORMAT, "format_version": self.format_version, "created_utc": self.created_utc,
             "layout": self.layout.to_json(), "ranks": self.ranks,
@@ -257,9 +251,9 @@ class Manifest:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest",
                                  fix="restage the table with this version")
         cs = d["checksums"]
-        return cls(layout=TableLayout.from_json(d["layout"]), ranks=int(d["ranks"]),
+        return cls(layout=StagedLayout.from_json(d["layout"]), ranks=int(d["ranks"]),
                    targets=[t["path"] for t in sorted(d["targets"], key=lambda t: t["device"])],
-                   regions=[Region(**r) for r in d["regions"]], source=d["source"], crc_file=cs["file"],
+                   regions=[StagedRegion(**r) for r in d["regions"]], source=d["source"], crc_file=cs["file"],
                    crc_sha256=cs["sha256"], total_pages=int(cs["pages"]), path=str(path),
                    format_version=int(d["format_version"]), created_utc=d.get("created_utc", ""))
 

@@ -21,11 +21,9 @@ from numba.core import cgutils, types
 from numba.extending import intrinsic
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.layout import PAGE_BYTES, PAGE_WORDS
 
 log = logging.getLogger(__name__)
-
-PAGE_WORDS = PAGE_BYTES // 8  # 512
 
 
 def _cpu_has_sse42() -> bool:

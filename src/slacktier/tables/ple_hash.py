@@ -34,8 +34,8 @@ import numba
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.engram_hash import _FAST_MOD_MIN_PRIME, _OK, _as_int64, _bucket, _decode_inputs, _output, \
-    _prefill_history, next_history, next_prime, raise_for_status
+from slacktier.tables.hash_kernels import BAD_TOKEN, FAST_MOD_MIN_PRIME, OK, as_int64, decode_inputs, next_history, \
+    next_prime, output, prefill_history, raise_for_status, rolling_hash
 
 _MASK64 = (1 << 64) - 1
 _SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
@@ -87,7 +87,10 @@ def derive_ple_sizes(ngram_vocab_size_base: int, n_columns: int, ple_layer_index
 
 @dataclass(frozen=True)
 class PleLayout:
-    """One PLE table's hash parameters: head sizes, offsets, multipliers and row count."""
+    """One PLE table's hash parameters: head sizes, offsets, multipliers and row count.
+
+    Implements slacktier.tables.table_layout.TableLayout with the one layer `layer_id`.
+    """
 
     vocab_size: int
     ngram_size: int
@@ -99,6 +102,7 @@ class PleLayout:
     divisible_by: int
     sizes: tuple[int, ...]            # [C] prime per column, C = (ngram_size - 1) * heads_per_ngram
     multipliers: tuple[int, ...]      # [ngram_size]
+    layer_id: int = 1                 # model layer id the table is keyed by (manifest, engine); workloads use 1
     sizes_array: np.ndarray = field(init=False, repr=False, compare=False)        # [C] int64
     offsets_array: np.ndarray = field(init=False, repr=False, compare=False)      # [C] int64
     multipliers_array: np.ndarray = field(init=False, repr=False, compare=False)  # [n] int64
@@ -126,22 +130,22 @@ class PleLayout:
             object.__setattr__(self, name, value)
 
     @classmethod
-    def qwen38(cls, eos_token_id: int = QWEN38_EOS_TOKEN_ID) -> PleLayout:
+    def qwen38(cls, eos_token_id: int = QWEN38_EOS_TOKEN_ID, layer_id: int = 1) -> PleLayout:
         """Qwen3.8-Flash-Next's one PLE table: 2/3-grams x 8 heads, 320,001,446 rows (320,001,536 padded)."""
-        return _qwen38_layout(eos_token_id)
+        return _qwen38_layout(eos_token_id, layer_id)
 
     @classmethod
     def scaled(cls, ngram_vocab_size_base: int, vocab_size: int = QWEN38_VOCAB,
                eos_token_id: int = QWEN38_EOS_TOKEN_ID, ngram_size: int = QWEN38_NGRAM_SIZE,
                heads_per_ngram: int = QWEN38_HEADS_PER_NGRAM, ple_layer_index: int = 0,
-               seed: int = QWEN38_SEED, divisible_by: int = QWEN38_DIVISIBLE_BY) -> PleLayout:
+               seed: int = QWEN38_SEED, divisible_by: int = QWEN38_DIVISIBLE_BY, layer_id: int = 1) -> PleLayout:
         """The same hash over another table size: scaled(1000) gives ~16,000 rows."""
         n_columns = (ngram_size - 1) * heads_per_ngram
         return cls(vocab_size=vocab_size, ngram_size=ngram_size, heads_per_ngram=heads_per_ngram,
                    ngram_vocab_size_base=ngram_vocab_size_base, ple_layer_index=ple_layer_index, seed=seed,
                    eos_token_id=eos_token_id, divisible_by=divisible_by,
                    sizes=derive_ple_sizes(ngram_vocab_size_base, n_columns, ple_layer_index),
-                   multipliers=derive_ple_multipliers(vocab_size, ngram_size, ple_layer_index, seed))
+                   multipliers=derive_ple_multipliers(vocab_size, ngram_size, ple_layer_index, seed), layer_id=layer_id)
 
     @property
     def n_columns(self) -> int:
@@ -162,32 +166,51 @@ class PleLayout:
         """Column c owns rows [b[c], b[c+1]); b[-1] = rows."""
         return (0, *(int(v) for v in np.cumsum(self.sizes_array)))
 
+    # slacktier.tables.table_layout.TableLayout: one layer, `layer_id`.
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        """(layer_id,): the one model layer that looks this table up."""
+        return (self.layer_id,)
+
+    def layer_rows(self, layer_id: int) -> int:
+        """`rows` (the hash-addressed rows; padding is never looked up) of the table of `layer_id`."""
+        self._check_layer(layer_id)
+        return self.rows
+
+    def layer_column_bounds(self, layer_id: int) -> tuple[int, ...]:
+        """`column_bounds()` of the table of `layer_id`."""
+        self._check_layer(layer_id)
+        return self.column_bounds()
+
+    def _check_layer(self, layer_id: int) -> None:
+        if layer_id != self.layer_id:
+            raise SlackTierError(ErrorKind.BAD_INPUT,
+                                 f"this PLE table belongs to layer {self.layer_id}, not {layer_id}",
+                                 fix="key the table by its layout's layer_id", layer=layer_id)
+
 
 @functools.lru_cache(maxsize=4)
-def _qwen38_layout(eos_token_id: int) -> PleLayout:
+def _qwen38_layout(eos_token_id: int, layer_id: int) -> PleLayout:
     return PleLayout(vocab_size=QWEN38_VOCAB, ngram_size=QWEN38_NGRAM_SIZE, heads_per_ngram=QWEN38_HEADS_PER_NGRAM,
                      ngram_vocab_size_base=QWEN38_NGRAM_VOCAB_BASE, ple_layer_index=0, seed=QWEN38_SEED,
                      eos_token_id=eos_token_id, divisible_by=QWEN38_DIVISIBLE_BY, sizes=QWEN38_SIZES,
-                     multipliers=QWEN38_MULTIPLIERS)
-
-
-_BAD_TOKEN, _BAD_HISTORY = 1, 2
+                     multipliers=QWEN38_MULTIPLIERS, layer_id=layer_id)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _ple_hash_window(window, eos, mult, sizes, inv_sizes, offsets, fast, n_heads, out, row):
-    # window [n] raw ids by shift (shift 0 = the token); sizes/offsets [C]; out [T*C] flat view of [T, C]
+def _ple_hash_window(window, eos, mult, sizes, inv_sizes, offsets, fast, n_heads, scratch, out, row):
+    # window [n] raw ids by shift (shift 0 = the token); scratch [n]; sizes/offsets [C]; out [T*C] flat view of [T, C].
+    # The EOS rule: scratch holds the window with every predecessor beyond the first EOS read as EOS.
     n = window.shape[0]
-    n_cols = (n - 1) * n_heads
-    rolling = window[0] * mult[0]
+    scratch[0] = window[0]
     crossed = False
     for shift in range(1, n):
         tok = window[shift]
-        rolling ^= (eos if crossed else tok) * mult[shift]
+        scratch[shift] = eos if crossed else tok
         if tok == eos:
             crossed = True
-        base = (shift - 1) * n_heads
-        _bucket(rolling, base, n_heads, sizes, inv_sizes, offsets, fast, out, row * n_cols + base)
+    rolling_hash(scratch, mult, 0, sizes, inv_sizes, offsets, 0, fast, n_heads, out, row * (n - 1) * n_heads)
 
 
 @numba.njit(nogil=True, cache=True)
@@ -195,20 +218,21 @@ def _ple_prefill_kernel(ids, history, vocab, eos, mult, sizes, inv_sizes, offset
     # ids [T] raw; history [n-1] raw oldest first, -1 before start (read as EOS); out [T*C] flat.
     n = mult.shape[0]
     window = np.empty(n, dtype=np.int64)
+    scratch = np.empty(n, dtype=np.int64)
     for k in range(n - 1):
         tok = history[k]
         if tok >= vocab:
-            return _BAD_TOKEN, -1 - k
+            return BAD_TOKEN, -1 - k
         window[n - 1 - k] = eos if tok < 0 else tok
     for t in range(ids.shape[0]):
         tok = ids[t]
         if tok < 0 or tok >= vocab:
-            return _BAD_TOKEN, t
+            return BAD_TOKEN, t
         window[0] = tok
-        _ple_hash_window(window, eos, mult, sizes, inv_sizes, offsets, fast, n_heads, out, t)
+        _ple_hash_window(window, eos, mult, sizes, inv_sizes, offsets, fast, n_heads, scratch, out, t)
         for shift in range(n - 1, 0, -1):
             window[shift] = window[shift - 1]
-    return _OK, 0
+    return OK, 0
 
 
 @numba.njit(nogil=True, cache=True)
@@ -216,18 +240,19 @@ def _ple_decode_kernel(new_tokens, history, vocab, eos, mult, sizes, inv_sizes, 
     # new_tokens [B] raw; history [B, n-1] raw oldest first, -1 before start (read as EOS); out [B*C] flat.
     n = mult.shape[0]
     window = np.empty(n, dtype=np.int64)
+    scratch = np.empty(n, dtype=np.int64)
     for b in range(new_tokens.shape[0]):
         tok = new_tokens[b]
         if tok < 0 or tok >= vocab:
-            return _BAD_TOKEN, b
+            return BAD_TOKEN, b
         window[0] = tok
         for k in range(n - 1):
             prev = history[b, k]
             if prev >= vocab:
-                return _BAD_TOKEN, b
+                return BAD_TOKEN, b
             window[n - 1 - k] = eos if prev < 0 else prev
-        _ple_hash_window(window, eos, mult, sizes, inv_sizes, offsets, fast, n_heads, out, b)
-    return _OK, 0
+        _ple_hash_window(window, eos, mult, sizes, inv_sizes, offsets, fast, n_heads, scratch, out, b)
+    return OK, 0
 
 
 class PleHasher:
@@ -237,7 +262,7 @@ class PleHasher:
         self.layout = layout
         self.history_width = layout.ngram_size - 1
         self._inv_sizes = 1.0 / layout.sizes_array.astype(np.float64)
-        self._fast = bool(reciprocal_mod and layout.sizes_array.min() >= _FAST_MOD_MIN_PRIME)
+        self._fast = bool(reciprocal_mod and layout.sizes_array.min() >= FAST_MOD_MIN_PRIME)
 
     def _args(self) -> tuple:
         lay = self.layout
@@ -252,8 +277,8 @@ class PleHasher:
                 out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [T, C] of one sequence's tokens [T]; history [n-1] (oldest first; -1 or EOS before start)
         continues an earlier chunk, None means the chunk starts the sequence."""
-        ids = _as_int64("token_ids", token_ids, 1)
-        hist = _prefill_history(history, self.history_width)
+        ids = as_int64("token_ids", token_ids, 1)
+        hist = prefill_history(history, self.history_width)
         out = self._check_out(out, ids.shape[0])
         status, index = _ple_prefill_kernel(ids, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "PLE prefill", self.layout.vocab_size)
@@ -261,7 +286,7 @@ class PleHasher:
 
     def decode(self, new_tokens: np.ndarray, history: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [B, C] of one new token per session [B], given history [B, n-1] (oldest first, -1 before start)."""
-        new, hist = _decode_inputs(new_tokens, history, self.history_width)
+        new, hist = decode_inputs(new_tokens, history, self.history_width)
         out = self._check_out(out, new.shape[0])
         status, index = _ple_decode_kernel(new, hist, *self._args(), out.reshape(-1))
         raise_for_status(status, index, "PLE decode", self.layout.vocab_size)
@@ -272,4 +297,4 @@ class PleHasher:
         return next_history(history, token_ids, self.history_width)
 
     def _check_out(self, out: np.ndarray | None, n_tokens: int) -> np.ndarray:
-        return _output(out, (n_tokens, self.layout.n_columns))
+        return output(out, (n_tokens, self.layout.n_columns))

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.layout import PAGE_BYTES, pages_for_rows
 
 
 @dataclass(frozen=True)
@@ -50,7 +50,7 @@ class Region:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"region with {self.pages} pages, device {self.device}, "
                                  f"rows {self.rows} from {self.row_start}", layer=self.layer, rank=self.rank,
                                  fix="give a region at least one page and non-negative indices")
-        if self.rows and -(-self.rows // 15) > self.pages:
+        if self.rows and pages_for_rows(self.rows) > self.pages:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{self.rows} rows do not fit {self.pages} pages",
                                  layer=self.layer, rank=self.rank, fix="stage the region with all of its rows")
 

@@ -20,7 +20,9 @@ from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, offset_in_page, page_
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, parse_header
 from slacktier.tables.odirect import DirectFile, aligned_array
 from slacktier.tables.pagecrc import page_crcs
-from slacktier.tables.stage import DEFAULT_CHUNK_BYTES, RowSource, source_from_manifest
+from slacktier.tables.page_writer import DEFAULT_CHUNK_BYTES
+from slacktier.tables.row_source import RowSource
+from slacktier.tables.stage import source_from_manifest
 
 
 @dataclass(frozen=True)

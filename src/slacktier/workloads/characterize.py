@@ -4,7 +4,9 @@ Hit rates are over decode lookups (prefill lookups warm the cache and are not
 counted), plus the all-lookups rate the paper's Table 10 reports. Capacities are
 rows per layer. The miss-page curve P_l(c) is the mean number of distinct 4 KiB
 pages holding the rows a decode step missed (page = (row - shard_start) // 15,
-one rank: shard_start = 0), which the planner's cache split consumes.
+one rank: shard_start = 0), which the planner's cache split consumes. Its default
+policy, CLOCK, is the served cache's own directory pass replayed step by step
+(`cache.simulate`), so the curve is that of the policy the engine serves.
 """
 
 from __future__ import annotations
@@ -69,12 +71,22 @@ def prepare_layer(trace: LookupTrace, layer_id: int, ranking: tuple[np.ndarray, 
     return PreparedLayer(trace.workload, layer_id, rows, ids, n_items, trace.lookup_decode(), column, ranks, trace)
 
 
+def step_starts(trace: LookupTrace) -> np.ndarray:
+    """Lookup index where each replay step begins, then the lookup count: [S + 1] int64.
+
+    The served cache pins every row a step uses until the step ends, so CLOCK is replayed step by step.
+    Worked example: token steps [0, 1, 1, 2] with 2 columns -> [0, 2, 6, 8].
+    """
+    tokens = np.flatnonzero(np.diff(trace.token_step)) + 1
+    return np.concatenate([[0], tokens * trace.n_columns, [trace.num_tokens * trace.n_columns]]).astype(np.int64)
+
+
 def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_share: float = 0.5) -> np.ndarray:
     """Hit mask [M] uint8 of `policy` at `capacity` rows on a prepared layer."""
     if policy == "lru":
         return pol.lru(prep.ids, prep.n_items, capacity)
     if policy == "clock":
-        return pol.clock(prep.ids, prep.n_items, capacity)
+        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace))
     if policy == "s3fifo":
         return pol.s3fifo(prep.ids, prep.n_items, capacity)
     if policy == "belady":

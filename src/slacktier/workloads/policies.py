@@ -7,8 +7,12 @@ hit even if the row was inserted earlier in the same step (the engine reuses a
 read already issued this step).
 
 - LRU: doubly linked list over items, insert at the head on a miss.
-- CLOCK: `capacity` slots, a reference bit per slot set on insert and on a hit;
-  the hand clears bits until it finds a clear one to evict.
+- CLOCK: the served policy itself, not a model of it: `cache.simulate.replay_clock`
+  runs the cache's directory pass step by step (`capacity` slots, a reference bit
+  set on insert and on a hit, the hand clearing bits until it finds a clear one,
+  never evicting a slot pinned by the current step). Given one lookup per step
+  (no step bounds) no pin ever blocks the hand, and it is textbook CLOCK
+  (`reference.ref_clock`).
 - S3-FIFO-style (Yang et al., SOSP'23): a small FIFO S (10% of capacity, at least
   one), a main FIFO M, a ghost of the last |M| items evicted from S, and a 2-bit
   frequency per cached item (+1 per hit, at most 3). A miss goes to M if it is
@@ -36,6 +40,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from slacktier.cache.simulate import REUSE_FILLED, replay_clock
 from slacktier.errors import ErrorKind, SlackTierError
 
 POLICIES = ("lru", "clock", "s3fifo", "static", "static_lru", "belady", "belady_warm")
@@ -94,43 +99,6 @@ def _lru_kernel(ids, n_items, capacity, hit):
         prv[x] = head
         prv[f] = x
         nxt[head] = x
-
-
-@numba.njit(nogil=True, cache=True)
-def _clock_kernel(ids, n_items, capacity, hit):
-    slot_of = np.full(n_items, -1, dtype=np.int64)
-    item = np.empty(max(capacity, 1), dtype=np.int32)
-    ref = np.zeros(max(capacity, 1), dtype=np.uint8)
-    filled = 0
-    hand = 0
-    for i in range(ids.shape[0]):
-        x = ids[i]
-        if capacity == 0:
-            hit[i] = 0
-            continue
-        s = slot_of[x]
-        if s >= 0:
-            hit[i] = 1
-            ref[s] = 1
-            continue
-        hit[i] = 0
-        if filled < capacity:
-            s = filled
-            filled += 1
-        else:
-            while ref[hand]:
-                ref[hand] = 0
-                hand += 1
-                if hand == capacity:
-                    hand = 0
-            s = hand
-            slot_of[item[s]] = -1
-            hand += 1
-            if hand == capacity:
-                hand = 0
-        item[s] = x
-        ref[s] = 1
-        slot_of[x] = s
 
 
 @numba.njit(nogil=True, cache=True)
@@ -306,12 +274,15 @@ def lru(ids: np.ndarray, n_items: int, capacity: int) -> np.ndarray:
     return hit
 
 
-def clock(ids: np.ndarray, n_items: int, capacity: int) -> np.ndarray:
-    """Hit mask [M] uint8 of a CLOCK cache of `capacity` slots."""
+def clock(ids: np.ndarray, n_items: int, capacity: int, step_starts: np.ndarray | None = None) -> np.ndarray:
+    """Hit mask [M] uint8 of the served cache (the engine's CLOCK with step pins) of `capacity` slots.
+
+    step_starts: [S + 1] lookup index where each step begins (None: one lookup per step). A hit is a
+    lookup whose row has a slot: cached when the step began, or filled by a read earlier in the step.
+    """
     ids = _check(ids, n_items, capacity)
-    hit = np.empty(ids.shape[0], dtype=np.uint8)
-    _clock_kernel(ids, n_items, int(capacity), hit)
-    return hit
+    outcome = replay_clock(ids, step_starts, n_items, int(capacity))
+    return (outcome <= REUSE_FILLED).astype(np.uint8)
 
 
 def s3fifo_small_capacity(capacity: int) -> int:

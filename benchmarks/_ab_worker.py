@@ -1,0 +1,192 @@
+"""One measurement of the hot path, run against whichever SlackTier tree is first on PYTHONPATH.
+
+bench_refactor_ab.py runs this file under the tree before the architecture
+refactor and under the current one, alternately, so both are measured side by
+side in one run. The few constructors whose signatures the refactor changed
+are bridged below (`_region`, `_table`, `_disk`, `_dram`); everything timed is
+each tree's own code.
+
+    PYTHONPATH=<tree>/src python benchmarks/_ab_worker.py begin_step|gather|disk [--quick]
+
+Prints one JSON object: the medians over the steps or batches of this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import slacktier
+from slacktier.cache import RowCache
+from slacktier.engine.step import StepEngine
+from slacktier.engine.testing import pack_pages, real_text
+from slacktier.store.base import PageBufferPool, PageReads
+from slacktier.tables.codec import synthetic_rows
+from slacktier.tables.engram_hash import EngramHasher, EngramLayout
+from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds
+from slacktier.tables.tokenizer import encode
+
+NEW = hasattr(__import__("slacktier.engine", fromlist=["reads"]), "LayerReads")
+RANKS = 4
+
+
+def _region(layer: int, rank: int, path: str, offset: int, pages: int, row_start: int, rows: int):
+    if NEW:
+        from slacktier.tables.regions import Region
+        return Region(layer=layer, rank=rank, path=path, offset_bytes=offset, pages=pages, row_start=row_start,
+                      rows=rows)
+    from slacktier.store.base import RegionSpec
+    return RegionSpec(layer=layer, rank=rank, path=path, offset_bytes=offset, pages=pages)
+
+
+def _table(layer: int, row_start: int, rows: int, region, source, share: float):
+    from slacktier.engine.tables import TableSpec
+    if NEW:
+        return TableSpec(layer=layer, row_start=row_start, rows=rows, regions=(region,), source=source,
+                         cache_share=share)
+    from slacktier.engine.tables import RankRegion
+    return TableSpec(layer=layer, row_start=row_start, rows=rows, source=source, cache_share=share,
+                     ranks=(RankRegion(rank=region.rank, row_start=row_start, rows=rows, region=0),))
+
+
+def _disk(regions, engine: str = "auto", queue_depth: int = 128):
+    from slacktier.store.disk import DiskSource
+    if NEW:
+        from slacktier.config import DiskOptions
+        return DiskSource(regions, DiskOptions(engine=engine, queue_depth=queue_depth))
+    return DiskSource(regions, engine=engine, queue_depth=queue_depth)
+
+
+def _dram(regions, pages):
+    from slacktier.store.dram import DramSource
+    return DramSource(regions, pages=pages) if NEW else DramSource(regions, pages)
+
+
+def _ids(layout: EngramLayout, sessions: int, tokens_each: int) -> np.ndarray:
+    """Row ids [tokens_each, sessions, L, 24]: step t holds token t of every session (real text)."""
+    need = sessions * tokens_each
+    text_bytes = need * 4
+    tokens: list[int] = []
+    while len(tokens) < need:
+        tokens = encode(real_text(text_bytes))
+        text_bytes *= 2
+    hasher = EngramHasher(layout)
+    toks = np.asarray(tokens[:need], dtype=np.int64).reshape(sessions, tokens_each)
+    return np.stack([hasher.prefill(t) for t in toks], axis=1)
+
+
+def begin_step(quick: bool) -> dict:
+    """One TP4 rank of the V4.1 tables (owned_only), B = 128, 1M cache rows per layer, sparse disk regions."""
+    batch, warm_steps, steps = 128, (24 if quick else 64), (20 if quick else 60)
+    layout = EngramLayout.v41()
+    ids = _ids(layout, batch, warm_steps + steps)
+    tables, sources = [], []
+    with tempfile.TemporaryDirectory(dir=os.environ.get("AB_DIR") or None) as tmp:
+        for i, layer in enumerate(layout.layer_ids):
+            lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, RANKS)
+            path = Path(tmp) / f"l{layer}.sparse"
+            pages = pages_for_rows(hi - lo)
+            with open(path, "wb") as f:
+                f.truncate(pages * PAGE_BYTES)
+            region = _region(layer, 0, str(path), 0, pages, lo, hi - lo)
+            source = _disk([region])
+            sources.append(source)
+            tables.append(_table(layer, lo, hi - lo, region, source, 0.5))
+        engine = StepEngine(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
+
+        def step(t: int) -> tuple[float, int]:
+            c0 = time.thread_time_ns()
+            engine.begin_step(ids[t])
+            cpu = (time.thread_time_ns() - c0) / 1e3
+            for layer in engine.layers:
+                engine.gather(layer)
+            c = engine.end_step()
+            return cpu, sum(x.pages_read for x in c.layers.values())
+
+        for t in range(warm_steps):
+            step(t)
+        # Positions already looked up once: every row is cached (the pass on a warm cache).
+        warm = [step(t)[0] for _ in range(2) for t in range(warm_steps - steps // 2, warm_steps)]
+        fresh = [step(t) for t in range(warm_steps, warm_steps + steps)]
+        engine.close()
+    return {"warm_cpu_us": statistics.median(warm), "fresh_cpu_us": statistics.median(c for c, _ in fresh),
+            "fresh_pages": statistics.median(p for _, p in fresh)}
+
+
+def gather(quick: bool) -> dict:
+    """gather(layer) of B = 128 from a DRAM table: every row a cache hit, and every row from page buffers."""
+    batch, steps = 128, (20 if quick else 60)
+    layout = EngramLayout.scaled(42_000, layer_ids=(14,))
+    rows = layout.rows(0)
+    raw = synthetic_rows(3, 0, rows)
+    region = _region(14, 0, "mem", 0, pages_for_rows(rows), 0, rows)
+    source = _dram([region], [pack_pages(raw)])
+    ids = _ids(layout, batch, steps)
+    out = {}
+    for name, cache_rows in (("hit", batch * 24 * steps), ("page", 0)):
+        engine = StepEngine([_table(14, 0, rows, region, source, 1.0)], RowCache(cache_rows), max_tokens=batch)
+        times = []
+        for rounds in range(2 if name == "hit" else 1):
+            for t in range(steps):
+                engine.begin_step(ids[t])
+                time.sleep(0.0005)   # the reads land before the gather is timed
+                t0 = time.perf_counter_ns()
+                engine.gather(14)
+                dt = (time.perf_counter_ns() - t0) / 1e3
+                engine.end_step()
+                if name == "page" or rounds == 1:
+                    times.append(dt)
+        out[f"gather_{name}_us"] = statistics.median(times)
+    source.close()
+    return out
+
+
+def disk(quick: bool) -> dict:
+    """io_uring, random 4 KiB O_DIRECT reads in 700-page batches from a 1 GiB file: CPU per page and IOPS."""
+    file_pages = (1 << 30) // PAGE_BYTES
+    path = Path(os.environ.get("AB_DIR") or tempfile.gettempdir()) / "ab_disk.bin"
+    if not path.exists() or path.stat().st_size != file_pages * PAGE_BYTES:
+        with open(path, "wb") as f:
+            chunk = np.random.default_rng(0).integers(0, 255, 16 << 20, dtype=np.uint8).tobytes()
+            for _ in range(file_pages * PAGE_BYTES // len(chunk)):
+                f.write(chunk)
+    region = _region(1, 0, str(path), 0, file_pages, 0, 0)
+    source = _disk([region], engine="io_uring")
+    batch, batches = 700, (40 if quick else 150)
+    pool = PageBufferPool(batch)
+    rng = np.random.default_rng(1)
+    cpu, iops = [], []
+    for i in range(batches + 5):
+        reads = PageReads(np.zeros(batch, np.int32), rng.integers(0, file_pages, batch).astype(np.int64),
+                          np.arange(batch, dtype=np.int32))
+        c0, t0 = time.process_time_ns(), time.perf_counter_ns()
+        source.wait(source.submit(reads, pool))
+        c1, t1 = time.process_time_ns(), time.perf_counter_ns()
+        if i >= 5:
+            cpu.append((c1 - c0) / 1e3 / batch)
+            iops.append(batch / ((t1 - t0) / 1e9))
+    source.close()
+    return {"disk_cpu_us_per_page": statistics.median(cpu), "disk_kiops": statistics.median(iops) / 1e3}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("task", choices=("begin_step", "gather", "disk"))
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    result = {"begin_step": begin_step, "gather": gather, "disk": disk}[args.task](args.quick)
+    result["tree"] = str(Path(slacktier.__file__).parents[2])
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

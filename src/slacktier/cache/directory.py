@@ -1,0 +1,334 @@
+"""The directory pass of `begin_step`: one compiled loop per layer over its T x 24 lookups, on the one CLOCK.
+
+For each lookup (global row id g, local row r = g - row_start):
+1. r in the directory, slot filled earlier this step -> reuse that read (miss m);
+   r in the directory otherwise -> hit: record the slot, pin it;
+2. r requested earlier this step without a slot (cache full of pins) -> reuse that read;
+3. lossy mode and r not in the seen-set -> zero row, nothing read;
+   (owned_only: r outside [0, rows), a row another rank's process serves -> foreign,
+   nothing read, nothing cached; without owned_only such an id is an error);
+4. miss: r's rank by shard bounds, its page; a page buffer for that page unless
+   the page is already being read this step; a slot to fill (`kernels.victim`,
+   CLOCK, never a pinned slot; -1 when all the layer's slots are pinned: the row
+   is served from its page buffer and not cached).
+
+Outputs go to a `PassScratch`: descriptors kind [N] int8 (KIND_SLOT, KIND_MISS,
+KIND_ZERO, KIND_FOREIGN) and idx [N] int64 (slot, or miss index); misses: page
+buffer, row-in-page, slot to fill (or -1), local row; pages: region, page,
+buffer, exactly the PageReads to submit. Counts come back as a `PassResult`.
+
+Pages and slot-less rows of this step are found in one open-addressing hash
+table whose entries are valid only when their stamp equals this call's stamp,
+so nothing is cleared between calls.
+
+Worked example: rows 31 and 32 of a one-rank table, cache empty -> one page
+(page 2: 31 // 15), two misses in buffer 0 at rows-in-page 1 and 2, two slots claimed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+from numba import njit
+
+from slacktier.cache.kernels import EVICTIONS, HAND, PINNED, claim, filling, pin, victim
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.layout import ROWS_PER_PAGE
+
+KIND_SLOT = 0      # a cache hit: idx is the slot
+KIND_MISS = 1      # a row read this step: idx is the miss index
+KIND_ZERO = 2      # lossy: a row outside the seen-set, nothing read, zeros out
+KIND_FOREIGN = 3   # owned_only: another rank's row; the gather writes -0.0 (see fill_foreign)
+
+# counts[] fields written by resolve_layer, in PassResult's field order
+C_LOOKUPS = 0
+C_HITS = 1
+C_MISSES = 2     # unique rows read (M)
+C_PAGES = 3      # unique pages read (P)
+C_ZERO = 4       # lossy: skipped
+C_BYPASS = 5     # misses with no slot (served from the page buffer, not cached)
+C_REUSE = 6      # lookups served by a read already requested this step
+C_FOREIGN = 7    # owned_only: lookups of rows outside this process's shard
+C_BAD = 8        # index of the first bad row id, -1 if none
+N_COUNTS = 9
+SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
+
+_PAGE_TAG = np.int64(1) << np.int64(62)
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+
+
+@dataclass(frozen=True)
+class LayerGeometry:
+    """Where a layer's rows live: the row range this process serves and its split over rank regions.
+
+    Worked example: 1,000 rows over 2 ranks, shards [0, 500) and [500, 1000), in source regions 3
+    and 4 -> rank_starts [0, 500, 1000], rank_region [3, 4]; local row 531 -> rank 1, page 2, byte 264.
+    """
+
+    row_start: int               # first global row id of the layer (ids minus this = local rows)
+    rows: int                    # local rows, the directory's length
+    rank_starts: np.ndarray      # [R + 1] int64 local-row bounds of each rank's shard, 0 .. rows
+    rank_region: np.ndarray      # [R] int32 source region index of each rank's shard
+    seen: np.ndarray | None = None   # lossy mode: packed bitmap [ceil(rows / 8)] uint8 over local rows
+
+    def __post_init__(self) -> None:
+        starts = np.ascontiguousarray(self.rank_starts, dtype=np.int64)
+        region = np.ascontiguousarray(self.rank_region, dtype=np.int32)
+        object.__setattr__(self, "rank_starts", starts)
+        object.__setattr__(self, "rank_region", region)
+        # The compiled pass trusts these bounds (no bounds checks), so they are checked here, once.
+        if self.rows <= 0 or self.row_start < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer rows {self.rows} from {self.row_start}",
+                                 fix="give the layer a non-empty row range")
+        if (starts.ndim != 1 or starts.shape[0] != region.shape[0] + 1 or starts.shape[0] < 2
+                or starts[0] != 0 or starts[-1] != self.rows or np.any(np.diff(starts) < 0)):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"rank bounds {starts.tolist()} do not split 0..{self.rows} "
+                                 f"over {region.shape[0]} ranks", fix="give R + 1 non-decreasing bounds from 0 "
+                                 "to rows and one region per rank")
+        if self.seen is not None:
+            seen = np.ascontiguousarray(self.seen, dtype=np.uint8)
+            if seen.ndim != 1 or seen.shape[0] < (self.rows + 7) // 8:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"seen bitmap of {seen.shape} bytes for {self.rows} rows",
+                                     fix="pack one bit per local row (np.packbits(..., bitorder='little'))")
+            object.__setattr__(self, "seen", seen)
+
+    @classmethod
+    def one_rank(cls, rows: int, row_start: int = 0, seen: np.ndarray | None = None) -> LayerGeometry:
+        """A layer stored as one region (region 0)."""
+        return cls(row_start, rows, np.array([0, rows], dtype=np.int64), np.zeros(1, dtype=np.int32), seen)
+
+
+@dataclass
+class PassScratch:
+    """Preallocated outputs of one layer's directory pass, for up to `capacity` lookups (the gather reads them)."""
+
+    capacity: int
+    desc_kind: np.ndarray = field(init=False)    # [cap] int8, KIND_*
+    desc_idx: np.ndarray = field(init=False)     # [cap] int64, slot (KIND_SLOT) or miss index (KIND_MISS)
+    miss_buf: np.ndarray = field(init=False)     # [cap] int32, page buffer holding the missed row
+    miss_inpage: np.ndarray = field(init=False)  # [cap] int32, row within that page
+    miss_slot: np.ndarray = field(init=False)    # [cap] int32, slot to fill, -1 none
+    miss_row: np.ndarray = field(init=False)     # [cap] int64, local row
+    page_region: np.ndarray = field(init=False)  # [cap] int32
+    page_no: np.ndarray = field(init=False)      # [cap] int64
+    page_buf: np.ndarray = field(init=False)     # [cap] int32
+    counts: np.ndarray = field(init=False)       # [N_COUNTS] int64, written by the pass
+
+    def __post_init__(self) -> None:
+        n = max(int(self.capacity), 1)
+        self.desc_kind = np.zeros(n, dtype=np.int8)
+        self.desc_idx = np.zeros(n, dtype=np.int64)
+        self.miss_buf = np.zeros(n, dtype=np.int32)
+        self.miss_inpage = np.zeros(n, dtype=np.int32)
+        self.miss_slot = np.zeros(n, dtype=np.int32)
+        self.miss_row = np.zeros(n, dtype=np.int64)
+        self.page_region = np.zeros(n, dtype=np.int32)
+        self.page_no = np.zeros(n, dtype=np.int64)
+        self.page_buf = np.zeros(n, dtype=np.int32)
+        self.counts = np.zeros(N_COUNTS, dtype=np.int64)
+
+
+class PassResult(NamedTuple):
+    """What one layer's pass did; the first `misses` entries of the scratch's miss arrays and `pages` of its
+    page arrays are filled, and the first `lookups` descriptors."""
+
+    lookups: int
+    hits: int
+    misses: int       # unique rows read
+    pages: int        # unique pages read
+    zero: int         # lossy: rows outside the seen-set
+    bypass: int       # misses that got no slot (every slot pinned): served from the page buffer, not cached
+    reused: int       # lookups served by a read already requested this step
+    foreign: int      # owned_only: rows another rank serves
+    bad_index: int    # index of the first id outside the table, -1 if none (the pass stopped there)
+
+
+class StepTable:
+    """The stamped open-addressing hash table [H, 3] int64 (stamp, key, value) of one pass's pages and rows."""
+
+    def __init__(self) -> None:
+        self.table = np.zeros((0, 3), dtype=np.int64)
+        self.stamp = 0
+        self._lookups = -1   # the last call's lookups and bits: a step's layers ask for the same size
+        self._bits = 0
+
+    def prepare(self, lookups: int) -> int:
+        """Advance the stamp (invalidating every entry) and return log2 of the entries to use for `lookups`.
+
+        At least 4x the lookups (load <= 1/2), sized per call so a small step probes a small, cache-resident
+        table: 3,072 lookups -> 14 (16,384 entries).
+        """
+        self.stamp += 1
+        if lookups == self._lookups:
+            return self._bits
+        bits = max(4, (4 * lookups - 1).bit_length())   # ceil(log2(4 n)), without numpy's scalar calls
+        if (1 << bits) > self.table.shape[0]:
+            self.table = np.zeros((1 << bits, 3), dtype=np.int64)
+            self.stamp = 1
+        self._lookups = lookups
+        self._bits = bits
+        return bits
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _probe(key, htab, stamp, shift, mask):
+    """Index of `key`'s entry in the hash table, or of the empty entry where it would go.
+
+    htab: [H, 3] int64 rows (stamp, key, value), one entry per 24 B so a probe touches one line.
+    """
+    h = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(shift))
+    while htab[h, 0] == stamp and htab[h, 1] != key:
+        h = (h + 1) & mask
+    return h
+
+
+@njit(nogil=True, cache=True)
+def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
+                  layer_key, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, step,
+                  htab, stamp, hbits,
+                  desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
+                  page_region, page_no, page_buf, buf_base, counts):
+    """Resolve one layer's lookups `ids` [N] int64; returns 0, or 1 on a row id outside the table.
+
+    owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
+    """
+    shift = 64 - hbits
+    mask = (np.int64(1) << hbits) - 1
+    n_hits = 0
+    n_miss = 0
+    n_pages = 0
+    n_zero = 0
+    n_bypass = 0
+    n_reuse = 0
+    n_foreign = 0
+    hand = lstate[HAND]
+    pinned = lstate[PINNED]
+    evictions = lstate[EVICTIONS]
+    counts[C_LOOKUPS] = ids.shape[0]
+    counts[C_BAD] = -1
+    # Touch every lookup's directory entry first: these loads are independent, so the CPU
+    # overlaps their cache misses (a V4.1 directory is 1.5 GB per layer, each lookup a random
+    # DRAM access); the main loop below then finds them in cache.
+    touch = np.int64(0)
+    for i in range(ids.shape[0]):
+        r = ids[i] - row_start
+        if r >= 0 and r < rows:
+            touch += directory[r]
+    # Second wave: the state word of every hit's slot, also independent loads; count the misses.
+    n_absent = 0
+    for i in range(ids.shape[0]):
+        r = ids[i] - row_start
+        if r >= 0 and r < rows:
+            s = directory[r]
+            if s >= 0:
+                touch += state[s]
+            else:
+                n_absent += 1
+    # Third wave: the rows the CLOCK hand will evict next have directory entries at random places;
+    # touch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
+    n_owned = owned.shape[0]
+    if n_absent > 0 and n_owned > 0:
+        for k in range(min(2 * n_absent + 16, n_owned)):
+            j = hand + k
+            if j >= n_owned:
+                j -= n_owned
+            s = owned[j]
+            if slot_layer[s] >= 0:
+                touch += directory[slot_row[s]]
+    lstate[SPARE] = touch
+    status = 0
+    for i in range(ids.shape[0]):
+        r = ids[i] - row_start
+        if r < 0 or r >= rows:
+            if owned_only:
+                desc_kind[i] = KIND_FOREIGN
+                desc_idx[i] = -1
+                n_foreign += 1
+                continue
+            counts[C_BAD] = i
+            status = 1
+            break
+        s = directory[r]
+        if s >= 0:
+            if filling(state, s, step):
+                desc_kind[i] = KIND_MISS
+                desc_idx[i] = fill_miss[s]
+                n_reuse += 1
+            else:
+                pinned += pin(state, s, step)
+                desc_kind[i] = KIND_SLOT
+                desc_idx[i] = s
+                n_hits += 1
+            continue
+        h = _probe(r, htab, stamp, shift, mask)
+        if htab[h, 0] == stamp:
+            desc_kind[i] = KIND_MISS
+            desc_idx[i] = htab[h, 2]
+            n_reuse += 1
+            continue
+        if lossy and (seen[r >> 3] >> (r & 7)) & 1 == 0:
+            desc_kind[i] = KIND_ZERO
+            desc_idx[i] = -1
+            n_zero += 1
+            continue
+        k = 0
+        while r >= rank_starts[k + 1]:
+            k += 1
+        shard_row = r - rank_starts[k]
+        pg = shard_row // ROWS_PER_PAGE
+        region = np.int64(rank_region[k])
+        pkey = _PAGE_TAG | (region << np.int64(40)) | pg
+        ph = _probe(pkey, htab, stamp, shift, mask)
+        if htab[ph, 0] == stamp:
+            b = htab[ph, 2]
+        else:
+            b = buf_base + n_pages
+            htab[ph, 0] = stamp
+            htab[ph, 1] = pkey
+            htab[ph, 2] = b
+            page_region[n_pages] = region
+            page_no[n_pages] = pg
+            page_buf[n_pages] = b
+            n_pages += 1
+        m = n_miss
+        n_miss += 1
+        miss_buf[m] = b
+        miss_inpage[m] = shard_row - pg * ROWS_PER_PAGE
+        miss_row[m] = r
+        sl, hand = victim(owned, state, hand, pinned, step)
+        miss_slot[m] = sl
+        if sl >= 0:
+            evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, step)
+            pinned += 1
+            fill_miss[sl] = m
+        else:
+            # The page probe may have moved the row's empty entry: probe again.
+            h = _probe(r, htab, stamp, shift, mask)
+            htab[h, 0] = stamp
+            htab[h, 1] = r
+            htab[h, 2] = m
+            n_bypass += 1
+        desc_kind[i] = KIND_MISS
+        desc_idx[i] = m
+    lstate[HAND] = hand
+    lstate[PINNED] = pinned
+    lstate[EVICTIONS] = evictions
+    counts[C_HITS] = n_hits
+    counts[C_MISSES] = n_miss
+    counts[C_PAGES] = n_pages
+    counts[C_ZERO] = n_zero
+    counts[C_BYPASS] = n_bypass
+    counts[C_REUSE] = n_reuse
+    counts[C_FOREIGN] = n_foreign
+    return status
+
+
+@njit(nogil=True, cache=True)
+def fill_foreign(desc_kind, n, out):
+    """Write -0.0 (bf16 bits 0x8000) into the output rows of foreign lookups; out: [n, 256] uint16."""
+    for i in range(n):
+        if desc_kind[i] == KIND_FOREIGN:
+            for j in range(out.shape[1]):
+                out[i, j] = 0x8000

@@ -1,0 +1,111 @@
+"""The served CLOCK replayed over a lookup trace, without bytes: what characterization measures.
+
+`replay_clock` builds one layer's cache bookkeeping (the arrays a `RowCache`
+holds for a layer owning `capacity` slots, no device arrays) and runs the
+directory pass itself (`directory.resolve_layer`, on `kernels`' CLOCK) once per
+replay step, releasing the step's pins after it, exactly as the engine does
+with `begin_step` / `end_step`. So the miss-page curves the planner reads come
+from the policy that is served, pins and in-step read reuse included.
+
+Worked example: capacity 1, one step of rows [5, 7, 5] -> 5 claims the slot
+(READ), 7 finds the slot pinned and is read without one (READ), 5 reuses its
+own fill (REUSE_FILLED): outcomes [3, 3, 1], one hit-or-reuse-with-slot.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from slacktier.cache.directory import KIND_SLOT, N_COUNTS, resolve_layer
+from slacktier.errors import ErrorKind, SlackTierError
+
+HIT = 0            # the row was cached when the step began (served from its slot)
+REUSE_FILLED = 1   # the row was read earlier this step into a slot (no new read; cached)
+REUSE_BYPASS = 2   # the row was read earlier this step without a slot (no new read; not cached)
+READ = 3           # a new row read
+
+
+@njit(nogil=True, cache=True)
+def _hash_bits(n):
+    bits = 4
+    while (np.int64(1) << bits) < 4 * n:
+        bits += 1
+    return bits
+
+
+@njit(nogil=True, cache=True)
+def _replay(ids, step_starts, n_items, capacity, out):
+    # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; out: [M] int8 outcome per lookup
+    directory = np.full(n_items, -1, dtype=np.int32)
+    owned = np.arange(capacity).astype(np.int32)          # RowCache gives a lone layer slots 0..c-1 in order
+    lstate = np.zeros(4, dtype=np.int64)
+    slot_layer = np.full(capacity, -1, dtype=np.int32)
+    slot_row = np.full(capacity, -1, dtype=np.int64)
+    state = np.full(capacity, -4, dtype=np.int64)         # as RowCache: never pinned, unreferenced
+    fill_miss = np.full(capacity, -1, dtype=np.int32)
+    rank_starts = np.array([0, n_items], dtype=np.int64)
+    rank_region = np.zeros(1, dtype=np.int32)
+    seen = np.zeros(1, dtype=np.uint8)
+    longest = 1
+    for s in range(step_starts.shape[0] - 1):
+        longest = max(longest, step_starts[s + 1] - step_starts[s])
+    htab = np.zeros((np.int64(1) << _hash_bits(longest), 3), dtype=np.int64)
+    desc_kind = np.empty(longest, dtype=np.int8)
+    desc_idx = np.empty(longest, dtype=np.int64)
+    miss_buf = np.empty(longest, dtype=np.int32)
+    miss_inpage = np.empty(longest, dtype=np.int32)
+    miss_slot = np.empty(longest, dtype=np.int32)
+    miss_row = np.empty(longest, dtype=np.int64)
+    page_region = np.empty(longest, dtype=np.int32)
+    page_no = np.empty(longest, dtype=np.int64)
+    page_buf = np.empty(longest, dtype=np.int32)
+    counts = np.zeros(N_COUNTS, dtype=np.int64)
+    for s in range(step_starts.shape[0] - 1):
+        a = step_starts[s]
+        b = step_starts[s + 1]
+        if a == b:
+            continue
+        # one step: stamp s + 1 invalidates the hash table, pins of step s end when step s + 1 begins
+        resolve_layer(ids[a:b], 0, n_items, False, rank_starts, rank_region, False, seen,
+                      0, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, s,
+                      htab, s + 1, _hash_bits(b - a),
+                      desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
+                      page_region, page_no, page_buf, 0, counts)
+        lstate[1] = 0   # RowCache.release_pins: the pinned count resets, the step number moves on
+        last = -1       # miss indices are handed out in order: a new read is the first with its index
+        for i in range(b - a):
+            if desc_kind[i] == KIND_SLOT:
+                out[a + i] = HIT
+            else:
+                m = desc_idx[i]
+                if m > last:
+                    out[a + i] = READ
+                    last = m
+                elif miss_slot[m] >= 0:
+                    out[a + i] = REUSE_FILLED
+                else:
+                    out[a + i] = REUSE_BYPASS
+
+
+def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, capacity: int) -> np.ndarray:
+    """Outcome per lookup [M] int8 (HIT, REUSE_FILLED, REUSE_BYPASS, READ) of the served cache of `capacity` rows.
+
+    ids: [M] dense rows 0..n_items-1 in lookup order; step_starts: [S + 1] lookup index where each step
+    begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an eviction).
+    """
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    m = ids.shape[0]
+    if capacity < 0 or n_items < 0:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"capacity {capacity}, items {n_items}",
+                             fix="pass a capacity >= 0 rows and the item count from densify()")
+    if m and (ids.min() < 0 or ids.max() >= n_items):
+        raise SlackTierError(ErrorKind.BAD_INPUT, "dense ids outside 0..n_items-1", fix="build ids with densify()")
+    starts = np.arange(m + 1, dtype=np.int64) if step_starts is None \
+        else np.ascontiguousarray(step_starts, dtype=np.int64)
+    if starts.ndim != 1 or starts.shape[0] < 1 or starts[0] != 0 or starts[-1] != m or np.any(np.diff(starts) < 0):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"step starts must rise from 0 to {m} lookups",
+                             fix="pass the lookup index where each step begins, then the lookup count")
+    out = np.empty(m, dtype=np.int8)
+    _replay(ids, starts, int(n_items), int(capacity), out)
+    return out

@@ -1,0 +1,107 @@
+"""From a control file (`slacktier.config.ControlFile`) to what the engine serves: tables, regions, sources.
+
+`resolve(table, engine_config)` reads the table's manifest and says which
+regions it serves, where their bytes are staged, and two identities:
+`data_key` (the staged bytes: their files, offsets and the source checkpoint's
+digest) and `source_key` (the tier and its options over those regions). The
+engine's `apply` compares them with what it serves now: a table whose
+source_key is unchanged keeps its open source; one whose data_key is unchanged
+keeps its cached rows, even when its tier changes (DRAM -> disk reads the
+same bytes).
+
+Worked example: layer 14 moves from disk to redis with the same manifest ->
+source_key differs (a Redis source is opened, the disk source closed),
+data_key is equal (the cached rows of layer 14 stay).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from slacktier.config import EngineConfig, RedisOptions, TableConfig
+from slacktier.engine.tables import TableSpec, seen_bitmap
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store.base import PageSource
+from slacktier.store.registry import open_source
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.regions import Region
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """A table's regions and checksums, before any source is opened."""
+
+    config: TableConfig
+    rows: int
+    row_start: int
+    regions: tuple[Region, ...]            # what the source reads, in rank order
+    staged: tuple[Region, ...]             # where the bytes are staged (the checker reads these)
+    crcs: tuple[np.ndarray, ...] | None    # per region, when verify_reads
+    data_key: tuple
+    source_key: tuple
+
+
+def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
+    """The regions of table `t` from its manifest (one rank's region when `t.rank` >= 0)."""
+    m = Manifest.load(t.manifest)
+    if t.layer not in m.layout.rows:
+        raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no layer {t.layer} (it has "
+                             f"{sorted(m.layout.rows)})", layer=t.layer, fix="point the table at its manifest")
+    mine = sorted((r for r in m.regions if r.layer == t.layer), key=lambda r: r.rank)
+    if t.rank >= 0:
+        mine = [r for r in mine if r.rank == t.rank]
+        if not mine:
+            raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no rank {t.rank} region of layer "
+                                 f"{t.layer}", layer=t.layer, rank=t.rank, fix="pick a rank the table was staged with")
+    if len(t.targets) > len(m.targets):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(t.targets)} target overrides for a table staged on "
+                             f"{len(m.targets)} targets", layer=t.layer, fix="give at most one path per target")
+    targets = [override or staged for staged, override in
+               zip(m.targets, tuple(t.targets) + ("",) * (len(m.targets) - len(t.targets)))]
+    staged = tuple(r.runtime(targets[r.device]) for r in mine)
+    regions = staged
+    if isinstance(t.options, RedisOptions) and t.options.prefix:
+        regions = tuple(r.runtime(t.options.prefix) for r in mine)
+    rows, row_start = m.layout.rows[t.layer], 0
+    if t.rank >= 0:   # one rank's shard: the directory covers only its rows
+        rows, row_start = mine[0].rows, mine[0].row_start
+    crcs = None
+    if eng.verify_reads:
+        every = m.checksums()
+        crcs = tuple(np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in mine)
+    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in staged), m.source_digest)
+    source_key = (t.source, t.options, regions, eng.verify_reads)
+    return Resolved(t, rows, row_start, regions, staged, crcs, data_key, source_key)
+
+
+def open_table_source(r: Resolved) -> PageSource:
+    """Open the page source of one table: its tier over its own regions."""
+    source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs)
+    log.info("layer %d: %s source over %d regions", r.config.layer, r.config.source, len(r.regions))
+    return source
+
+
+def table_spec(r: Resolved, source: PageSource) -> TableSpec:
+    """What the engine serves for one resolved table."""
+    return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
+                     cache_share=r.config.cache_share, seen=_seen(r.config, r.rows), staged=r.staged)
+
+
+def _seen(t: TableConfig, rows: int) -> np.ndarray | None:
+    if not t.seen:
+        return None
+    p = Path(t.seen)
+    if not p.is_file():
+        raise SlackTierError(ErrorKind.MISSING, f"seen-set {p} does not exist", layer=t.layer,
+                             fix="write the seen rows as a .npy file")
+    arr = np.load(p)
+    if arr.dtype == np.uint8:
+        return arr
+    return seen_bitmap(rows, arr.astype(np.int64))
+

@@ -1,0 +1,321 @@
+"""The queued-source base: workers, queues, tickets, checks, checksums and close, so a tier writes only its read.
+
+A `QueuedSource` runs one or more lanes; a lane is one worker thread with its
+own queue. `submit` checks and copies the batch, splits it over the lanes
+(by the regions' device when the tier asks for per-device lanes, then evenly
+over that device's lanes), queues one `Part` per lane and returns a ticket.
+Each lane calls the tier's `_read(lane, part)`, then (when the source was
+given the manifest's checksums) checks every read page's CRC32C. `wait`
+raises the first failed part's error, never returning buffers of a failed
+batch. `close` queues a stop marker behind each lane's batches and joins the
+workers, so a batch is either finished or refused with CLOSED.
+
+A tier implements:
+
+- ``_read(lane, part) -> SlackTierError | None``: fill ``part.pool`` for the
+  part's reads; return (or raise) the error of the first bad read.
+- optionally ``_open_lane(lane)`` / ``_close_lane(lane)``: per-worker setup
+  and teardown, run on the lane's own thread (the disk tier's io_uring ring
+  may only be driven by the thread that created it). ``lane.state`` holds
+  what setup made.
+
+Worked example: regions of 10 and 20 pages -> page 3 of region 1 is page
+10 + 3 = 13 of the concatenation, where its CRC32C sits in the checksums.
+"""
+
+from __future__ import annotations
+
+import abc
+import os
+import queue
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar
+
+import crc32c
+import numpy as np
+
+from slacktier.config import Options
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store._common import NOT_DONE, TicketBook, _Pending
+from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats
+from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.regions import Region
+
+S = TypeVar("S")
+O = TypeVar("O", bound=Options)
+
+#: lanes of a source whose lanes are not tied to a device (DRAM, Redis)
+ANY_DEVICE = -1
+
+
+@dataclass(eq=False)
+class Part:
+    """The reads of one batch that one lane performs."""
+
+    pool: PageBufferPool  # kept referenced until the reads land
+    region: np.ndarray    # [n] int32, index into the source's regions
+    page: np.ndarray      # [n] int64, page inside that region
+    buffer: np.ndarray    # [n] int32, destination buffer in the pool
+    pending: _Pending | None = None  # set under the submit lock, before the part is queued
+    cpu_ns: int = 0       # CPU the tier spent on other threads (a thread pool); added to the batch's cpu_us
+
+
+@dataclass(eq=False)
+class Lane(Generic[S]):
+    """One worker thread and its queue; `state` is what the tier's `_open_lane` made (e.g. an io_uring ring)."""
+
+    index: int
+    device: int           # the device whose reads it serves, or ANY_DEVICE
+    queue: queue.SimpleQueue
+    state: S | None = None
+
+
+def typed_options(options: Options | None, kind: type[O]) -> O:
+    """`options`, or `kind()` when None; refuses options of another tier."""
+    if options is None:
+        return kind()
+    if type(options) is not kind:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{type(options).__name__} given where {kind.__name__} belongs",
+                             fix=f"pass {kind.__name__} (or None for its defaults)")
+    return options
+
+
+class QueuedSource(PageSource, Generic[S]):
+    """A page source whose reads run on worker lanes; subclasses implement `_read` (see the module docstring)."""
+
+    #: names the tier's reads in error messages ("disk read: short read, ...")
+    read_what: ClassVar[str] = "read"
+    #: what moves the bytes (logged; a tier with several engines sets it per instance)
+    engine_name: str = ""
+
+    def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None) -> None:
+        self.regions: tuple[Region, ...] = tuple(regions)
+        if not self.regions:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "a page source needs at least one region",
+                                 fix="pass the staged regions of the table")
+        seen: set[tuple[int, int]] = set()
+        for r in self.regions:
+            if not isinstance(r, Region):
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"{type(r).__name__} given as a region",
+                                     fix="pass slacktier.tables.regions.Region objects")
+            if (r.layer, r.rank) in seen:
+                raise SlackTierError(ErrorKind.BAD_INPUT, "region given twice", layer=r.layer, rank=r.rank,
+                                     fix="pass one region per (layer, rank)")
+            seen.add((r.layer, r.rank))
+        self._region_pages = np.array([r.pages for r in self.regions], dtype=np.int64)    # [R]
+        self._region_device = np.array([r.device for r in self.regions], dtype=np.int32)  # [R]
+        self._region_base = np.zeros(len(self.regions), dtype=np.int64)  # [R] page 0's index in the concatenation
+        self._region_base[1:] = np.cumsum(self._region_pages)[:-1]
+        self._expected = self._checksums(page_crc32c)  # [total pages] uint32, or None: no verification
+        self._book = TicketBook(type(self).__name__)
+        self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
+        self._lanes: dict[int, list[Lane[S]]] = {}  # device (or ANY_DEVICE) -> its lanes
+        self._threads: list[threading.Thread] = []
+
+    @property
+    def verifies_reads(self) -> bool:
+        """Whether every read page's CRC32C is checked against the manifest's."""
+        return self._expected is not None
+
+    def _checksums(self, page_crc32c: Sequence[np.ndarray] | None) -> np.ndarray | None:
+        if page_crc32c is None:
+            return None
+        if len(page_crc32c) != len(self.regions):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(page_crc32c)} CRC32C arrays for {len(self.regions)} "
+                                 "regions", fix="pass page_crc32c from the staging manifest, one per region, in order")
+        for r, sums in zip(self.regions, page_crc32c, strict=True):
+            if np.asarray(sums).shape != (r.pages,):
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"{np.asarray(sums).shape} CRC32C values for {r.pages} "
+                                     "pages", layer=r.layer, rank=r.rank,
+                                     fix="pass the manifest's checksums for this region")
+        return np.concatenate([np.asarray(s, dtype=np.uint32) for s in page_crc32c])
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    def _start_lanes(self, lanes: int = 1, *, per_device: bool = False) -> None:
+        """Start `lanes` workers (for each device of the regions when `per_device`); raise the first setup error."""
+        devices = sorted({int(d) for d in self._region_device}) if per_device else [ANY_DEVICE]
+        name = type(self).__name__.removesuffix("Source").lower()
+        ready: list[tuple[threading.Event, list[BaseException]]] = []
+        for device in devices:
+            self._lanes[device] = []
+            for w in range(lanes):
+                lane: Lane[S] = Lane(sum(len(v) for v in self._lanes.values()), device, queue.SimpleQueue())
+                started: tuple[threading.Event, list[BaseException]] = (threading.Event(), [])
+                label = f"d{device}-w{w}" if per_device else f"w{w}"
+                thread = threading.Thread(target=self._lane_main, args=(lane, started), daemon=True,
+                                          name=f"slacktier-{name}-{label}")
+                thread.start()
+                self._lanes[device].append(lane)
+                self._threads.append(thread)
+                ready.append(started)
+        failures = []
+        for event, errors in ready:
+            event.wait()
+            failures.extend(errors)
+        if failures:
+            self.close()
+            raise failures[0]
+
+    def _lane_main(self, lane: Lane[S], started: tuple[threading.Event, list[BaseException]]) -> None:
+        try:
+            self._open_lane(lane)
+        except BaseException as exc:  # reported to _start_lanes, which raises it
+            started[1].append(exc)
+            started[0].set()
+            return
+        started[0].set()
+        try:
+            while True:
+                part = lane.queue.get()
+                if part is None:
+                    return
+                self._run_part(lane, part)
+        finally:
+            self._close_lane(lane)
+
+    def _run_part(self, lane: Lane[S], part: Part) -> None:
+        t0 = time.thread_time_ns()
+        error: BaseException | None
+        try:
+            error = self._read(lane, part)
+            if error is None and self._expected is not None:
+                error = self._checksum_error(part)
+        except BaseException as exc:  # never leave a ticket hanging; wait() re-raises it
+            error = exc
+        assert part.pending is not None
+        self._book.finish_part(part.pending, time.thread_time_ns() - t0 + part.cpu_ns, error)
+
+    # -- what a tier implements -----------------------------------------------------------------
+
+    def _open_lane(self, lane: Lane[S]) -> None:
+        """Per-worker setup, on the lane's thread (set `lane.state`); nothing by default."""
+
+    def _close_lane(self, lane: Lane[S]) -> None:
+        """Per-worker teardown, on the lane's thread, after its last batch; nothing by default."""
+
+    @abc.abstractmethod
+    def _read(self, lane: Lane[S], part: Part) -> SlackTierError | None:
+        """Read the part's pages into `part.pool`; the first bad read's error, else None."""
+
+    # -- the interface --------------------------------------------------------------------------
+
+    def submit(self, reads: PageReads, pool: PageBufferPool) -> int:
+        """Check and copy the batch, queue it on the lanes; returns a ticket at once."""
+        self._book.refuse_if_closed()
+        reads = PageReads(np.array(reads.region, dtype=np.int32), np.array(reads.page, dtype=np.int64),
+                          np.array(reads.buffer, dtype=np.int32))  # ours: callers may reuse theirs at once
+        self._check_reads(reads, pool)
+        n = len(reads)
+        parts = self._split(reads, pool) if n else []
+        with self._submit_lock:
+            ticket, pending = self._book.open(len(parts), n)
+            for lane, part in parts:
+                part.pending = pending
+                lane.queue.put(part)
+        return ticket
+
+    def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
+        """Block until the batch landed in the pool; raise SlackTierError naming layer/rank/page on a bad read."""
+        return self._book.wait(ticket, timeout_s)
+
+    def close(self) -> None:
+        """Finish queued batches, stop the lanes (running their teardown); later calls raise CLOSED. Idempotent."""
+        with self._submit_lock:
+            first = not self._book.closed
+            self._book.close()
+            if first:
+                for lanes in self._lanes.values():
+                    for lane in lanes:
+                        lane.queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    # -- helpers --------------------------------------------------------------------------------
+
+    def _split(self, reads: PageReads, pool: PageBufferPool) -> list[tuple[Lane[S], Part]]:
+        """One part per lane that gets reads: by device (per-device lanes), then evenly over its lanes."""
+        region, page, buffer = reads.region, reads.page, reads.buffer
+        if len(self._lanes) == 1:
+            groups: list[tuple[list[Lane[S]], np.ndarray | None]] = [(next(iter(self._lanes.values())), None)]
+        else:
+            device = self._region_device[region]
+            groups = [(lanes, np.flatnonzero(device == d)) for d, lanes in self._lanes.items()]
+            groups = [(lanes, idx) for lanes, idx in groups if idx is not None and idx.size]
+        out = []
+        for lanes, idx in groups:
+            n = region.shape[0] if idx is None else idx.shape[0]
+            k = min(len(lanes), n)
+            if k <= 1 and idx is None:
+                out.append((lanes[0], Part(pool, region, page, buffer)))
+                continue
+            whole = np.arange(n) if idx is None else idx
+            chunks = [whole] if k <= 1 else np.array_split(whole, k)
+            out.extend((lanes[w], Part(pool, region[c], page[c], buffer[c])) for w, c in enumerate(chunks))
+        return out
+
+    def _check_reads(self, reads: PageReads, pool: PageBufferPool) -> None:
+        """Refuse a batch whose regions, pages or buffers are out of range (nothing is read)."""
+        n = len(reads)
+        if reads.page.shape[0] != n or reads.buffer.shape[0] != n:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"PageReads arrays differ in length: region {n}, page "
+                                 f"{reads.page.shape[0]}, buffer {reads.buffer.shape[0]}",
+                                 fix="build all three with n entries")
+        if n == 0:
+            return
+        region = reads.region
+        bad = np.flatnonzero((region < 0) | (region >= len(self.regions)))
+        if bad.size:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"read {bad[0]} names region {region[bad[0]]} of "
+                                 f"{len(self.regions)}", fix="index the source's region list")
+        bad = np.flatnonzero((reads.page < 0) | (reads.page >= self._region_pages[region]))
+        if bad.size:
+            i = int(bad[0])
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"page outside its region of {self._region_pages[region[i]]} "
+                                 "pages", fix="ask only for pages the region holds",
+                                 **self._where(int(region[i]), int(reads.page[i])))
+        bad = np.flatnonzero((reads.buffer < 0) | (reads.buffer >= pool.capacity))
+        if bad.size:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"read {bad[0]} targets buffer {reads.buffer[bad[0]]} of a "
+                                 f"pool of {pool.capacity}", fix="size the pool to the pages of one step")
+
+    def _where(self, region: int, page: int) -> dict[str, Any]:
+        """Location keywords for SlackTierError: region index 2, page 7 -> layer, rank, page."""
+        r = self.regions[region]
+        return {"layer": r.layer, "rank": r.rank, "page": int(page)}
+
+    def _results_error(self, res: np.ndarray, part: Part) -> SlackTierError | None:
+        """For tiers whose read fills `res` ([n] int32, bytes read or -errno): the first read not a full page."""
+        bad = np.flatnonzero(res != PAGE_BYTES)
+        if not bad.size:
+            return None
+        i = int(bad[0])
+        got = int(res[i])
+        where = self._where(int(part.region[i]), int(part.page[i]))
+        others = f"; {bad.size - 1} more reads of the batch failed" if bad.size > 1 else ""
+        what = self.read_what
+        if got == NOT_DONE:
+            return SlackTierError(ErrorKind.IO, f"{what}: read never completed{others}", **where,
+                                  fix="report this: the I/O engine lost a completion")
+        if got < 0:
+            return SlackTierError(ErrorKind.IO, f"{what}: read failed: {os.strerror(-got)}{others}", **where,
+                                  fix="check the device and the region's file (dmesg, ls -l)")
+        return SlackTierError(ErrorKind.IO, f"{what}: short read, {got} of {PAGE_BYTES} bytes{others}", **where,
+                              fix="the region's file is shorter than its manifest says; stage it again")
+
+    def _checksum_error(self, part: Part) -> SlackTierError | None:
+        """Each read page's CRC32C against the manifest's; the first mismatch as an error, else None."""
+        assert self._expected is not None
+        want = self._expected[self._region_base[part.region] + part.page]
+        pages = part.pool.pages
+        for i in range(part.buffer.shape[0]):
+            got = crc32c.crc32c(pages[part.buffer[i]])
+            if got != want[i]:
+                where = self._where(int(part.region[i]), int(part.page[i]))
+                return SlackTierError(ErrorKind.CHECKSUM, f"{self.read_what}: page CRC32C {got:#010x}, manifest "
+                                      f"says {int(want[i]):#010x}", **where,
+                                      fix="the stored page is corrupt; stage the region again")
+        return None

@@ -1,0 +1,240 @@
+"""`CheckpointSource`: a safetensors checkpoint's Engram tables, read through memory maps.
+
+Per layer the checkpoint holds `layers.{layer}.engram.embed.weight` [rows, 256]
+float8_e4m3fn and `layers.{layer}.engram.embed.scale` [rows, 8] float8_e8m0fnu
+(DeepSeek's checkpoint names, which SGLang loads as
+`model.layers.{layer}.engram.embed.*`; both spellings are accepted). A missing
+tensor, a wrong dtype or shape, or rows that differ from an expected layout are
+refused when the source is built, before staging writes anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numba
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.layout import PAGE_BYTES, PAGE_USED_BYTES, PAGE_WORDS, ROW_BYTES, ROW_SCALES, ROW_VALUES, \
+    ROWS_PER_PAGE
+from slacktier.tables.manifest import StagedLayout, sha256_file
+from slacktier.tables.pagecrc import HW_CRC32C, crc_page_words, page_crcs
+
+CHECKPOINT_NAME_TEMPLATES = ("layers.{layer}.engram.embed.{part}", "model.layers.{layer}.engram.embed.{part}")
+
+# numba's cache=True keys a kernel on this file only: after editing pagecrc.crc_page_words, delete
+# __pycache__/checkpoint_source.*.nbi/.nbc.
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _pack_page(weight: np.ndarray, scale: np.ndarray, pages: np.ndarray, p: np.int64) -> None:
+    n = weight.shape[0]
+    for k in range(ROWS_PER_PAGE):
+        i = p * ROWS_PER_PAGE + k
+        at = k * ROW_BYTES
+        if i < n:
+            for j in range(ROW_VALUES):
+                pages[p, at + j] = weight[i, j]
+            for j in range(ROW_SCALES):
+                pages[p, at + ROW_VALUES + j] = scale[i, j]
+        else:
+            for j in range(ROW_BYTES):
+                pages[p, at + j] = 0
+    for j in range(PAGE_USED_BYTES, PAGE_BYTES):
+        pages[p, j] = 0
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack_pages(weight: np.ndarray, scale: np.ndarray, pages: np.ndarray) -> None:
+    # weight: [n, 256] uint8, scale: [n, 8] uint8 -> pages: [ceil(n / 15), 4096] uint8, zero padded
+    for p in range(pages.shape[0]):
+        _pack_page(weight, scale, pages, p)
+
+
+@numba.njit(nogil=True, cache=True)
+def _pack_pages_crc(weight: np.ndarray, scale: np.ndarray, pages: np.ndarray, crcs: np.ndarray) -> None:
+    # as _pack_pages, and each page's CRC32C while it is still in L1: crcs [P] uint32
+    words = pages.reshape(-1).view(np.uint64)
+    for p in range(pages.shape[0]):
+        _pack_page(weight, scale, pages, p)
+        crcs[p] = crc_page_words(words, p * PAGE_WORDS)
+
+
+@dataclass(frozen=True)
+class _TensorInfo:
+    file: str
+    dtype: str
+    shape: tuple[int, ...]
+    offset_bytes: int   # absolute offset of the tensor's first byte in the file
+    nbytes: int
+
+
+def _read_safetensors_header(path: str) -> dict[str, _TensorInfo]:
+    """Tensor name -> where its bytes are, from a safetensors file's JSON header."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+            if len(head) != 8:
+                raise ValueError("shorter than 8 bytes")
+            n = struct.unpack("<Q", head)[0]
+            if n > 100 << 20:
+                raise ValueError(f"header length {n} is implausible")
+            meta = json.loads(f.read(n))
+    except (OSError, ValueError) as exc:
+        raise SlackTierError(ErrorKind.CHECKPOINT, f"{path} is not a readable safetensors file: {exc}",
+                             fix="pass a .safetensors checkpoint file or a directory of them") from exc
+    size = os.path.getsize(path)
+    out: dict[str, _TensorInfo] = {}
+    for name, t in meta.items():
+        if name == "__metadata__":
+            continue
+        begin, end = t["data_offsets"]
+        info = _TensorInfo(path, t["dtype"], tuple(int(x) for x in t["shape"]), 8 + n + begin, end - begin)
+        if info.offset_bytes + info.nbytes > size:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} runs past the end of {path} (truncated?)",
+                                 fix="re-download the checkpoint file")
+        out[name] = info
+    return out
+
+
+def _checkpoint_files(checkpoint: str | Path | list[str | Path]) -> list[str]:
+    items = checkpoint if isinstance(checkpoint, list) else [checkpoint]
+    files: list[str] = []
+    for item in items:
+        p = Path(item)
+        if p.is_dir():
+            files += sorted(str(f.resolve()) for f in p.glob("*.safetensors"))
+        elif p.is_file():
+            files.append(str(p.resolve()))
+        else:
+            raise SlackTierError(ErrorKind.MISSING, f"checkpoint {p} does not exist",
+                                 fix="pass a .safetensors file or a directory holding them")
+    if not files:
+        raise SlackTierError(ErrorKind.MISSING, f"no .safetensors files in {checkpoint}",
+                             fix="pass a .safetensors file or a directory holding them")
+    return files
+
+
+class CheckpointSource:
+    """A safetensors checkpoint's Engram tables, read through memory maps (nothing loaded whole).
+
+    `layers` None takes every layer that has an `...engram.embed.weight`.
+    `expected` (a StagedLayout) makes any rows mismatch a refusal. Digest: the
+    sha256 of the checkpoint file for one file; for several, the sha256 of the
+    lines "<file name> <sha256>\\n" over the files that hold the table, sorted.
+    """
+
+    kind = "checkpoint"
+
+    def __init__(self, checkpoint: str | Path | list[str | Path], layers: list[int] | None = None,
+                 column_bounds: dict[int, tuple[int, ...]] | None = None,
+                 expected: StagedLayout | None = None) -> None:
+        self.files = _checkpoint_files(checkpoint)
+        tensors: dict[str, _TensorInfo] = {}
+        for f in self.files:
+            tensors.update(_read_safetensors_header(f))
+        if layers is None:
+            found = set()
+            for name in tensors:
+                m = re.fullmatch(r"(?:model\.)?layers\.(\d+)\.engram\.embed\.weight", name)
+                if m:
+                    found.add(int(m.group(1)))
+            if not found:
+                raise SlackTierError(ErrorKind.CHECKPOINT, f"no tensor named like "
+                                     f"{CHECKPOINT_NAME_TEMPLATES[0].format(layer='L', part='weight')} in "
+                                     f"{', '.join(self.files)}", fix="pass the checkpoint that holds the Engram tables")
+            layers = sorted(found)
+        self.names: dict[int, dict[str, str]] = {}
+        self._weight: dict[int, np.ndarray] = {}
+        self._scale: dict[int, np.ndarray] = {}
+        rows: dict[int, int] = {}
+        for layer in layers:
+            names = self._names_for(layer, tensors)
+            w, s = tensors[names["weight"]], tensors[names["scale"]]
+            self._check(layer, names, w, s, expected)
+            rows[layer] = w.shape[0]
+            self.names[layer] = names
+            self._weight[layer] = np.memmap(w.file, dtype=np.uint8, mode="r", offset=w.offset_bytes,
+                                            shape=(w.shape[0], ROW_VALUES))
+            self._scale[layer] = np.memmap(s.file, dtype=np.uint8, mode="r", offset=s.offset_bytes,
+                                           shape=(s.shape[0], ROW_SCALES))
+        self.layout = StagedLayout(rows, dict(column_bounds or {}))
+        self._files_used = sorted({tensors[n].file for names in self.names.values() for n in names.values()})
+        self._digest: str | None = None
+
+    @staticmethod
+    def _names_for(layer: int, tensors: dict[str, _TensorInfo]) -> dict[str, str]:
+        for template in CHECKPOINT_NAME_TEMPLATES:
+            names = {part: template.format(layer=layer, part=part) for part in ("weight", "scale")}
+            if names["weight"] in tensors or names["scale"] in tensors:
+                for part, name in names.items():
+                    if name not in tensors:
+                        raise SlackTierError(ErrorKind.CHECKPOINT, f"checkpoint has no tensor {name}",
+                                             fix=f"the checkpoint must hold both {names['weight']} and "
+                                             f"{names['scale']}", layer=layer)
+                return names
+        raise SlackTierError(ErrorKind.CHECKPOINT, f"checkpoint has no tensor "
+                             f"{CHECKPOINT_NAME_TEMPLATES[0].format(layer=layer, part='weight')} (nor the "
+                             f"model.-prefixed name)", fix="check the layer ids against the checkpoint", layer=layer)
+
+    @staticmethod
+    def _check(layer: int, names: dict[str, str], w: _TensorInfo, s: _TensorInfo,
+               expected: StagedLayout | None) -> None:
+        for info, name, dtype in ((w, names["weight"], "F8_E4M3"), (s, names["scale"], "F8_E8M0")):
+            if info.dtype != dtype:
+                torch_name = "float8_e4m3fn" if dtype == "F8_E4M3" else "float8_e8m0fnu"
+                raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} has dtype {info.dtype}, want {dtype} "
+                                     f"({torch_name})", fix="stage the FP8 checkpoint, not a converted one",
+                                     layer=layer)
+        if len(w.shape) != 2 or w.shape[1] != ROW_VALUES:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {names['weight']} has shape {list(w.shape)}, want "
+                                 f"[rows, {ROW_VALUES}]", fix="check the checkpoint's Engram shapes", layer=layer)
+        if len(s.shape) != 2 or s.shape != (w.shape[0], ROW_SCALES):
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {names['scale']} has shape {list(s.shape)}, want "
+                                 f"[{w.shape[0]}, {ROW_SCALES}]", fix="check the checkpoint's Engram shapes",
+                                 layer=layer)
+        if expected is not None and expected.rows.get(layer) != w.shape[0]:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"layer {layer} has {w.shape[0]} rows in the checkpoint, the "
+                                 f"layout expects {expected.rows.get(layer)}", fix="check the layout against the "
+                                 "checkpoint", layer=layer)
+
+    @property
+    def digest(self) -> str:
+        """sha256 of the checkpoint file(s) holding the table (see the class docstring)."""
+        if self._digest is None:
+            if len(self._files_used) == 1:
+                self._digest = "sha256:" + sha256_file(self._files_used[0])
+            else:
+                lines = "".join(f"{Path(f).name} {sha256_file(f)}\n" for f in self._files_used)
+                self._digest = "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+        return self._digest
+
+    def spec(self) -> dict[str, Any]:
+        """The manifest's "source" object: files and tensor names."""
+        return {"kind": self.kind, "digest": self.digest, "files": self._files_used,
+                "tensors": {str(k): v for k, v in sorted(self.names.items())}}
+
+    def fill_pages(self, layer: int, row_start: int, rows: int, pages: np.ndarray,
+                   crcs: np.ndarray | None = None) -> None:
+        """Fill pages [P = ceil(rows/15), 4096] uint8 with the checkpoint's rows [row_start, row_start + rows),
+        and their CRC32Cs into `crcs` [P] uint32 if given."""
+        end = row_start + rows
+        weight, scale = self._weight[layer][row_start:end], self._scale[layer][row_start:end]
+        if crcs is not None and HW_CRC32C:
+            _pack_pages_crc(weight, scale, pages, crcs)
+            return
+        _pack_pages(weight, scale, pages)
+        if crcs is not None:
+            page_crcs(pages, crcs)
+
+    def rows(self, layer: int, row_ids: np.ndarray) -> np.ndarray:
+        """Global rows `row_ids` [n] of `layer` -> raw [n, 264] uint8."""
+        ids = np.asarray(row_ids, dtype=np.int64)
+        return np.concatenate([self._weight[layer][ids], self._scale[layer][ids]], axis=1)

@@ -1,0 +1,286 @@
+"""The page writer: a row source's (layer, rank) regions onto files or raw block devices, then the manifest.
+
+Everything that can be refused is refused before the first byte is written: a
+target too small for its regions, a target (or manifest) that already holds
+another table unless `overwrite` (a checkpoint source refuses its own problems
+when it is built). Writes are O_DIRECT, in large aligned chunks (4 MiB) from
+page-aligned buffers: filler threads fill the next chunks (rows, and each
+page's CRC32C while the page is still in L1) while writer threads (4 by
+default, so 4 writes in flight, each at its own offset) write. Every target
+starts with a header page, marked "staging" first and "complete" after fsync.
+The manifest and checksum file are written last, so a manifest never describes
+a table that is not fully on its targets.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import logging
+import os
+import queue
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, parse_header, \
+    plan_regions, target_bytes
+from slacktier.tables.odirect import DirectFile, aligned_array, probe_target
+from slacktier.tables.regions import StagedRegion
+from slacktier.tables.row_source import RowSource
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_BYTES = 4 << 20
+DEFAULT_FILLERS = min(2, os.cpu_count() or 1)  # threads filling chunks
+DEFAULT_WRITERS = 4                             # threads writing chunks = O_DIRECT writes in flight
+
+
+# ---------------------------------------------------------------- checks before writing
+
+def _read_head(path: str) -> bytes:
+    with open(path, "rb", buffering=0) as f:
+        return f.read(TARGET_HEADER_BYTES)
+
+
+def check_targets(targets: list[str], need_bytes: list[int], source_digest: str, manifest_path: Path,
+                  overwrite: bool, max_bytes: int | None) -> list[bool]:
+    """Refuse (SlackTierError TARGET) a target too small or holding another table; returns is-block-device per target.
+
+    Too small: a block device shorter than its regions; a regular file whose
+    `max_bytes` cap, or whose filesystem's free space plus its current size, is
+    below what its regions need. Another table: a header page with another source
+    digest, a first page of unknown non-zero data, or a manifest at
+    `manifest_path` with another digest; `overwrite` accepts all three.
+    """
+    is_block: list[bool] = []
+    for path, need in zip(targets, need_bytes):
+        info = probe_target(path, max_bytes)
+        is_block.append(info.is_block_device)
+        if info.capacity_bytes is not None and need > info.capacity_bytes:
+            what = "block device" if info.is_block_device else "file (capped by --max-bytes)"
+            raise SlackTierError(ErrorKind.TARGET, f"target {path} is too small: its regions need {need} bytes, the "
+                                 f"{what} holds {info.capacity_bytes}",
+                                 fix="use a larger target, more targets, or fewer rows")
+        if not info.is_block_device and info.free_bytes is not None and need > info.free_bytes + info.size_bytes:
+            raise SlackTierError(ErrorKind.TARGET, f"target {path} is too small: its regions need {need} bytes, its "
+                                 f"filesystem has {info.free_bytes} free", fix="free space or stage elsewhere")
+        if info.exists and info.size_bytes > 0 and not overwrite:
+            head = _read_head(path)
+            header = parse_header(head)
+            if header is not None and header.get("source_digest") != source_digest:
+                raise SlackTierError(ErrorKind.TARGET, f"target {path} already holds another table (source "
+                                     f"{header.get('source_digest')})", fix="pass --overwrite to replace it")
+            if header is None and any(head):
+                raise SlackTierError(ErrorKind.TARGET, f"target {path} holds data that is not a SlackTier table",
+                                     fix="pass --overwrite to replace it, or pick an empty target")
+    if manifest_path.exists() and not overwrite:
+        try:
+            old = json.loads(manifest_path.read_text()).get("source", {}).get("digest")
+        except (OSError, json.JSONDecodeError, AttributeError):
+            old = None
+        if old != source_digest:
+            raise SlackTierError(ErrorKind.TARGET, f"manifest {manifest_path} already describes another table "
+                                 f"(source {old})", fix="pass --overwrite to replace it, or another --manifest")
+    return is_block
+
+
+# ---------------------------------------------------------------- the writer
+
+@dataclass
+class StageStats:
+    """What one staging run cost (filled in by `stage_table` when passed `stats=`)."""
+
+    bytes_written: int = 0
+    seconds: float = 0.0          # whole call: checks, preallocation, writes, fsync, manifest
+    writer_busy_s: float = 0.0    # time the busiest writer thread spent inside pwrite
+    fill_s: float = 0.0           # filler time (rows + CRCs), summed over filler threads
+
+    @property
+    def writer_busy_fraction(self) -> float:
+        """Near 1: disk-bound; well below 1: the fillers (CPU) held the disk up."""
+        return self.writer_busy_s / self.seconds if self.seconds else 0.0
+
+
+class _Writer:
+    """Threads that pwrite filled chunks while the caller fills the next ones, over a few reused aligned buffers.
+
+    `n_threads` writers each take the next filled chunk and write it at its own
+    offset, so up to `n_threads` O_DIRECT writes are in flight at once (queue
+    depth n_threads). The fill kernels (rows and page checksums) and pwrite all
+    release the GIL, so filling and writing overlap; the first write error
+    surfaces on the caller in take()/finish() and later chunks are not written.
+    """
+
+    def __init__(self, files: list[DirectFile], n_buffers: int, chunk_bytes: int, n_threads: int = 1) -> None:
+        if n_threads < 1:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{n_threads} writer threads", fix="use 1 or more writers")
+        self.files = files
+        self.free: queue.Queue[np.ndarray] = queue.Queue()
+        for _ in range(n_buffers):
+            self.free.put(aligned_array(chunk_bytes))
+        self.todo: queue.Queue[tuple[int, np.ndarray, int, int] | None] = queue.Queue()
+        self.error: BaseException | None = None
+        self._busy_s = [0.0] * n_threads   # per writer thread: seconds inside pwrite
+        self.threads = [threading.Thread(target=self._run, args=(i,), name=f"slacktier-stage-writer-{i}", daemon=True)
+                        for i in range(n_threads)]
+        for t in self.threads:
+            t.start()
+
+    @property
+    def busy_s(self) -> float:
+        """The busiest writer thread's seconds inside pwrite."""
+        return max(self._busy_s)
+
+    def _run(self, i: int) -> None:
+        while (item := self.todo.get()) is not None:
+            device, buf, nbytes, offset = item
+            try:
+                if self.error is None:
+                    t0 = time.perf_counter()
+                    self.files[device].pwrite(buf[:nbytes], offset)
+                    self._busy_s[i] += time.perf_counter() - t0
+            except BaseException as exc:  # handed to the caller in take()/finish()
+                if self.error is None:
+                    self.error = exc
+            self.free.put(buf)
+
+    def take(self) -> np.ndarray:
+        """A free chunk buffer (waits for one); raises the first write error, if any."""
+        buf = self.free.get()
+        if self.error is not None:
+            raise self.error
+        return buf
+
+    def put(self, device: int, buf: np.ndarray, nbytes: int, offset: int) -> None:
+        """Queue buf[:nbytes] for a write at `offset` of target `device`."""
+        self.todo.put((device, buf, nbytes, offset))
+
+    def finish(self) -> None:
+        """Stop the writer threads after the queued writes; raises the first write error, if any."""
+        for _ in self.threads:
+            self.todo.put(None)
+        for t in self.threads:
+            t.join()
+        if self.error is not None:
+            raise self.error
+
+
+def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
+                manifest_path: str | Path | None = None, max_bytes: int | None = None, overwrite: bool = False,
+                chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffered: bool = False, progress: bool = True,
+                fillers: int = DEFAULT_FILLERS, writers: int = DEFAULT_WRITERS,
+                stats: StageStats | None = None) -> Manifest:
+    """Stage `source` as `ranks` shards per layer onto `targets` (ranks round-robin); returns the saved manifest.
+
+    `stats`, if given, receives the run's bytes, time and writer busy time.
+    """
+    t_start = time.perf_counter()
+    if writers < 1 or fillers < 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{fillers} filler and {writers} writer threads",
+                             fix="use at least one filler and one writer")
+    if chunk_bytes <= 0 or chunk_bytes % PAGE_BYTES:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"chunk of {chunk_bytes} bytes is not whole pages",
+                             fix="use a multiple of 4096, e.g. 4 MiB")
+    paths = [os.path.abspath(str(t)) for t in targets]
+    if len(set(paths)) != len(paths):
+        raise SlackTierError(ErrorKind.BAD_INPUT, "a target is listed twice", fix="list each target once")
+    layout = source.layout
+    regions = plan_regions(layout, ranks, paths)
+    need = target_bytes(regions, len(paths))
+    block_targets = [os.path.exists(p) and Path(p).is_block_device() for p in paths]
+    if manifest_path is None:
+        if block_targets[0]:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"target {paths[0]} is a block device, so the manifest cannot "
+                                 "sit beside it", fix="pass --manifest PATH")
+        manifest_path = default_manifest_path(paths[0])
+    manifest_path = Path(manifest_path).absolute()
+    digest = source.digest
+    is_block = check_targets(paths, need, digest, manifest_path, overwrite, max_bytes)
+
+    if manifest_path.exists():
+        manifest_path.unlink()  # checks passed: a stale manifest must not outlive the bytes it describes
+    files = [DirectFile(p, write=True, create=not b, buffered=buffered) for p, b in zip(paths, is_block)]
+    total_pages = sum(r.pages for r in regions)
+    crcs = np.zeros(total_pages, dtype=np.uint32)
+    try:
+        for f, n, b in zip(files, need, is_block):
+            if not b:
+                try:
+                    os.ftruncate(f.fd, n)
+                    os.posix_fallocate(f.fd, 0, n)  # reserve the space now: no ENOSPC halfway through
+                except OSError as exc:
+                    raise SlackTierError(ErrorKind.TARGET, f"cannot reserve {n} bytes for {f.path}: {exc}",
+                                         fix="free space or stage elsewhere") from exc
+        head = aligned_array(TARGET_HEADER_BYTES)
+        for i, f in enumerate(files):
+            head[:] = header_page(digest, i, len(files), "staging")
+            f.pwrite(head, 0)
+        chunks = [(region, first_row) for region in regions
+                  for first_row in range(0, region.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
+        writer = _Writer(files, n_buffers=8 + writers, chunk_bytes=chunk_bytes, n_threads=writers)
+        fill_total_s = 0.0
+        bar = tqdm(total=total_pages * PAGE_BYTES, unit="B", unit_scale=True, desc="stage", disable=not progress)
+        try:
+            # Fill kernels release the GIL, so `fillers` threads fill chunks side by side.
+            with ThreadPoolExecutor(max_workers=max(1, fillers), thread_name_prefix="slacktier-stage-fill") as pool:
+                for nbytes, fill_s in pool.map(lambda c: _stage_chunk(source, c[0], c[1], writer, chunk_bytes, crcs),
+                                               chunks):
+                    bar.update(nbytes)
+                    fill_total_s += fill_s
+        finally:
+            writer.finish()
+            bar.close()
+        for i, f in enumerate(files):
+            f.sync()
+            head[:] = header_page(digest, i, len(files), "complete")
+            f.pwrite(head, 0)
+            f.sync()
+    finally:
+        for f in files:
+            f.close()
+
+    crc_file = manifest_path.with_suffix("").name + ".crc" if manifest_path.suffix == ".json" else \
+        manifest_path.name + ".crc"
+    crc_bytes = crcs.astype("<u4").tobytes()
+    crc_path = manifest_path.parent / crc_file
+    tmp = crc_path.with_name(crc_path.name + ".tmp")
+    tmp.write_bytes(crc_bytes)
+    os.replace(tmp, crc_path)
+    manifest = Manifest(layout=layout, ranks=ranks, targets=paths, regions=regions, source=source.spec(),
+                        crc_file=crc_file, crc_sha256=hashlib.sha256(crc_bytes).hexdigest(), total_pages=total_pages,
+                        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    manifest.save(manifest_path)
+    if stats is not None:
+        stats.bytes_written = sum(need)
+        stats.seconds = time.perf_counter() - t_start
+        stats.writer_busy_s = writer.busy_s
+        stats.fill_s = fill_total_s
+    log.info("staged %d regions, %d pages to %s; manifest %s", len(regions), total_pages, paths, manifest_path)
+    return manifest
+
+
+def _stage_chunk(source: RowSource, region: StagedRegion, first_row: int, writer: _Writer, chunk_bytes: int,
+                 crcs: np.ndarray) -> tuple[int, float]:
+    """Fill one chunk of `region` from shard row `first_row` (rows and page CRCs) and queue its write.
+
+    Returns (bytes queued, seconds spent filling)."""
+    n = min((chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE, region.rows - first_row)
+    npages = pages_for_rows(n)
+    page0 = first_row // ROWS_PER_PAGE
+    buf = writer.take()
+    pages = buf[:npages * PAGE_BYTES].reshape(npages, PAGE_BYTES)
+    at = region.crc_first_page + page0
+    t0 = time.perf_counter()
+    source.fill_pages(region.layer, region.row_start + first_row, n, pages, crcs[at:at + npages])
+    fill_s = time.perf_counter() - t0
+    writer.put(region.device, buf, npages * PAGE_BYTES, region.offset_bytes + page0 * PAGE_BYTES)
+    return npages * PAGE_BYTES, fill_s

@@ -1,0 +1,161 @@
+"""The directory pass (cache.directory via RowCache.resolve): descriptors, pages, pins and in-step reuse.
+
+Moved from test_engine_resolve.py: the pass keeps each lookup's directory entry from its first
+(prefetch) load; the first two cases make that entry stale within a step and check what comes out.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slacktier.cache import (KIND_FOREIGN, KIND_MISS, KIND_SLOT, KIND_ZERO, LayerGeometry, PassResult, PassScratch,
+                             RowCache, fill_foreign)
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.layout import ROWS_PER_PAGE
+
+TWO_RANKS = LayerGeometry(0, 600, np.array([0, 300, 600]), np.array([0, 1], dtype=np.int32))
+
+
+def _cache(slots: int, geometry: LayerGeometry = TWO_RANKS) -> RowCache:
+    cache = RowCache(slots)
+    cache.add_layer(1, geometry.rows, 1.0)
+    return cache
+
+
+def _step(cache: RowCache, rows: list[int], geometry: LayerGeometry = TWO_RANKS, **kw) -> tuple[PassResult,
+                                                                                                 PassScratch]:
+    scratch = PassScratch(64)
+    ids = np.array(rows, dtype=np.int64) + geometry.row_start
+    result = cache.resolve(1, ids, geometry, scratch, **kw)
+    _check_outputs(cache, ids, geometry, scratch, result)
+    cache.release_pins()
+    return result, scratch
+
+
+def _check_outputs(cache: RowCache, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch,
+                   result: PassResult) -> None:
+    """Every descriptor names the row it was asked for: its slot holds it, or its page and row-in-page do."""
+    pages = {(int(scratch.page_region[k]), int(scratch.page_no[k])): int(scratch.page_buf[k])
+             for k in range(result.pages)}
+    assert len(pages) == result.pages and len(set(pages.values())) == result.pages
+    by_buf = {b: key for key, b in pages.items()}
+    assert len(set(scratch.miss_row[:result.misses].tolist())) == result.misses
+    for i, g in enumerate(ids.tolist()):
+        r = g - geometry.row_start
+        kind, idx = int(scratch.desc_kind[i]), int(scratch.desc_idx[i])
+        if kind == KIND_SLOT:
+            assert cache.slot_row[idx] == r and cache.layer(1).directory[r] == idx
+        elif kind == KIND_MISS:
+            assert scratch.miss_row[idx] == r
+            slot = int(scratch.miss_slot[idx])
+            assert slot == -1 or (cache.slot_row[slot] == r and cache.layer(1).directory[r] == slot)
+            rank = int(np.searchsorted(geometry.rank_starts, r, side="right")) - 1
+            region, page = by_buf[int(scratch.miss_buf[idx])]
+            assert region == geometry.rank_region[rank]
+            assert page * ROWS_PER_PAGE + scratch.miss_inpage[idx] == r - geometry.rank_starts[rank]
+    assert result.hits + result.misses + result.reused + result.zero + result.foreign == result.lookups
+    assert cache.verify() == []
+
+
+def test_worked_example_two_rows_one_page() -> None:
+    cache = _cache(4, LayerGeometry.one_rank(600))
+    r, sc = _step(cache, [31, 32], LayerGeometry.one_rank(600))
+    assert r == PassResult(lookups=2, hits=0, misses=2, pages=1, zero=0, bypass=0, reused=0, foreign=0,
+                           bad_index=-1)
+    assert sc.page_no[0] == 2 and sc.miss_buf[:2].tolist() == [0, 0] and sc.miss_inpage[:2].tolist() == [1, 2]
+    assert (sc.miss_slot[:2] >= 0).all()
+
+
+def test_row_evicted_earlier_in_the_same_step_is_read_again() -> None:
+    cache = _cache(2)
+    r, _ = _step(cache, [10, 400])                 # both cached
+    assert r.misses == 2 and r.pages == 2          # two ranks: two regions
+    # 20 and 500 miss first and take both slots (CLOCK clears the reference bits, then evicts 10 and
+    # 400); 10 and 400 were cached when the step began, but their slots now hold 20 and 500.
+    r, _ = _step(cache, [20, 500, 10, 400])
+    assert r.hits == 0 and r.misses == 4 and r.bypass == 2 and cache.evictions(1) == 2
+    r, _ = _step(cache, [20, 500])
+    assert r.hits == 2
+
+
+def test_row_filled_earlier_in_the_same_step_is_reused() -> None:
+    cache = _cache(4)
+    r, _ = _step(cache, [7, 7, 300, 7, 300])
+    assert r.misses == 2 and r.reused == 3 and r.hits == 0
+    r, _ = _step(cache, [7, 300, 7])
+    assert r.hits == 3 and r.misses == 0
+
+
+def test_slotless_read_is_reused_and_not_cached() -> None:
+    cache = _cache(1)
+    r, sc = _step(cache, [5, 7, 7, 5])   # 5 takes the only slot, 7 is read without one, then reused
+    assert (r.misses, r.bypass, r.reused) == (2, 1, 2) and sc.miss_slot[1] == -1
+    r, _ = _step(cache, [5, 7])
+    assert r.hits == 1 and r.misses == 1
+
+
+def test_ids_outside_the_table_are_foreign_or_an_error() -> None:
+    geo = LayerGeometry.one_rank(100, row_start=1000)
+    cache = _cache(4, geo)
+    r, sc = _step(cache, [3, -1, 150, 3], geo, owned_only=True)
+    assert r.foreign == 2 and r.misses == 1 and r.reused == 1
+    assert sc.desc_kind[:4].tolist() == [KIND_MISS, KIND_FOREIGN, KIND_FOREIGN, KIND_MISS]
+    out = np.zeros((4, 256), dtype=np.uint16)
+    fill_foreign(sc.desc_kind, 4, out)
+    assert (out[1:3] == 0x8000).all() and (out[[0, 3]] == 0).all()
+    r = cache.resolve(1, np.array([1003, 1150, 1004], dtype=np.int64), geo, PassScratch(8))
+    assert r.bad_index == 1 and r.misses == 0 and r.hits == 1
+    cache.release_pins()
+    assert cache.verify() == []
+
+
+def test_lossy_rows_outside_the_seen_set_read_nothing() -> None:
+    seen = np.zeros(600, dtype=bool)
+    seen[[10, 400]] = True
+    geo = LayerGeometry(0, 600, TWO_RANKS.rank_starts, TWO_RANKS.rank_region, np.packbits(seen, bitorder="little"))
+    cache = _cache(4, geo)
+    r, sc = _step(cache, [10, 11, 400, 401], geo, lossy=True)
+    assert r.zero == 2 and r.misses == 2 and sc.desc_kind[:4].tolist() == [KIND_MISS, KIND_ZERO, KIND_MISS, KIND_ZERO]
+    with pytest.raises(SlackTierError):
+        cache.resolve(1, np.array([1], dtype=np.int64), TWO_RANKS, PassScratch(4), lossy=True)
+
+
+def test_guards_refuse_what_the_compiled_pass_cannot_check() -> None:
+    cache = _cache(4)
+    with pytest.raises(SlackTierError) as exc:
+        cache.resolve(1, np.arange(9, dtype=np.int64), TWO_RANKS, PassScratch(8))
+    assert exc.value.kind == ErrorKind.CAPACITY
+    for ids, geo in ((np.arange(3, dtype=np.int32), TWO_RANKS), (np.arange(3, dtype=np.int64),
+                                                                 LayerGeometry.one_rank(601))):
+        with pytest.raises(SlackTierError):
+            cache.resolve(1, ids, geo, PassScratch(8))
+    with pytest.raises(SlackTierError) as exc:
+        cache.resolve(2, np.arange(3, dtype=np.int64), TWO_RANKS, PassScratch(8))
+    assert exc.value.kind == ErrorKind.MISSING
+    for starts, region in (([0, 300], [0, 1]), ([0, 300, 599], [0, 1]), ([0, 400, 300, 600], [0, 1, 2])):
+        with pytest.raises(SlackTierError):
+            LayerGeometry(0, 600, np.array(starts), np.array(region, dtype=np.int32))
+    with pytest.raises(SlackTierError):
+        LayerGeometry.one_rank(600, seen=np.zeros(74, dtype=np.uint8))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slots=st.integers(0, 12),
+       steps=st.lists(st.lists(st.integers(0, 59), min_size=0, max_size=30), min_size=1, max_size=12))
+def test_pass_outputs_name_the_rows_asked_for(slots: int, steps: list[list[int]]) -> None:
+    """Any step sequence: descriptors, slots and pages stay consistent; pinned slots are never evicted."""
+    geo = LayerGeometry(0, 60, np.array([0, 17, 17, 60]), np.array([2, 0, 1], dtype=np.int32))
+    cache = _cache(slots, geo)
+    for rows in steps:
+        scratch = PassScratch(30)
+        ids = np.array(rows, dtype=np.int64)
+        result = cache.resolve(1, ids, geo, scratch)
+        _check_outputs(cache, ids, geo, scratch, result)
+        used = set(scratch.desc_idx[:len(rows)][scratch.desc_kind[:len(rows)] == KIND_SLOT].tolist())
+        used |= set(s for s in scratch.miss_slot[:result.misses].tolist() if s >= 0)
+        assert set(cache.pinned().tolist()) == used
+        assert result.bypass == 0 or len(used) == slots
+        cache.release_pins()

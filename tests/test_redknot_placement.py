@@ -1,0 +1,141 @@
+"""RedKnot artifact tables placed like any table: per-layer tiers, read through the engine's per-layer reads."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from slacktier.cli import main
+from slacktier.config import DiskOptions, RedisOptions, TableConfig, write_control
+from slacktier.errors import SlackTierError
+from slacktier.redknot.artifacts import ArtifactStore
+from slacktier.redknot.model import build_model, tiny_config
+from slacktier.redknot.placement import artifact_placement
+from slacktier.redknot.profile import profile_for_config
+from slacktier.redknot.protect import ProtectionPolicy
+from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
+from slacktier.redknot.service import RedKnotService
+
+CFG = tiny_config()
+MODEL = build_model(CFG, seed=0)
+PROFILE = profile_for_config(CFG, name="tiny")
+A, B = PROFILE.reusable[0], PROFILE.reusable[-1]   # B's pages are the last region of each data file
+
+
+def _tokens(n: int, seed: int) -> tuple[int, ...]:
+    return tuple(torch.randint(2, CFG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
+
+
+D0, D1, Q = _tokens(36, 21), _tokens(40, 22), _tokens(12, 23)
+DOCS = [("d0", D0), ("d1", D1)]
+LAYOUT = Layout.of([Segment("d0", D0), Segment("d1", D1), Segment("q", Q, "query")])
+DOC_ROWS = len(D0) + len(D1)
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def runner() -> RedKnotRunner:
+    return RedKnotRunner(MODEL, PROFILE, chunk_rows=32)
+
+
+def _store(tmp_path, runner, *, same_context: bool = False) -> ArtifactStore:
+    """d0 built alone; d1 alone (canonical) or after d0 (its artifacts are then exact for DOCS)."""
+    store = ArtifactStore(tmp_path / "store")
+    svc = RedKnotService(runner, store)
+    svc.build("d0", D0)
+    svc.build("d1", D1, context=D0 if same_context else ())
+    return store
+
+
+def _mixed(store: ArtifactStore):
+    """Layer B's artifacts on disk (threads engine), every other reusable layer's in host memory."""
+    return artifact_placement(store.root, PROFILE.reusable, "dram",
+                              tiers={B: ("disk", DiskOptions(engine="threads", queue_depth=8))})
+
+
+def test_two_tiers_equal_all_dram(tmp_path, runner):
+    """Layer A from DRAM and layer B from disk read the same pages as all from DRAM: the same prefill, bit for bit."""
+    store = _store(tmp_path, runner)
+    svc = RedKnotService(runner, store)
+    assert {t.source for t in svc.placement.tables} == {"dram"}
+    dram = svc.prefill(DOCS, Q, ProtectionPolicy(0.2))
+    mixed_svc = RedKnotService(runner, store, placement=_mixed(store))
+    assert mixed_svc.placement.table(A).source == "dram" and mixed_svc.placement.table(B).source == "disk"
+    mixed = mixed_svc.prefill(DOCS, Q, ProtectionPolicy(0.2))
+    for rep in (dram, mixed):
+        assert rep.fallback_reason is None and rep.reads.failed_layers == 0
+        assert rep.result.stats.local_rows_reused > 0
+    assert mixed_svc.counters["sources_opened"] == 2 * len(DOCS)   # one per document and tier
+    assert (mixed.reads.pages, mixed.reads.tickets) == (dram.reads.pages, dram.reads.tickets)
+    assert torch.equal(mixed.result.hidden, dram.result.hidden)
+    assert torch.equal(mixed.result.last_logits, dram.result.last_logits)
+    # the same move between prefills: layer B's pages now come from disk, the result does not change
+    svc.apply(_mixed(store))
+    again = svc.prefill(DOCS, Q, ProtectionPolicy(0.2))
+    assert torch.equal(again.result.hidden, dram.result.hidden)
+    mixed_svc.close()
+    svc.close()
+
+
+def test_failed_tier_recomputes_only_that_layer(tmp_path, runner):
+    """d1's file shrinks under the open disk source: layer B's reads fail, only layer B is recomputed (so the
+    prefill stays exact), it is counted, and the disk sources are reopened on the next prefill."""
+    store = _store(tmp_path, runner, same_context=True)
+    full = runner.full(LAYOUT)
+    svc = RedKnotService(runner, store, placement=_mixed(store))
+    first = svc.prefill(DOCS, Q, ProtectionPolicy(0.0))
+    assert first.result.stats.local_rows_reused == DOC_ROWS * len(PROFILE.reusable)
+    opened = svc.counters["sources_opened"]
+    cert = store.certificate("d1", 0)
+    b = cert.covered_layers.index(B)
+    assert b == len(cert.covered_layers) - 1   # truncating at B's region leaves every other layer whole
+    os.truncate(store.data_path(cert), cert.region_offsets_bytes[b])
+    rep = svc.prefill(DOCS, Q, ProtectionPolicy(0.0))
+    st_ = rep.result.stats
+    assert rep.fallback_reason is None and st_.mode == "reuse"
+    assert st_.layers_recomputed == 1 and rep.reads.failed_layers == 1
+    assert svc.counters["artifact_layers_failed"] == 1
+    assert st_.protected_rows[B].numel() == LAYOUT.rows                         # every row of B online
+    assert all(st_.protected_rows[l].numel() < LAYOUT.rows for l in PROFILE.reusable if l != B)
+    assert st_.local_rows_reused == DOC_ROWS * (len(PROFILE.reusable) - 1)
+    torch.testing.assert_close(rep.result.hidden, full.hidden, rtol=0, atol=1e-10)
+    torch.testing.assert_close(rep.result.last_logits, full.last_logits, rtol=0, atol=1e-10)
+    # the failed layer's tier is reopened next time; d1's disk source now sees the short file when opening
+    nxt = svc.prefill(DOCS, Q, ProtectionPolicy(0.0))
+    assert nxt.fallback_reason is not None and nxt.fallback_reason.value == "unreadable"
+    assert svc.counters["sources_opened"] == opened + 1
+    svc.close()
+
+
+def test_placement_must_place_every_reusable_layer_of_this_store(tmp_path, runner):
+    store = _store(tmp_path, runner)
+    whole = artifact_placement(store.root, PROFILE.reusable)
+    missing = artifact_placement(store.root, PROFILE.reusable[1:])
+    with pytest.raises(SlackTierError, match="reusable layers"):
+        RedKnotService(runner, store, placement=missing)
+    with pytest.raises(SlackTierError, match="not the artifact store"):
+        RedKnotService(runner, store, placement=artifact_placement(tmp_path / "elsewhere", PROFILE.reusable))
+    with pytest.raises(SlackTierError, match="verify_reads"):
+        RedKnotService(runner, store, placement=whole.replace(verify_reads=False))
+    redis = TableConfig(layer=A, manifest=str(store.root), source="redis", options=RedisOptions())
+    on_redis = type(whole)(engine=whole.engine, tables=(redis,) + whole.tables[1:])
+    with pytest.raises(SlackTierError, match="Redis"):
+        RedKnotService(runner, store, placement=on_redis)
+
+
+def test_cli_runs_a_placement_file(tmp_path, capsys):
+    """`slacktier redknot run --placement` reads a control file the planner could have written."""
+    store_dir = tmp_path / "s"
+    args = ["--store", str(store_dir), "--model", "tiny", "--docs", "2", "--doc-tokens", "32", "--dtype", "float64"]
+    assert main(["redknot", "build", *args]) == 0
+    capsys.readouterr()
+    control = write_control(artifact_placement(store_dir, PROFILE.reusable, "dram", tiers={B: ("disk", None)}),
+                            tmp_path / "placement.toml", "RedKnot artifact placement")
+    assert main(["redknot", "run", *args, "--placement", str(control)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["mode"] == "reuse" and out["pages_read"] > 0
+    assert out["counters"]["sources_opened"] == 4   # 2 documents x 2 tiers
