@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slacktier.store.testing import supports_o_direct
+from slacktier.store.testing import RedisServer, supports_o_direct
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -48,3 +48,13 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """A real redis-server on a free loopback port, for one test module (skips where none is installed)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    yield server
+    server.stop()

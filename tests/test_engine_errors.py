@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -19,12 +20,15 @@ import torch
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
-from slacktier.engine.testing import array_tables
+from slacktier.engine.checker import ArrayRowReader
+from slacktier.engine.testing import array_tables, pack_pages
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store.dram import DramSource
 from slacktier.store.testing import supports_o_direct
-from slacktier.tables.codec import dequantize_bits
-from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE
+from slacktier.tables.codec import dequantize_bits, synthetic_rows
+from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
 from slacktier.tables.manifest import Manifest
+from slacktier.tables.regions import Region
 from slacktier.tables.stage import SyntheticSource, stage_synthetic
 
 ROWS = {1: 3000, 14: 4000}
@@ -257,3 +261,72 @@ def test_gather_outside_a_step_and_unknown_layer() -> None:
     with pytest.raises(SlackTierError):
         engine.begin_step(step_ids(ROWS, 1, 5))   # a step is open
     engine.end_step()
+
+
+class _LateDram(DramSource):
+    """A DRAM tier whose next batch, once `hold()` is called, completes only when `release()` is: a late read."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._gate = threading.Event()
+        self._held: threading.Event | None = None
+
+    def hold(self) -> None:
+        self._gate.clear()
+        self._held = self._gate
+
+    def release(self) -> None:
+        self._gate.set()
+
+    def _read(self, lane, part):
+        held, self._held = self._held, None
+        if held is not None:
+            held.wait()
+        return super()._read(lane, part)
+
+
+def test_a_read_that_times_out_never_lands_in_a_later_step() -> None:
+    """Layer 14's read times out and lands two steps later, over buffers a later step gave layer 1."""
+    raws = {layer: synthetic_rows(layer, 0, n) for layer, n in ROWS.items()}
+    regions = [Region(layer=layer, rank=0, path=f"mem:{layer}", offset_bytes=0, pages=pages_for_rows(n),
+                      row_start=0, rows=n) for layer, n in ROWS.items()]
+    sources = {r.layer: _LateDram([r], pages=[pack_pages(raws[r.layer])]) for r in regions}
+    tables = [TableSpec(layer=r.layer, row_start=0, rows=r.rows, regions=(r,), source=sources[r.layer],
+                        cache_share=0.5, reference=ArrayRowReader(raws[r.layer])) for r in regions]
+    engine = StepEngine(tables, RowCache(4000), check=True, check_raise=True, wait_timeout_s=0.05,
+                        owned_sources=list(sources.values()))
+    warm = step_ids(ROWS, 16, 0)
+    engine.begin_step(warm)                  # layer 1's rows of the next step are cached: it reads no page
+    engine.gather(1)
+    engine.gather(14)
+    engine.end_step()
+    late = warm.copy()
+    late[:, 1] = step_ids(ROWS, 16, 1)[:, 1] # layer 14 misses: its pages go to buffers 0, 1, ...
+    sources[14].hold()
+    engine.begin_step(late)
+    expect_rows(engine.gather(1), raws[1], late[:, 0])
+    with pytest.raises(SlackTierError) as exc:
+        engine.gather(14)
+    assert exc.value.kind is ErrorKind.TIMEOUT and exc.value.layer == 14
+    engine.wait_timeout_s = 30.0             # the steps after the fault may wait for the slow lane
+    assert engine.end_step().layers[1].pages_read == 0
+    assert engine.retired_pools == 1
+    # Next step: layer 1 misses (its pages go to buffers 0, 1, ... again); the late batch lands only now.
+    ids = step_ids(ROWS, 16, 2)
+    engine.begin_step(ids)
+    sources[14].release()
+    expect_rows(engine.gather(14), raws[14], ids[:, 1])   # queued behind the late batch: it has landed
+    expect_rows(engine.gather(1), raws[1], ids[:, 0])
+    assert engine.end_step().layers[1].pages_read > 0
+    lookups = 2 * ids.size
+    for seed in range(3, 30):
+        ids = step_ids(ROWS, 16, seed)
+        engine.begin_step(ids)
+        expect_rows(engine.gather(1), raws[1], ids[:, 0])
+        expect_rows(engine.gather(14), raws[14], ids[:, 1])
+        engine.end_step()
+        lookups += ids.size
+    assert engine.cache.verify() == []
+    assert sum(c.mismatches for c in engine.totals.values()) == 0
+    assert sum(c.checked_rows for c in engine.totals.values()) >= lookups
+    engine.close()

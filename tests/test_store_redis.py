@@ -145,8 +145,9 @@ def test_a_wait_that_times_out_can_be_waited_again(server):
         client.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # the server answers nobody for 1.5 s
         pool = PageBufferPool(3)
         ticket = src.submit(_reads([(0, 2), (0, 0), (0, 1)]), pool)
-        with pytest.raises(SlackTierError, match="not done after"):
+        with pytest.raises(SlackTierError, match="not done after") as exc:
             src.wait(ticket, timeout_s=0.2)
+        assert exc.value.kind is ErrorKind.TIMEOUT
         src.wait(ticket)
         np.testing.assert_array_equal(pool.pages, pages[[2, 0, 1]])
     finally:

@@ -28,7 +28,7 @@ from slacktier.store import PageBufferPool, PageReads, PageSource, get_tier, ope
 from slacktier.store.dram import DramSource
 from slacktier.store.queued import QueuedSource
 from slacktier.store.redis_source import load_regions_into_redis
-from slacktier.store.testing import RedisServer, stage_synthetic
+from slacktier.store.testing import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 
@@ -39,15 +39,6 @@ Setup = Callable[[Sequence[Region], str], tuple[list[Region], Options | None]]
 def staged(o_direct_module_dir):
     # 2 layers x 2 ranks on 2 devices (files), 200 rows = 14 pages per region.
     return stage_synthetic(o_direct_module_dir / "intact", layers=(1, 14), ranks=2, rows=200, devices=2)
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
 
 
 def _setup_for(name: str, request: pytest.FixtureRequest) -> Setup:

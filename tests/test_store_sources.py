@@ -17,7 +17,7 @@ from slacktier.store._common import page_crc32c
 from slacktier.store._native import probe_io_uring
 from slacktier.store.dram import DramSource
 from slacktier.store.redis_source import load_regions_into_redis
-from slacktier.store.testing import RedisServer, stage_synthetic
+from slacktier.store.testing import stage_synthetic
 
 _URING_MISSING = probe_io_uring()
 KINDS = ["dram", "disk-io_uring", "disk-threads", "redis"]
@@ -28,15 +28,6 @@ AVAILABLE = [k for k in KINDS if k != "disk-io_uring" or _URING_MISSING is None]
 def staged(o_direct_module_dir):
     # 2 layers x 3 ranks on 2 devices (files), 200 rows = 14 pages per region.
     return stage_synthetic(o_direct_module_dir, layers=(1, 14), ranks=3, rows=200, devices=2)
-
-
-@pytest.fixture(scope="module")
-def redis_server(tmp_path_factory):
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
-    server = RedisServer(tmp_path_factory.mktemp("redis"))
-    yield server
-    server.stop()
 
 
 def _open(kind: str, staged, redis_server_factory) -> PageSource:

@@ -7,12 +7,13 @@ One step, as data (DESIGN.md section 3):
         rows = engine.gather(l)       # [T, 24, 256] bf16 on the engine's device
     engine.end_step()                 # pins released, counters published
 
-`begin_step` runs the compiled directory pass (`resolve.resolve_layer`) once per
-layer in window order (the order of `tables`, short window first) and hands
-that layer's page list to its source before resolving the next layer, so the
-first layer's reads are in flight while the second is resolved. `gather(l)`
-waits for layer l's reads only, then one pass fills the missed rows' new cache
-slots and dequantizes every lookup's row. The ids' layer axis is in ascending
+`begin_step` runs the cache's compiled directory pass (`RowCache.resolve`) once
+per layer in window order (the order of `tables`, short window first) and hands
+that layer's page list to its source through the step's `LayerReads` before
+resolving the next layer, so the first layer's reads are in flight while the
+second is resolved. `gather(l)` waits for layer l's reads only
+(`LayerReads.wait`), then one pass fills the missed rows' new cache slots and
+dequantizes every lookup's row. The ids' layer axis is in ascending
 layer-id order (what `EngramHasher` returns) unless `ids_layers` says otherwise.
 
 Devices: on "cpu" the cache arrays are host tensors and the gather pass is one
@@ -25,7 +26,16 @@ exercised only where a GPU is present (tests skip it otherwise).
 Errors: any source error reaches the caller of `gather` (or `end_step`, for a
 layer never gathered) as a SlackTierError naming layer, rank and page; the
 slots that layer's reads would have filled are forgotten, so no garbage row is
-ever served, then or later. A closed engine raises CLOSED.
+ever served, then or later. A read that times out (`wait_timeout_s`; the
+control file's `wait_timeout_ms`) may still land later, so at the end of that
+step the page buffer pool is retired and a fresh one is allocated: a late
+completion writes only into buffers nobody reads. A closed engine raises
+CLOSED.
+
+Control files: `StepEngine.from_config(cfg)` builds an engine that serves a
+`slacktier.config.ControlFile` (regions from each table's manifest, a source
+per table opened by tier name, see `engine.build`); `apply(cfg)` switches it
+to another one between steps, rebuilding only what changed.
 
 Per-rank mode (`owned_only=True`): a tensor-parallel rank's process serves only
 its own shard of each table (TableSpec row_start/rows = the rank's shard, one

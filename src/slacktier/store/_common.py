@@ -82,8 +82,10 @@ class TicketBook:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{self._name} has no ticket {ticket}",
                                  fix="wait once on a ticket that submit returned")
         if not pending.done.wait(timeout_s):
-            raise SlackTierError(ErrorKind.IO, f"{self._name}: ticket {ticket} ({pending.pages} pages) not done "
-                                 f"after {timeout_s} s", fix="check the device or server; wait again or close")
+            raise SlackTierError(ErrorKind.TIMEOUT, f"{self._name}: ticket {ticket} ({pending.pages} pages) not done "
+                                 f"after {timeout_s} s; its reads may still land in their buffers",
+                                 fix="check the device or server; do not reuse the batch's buffers until it "
+                                     "completes (the step engine retires its pool)")
         with self._lock:
             self._pending.pop(ticket, None)
         if pending.error is not None:
