@@ -53,9 +53,9 @@ def test_stage_and_verify_synthetic(tmp_path, capsys):
     manifest = str(target) + ".manifest.json"
     assert cli.main(["verify", manifest, "--rows", "20", "--no-progress"]) == 0
     assert ": OK;" in capsys.readouterr().out
-    # another table onto the same target: refused with a fix message, exit code 1
+    # another table onto the same target: refused with a fix message, exit code 2 (cli.py: a refused command)
     rc = cli.main(["stage", "--synthetic", "1:2000", "--seed", "5", "--target", str(target), "--no-progress"])
-    assert rc == 1
+    assert rc == 2
     err = capsys.readouterr().err
     assert "another table" in err and "--overwrite" in err
 
@@ -86,7 +86,7 @@ def test_stage_scaled_engram_layout(tmp_path, capsys):
 
 
 def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
-    assert cli.main(["stage", "--synthetic", "1=20", "--target", str(tmp_path / "t.bin")]) == 1
+    assert cli.main(["stage", "--synthetic", "1=20", "--target", str(tmp_path / "t.bin")]) == 2
     assert "LAYER:ROWS" in capsys.readouterr().err
 
 
@@ -97,3 +97,13 @@ def test_demo_runs_small(tmp_path, capsys):
     assert "SlackTier demo" in out and ": OK;" in out
     assert (tmp_path / "demo" / "table.bin.manifest.json").exists()
     assert os.path.getsize(tmp_path / "demo" / "table.bin") > 0
+
+
+def test_report_verbs_import_no_torch_and_keep_their_old_names():
+    # the verbs only parse flags; their rooms (torch, numba) load when the verb runs, so --help stays fast
+    code = ("import sys, slacktier.commands.characterize, slacktier.commands.probe, slacktier.commands.redknot; "
+            "print(sorted(m for m in ('torch', 'numba', 'matplotlib') if m in sys.modules)); "
+            "from slacktier.commands.probe import parse_layers; print(parse_layers('every:2', 5))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.split("\n")[:2] == ["[]", "[0, 2, 4]"]

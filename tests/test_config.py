@@ -38,6 +38,7 @@ def test_relative_paths_resolve_against_the_control_files_folder(tmp_path):
     ('[engine]\nlossy = "false"\n' + TABLE, "Expected `bool`, got `str` - at `$.lossy`"),
     ('[engine]\ncheck = "false"\n' + TABLE, "$.check"),
     ('[engine]\nverify_reads = "false"\n' + TABLE, "$.verify_reads"),
+    ('[engine]\nverify_reads = "always"\n' + TABLE, "$.verify_reads"),
     ('[engine]\ncache_rows = 1e11\n' + TABLE, "Expected `int`, got `float`"),
     ('[engine]\ncache_rows = "100"\n' + TABLE, "Expected `int`, got `str`"),
     ('[engine]\ncache_rows = 100000000000\n' + TABLE, "$.cache_rows"),
@@ -114,7 +115,7 @@ def _control(draw) -> ControlFile:
                           max_cache_rows=draw(st.integers(cache, 2**31 - 1)),
                           max_tokens=draw(st.integers(1, 1 << 20)),
                           wait_timeout_ms=draw(st.floats(0.001, 1e6, allow_nan=False)),
-                          verify_reads=draw(st.booleans()), lossy=draw(st.booleans()),
+                          verify_reads=draw(st.sampled_from([True, False, "auto"])), lossy=draw(st.booleans()),
                           check=draw(st.booleans()), owned_only=draw(st.booleans()))
     return ControlFile(engine=engine, tables=tuple(tables))
 

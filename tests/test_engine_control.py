@@ -147,7 +147,7 @@ def test_reload_onto_a_redis_tier_keeps_the_cache(tables, tmp_path: Path) -> Non
     truth = {layer: SyntheticSource(a.layout, 1) for layer in ROWS}
     server = RedisServer(tmp_path)
     try:
-        load_regions_into_redis(server.url, a.runtime_regions(), "t")
+        load_regions_into_redis(server.url, a.runtime_regions(), "t", identity=a.identity)
         first = toml(tmp_path, "a.toml", cache_rows=1000, tables=[
             {"layer": 1, "source": "disk", "manifest": a.path, "cache_share": 0.5},
             {"layer": 14, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": 1}])

@@ -263,6 +263,6 @@ def test_plan_cli_end_to_end(tmp_path, capsys):
     # an unreachable target is an error with a fix, not a file
     rc = cli.main(["plan", "--table", "1:l1.json:1000", "--window", "1=0", "--tiers", str(tiers), "--curves",
                    str(curves), "--cache-rows", "0", "--target-ms", "0", "--out", str(tmp_path / "no.toml")])
-    assert rc == 1
+    assert rc == 2
     assert "Fix:" in capsys.readouterr().err
     assert not (tmp_path / "no.toml").exists()

@@ -136,3 +136,50 @@ def test_cli_build_and_run(tmp_path, capsys):
     assert out["fallback_reason"] == "model_mismatch" and out["counters"]["fallback.model_mismatch"] == 1
     assert main(["redknot", "run", *args, "--policy", "distance"]) == 0  # artifacts were built with stride-8
     assert json.loads(capsys.readouterr().out)["fallback_reason"] == "head_policy_mismatch"
+
+
+def test_ledger_report_text_and_json(capsys):
+    from slacktier.redknot.report import LedgerConfig, ledger, profile_ledger
+
+    entry, text = profile_ledger("flash", 4096, 64, (0.0, 0.2))
+    assert set(entry["budgets"]) == {0.0, 0.2} and entry["local_global"] == "56/8"
+    assert text.splitlines()[0] == "flash: 3F-37R-3F, 56/8 Local/Global heads, logical head-row ceiling 75.29%"
+    assert text.count("[flash, 4096 doc + 64 query tokens, budget") == 2
+    assert entry["budgets"][0.2]["logical_head_row_saving"] < entry["budgets"][0.0]["logical_head_row_saving"]
+    got = ledger(LedgerConfig(profiles=("pro",), context=4096, budgets=(0.0,)))
+    out = capsys.readouterr().out
+    assert out.startswith("pro: ") and "whole prefill" in out and set(got) == {"pro"}
+    ledger(LedgerConfig(profiles=("pro",), context=4096, budgets=(0.0,), as_json=True))
+    assert json.loads(capsys.readouterr().out)["pro"]["budgets"]["0.0"] == pytest.approx(got["pro"]["budgets"][0.0])
+
+
+def test_report_configs_refuse_bad_input(tmp_path, capsys):
+    from slacktier.errors import SlackTierError
+    from slacktier.redknot.report import LedgerConfig, RedKnotRunConfig
+
+    with pytest.raises(SlackTierError, match="unknown profiles"):
+        LedgerConfig(profiles=("flash", "nano"))
+    with pytest.raises(SlackTierError):
+        RedKnotRunConfig(store=tmp_path, fence=(1, -1))
+    with pytest.raises(SlackTierError):
+        RedKnotRunConfig(store=tmp_path, model="huge")
+    assert main(["redknot", "ledger", "--profiles", "nano"]) == 2
+    assert "unknown profiles" in capsys.readouterr().err
+    assert main(["redknot", "build", "--store", str(tmp_path / "s"), "--fence", "1"]) == 2
+    assert "front,back" in capsys.readouterr().err
+    # issue 11: these divided by zero, or printed negative and NaN savings
+    for args, says in ((["--context", "0", "--query", "0"], "--context 0"), (["--budgets=-1,2"], "outside [0, 1]"),
+                       (["--budgets=nan"], "[nan]")):
+        assert main(["redknot", "ledger", *args]) == 2
+        assert says in capsys.readouterr().err
+
+
+def test_format_build_line():
+    from types import SimpleNamespace
+
+    from slacktier.redknot.report import format_build
+
+    certs = [SimpleNamespace(rows=48, covered_layers=(1, 2), generation=3, region_pages=(2, 1)),
+             SimpleNamespace(rows=48, covered_layers=(1, 2), generation=3, region_pages=(4,))]
+    assert format_build("src-1", certs, 0.126) == ("src-1: 48 rows, layers [1, 2], generation 3, 2 rank(s), 7 pages, "
+                                                  "0.13 s")

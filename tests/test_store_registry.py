@@ -82,8 +82,10 @@ def test_every_registered_tier_reads_checks_and_closes(name, staged, request, o_
     assert config.tier_options_type(name) is tier.options_cls
     assert issubclass(tier.source_cls, PageSource) and not inspect.isabstract(tier.source_cls)
     params = list(inspect.signature(tier.source_cls.__init__).parameters.values())[1:]
-    assert [p.name for p in params[:3]] == ["regions", "options", "page_crc32c"]
-    assert params[2].kind is inspect.Parameter.KEYWORD_ONLY
+    assert [p.name for p in params[:4]] == ["regions", "options", "page_crc32c", "identity"]
+    assert params[2].kind is params[3].kind is inspect.Parameter.KEYWORD_ONLY
+    assert isinstance(tier.source_cls.verify_by_default, bool)
+    assert tier.source_cls.verify_identity.__func__ is not PageSource.verify_identity.__func__
     setup = _setup_for(name, request)
 
     # Random pages, bit for bit against plain os.pread of the staged files.
@@ -124,6 +126,12 @@ def test_every_registered_tier_reads_checks_and_closes(name, staged, request, o_
         f.write(bytes([byte[0] ^ 0x01]))
     corrupt = [dataclasses.replace(r, path=paths[r.path]) for r in staged.specs]
     regions, options = setup(corrupt, f"{name}-corrupt")
+    if name == "dram":  # DRAM checks every page once, when it loads them (store/dram.py)
+        with pytest.raises(SlackTierError) as info:
+            open_source(name, regions, options, page_crc32c=_checksums(staged))
+        assert info.value.kind is ErrorKind.CHECKSUM
+        assert (info.value.layer, info.value.rank, info.value.page) == (bad.layer, bad.rank, 5)
+        return
     src = open_source(name, regions, options, page_crc32c=_checksums(staged))
     try:
         pool = PageBufferPool(3)
@@ -146,7 +154,13 @@ def test_a_tier_name_is_taken_once():
         register_tier("disk", MemfileSource, MemfileOptions)
     with pytest.raises(SlackTierError, match="not a concrete PageSource"):
         register_tier("half", QueuedSource, MemfileOptions)
-    assert "half" not in tiers()
+
+    class Unchecked(MemfileSource):  # reads fine, but inherits PageSource's refusing verify_identity
+        verify_identity = classmethod(PageSource.verify_identity.__func__)  # type: ignore[attr-defined]
+
+    with pytest.raises(SlackTierError, match="does not implement verify_identity"):
+        register_tier("unchecked", Unchecked, MemfileOptions)
+    assert "half" not in tiers() and "unchecked" not in tiers()
 
 
 def test_a_control_file_names_the_test_tier_and_round_trips(staged, tmp_path):

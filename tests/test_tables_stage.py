@@ -17,9 +17,10 @@ from safetensors.torch import save_file
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables import codec, odirect, pagecrc
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows
-from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, StagedLayout, plan_regions
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, StagedLayout, TableIdentity, \
+    check_target_header, header_page, parse_header, plan_regions
 from slacktier.tables.regions import Region
-from slacktier.tables.stage import SyntheticSource, layer_seed, stage_checkpoint, stage_synthetic
+from slacktier.tables.stage import SyntheticSource, layer_seed, stage_checkpoint, stage_synthetic, stage_table
 from slacktier.tables.verify import verify_table
 
 
@@ -193,11 +194,16 @@ def test_manifest_round_trip_and_runtime_regions(tmp_path):
     assert e.value.kind == ErrorKind.MISSING
     crcs = loaded.checksums()
     assert crcs.shape == (m.total_pages,) and crcs.dtype == np.dtype("<u4")
-    # staging the same table again is allowed and byte-identical
+    assert loaded.stage_id == m.stage_id and len(m.stage_id) == 32
+    assert loaded.identity == TableIdentity(m.source_digest, m.stage_id)
+    # staging the same table again is allowed and byte-identical past the header page, which names the new run
     before = Path(tmp_path / "a.bin").read_bytes()
     again = stage_synthetic([tmp_path / "a.bin", tmp_path / "b.bin"], {1: 100, 14: 31}, ranks=2, seed=5,
                             progress=False)
-    assert Path(tmp_path / "a.bin").read_bytes() == before
+    after = Path(tmp_path / "a.bin").read_bytes()
+    assert after[TARGET_HEADER_BYTES:] == before[TARGET_HEADER_BYTES:]
+    assert again.stage_id != m.stage_id and again.source_digest == m.source_digest
+    assert parse_header(after)["stage_id"] == again.stage_id
     assert np.array_equal(again.checksums(), crcs)
 
 
@@ -434,7 +440,9 @@ def test_parallel_writers_write_the_same_bytes(tmp_path, writers, fillers):
                           chunk_bytes=4 * PAGE_BYTES, writers=1, fillers=1)
     many = stage_synthetic([tmp_path / "many.bin"], layers, ranks=2, seed=5, progress=False,
                            chunk_bytes=4 * PAGE_BYTES, writers=writers, fillers=fillers)
-    assert (tmp_path / "one.bin").read_bytes() == (tmp_path / "many.bin").read_bytes()
+    # past the header page, whose stage_id names each run
+    assert (tmp_path / "one.bin").read_bytes()[TARGET_HEADER_BYTES:] == \
+        (tmp_path / "many.bin").read_bytes()[TARGET_HEADER_BYTES:]
     assert one.crc_path().read_bytes() == many.crc_path().read_bytes()
     for r in many.regions:
         want = codec.synthetic_rows(int(layer_seed(5, r.layer)), r.row_start, r.rows)
@@ -477,3 +485,223 @@ def test_a_write_error_in_any_writer_thread_reaches_the_caller():
         with pytest.raises(SlackTierError):
             w.finish()
     assert 5 * PAGE_BYTES not in target.written
+
+
+# ------------------------------------------------------------------ open-time identity checks (issue 11)
+
+def test_check_target_header_passes_the_untouched_table(tmp_path):
+    targets = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    m = stage_synthetic(targets, {1: 300, 14: 200}, ranks=2, seed=1, progress=False)
+    for d, t in enumerate(m.targets):
+        check_target_header(t, d, m.identity)
+        header = parse_header(Path(t).read_bytes()[:TARGET_HEADER_BYTES])
+        assert header["state"] == "complete" and header["stage_id"] == m.stage_id and header["device"] == d
+        assert header["source_digest"] == m.source_digest and header["targets"] == 2
+        assert header["target_bytes"] == m.target_need_bytes()[d] == os.path.getsize(t)
+    m.check_targets()
+    Manifest.load(m.path).check_targets()
+    # the device index is checked: b.bin is device 1, not 0
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(m.targets[1], 0, m.identity)
+    assert e.value.kind == ErrorKind.TARGET and "device 1" in str(e.value) and m.targets[1] in str(e.value)
+
+
+def test_a_restage_of_another_table_fails_the_old_manifest(tmp_path):
+    target = tmp_path / "t.bin"
+    first = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False)
+    other = stage_synthetic([target], {1: 300}, ranks=1, seed=2, overwrite=True, progress=False,
+                            manifest_path=tmp_path / "other.json")
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(target, 0, first.identity)
+    assert e.value.kind == ErrorKind.TARGET and "another table" in str(e.value) and str(target) in str(e.value)
+    check_target_header(target, 0, other.identity)
+    # an old manifest without a stage_id still catches another table by its digest
+    with pytest.raises(SlackTierError):
+        check_target_header(target, 0, TableIdentity(first.source_digest, ""))
+    report = verify_table(first, rows_per_region=0, check_pages=False, progress=False)
+    assert [x.kind for x in report.mismatches] == ["header"]
+
+
+def test_a_restage_of_the_same_table_fails_the_old_manifest_by_stage_id(tmp_path):
+    target = tmp_path / "t.bin"
+    first = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False)
+    again = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False,
+                            manifest_path=tmp_path / "again.json")
+    assert again.source_digest == first.source_digest
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(target, 0, first.identity)
+    assert e.value.kind == ErrorKind.TARGET and "staged again" in str(e.value)
+    check_target_header(target, 0, again.identity)
+    # an identity without a stage_id (a manifest from before stage ids) checks the digest only
+    check_target_header(target, 0, TableIdentity(first.source_digest, ""))
+
+
+class _FailingSource(SyntheticSource):
+    """A synthetic table whose row source raises partway through the pages."""
+
+    def __init__(self, layout, seed, fail_after: int) -> None:
+        super().__init__(layout, seed)
+        self.calls, self.fail_after = 0, fail_after
+
+    def fill_pages(self, layer, row_start, rows, pages, crcs=None):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("row source failed")
+        super().fill_pages(layer, row_start, rows, pages, crcs)
+
+
+def test_an_interrupted_restage_leaves_every_target_staging(tmp_path):
+    targets = [tmp_path / "a.bin", tmp_path / "b.bin"]
+    first = stage_synthetic(targets, {1: 3000, 14: 3000}, ranks=2, seed=1, progress=False)
+    layout = StagedLayout.from_rows({1: 3000, 14: 3000})
+    with pytest.raises(RuntimeError, match="row source failed"):
+        stage_table(_FailingSource(layout, 2, fail_after=3), targets, 2, overwrite=True, progress=False,
+                    chunk_bytes=4 * PAGE_BYTES, fillers=1, writers=1, manifest_path=tmp_path / "new.json")
+    assert not (tmp_path / "new.json").exists()
+    for d, t in enumerate(first.targets):
+        header = parse_header(Path(t).read_bytes()[:TARGET_HEADER_BYTES])
+        assert header["state"] == "staging" and header["stage_id"] != first.stage_id
+        with pytest.raises(SlackTierError) as e:
+            check_target_header(t, d, first.identity)
+        assert e.value.kind == ErrorKind.TARGET and t in str(e.value)
+        # even with the new table's own identity, a half-written target is refused
+        new_identity = TableIdentity(header["source_digest"], header["stage_id"])
+        with pytest.raises(SlackTierError) as e:
+            check_target_header(t, d, new_identity)
+        assert "'staging'" in str(e.value) and "did not finish" in str(e.value)
+    assert not verify_table(first, rows_per_region=0, check_pages=False, progress=False).ok
+
+
+def test_a_staging_header_alone_is_refused(tmp_path):
+    target = tmp_path / "t.bin"
+    m = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False)
+    with open(target, "r+b") as f:
+        f.write(header_page(m.source_digest, 0, 1, "staging", m.stage_id, m.target_need_bytes()[0]).tobytes())
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(target, 0, m.identity)
+    assert e.value.kind == ErrorKind.TARGET and "staging" in str(e.value)
+
+
+def test_a_truncated_or_foreign_target_is_refused(tmp_path):
+    target = tmp_path / "t.bin"
+    m = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False)
+    need = m.target_need_bytes()[0]
+    os.truncate(target, need - PAGE_BYTES)
+    for kwargs in ({}, {"need_bytes": need}):
+        with pytest.raises(SlackTierError) as e:
+            check_target_header(target, 0, m.identity, **kwargs)
+        assert e.value.kind == ErrorKind.TARGET and "truncated" in str(e.value) and str(target) in str(e.value)
+    os.truncate(target, 100)  # not even a whole header page
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(target, 0, m.identity)
+    assert e.value.kind == ErrorKind.TARGET and "no SlackTier header" in str(e.value)
+    target.write_bytes(b"\x00" * (2 * PAGE_BYTES))
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(target, 0, m.identity)
+    assert e.value.kind == ErrorKind.TARGET
+    with pytest.raises(SlackTierError) as e:
+        check_target_header(tmp_path / "gone.bin", 0, m.identity)
+    assert e.value.kind == ErrorKind.MISSING
+
+
+def test_old_manifests_without_stage_id_load(tmp_path):
+    m = stage_synthetic([tmp_path / "t.bin"], {1: 30}, ranks=1, seed=1, progress=False)
+    d = json.loads(Path(m.path).read_text())
+    del d["stage_id"]
+    Path(m.path).write_text(json.dumps(d))
+    old = Manifest.load(m.path)
+    assert old.identity == TableIdentity(m.source_digest, "")
+    old.check_targets()
+
+
+@pytest.mark.parametrize("content", [None, b"\x00\xff\xfe binary", b"[1, 2]", b'{"format": "slacktier-table", '
+                                     b'"format_version": 1}'])
+def test_manifest_load_refuses_what_is_not_a_manifest(tmp_path, content):
+    p = tmp_path / "m.json"
+    if content is None:
+        p.mkdir()
+    else:
+        p.write_bytes(content)
+    with pytest.raises(SlackTierError) as e:
+        Manifest.load(p)
+    assert e.value.kind == ErrorKind.BAD_INPUT and str(p) in str(e.value)
+
+
+def test_refuses_a_manifest_in_a_missing_directory_before_writing(tmp_path):
+    with pytest.raises(SlackTierError) as e:
+        stage_synthetic([tmp_path / "t.bin"], {1: 30}, ranks=1, seed=0, progress=False,
+                        manifest_path=tmp_path / "nope" / "m.json")
+    assert e.value.kind == ErrorKind.TARGET and "does not exist" in str(e.value)
+    _untouched(tmp_path, set())
+
+
+# ------------------------------------------------------------------ malformed safetensors headers (issue 11)
+
+def _raw_safetensors(path: Path, header: object, data: bytes = b"", length: int | None = None) -> None:
+    body = header if isinstance(header, bytes) else json.dumps(header).encode()
+    n = len(body) if length is None else length
+    path.write_bytes(n.to_bytes(8, "little") + body + data)
+
+
+_W, _S = "layers.1.engram.embed.weight", "layers.1.engram.embed.scale"
+
+
+def _good_header(rows: int = 2) -> tuple[dict, bytes]:
+    w = rows * 256
+    return ({_W: {"dtype": "F8_E4M3", "shape": [rows, 256], "data_offsets": [0, w]},
+             _S: {"dtype": "F8_E8M0", "shape": [rows, 8], "data_offsets": [w, w + rows * 8]}},
+            bytes(rows * 264))
+
+
+def _with(tensor: str, **fields) -> tuple[dict, bytes]:
+    header, data = _good_header()
+    header[tensor] = {**header[tensor], **fields}
+    for k, v in fields.items():
+        if v is None:
+            del header[tensor][k]
+    return header, data
+
+
+@pytest.mark.parametrize("case,header,data,length,expect", [
+    ("list header", [1, 2, 3], b"", None, "not an object"),
+    ("non-JSON header", b"{not json", b"", None, "not JSON"),
+    ("binary header", b"\xff\xfe\x00", b"", None, "not JSON"),
+    ("header length beyond the file", b"{}", b"", 1 << 20, "runs past the end"),
+    ("tensor not an object", {_W: [0, 1]}, b"", None, f"tensor {_W}"),
+    ("missing data_offsets", *_with(_W, data_offsets=None), None, f"tensor {_W}"),
+    ("reversed data_offsets", *_with(_W, data_offsets=[512, 0]), None, f"tensor {_W}"),
+    ("negative data_offsets", *_with(_S, data_offsets=[-8, 16]), None, f"tensor {_S}"),
+    ("short data_offsets", *_with(_S, data_offsets=[512]), None, f"tensor {_S}"),
+    ("negative shape", *_with(_W, shape=[-2, 256]), None, f"tensor {_W}"),
+    ("float shape", *_with(_W, shape=[2.0, 256]), None, f"tensor {_W}"),
+    ("shape larger than its data", *_with(_W, shape=[3, 256]), None, f"tensor {_W}"),
+    ("scale larger than its data", *_with(_S, shape=[2, 9]), None, f"tensor {_S}"),
+    ("data past the end", *_with(_S, data_offsets=[512, 600]), None, f"tensor {_S}"),
+    ("missing dtype", *_with(_S, dtype=None), None, f"tensor {_S}"),
+])
+def test_refuses_a_malformed_safetensors_header(tmp_path, case, header, data, length, expect):
+    ckpt = tmp_path / "c.safetensors"
+    _raw_safetensors(ckpt, header, data, length)
+    with pytest.raises(SlackTierError) as e:
+        stage_checkpoint(ckpt, [tmp_path / "t.bin"], ranks=1, progress=False)
+    assert e.value.kind == ErrorKind.CHECKPOINT, case
+    assert expect in str(e.value) and str(ckpt) in str(e.value), str(e.value)
+    _untouched(tmp_path, {"c.safetensors"})
+
+
+def test_a_well_formed_raw_header_stages(tmp_path):
+    ckpt = tmp_path / "c.safetensors"
+    header, data = _good_header()
+    _raw_safetensors(ckpt, {"__metadata__": {"format": "pt"}, **header}, data)
+    m = stage_checkpoint(ckpt, [tmp_path / "t.bin"], ranks=1, progress=False)
+    assert m.layout.rows == {1: 2} and verify_table(m, progress=False).ok
+
+
+def test_refuses_a_tensor_in_two_checkpoint_files(tmp_path):
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    _checkpoint(d / "a.safetensors", {1: 30})
+    _checkpoint(d / "b.safetensors", {1: 30}, seed=1)
+    with pytest.raises(SlackTierError) as e:
+        stage_checkpoint(d, [tmp_path / "t.bin"], ranks=1, progress=False)
+    assert e.value.kind == ErrorKind.CHECKPOINT and "in both" in str(e.value)

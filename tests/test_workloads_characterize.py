@@ -104,3 +104,55 @@ def test_characterize_verb_writes_csv_json_and_plots(tmp_path):
     assert summary["agent"]["holdout_sources"] == 1 and summary["agent"]["fit_sources"] == 1
     hits = json.loads((out / "hit_rates.json").read_text())
     assert {h["policy"] for h in hits} == {"lru", "clock", "s3fifo", "static", "static_lru", "belady", "belady_warm"}
+
+
+def test_miss_curve_grid_worked_example():
+    from slacktier.workloads.report import miss_curve_grid
+
+    assert miss_curve_grid(1000, 5) == [0, 1, 10, 100, 1000]
+    assert miss_curve_grid(0, 12) == [0]
+
+
+def test_report_table_csv_and_plots_from_hand_results(tmp_path):
+    import csv
+
+    from slacktier.workloads.report import (format_characterization, hit_row, lru_lookups_per_s, plot_hit_rates,
+                                            write_csv)
+
+    prep = prepare_layer(_hand_trace(), 14)
+    results = [evaluate(prep, p, Capacity(c, f"{c} rows")) for p in ("clock", "lru") for c in (2, 10)]
+    row = hit_row(results[0])
+    assert "order_hit_rate" not in row and {"order2_decode_hit_rate", "order3_decode_hit_rate"} <= set(row)
+    write_csv(tmp_path / "h.csv", [hit_row(r) for r in results])
+    back = list(csv.DictReader((tmp_path / "h.csv").open()))
+    assert [(r["policy"], int(r["capacity_rows"])) for r in back] == [("clock", 2), ("clock", 10), ("lru", 2),
+                                                                       ("lru", 10)]
+    write_csv(tmp_path / "empty.csv", [])
+    assert (tmp_path / "empty.csv").read_text() == ""
+    reuse = [{"workload": "hand", "layer": 14, "sample_tokens": 256, "sampled_distinct": 0.5,
+              "consecutive_distinct": 0.25, "window_tokens": 8192, "window_distinct": 0.125}]
+    text = format_characterization(results, reuse, {})
+    lines = text.splitlines()
+    assert lines[0].split()[-2:] == ["lru", "clock"]  # policies in POLICIES order, not in run order
+    assert lines[3].split()[:3] == ["hand", "14", "10"] and lines[3].split()[-2:] == ["33.3%", "33.3%"]
+    assert "consecutive 25.0%, in 8192-token windows 12.5%" in text
+    assert lru_lookups_per_s(results) > 0 and lru_lookups_per_s(results[:2]) is None
+    (png,) = plot_hit_rates(results, tmp_path)
+    assert png.name == "hit_rate_hand_L14.png" and png.stat().st_size > 0
+
+
+def test_characterize_config_refuses_unknown_names_before_any_work(tmp_path, capsys):
+    from slacktier.errors import SlackTierError
+    from slacktier.workloads.corpus import CorpusConfig
+    from slacktier.workloads.replay import ReplayConfig
+    from slacktier.workloads.report import CharacterizeConfig
+
+    with pytest.raises(SlackTierError, match="unknown policy lfu"):
+        CharacterizeConfig(CorpusConfig(), ReplayConfig(), policies=("lru", "lfu"))
+    with pytest.raises(SlackTierError, match="unknown workload"):
+        CharacterizeConfig(CorpusConfig(), ReplayConfig(), workloads=("code",))
+    out = tmp_path / "out"
+    assert main(["characterize", "--miss-policy", "fifo", "--out", str(out), "--no-progress"]) == 2
+    assert "unknown policy fifo" in capsys.readouterr().err and not out.exists()
+    assert main(["characterize", "--layers", "1,x", "--out", str(out), "--no-progress"]) == 2
+    assert "--layers" in capsys.readouterr().err

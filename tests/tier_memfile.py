@@ -1,8 +1,9 @@
 """A test-only tier in one file: pages read with plain buffered os.preadv, registered from the tests folder.
 
 It proves that adding a tier takes one file and no change to the package:
-the class implements only the queued base's batch read, its options are one
-typed struct, and the last line registers both, which also makes
+the class implements only the queued base's batch read (and the identity
+check every registered tier has, here the file tiers' shared one), its
+options are one typed struct, and the last line registers both, which also makes
 `[table.memfile]` parse in control files. Importing this module is all a
 test (or a plug-in) does.
 
@@ -19,9 +20,11 @@ import numpy as np
 
 from slacktier.config import Options
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store._common import check_file_targets
 from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.manifest import TableIdentity
 from slacktier.tables.regions import Region
 
 
@@ -36,11 +39,15 @@ class MemfileSource(QueuedSource[None]):
 
     read_what = "memfile read"
     engine_name = "preadv"
+    #: the page cache has no end-to-end checksum: reads are checked against the manifest by default
+    verify_by_default = True
 
     def __init__(self, regions: Sequence[Region], options: MemfileOptions | None = None, *,
-                 page_crc32c: Sequence[np.ndarray] | None = None) -> None:
+                 page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
         super().__init__(regions, page_crc32c=page_crc32c)
         self.options = typed_options(options, MemfileOptions)
+        if identity is not None:
+            self.verify_identity(self.regions, self.options, identity)
         self._fds: dict[str, int] = {}
         try:
             for r in self.regions:
@@ -54,6 +61,13 @@ class MemfileSource(QueuedSource[None]):
                                  fix="stage the table first") from exc
         self._region_fd = [self._fds[r.path] for r in self.regions]
         self._start_lanes(1)
+
+    @classmethod
+    def verify_identity(cls, regions: Sequence[Region], options: MemfileOptions | None,
+                        identity: TableIdentity) -> None:
+        """Each region file's header page carries `identity`, complete."""
+        typed_options(options, MemfileOptions)
+        check_file_targets(regions, identity)
 
     def _read(self, lane: Lane[None], part: Part) -> SlackTierError | None:
         res = np.empty(part.region.shape[0], dtype=np.int32)  # bytes read, or -errno

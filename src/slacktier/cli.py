@@ -3,6 +3,11 @@
 Each verb module defines `HELP` (one line), `add_arguments(parser)` and
 `run(args) -> int`. Verbs are imported only when used, so `--help` stays fast
 and a verb's heavy imports (torch, transformers) cost nothing elsewhere.
+
+Exit codes: 0 done; 1 the verb ran and found a problem (`verify` found a bad
+page); 2 the command was refused: bad arguments (argparse), or a SlackTierError
+or OSError, printed as one line "slacktier VERB: error: ..." with its fix and
+no traceback (`-v` adds the traceback).
 """
 
 from __future__ import annotations
@@ -11,6 +16,7 @@ import argparse
 import importlib
 import logging
 import sys
+import traceback
 
 from slacktier.errors import SlackTierError
 
@@ -63,9 +69,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return int(args._run(args) or 0)
-    except SlackTierError as exc:
-        print(f"slacktier {args.verb}: {exc}", file=sys.stderr)
-        return 1
+    except (SlackTierError, OSError) as exc:
+        if args.verbose:
+            traceback.print_exc()
+        print(f"slacktier {args.verb}: error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ Schema (every key but `layer` and `manifest` has a default):
     max_cache_rows = 0      # slots reserved on the device (>= cache_rows; 0 = cache_rows)
     max_tokens = 256        # tokens per step the buffers are sized for (grown on demand)
     wait_timeout_ms = 5000.0  # longest a gather waits for its layer's reads before failing the step
-    verify_reads = false    # check every read page's CRC32C against the manifest
+    verify_reads = "auto"   # check read pages' CRC32C against the manifest: true, false, or "auto" (each
+                            # tier's default: on where the tier has no end-to-end checksum of its own)
     lossy = false           # rows outside a table's seen-set are not read and come out as zeros
     check = false           # run the reference gather beside ours on every lookup
     owned_only = false      # per-rank process: ids outside its rows come out as -0.0, not errors
@@ -43,8 +44,9 @@ Schema (every key but `layer` and `manifest` has a default):
     io_threads = 1          # workers per device
 
     [table.redis]
-    url = "redis://127.0.0.1:6379/0"
+    url = "redis://127.0.0.1:6379/0"   # a password here is never printed (logs and errors show ***)
     prefix = ""             # key prefix (default: each region's staged path)
+    socket_timeout_ms = 5000.0   # socket and connect timeout: a stopped server fails a batch, never blocks it
 
 Worked example: two tables, layer 1 (order 0, share 0.7) and layer 14 (order 1,
 share 0.3), cache_rows = 1,000,000 -> layer 1 owns 700,000 slots and its pages
@@ -92,10 +94,32 @@ class DiskOptions(Options, frozen=True):
 
 
 class RedisOptions(Options, frozen=True):
-    """`[table.redis]`: where the pages are kept. Secrets never go in the control file."""
+    """`[table.redis]`: where the pages are kept. Secrets never go in the control file.
+
+    `socket_timeout_ms` bounds every connect and every reply: a stopped or
+    unreachable server fails the batch within about twice it, whatever the
+    client version's own defaults. `repr` and `masked_url` show a password as
+    *** (redis://user:***@host), for logs and errors.
+    """
 
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = ""
+    socket_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] = 5000.0
+
+    @property
+    def masked_url(self) -> str:
+        """`url` with any password replaced by ***: redis://user:secret@host:6379 -> redis://user:***@host:6379."""
+        base, q, query = self.url.partition("?")
+        scheme, sep, rest = base.partition("://")
+        userinfo, at, host = rest.rpartition("@")
+        if at and ":" in userinfo:
+            base = f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
+        query = "&".join("password=***" if kv.lower().startswith("password=") else kv for kv in query.split("&"))
+        return base + q + query
+
+    def __repr__(self) -> str:
+        return (f"RedisOptions(url={self.masked_url!r}, prefix={self.prefix!r}, "
+                f"socket_timeout_ms={self.socket_timeout_ms!r})")
 
 
 _TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions}
@@ -135,7 +159,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     max_cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
     wait_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 5000.0
-    verify_reads: bool = False
+    verify_reads: bool | Literal["auto"] = "auto"
     lossy: bool = False
     check: bool = False
     owned_only: bool = False

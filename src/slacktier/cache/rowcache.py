@@ -23,6 +23,7 @@ slots, layer 14 owns 250; resize(slots=400) -> 300 and 100, layer 1 keeps its
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -69,6 +70,39 @@ def split_slots(slots: int, shares: dict[int, float]) -> dict[int, int]:
     return counts
 
 
+@dataclass(frozen=True)
+class Available:
+    """Memory a device can still give (bytes), and where the figure came from."""
+
+    device: torch.device
+    nbytes: int
+    source: str
+
+    def refuse(self, need: int, what: str) -> None:
+        """Raise CAPACITY before allocating `need` bytes for `what` when the device cannot hold them."""
+        if need > self.nbytes:
+            raise SlackTierError(ErrorKind.CAPACITY, f"{what}: {need / 2**30:.2f} GiB needed on {self.device}, "
+                                 f"{self.nbytes / 2**30:.2f} GiB available ({self.source})",
+                                 fix="ask for fewer cache rows, or serve fewer rows per process (a TP rank's "
+                                     "shard: owned_only with rank)")
+
+
+def available_bytes(device: torch.device) -> Available:
+    """What `device` can still allocate: MemAvailable of /proc/meminfo on the host, cudaMemGetInfo on a GPU."""
+    if device.type == "cuda":   # pragma: no cover - needs a GPU
+        free, _ = torch.cuda.mem_get_info(device)
+        return Available(device, int(free), "cudaMemGetInfo")
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return Available(device, int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo")
+    except OSError:
+        pass
+    pages = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return Available(device, int(pages), "free physical pages")
+
+
 class RowCache:
     """Row slots on `device` with per-layer directories, CLOCK replacement, step pins and shares."""
 
@@ -80,6 +114,9 @@ class RowCache:
         self.max_slots = int(max_slots)
         self.slots = self.max_slots if slots is None else int(slots)
         self._check_budget(self.slots)
+        # Per slot: 264 B on the device, 8 + 8 + 4 + 4 + 4 B of host bookkeeping.
+        available_bytes(self.device).refuse(self.max_slots * (ROW_VALUES + ROW_SCALES), "the cache's slots")
+        available_bytes(torch.device("cpu")).refuse(self.max_slots * 28, "the cache's slot table")
         # Two device arrays, as in the paper: 256 B of fp8 weights and 8 B of e8m0 scales per slot.
         self.weight = torch.zeros((self.max_slots, ROW_VALUES), dtype=torch.uint8, device=self.device)
         self.scale = torch.zeros((self.max_slots, ROW_SCALES), dtype=torch.uint8, device=self.device)
@@ -121,6 +158,7 @@ class RowCache:
         if rows < 0 or rows >= 2**40:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"layer rows {rows} outside 0..2**40",
                                  fix="split the table over more processes", layer=layer)
+        available_bytes(torch.device("cpu")).refuse(4 * int(rows), f"layer {layer}'s directory (4 B per row)")
         state = CacheLayer(layer=layer, key=self._next_key, rows=int(rows), share=float(share),
                            directory=np.full(int(rows), -1, dtype=np.int32), owned=np.zeros(0, dtype=np.int32))
         self._next_key += 1

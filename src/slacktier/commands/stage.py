@@ -14,30 +14,63 @@ if TYPE_CHECKING:
 HELP = "stage a table (safetensors checkpoint or seeded synthetic) onto files or block devices, O_DIRECT"
 
 
+def _whole_number(text: str) -> int:
+    """'1000000' or '1e6' -> 1000000; '1.5', 'nan', 'inf' and '' are refused (ValueError)."""
+    try:
+        return int(text)
+    except ValueError:
+        value = float(text)  # ValueError for non-numbers
+        if not value.is_integer():  # nan, inf, 1.5
+            raise ValueError(f"{text!r} is not a whole number") from None
+        return int(value)
+
+
 def parse_layer_rows(text: str) -> dict[int, int]:
-    """'1:1000000,14:1000000' -> {1: 1000000, 14: 1000000}."""
+    """'1:1000000,14:1000000' -> {1: 1000000, 14: 1000000}; a layer listed twice or a non-number is refused."""
     out: dict[int, int] = {}
+    fix = "write LAYER:ROWS,LAYER:ROWS with each layer once, e.g. 1:1000000,14:1000000"
     try:
         for item in text.split(","):
-            layer, rows = item.split(":")
-            out[int(layer)] = int(float(rows))
+            layer_text, rows_text = item.split(":")
+            layer, rows = int(layer_text), _whole_number(rows_text)
+            if layer in out:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} is listed twice in {text!r}", fix=fix,
+                                     layer=layer)
+            if layer < 0 or rows <= 0:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} with {rows} rows in {text!r}: layer ids "
+                                     "are >= 0 and rows >= 1", fix=fix)
+            out[layer] = rows
     except ValueError as exc:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read layers {text!r}", fix="write LAYER:ROWS,LAYER:ROWS, "
-                             "e.g. 1:1000000,14:1000000") from exc
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read layers {text!r}: {exc}", fix=fix) from exc
     return out
 
 
+def parse_layers(text: str) -> list[int]:
+    """'1,14' -> [1, 14]; anything but distinct non-negative integers is refused."""
+    fix = "write checkpoint layer ids separated by commas, e.g. --layers 1,14"
+    try:
+        layers = [int(x) for x in text.split(",")]
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read --layers {text!r}: {exc}", fix=fix) from exc
+    if len(set(layers)) != len(layers) or min(layers) < 0:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {text!r} lists a layer twice or a negative one", fix=fix)
+    return layers
+
+
 def engram_layout(spec: str) -> EngramLayout:
-    """'v41' -> DeepSeek-V4.1's EngramLayout; an integer -> EngramLayout.scaled(that engram vocab size)."""
+    """'v41' -> DeepSeek-V4.1's EngramLayout; an integer >= 2 -> EngramLayout.scaled(that engram vocab size)."""
     from slacktier.tables.engram_hash import EngramLayout
 
     if spec.lower() == "v41":
         return EngramLayout.v41()
+    fix = "pass v41 or an engram vocab size of at least 2, such as 100000"
     try:
-        vocab = int(float(spec))
+        vocab = _whole_number(spec)
     except ValueError as exc:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read --engram {spec!r}",
-                             fix="pass v41 or an engram vocab size such as 100000") from exc
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read --engram {spec!r}: {exc}", fix=fix) from exc
+    if vocab < 2:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--engram {spec}: an engram vocab size must be at least 2",
+                             fix=fix)
     return EngramLayout.scaled(vocab)
 
 
@@ -70,6 +103,10 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.tables.layout import PAGE_BYTES
     from slacktier.tables.stage import stage_checkpoint, stage_synthetic
 
+    if args.layers and not args.checkpoint:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--layers picks checkpoint layers; a synthetic table takes its "
+                             "layers from --synthetic or --engram", fix="drop --layers, or stage a --checkpoint")
+    layers = parse_layers(args.layers) if args.layers else None
     common = dict(manifest_path=args.manifest, max_bytes=args.max_bytes, chunk_bytes=args.chunk_mib << 20,
                   buffered=args.buffered, progress=not args.no_progress)
     if args.writers is not None:
@@ -82,7 +119,6 @@ def run(args: argparse.Namespace) -> int:
         m = stage_synthetic(args.target, engram_layout(args.engram), args.ranks, args.seed,
                             overwrite=args.overwrite, **common)
     else:
-        layers = [int(x) for x in args.layers.split(",")] if args.layers else None
         m = stage_checkpoint(args.checkpoint, args.target, args.ranks, layers=layers, overwrite=args.overwrite,
                              **common)
     dt = time.perf_counter() - t0

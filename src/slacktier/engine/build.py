@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.config import EngineConfig, RedisOptions, TableConfig
+from slacktier.engine.checker import SourceRowReader
 from slacktier.engine.tables import TableSpec, seen_bitmap
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
-from slacktier.store.registry import open_source
+from slacktier.store.registry import get_tier, open_source, verify_identity
 from slacktier.tables.manifest import Manifest
 from slacktier.tables.regions import Region
 
@@ -38,11 +39,12 @@ class Resolved:
     """A table's regions and checksums, before any source is opened."""
 
     config: TableConfig
+    manifest: Manifest
     rows: int
     row_start: int
     regions: tuple[Region, ...]            # what the source reads, in rank order
     staged: tuple[Region, ...]             # where the bytes are staged (the checker reads these)
-    crcs: tuple[np.ndarray, ...] | None    # per region, when verify_reads
+    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified
     data_key: tuple
     source_key: tuple
 
@@ -72,25 +74,43 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     if t.rank >= 0:   # one rank's shard: the directory covers only its rows
         rows, row_start = mine[0].rows, mine[0].row_start
     crcs = None
-    if eng.verify_reads:
+    if verifies(t, eng):
         every = m.checksums()
         crcs = tuple(np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in mine)
-    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in staged), m.source_digest)
-    source_key = (t.source, t.options, regions, eng.verify_reads)
-    return Resolved(t, rows, row_start, regions, staged, crcs, data_key, source_key)
+    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in staged), m.identity)
+    source_key = (t.source, t.options, regions, crcs is not None, m.identity)
+    return Resolved(t, m, rows, row_start, regions, staged, crcs, data_key, source_key)
+
+
+def verifies(t: TableConfig, eng: EngineConfig) -> bool:
+    """Whether table `t`'s reads are checked against the manifest's CRC32Cs: [engine] verify_reads, or with
+    "auto" the tier's own default (on where the tier has no end-to-end checksum of its own)."""
+    if eng.verify_reads == "auto":
+        return bool(get_tier(t.source).source_cls.verify_by_default)
+    return bool(eng.verify_reads)
 
 
 def open_table_source(r: Resolved) -> PageSource:
-    """Open the page source of one table: its tier over its own regions."""
-    source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs)
-    log.info("layer %d: %s source over %d regions", r.config.layer, r.config.source, len(r.regions))
+    """Open the page source of one table: its tier over its own regions, checking it holds the manifest's table."""
+    source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs,
+                         identity=r.manifest.identity)
+    log.info("layer %d: %s source over %d regions%s", r.config.layer, r.config.source, len(r.regions),
+             ", reads verified" if r.crcs is not None else "")
     return source
 
 
-def table_spec(r: Resolved, source: PageSource) -> TableSpec:
-    """What the engine serves for one resolved table."""
+def check_kept_source(r: Resolved) -> None:
+    """A source kept across `apply` still reads the manifest's table (a target restaged underneath is refused)."""
+    verify_identity(r.config.source, r.regions, r.config.options, r.manifest.identity)
+
+
+def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
+    """What the engine serves for one resolved table; with `check`, the checker regenerates rows from the
+    manifest's own source (seed or checkpoint) rather than reading the medium the engine reads."""
+    reference = SourceRowReader(r.manifest, r.config.layer, r.row_start) if check else None
     return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
-                     cache_share=r.config.cache_share, seen=_seen(r.config, r.rows), staged=r.staged)
+                     cache_share=r.config.cache_share, seen=_seen(r.config, r.rows), staged=r.staged,
+                     reference=reference)
 
 
 def _seen(t: TableConfig, rows: int) -> np.ndarray | None:

@@ -1,9 +1,10 @@
 """The bit-exact checker: the reference DRAM gather beside ours, on every lookup.
 
-The reference reads each looked-up row straight from where the table lives
-(the region files, memory-mapped read-only with ordinary page-cache I/O; or
-host arrays given by the caller), never through the source, the page pool or
-the cache, and dequantizes it with `codec.reference_dequant` (torch). A row
+The reference reads each looked-up row from what the table is meant to hold:
+regenerated from the manifest's own source (a synthetic seed, the
+checkpoint) for an engine built from a control file, or from host arrays or
+the region files (plain pread) given by the caller; never through the source,
+the page pool or the cache, and dequantizes it with `codec.reference_dequant` (torch). A row
 mismatches when any of its 256 bf16 values differs in bits, except that two
 NaNs count as equal (the codec's contract: torch itself writes different NaN
 bits on different CPU paths).
@@ -14,18 +15,21 @@ Worked example: lookup of row 531 of a two-rank table (ranks [0, 500), [500, 100
 
 from __future__ import annotations
 
-import mmap
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 import torch
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.regions import Region
+from slacktier.tables.checkpoint_source import CheckpointSource
 from slacktier.tables.codec import reference_dequant, split_raw
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.regions import Region
+from slacktier.tables.synthetic_source import SyntheticSource
 
 
 class RowReader(Protocol):
@@ -50,44 +54,91 @@ class ArrayRowReader:
 
 
 class FileRowReader:
-    """Rows of a table's rank regions, memory-mapped read-only from their files (buffered, no O_DIRECT)."""
+    """Rows of a table's rank regions, read with plain pread from their files (buffered, no O_DIRECT).
+
+    pread, not a memory map: a file truncated under a running engine then gives a
+    short read, which is an error naming layer, rank and row, where a mapped page
+    would kill the process with SIGBUS.
+    """
 
     def __init__(self, layer: int, shard_starts: Sequence[int], shard_rows: Sequence[int],
                  regions: Sequence[Region]) -> None:
         self.layer = layer
         self.starts = np.asarray(shard_starts, dtype=np.int64)   # [R] local row of each shard's row 0
-        self._shards: list[np.ndarray] = []
-        self._maps: list[mmap.mmap] = []
-        for spec, rows in zip(regions, shard_rows):
+        self.regions = tuple(regions)
+        self._fds: list[int] = []
+        for spec in self.regions:
             try:
-                fd = os.open(spec.path, os.O_RDONLY | os.O_CLOEXEC)
+                self._fds.append(os.open(spec.path, os.O_RDONLY | os.O_CLOEXEC))
             except OSError as exc:
+                self.close()
                 raise SlackTierError(ErrorKind.MISSING, f"checker cannot open {spec.path}: {exc.strerror}",
                                      layer=spec.layer, rank=spec.rank,
                                      fix="give the checker the table's files or a host copy") from exc
-            try:
-                mm = mmap.mmap(fd, spec.pages * PAGE_BYTES, prot=mmap.PROT_READ, offset=spec.offset_bytes)
-            except (OSError, ValueError) as exc:
-                raise SlackTierError(ErrorKind.MISSING, f"checker cannot map {spec.path}: {exc}",
-                                     layer=spec.layer, rank=spec.rank,
-                                     fix="stage the whole region before checking") from exc
-            finally:
-                os.close(fd)
-            self._maps.append(mm)
-            pages = np.frombuffer(mm, dtype=np.uint8).reshape(spec.pages, PAGE_BYTES)
-            # [pages, 15, 264] view (layout.rows_from_pages reshapes a strided slice, which copies).
-            self._shards.append(pages[:, :ROWS_PER_PAGE * ROW_BYTES].reshape(spec.pages, ROWS_PER_PAGE, ROW_BYTES))
 
     def read(self, local_rows: np.ndarray) -> np.ndarray:
-        """local_rows [n] -> [n, 264] uint8."""
+        """local_rows [n] -> [n, 264] uint8 (row r of a shard: page r // 15, byte (r % 15) * 264)."""
         out = np.empty((local_rows.shape[0], ROW_BYTES), dtype=np.uint8)
         which = np.searchsorted(self.starts, local_rows, side="right") - 1
-        for k, shard in enumerate(self._shards):
-            sel = np.flatnonzero(which == k)
-            if sel.size:
-                shard_rows = local_rows[sel] - self.starts[k]
-                out[sel] = shard[shard_rows // ROWS_PER_PAGE, shard_rows % ROWS_PER_PAGE]
+        for i, (k, row) in enumerate(zip(which.tolist(), local_rows.tolist())):
+            spec = self.regions[k]
+            r = row - int(self.starts[k])
+            at = spec.offset_bytes + (r // ROWS_PER_PAGE) * PAGE_BYTES + (r % ROWS_PER_PAGE) * ROW_BYTES
+            got = os.pread(self._fds[k], ROW_BYTES, at)
+            if len(got) != ROW_BYTES:
+                raise SlackTierError(ErrorKind.IO, f"checker: short read of row {r} ({len(got)} of {ROW_BYTES} "
+                                     f"bytes): {spec.path} is shorter than its manifest says", layer=spec.layer,
+                                     rank=spec.rank, page=r // ROWS_PER_PAGE, fix="stage the table again")
+            out[i] = np.frombuffer(got, dtype=np.uint8)
         return out
+
+    def close(self) -> None:
+        """Close the region files."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self) -> None:
+        self.close()
+
+
+class SourceRowReader:
+    """Rows regenerated from the table's own source (the manifest's synthetic seed or checkpoint), not the medium.
+
+    The checker then compares what the engine serves with what the table is
+    meant to hold: corruption on the medium, or a medium that holds another
+    table, shows up as mismatches instead of agreeing with itself. A synthetic
+    source's digest is recomputed and compared with the manifest's; a
+    checkpoint's tensors are checked for names and shapes (its sha256 would
+    mean reading the whole checkpoint, so it is not recomputed here).
+    """
+
+    def __init__(self, manifest: Manifest, layer: int, row_start: int) -> None:
+        spec = manifest.source
+        kind = spec.get("kind")
+        if kind == "synthetic":
+            self.source = SyntheticSource(manifest.layout, int(spec["seed"]))
+            if self.source.digest != manifest.source_digest:
+                raise SlackTierError(ErrorKind.CHECKSUM, f"synthetic source of {manifest.path} gives digest "
+                                     f"{self.source.digest}, the manifest says {manifest.source_digest}",
+                                     layer=layer, fix="stage the table again with this version")
+        elif kind == "checkpoint":
+            files = [Path(f) for f in spec.get("files", [])]
+            missing = [str(f) for f in files if not f.is_file()]
+            if not files or missing:
+                raise SlackTierError(ErrorKind.MISSING, f"the checker reads the checkpoint {manifest.path} was "
+                                     f"staged from; missing: {', '.join(missing) or 'no files recorded'}",
+                                     layer=layer, fix="restore the checkpoint, or turn check off")
+            self.source = CheckpointSource([str(f) for f in files], layers=[layer])
+        else:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {manifest.path} has a source of kind {kind!r}",
+                                 layer=layer, fix="stage the table again")
+        self.layer = layer
+        self.row_start = int(row_start)
+
+    def read(self, local_rows: np.ndarray) -> np.ndarray:
+        """local_rows [n] -> [n, 264] uint8, from the source."""
+        return self.source.rows(self.layer, np.asarray(local_rows, dtype=np.int64) + self.row_start)
 
 
 def reference_gather(raw_rows: np.ndarray) -> torch.Tensor:

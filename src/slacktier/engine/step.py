@@ -315,6 +315,9 @@ class StepEngine:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.shape}, want [T, {len(self._layers)}, "
                                  f"{self.columns}]", fix="pass the hasher's [T, L, 24] output")
         if ids.dtype != np.int64:
+            if ids.dtype.kind not in "iu":   # a float id (12.7) would be truncated into another row
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want integers",
+                                     fix="pass the hasher's int64 row ids")
             ids = ids.astype(np.int64)
         tokens = ids.shape[0]
         self._ensure_capacity(tokens)
@@ -540,7 +543,7 @@ class StepEngine:
         try:
             for t in cfg.tables:
                 sources[t.layer] = B.open_table_source(resolved[t.layer])
-            specs = [B.table_spec(resolved[t.layer], sources[t.layer]) for t in cfg.tables]
+            specs = [B.table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
             kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
                                          "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3}
             kwargs |= overrides
@@ -580,10 +583,11 @@ class StepEngine:
             for t in cfg.tables:
                 old = live.resolved.get(t.layer)
                 if old is not None and old.source_key == resolved[t.layer].source_key:
+                    B.check_kept_source(resolved[t.layer])
                     sources[t.layer] = live.sources[t.layer]
                 else:
                     sources[t.layer] = opened[t.layer] = B.open_table_source(resolved[t.layer])
-            specs = [B.table_spec(resolved[t.layer], sources[t.layer]) for t in cfg.tables]
+            specs = [B.table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
             invalidate = [layer for layer, r in resolved.items()
                           if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
             old_eng = live.control.engine

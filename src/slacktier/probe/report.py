@@ -1,13 +1,26 @@
-"""Window sweeps as a table, as JSON, and as a plot like the paper's Figure 4 (window / step vs depth)."""
+"""Window sweeps as a table, as JSON, and as a plot like the paper's Figure 4 (window / step vs depth).
+
+`run_probe(config)` is what `slacktier probe` calls: it loads the model, sweeps
+each batch size (or follows the config file step by step) and writes the table,
+the JSON and the plot from here, so the verb makes one call. The sweep itself is
+`probe.sweep`; this module only drives it and reports.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import statistics
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from slacktier.probe.sweep import DelayPoint, LayerWindow, NoiseModel, SweepSettings, WindowSweep
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.probe.config import NO_TARGET, ProbeTarget, write_probe_config
+from slacktier.probe.hooks import CLOCKS, WindowProbe
+from slacktier.probe.sweep import (DelayPoint, LayerWindow, NoiseModel, SweepSettings, WindowSweep, measure_overhead,
+                                   sweep_windows)
 
 # Paper section 6.3: on Gemma 4 E4B, normalized by step time, layer k's window is
 # about 0.85-0.92 k/L of a step on H200, MI300X and GB10.
@@ -103,3 +116,110 @@ def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "
     fig.savefig(p, dpi=120)
     plt.close(fig)
     return p
+
+
+def parse_layers(spec: str, num_layers: int) -> list[int]:
+    """'all' | '0,5,10' | 'every:N' -> decoder layer indices (every:3 of 8 layers -> [0, 3, 6])."""
+    if spec == "all":
+        return list(range(num_layers))
+    if spec.startswith("every:"):
+        try:
+            step = int(spec.split(":", 1)[1])
+        except ValueError:
+            step = 0
+        if step < 1:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {spec}", fix="use every:N with N >= 1")
+        return list(range(0, num_layers, step))
+    try:
+        return [int(x) for x in spec.split(",") if x.strip()]
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {spec!r}", fix="use all, every:N or 0,5,10") from exc
+
+
+@dataclass(frozen=True)
+class ProbeRunConfig:
+    """One `slacktier probe` run: which model, which batches and layers, how hard to look, where to write."""
+
+    model: str = "smollm2"               # 'smollm2', a .gguf file or a local Hugging Face model directory
+    layers_path: str | None = None       # dotted path of the decoder ModuleList (None: found by name)
+    batches: tuple[int, ...] = (1, 8)
+    layers: str = "all"                  # 'all', '0,5,10' or 'every:N' (parse_layers)
+    clock: str = "wall"                  # probe.hooks.CLOCKS
+    threads: int = 0                     # torch intra-op threads (0: leave torch's default)
+    config_path: Path = Path("runs/probe/probe.json")  # the probe's run-time target file, rewritten by the sweep
+    settings: SweepSettings = field(default_factory=SweepSettings)
+    prompt_tokens: int = 64
+    max_new_tokens: int = 64
+    overhead_pairs: int = 0              # also time N (hooked, bare) step pairs per batch
+    follow: int = 0                      # >0: follow the config file for N steps instead of sweeping
+    seed: int = 0
+    json_path: Path = Path("runs/probe/windows.json")
+    plot_path: Path | None = Path("runs/probe/windows.png")  # None: no plot
+
+    def __post_init__(self) -> None:
+        if not self.batches or min(self.batches) < 1 or min(self.threads, self.overhead_pairs, self.follow) < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"batches {self.batches}, threads {self.threads}, overhead "
+                                 f"pairs {self.overhead_pairs}, follow {self.follow}",
+                                 fix="give batch sizes >= 1 and threads, overhead pairs and follow steps >= 0")
+        if self.clock not in CLOCKS:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown clock {self.clock!r}",
+                                 fix=f"use one of {sorted(CLOCKS)}")
+        parse_layers(self.layers, 0)  # a malformed spec fails here, before the model loads
+
+
+def format_overhead(batch: int, hooked_ms: Sequence[float], bare_ms: Sequence[float], clock: str) -> str:
+    """One line: step time with hooks attached (no target) against hooks removed, medians and ranges."""
+    h, b = statistics.median(hooked_ms), statistics.median(bare_ms)
+    return (f"probe overhead B={batch} ({len(hooked_ms)} interleaved pairs, clock {clock}): hooked, no target "
+            f"median {h:.3f} ms [min {min(hooked_ms):.3f}, max {max(hooked_ms):.3f}]; hooks removed median {b:.3f} "
+            f"ms [min {min(bare_ms):.3f}, max {max(bare_ms):.3f}]; ratio {h / b:.4f}")
+
+
+def format_follow_step(step: int, target: ProbeTarget, step_ms: float) -> str:
+    """One line of follow mode: the target the step ran under and its time."""
+    return (f"step {step} layer {'-' if target.layer is None else target.layer} delay_ms {target.delay_ms:.3f} "
+            f"step_ms {step_ms:.3f}")
+
+
+def run_probe(config: ProbeRunConfig) -> list[WindowSweep]:
+    """Sweep every batch (print the table, write JSON and plot), or follow the config file; the sweeps."""
+    import torch
+
+    from slacktier.probe.hf import DecodeLoop, load_causal_lm
+
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    model, name = load_causal_lm(config.model)
+    config.config_path.parent.mkdir(parents=True, exist_ok=True)
+    if config.follow:
+        if not config.config_path.exists():
+            write_probe_config(config.config_path, NO_TARGET)
+        loop = DecodeLoop(model, config.batches[0], config.prompt_tokens, config.max_new_tokens, config.seed,
+                          config.clock)
+        with WindowProbe(model, layers_path=config.layers_path, config_path=str(config.config_path),
+                         clock=config.clock) as pr:
+            for i in range(config.follow):
+                ms = loop.step()
+                print(format_follow_step(i, pr.step_target, ms), flush=True)
+        return []
+    sweeps, overheads = [], []
+    for batch in config.batches:
+        loop = DecodeLoop(model, batch, config.prompt_tokens, config.max_new_tokens, config.seed, config.clock)
+        write_probe_config(config.config_path, NO_TARGET)
+        probe = WindowProbe(model, layers_path=config.layers_path, config_path=str(config.config_path),
+                            clock=config.clock)
+        layers = parse_layers(config.layers, probe.num_layers)
+        with probe:
+            sweep = sweep_windows(loop.step, probe, layers, config.settings, batch=batch, model_name=name,
+                                  progress=lambda m, b=batch: print(f"[B={b}] {m}", file=sys.stderr, flush=True))
+        sweeps.append(sweep)
+        if config.overhead_pairs:
+            hooked, bare = measure_overhead(loop.step, probe, pairs=config.overhead_pairs, seed=config.seed)
+            overheads.append((batch, hooked, bare))
+    print(format_table(sweeps))
+    for batch, hooked, bare in overheads:
+        print(format_overhead(batch, hooked, bare, config.clock))
+    print(f"wrote {write_json(sweeps, config.json_path)}")
+    if config.plot_path is not None:
+        print(f"wrote {plot_windows(sweeps, config.plot_path)}")
+    return sweeps

@@ -12,13 +12,27 @@ comes back beside the optional operation that needs it, not before.
 Most tiers build on `slacktier.store.queued.QueuedSource`, which owns the
 workers, queues, tickets, checks, checksums and close, and register
 themselves by name in `slacktier.store.registry`.
+
+Two class-level facts sit beside the three methods, so the engine can ask
+them without an instance (issue 11):
+
+- `verify_by_default`: whether reads are CRC32C-checked against the
+  manifest when the control file says `verify_reads = "auto"`; on wherever
+  the tier has no end-to-end checksum of its own.
+- `verify_identity(regions, options, identity)`: refuse (SlackTierError
+  TARGET, or MISSING) a medium that does not hold the manifest's table. A
+  registered tier's constructor calls it when given an `identity`; the
+  engine calls it again (through the registry) on a source it keeps across
+  a reload, without reopening it.
 """
 
 from __future__ import annotations
 
 import abc
 import mmap
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -26,6 +40,9 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 
+if TYPE_CHECKING:
+    from slacktier.config import Options
+    from slacktier.tables.manifest import TableIdentity
 
 
 class PageBufferPool:
@@ -75,6 +92,21 @@ class ReadStats:
 
 class PageSource(abc.ABC):
     """A tier that reads pages: three methods; everything else is built on top."""
+
+    #: check reads against the manifest's CRC32Cs under `verify_reads = "auto"`; a tier that says nothing
+    #: is taken to have no end-to-end checksum of its own, so on
+    verify_by_default: ClassVar[bool] = True
+
+    @classmethod
+    def verify_identity(cls, regions: Sequence[Region], options: Options | None, identity: TableIdentity) -> None:
+        """Refuse (TARGET, or MISSING) a medium whose regions do not hold table `identity`; a tier overrides it.
+
+        This default refuses every check, so an unregistered source that never
+        learnt to check is never taken for one that did (`register_tier`
+        refuses a tier that does not override it).
+        """
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"{cls.__name__} cannot check which table its medium holds",
+                             fix="implement the classmethod verify_identity for this tier")
 
     @abc.abstractmethod
     def submit(self, reads: PageReads, pool: PageBufferPool) -> int:

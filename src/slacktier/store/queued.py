@@ -5,7 +5,8 @@ own queue. `submit` checks and copies the batch, splits it over the lanes
 (by the regions' device when the tier asks for per-device lanes, then evenly
 over that device's lanes), queues one `Part` per lane and returns a ticket.
 Each lane calls the tier's `_read(lane, part)`, then (when the source was
-given the manifest's checksums) checks every read page's CRC32C. `wait`
+given the manifest's checksums) checks every read page's CRC32C in one
+compiled pass over the part (`_common.pool_page_crcs`). `wait`
 raises the first failed part's error, never returning buffers of a failed
 batch. `close` queues a stop marker behind each lane's batches and joins the
 workers, so a batch is either finished or refused with CLOSED.
@@ -34,12 +35,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
-import crc32c
 import numpy as np
 
 from slacktier.config import Options
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store._common import NOT_DONE, TicketBook, _Pending
+from slacktier.store._common import NOT_DONE, TicketBook, _Pending, pool_page_crcs
 from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
@@ -110,6 +110,8 @@ class QueuedSource(PageSource, Generic[S]):
         self._region_base = np.zeros(len(self.regions), dtype=np.int64)  # [R] page 0's index in the concatenation
         self._region_base[1:] = np.cumsum(self._region_pages)[:-1]
         self._expected = self._checksums(page_crc32c)  # [total pages] uint32, or None: no verification
+        #: check each read page against `_expected` (a tier that checked its pages once, at load, turns it off)
+        self._check_each_read = self._expected is not None
         self._book = TicketBook(type(self).__name__)
         self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
         self._lanes: dict[int, list[Lane[S]]] = {}  # device (or ANY_DEVICE) -> its lanes
@@ -117,7 +119,7 @@ class QueuedSource(PageSource, Generic[S]):
 
     @property
     def verifies_reads(self) -> bool:
-        """Whether every read page's CRC32C is checked against the manifest's."""
+        """Whether the pages it serves are checked against the manifest's CRC32Cs (per read, or once at load)."""
         return self._expected is not None
 
     def _checksums(self, page_crc32c: Sequence[np.ndarray] | None) -> np.ndarray | None:
@@ -182,7 +184,7 @@ class QueuedSource(PageSource, Generic[S]):
         error: BaseException | None
         try:
             error = self._read(lane, part)
-            if error is None and self._expected is not None:
+            if error is None and self._check_each_read:
                 error = self._checksum_error(part)
         except BaseException as exc:  # never leave a ticket hanging; wait() re-raises it
             error = exc
@@ -309,13 +311,14 @@ class QueuedSource(PageSource, Generic[S]):
     def _checksum_error(self, part: Part) -> SlackTierError | None:
         """Each read page's CRC32C against the manifest's; the first mismatch as an error, else None."""
         assert self._expected is not None
-        want = self._expected[self._region_base[part.region] + part.page]
-        pages = part.pool.pages
-        for i in range(part.buffer.shape[0]):
-            got = crc32c.crc32c(pages[part.buffer[i]])
-            if got != want[i]:
-                where = self._where(int(part.region[i]), int(part.page[i]))
-                return SlackTierError(ErrorKind.CHECKSUM, f"{self.read_what}: page CRC32C {got:#010x}, manifest "
-                                      f"says {int(want[i]):#010x}", **where,
-                                      fix="the stored page is corrupt; stage the region again")
-        return None
+        want = self._expected[self._region_base[part.region] + part.page]  # [n] uint32
+        got = pool_page_crcs(part.pool.pages, part.buffer)                   # [n] uint32
+        bad = np.flatnonzero(got != want)
+        if not bad.size:
+            return None
+        i = int(bad[0])
+        others = f"; {bad.size - 1} more pages of the batch differ" if bad.size > 1 else ""
+        return SlackTierError(ErrorKind.CHECKSUM, f"{self.read_what}: page CRC32C {int(got[i]):#010x}, manifest "
+                              f"says {int(want[i]):#010x}{others}",
+                              **self._where(int(part.region[i]), int(part.page[i])),
+                              fix="the stored page is corrupt; stage the region again")

@@ -7,10 +7,15 @@ registers the class for `open_source("disk", ...)` and the options struct for
 Every registered class has the same constructor shape:
 
     Cls(regions: Sequence[Region], options: TheirOptions | None = None, *,
-        page_crc32c: Sequence[np.ndarray] | None = None)
+        page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None)
 
 with CRC32C verification of every read page on exactly when `page_crc32c`
-(one uint32 array per region, in region order) is given. A tier outside the
+(one uint32 array per region, in region order) is given (the DRAM tier checks
+its pages once, at load), and, with an `identity` (`Manifest.identity`), a
+check at open that the medium holds that table (`Cls.verify_identity`, which
+`verify_identity` below runs again on a source kept across a reload).
+A registered class overrides `verify_identity` and says `verify_by_default`
+(store/base.py). A tier outside the
 package (a plug-in, the tests' own tier) registers the same way from its own
 module; importing `slacktier.store` registers the three built-in tiers.
 """
@@ -26,6 +31,7 @@ import numpy as np
 from slacktier.config import Options, register_tier_options
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
+from slacktier.tables.manifest import TableIdentity
 from slacktier.tables.regions import Region
 
 
@@ -47,6 +53,13 @@ def register_tier(name: str, source_cls: type[PageSource], options_cls: type[Opt
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r}: {source_cls!r} is not a concrete PageSource",
                              fix="register a PageSource subclass that implements submit, wait and close "
                                  "(or QueuedSource's _read)")
+    if source_cls.verify_identity.__func__ is PageSource.verify_identity.__func__:  # type: ignore[attr-defined]
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r}: {source_cls.__name__} does not implement "
+                             "verify_identity", fix="add the classmethod verify_identity(regions, options, identity) "
+                             "that refuses a medium holding another table")
+    if not isinstance(source_cls.verify_by_default, bool):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r}: verify_by_default is "
+                             f"{source_cls.verify_by_default!r}", fix="declare verify_by_default: bool on the class")
     known = _TIERS.get(name)
     if known is not None and known.source_cls is not source_cls:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r} is already registered with "
@@ -72,11 +85,26 @@ def tiers() -> tuple[str, ...]:
     return tuple(_TIERS)
 
 
-def open_source(name: str, regions: Sequence[Region], options: Options | None = None, *,
-                page_crc32c: Sequence[np.ndarray] | None = None) -> PageSource:
-    """A page source of tier `name` over `regions`; reads are CRC32C-checked when `page_crc32c` is given."""
-    tier = get_tier(name)
+def _typed(tier: Tier, options: Options | None) -> None:
     if options is not None and type(options) is not tier.options_cls:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r} takes {tier.options_cls.__name__}, got "
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {tier.name!r} takes {tier.options_cls.__name__}, got "
                              f"{type(options).__name__}", fix=f"pass {tier.options_cls.__name__} or None")
-    return tier.source_cls(regions, options, page_crc32c=page_crc32c)  # type: ignore[call-arg]
+
+
+def open_source(name: str, regions: Sequence[Region], options: Options | None = None, *,
+                page_crc32c: Sequence[np.ndarray] | None = None,
+                identity: TableIdentity | None = None) -> PageSource:
+    """A page source of tier `name` over `regions`: CRC32C-checked with `page_crc32c`, identity-checked at open
+    with `identity`."""
+    tier = get_tier(name)
+    _typed(tier, options)
+    return tier.source_cls(regions, options, page_crc32c=page_crc32c,  # type: ignore[call-arg]
+                           identity=identity)
+
+
+def verify_identity(name: str, regions: Sequence[Region], options: Options | None,
+                    identity: TableIdentity) -> None:
+    """Check, without opening a source, that tier `name`'s medium still holds table `identity` (TARGET or MISSING)."""
+    tier = get_tier(name)
+    _typed(tier, options)
+    tier.source_cls.verify_identity(tuple(regions), options, identity)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -47,11 +48,12 @@ class StagedRegions:
 
 
 def stage_synthetic(directory: Path, *, layers: tuple[int, ...] = (1,), ranks: int = 2, rows: int = 300,
-                    devices: int = 1, seed: int = 7) -> StagedRegions:
+                    devices: int = 1, seed: int = 7, overwrite: bool = False) -> StagedRegions:
     """Stage layers x ranks regions of `rows` rows each with the real staging into files dev<d>.bin of `directory`.
 
     A thin wrapper over `slacktier.tables.stage.stage_synthetic` (header page,
-    manifest, CRC file): rank r goes to device r % devices. Writes are O_DIRECT
+    manifest, CRC file): rank r goes to device r % devices; `overwrite` restages
+    over targets that hold another table. Writes are O_DIRECT
     where `directory` takes it, else buffered (tmpfs), which only the Redis tests
     need. The expected pages come from the scalar reference path
     (`codec.synthetic_rows` + `layout.pack_rows_into_pages`), not from the files.
@@ -60,7 +62,7 @@ def stage_synthetic(directory: Path, *, layers: tuple[int, ...] = (1,), ranks: i
     directory.mkdir(parents=True, exist_ok=True)
     targets = [directory / f"dev{d}.bin" for d in range(devices)]
     manifest = stage_table_synthetic(targets, {layer: rows * ranks for layer in layers}, ranks, seed,
-                                     buffered=not supports_o_direct(directory), progress=False)
+                                     overwrite=overwrite, buffered=not supports_o_direct(directory), progress=False)
     pages = [pack_rows_into_pages(synthetic_rows(int(layer_seed(seed, r.layer)), r.row_start, r.rows))
              for r in manifest.regions]
     return StagedRegions(manifest.runtime_regions(), pages, manifest)
@@ -73,24 +75,30 @@ def _free_port() -> int:
 
 
 class RedisServer:
-    """A private `redis-server` on 127.0.0.1 with persistence off; `stop()` ends it."""
+    """A private `redis-server` on 127.0.0.1 with persistence off; `stop()` ends it, `pause()` / `resume()`
+    freeze and thaw it (SIGSTOP / SIGCONT: connections stay open and nothing answers, as with a hung host).
 
-    def __init__(self, directory: Path, *, start_timeout_s: float = 10.0) -> None:
+    With `password`, the server requires it and `url` carries it (redis://default:<password>@...).
+    """
+
+    def __init__(self, directory: Path, *, start_timeout_s: float = 10.0, password: str | None = None) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise SlackTierError(ErrorKind.UNAVAILABLE, "redis-server not found",
                                  fix="apt-get install -y redis-server (scripts/test.sh does)")
         self.port = _free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
+        auth = f"default:{password}@" if password else ""
+        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
         self._proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(directory)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+             "--dir", str(directory), *(["--requirepass", password] if password else [])],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + start_timeout_s
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2) as conn:
                     conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
+                    if conn.recv(16).startswith((b"+PONG", b"-NOAUTH")):  # up (asking for its password)
                         return
             except OSError:
                 pass
@@ -100,9 +108,18 @@ class RedisServer:
                                      fix="run redis-server by hand to see why")
             time.sleep(0.05)
 
+    def pause(self) -> None:
+        """Freeze the server (SIGSTOP): it accepts connections in the kernel but answers nothing."""
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Thaw a paused server (SIGCONT)."""
+        self._proc.send_signal(signal.SIGCONT)
+
     def stop(self) -> None:
-        """End the server (idempotent)."""
+        """End the server (idempotent; a paused one too)."""
         if self._proc.poll() is None:
+            self._proc.send_signal(signal.SIGCONT)
             self._proc.terminate()
             try:
                 self._proc.wait(timeout=10)

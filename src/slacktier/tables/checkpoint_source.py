@@ -76,31 +76,77 @@ class _TensorInfo:
     nbytes: int
 
 
+# bytes per element of the safetensors dtypes; a tensor of another (sub-byte or newer) dtype is only bounds-checked
+_DTYPE_BYTES = {"BOOL": 1, "U8": 1, "I8": 1, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I16": 2, "U16": 2,
+                "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8, "C64": 8}
+_MAX_HEADER_BYTES = 100 << 20  # safetensors' own limit
+
+
+def _bad(path: str, what: str) -> SlackTierError:
+    return SlackTierError(ErrorKind.CHECKPOINT, f"{path} is not a valid safetensors file: {what}",
+                          fix="re-download or re-save the checkpoint file")
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
 def _read_safetensors_header(path: str) -> dict[str, _TensorInfo]:
-    """Tensor name -> where its bytes are, from a safetensors file's JSON header."""
+    """Tensor name -> where its bytes are, from a safetensors file's JSON header.
+
+    Layout: 8 bytes little-endian header length n, n bytes of JSON
+    {name: {"dtype", "shape", "data_offsets": [begin, end]}, "__metadata__": {...}},
+    then the data section; offsets are relative to its start (byte 8 + n).
+    Every field is checked, so a malformed header is a CHECKPOINT error naming
+    the tensor and the file, never a crash and never rows read from the wrong bytes.
+    """
     try:
+        size = os.path.getsize(path)
         with open(path, "rb") as f:
             head = f.read(8)
             if len(head) != 8:
-                raise ValueError("shorter than 8 bytes")
+                raise _bad(path, f"{len(head)} bytes, shorter than the 8-byte header length")
             n = struct.unpack("<Q", head)[0]
-            if n > 100 << 20:
-                raise ValueError(f"header length {n} is implausible")
-            meta = json.loads(f.read(n))
-    except (OSError, ValueError) as exc:
-        raise SlackTierError(ErrorKind.CHECKPOINT, f"{path} is not a readable safetensors file: {exc}",
-                             fix="pass a .safetensors checkpoint file or a directory of them") from exc
-    size = os.path.getsize(path)
+            if n > _MAX_HEADER_BYTES or 8 + n > size:
+                raise _bad(path, f"header length {n} runs past the end of the {size}-byte file")
+            raw = f.read(n)
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.CHECKPOINT, f"cannot read checkpoint {path}: {exc}",
+                             fix="check the path and its permissions") from exc
+    try:
+        meta = json.loads(raw)
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError
+        raise _bad(path, f"the header is not JSON ({exc})") from exc
+    if not isinstance(meta, dict):
+        raise _bad(path, f"the header is a JSON {type(meta).__name__}, not an object")
+    data_bytes = size - 8 - n
     out: dict[str, _TensorInfo] = {}
     for name, t in meta.items():
         if name == "__metadata__":
             continue
-        begin, end = t["data_offsets"]
-        info = _TensorInfo(path, t["dtype"], tuple(int(x) for x in t["shape"]), 8 + n + begin, end - begin)
-        if info.offset_bytes + info.nbytes > size:
-            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} runs past the end of {path} (truncated?)",
-                                 fix="re-download the checkpoint file")
-        out[name] = info
+        where = f"tensor {name} in {path}"
+        if not isinstance(t, dict):
+            raise _bad(path, f"{where} is described by a JSON {type(t).__name__}, not an object")
+        dtype, shape, offsets = t.get("dtype"), t.get("shape"), t.get("data_offsets")
+        if not isinstance(dtype, str):
+            raise _bad(path, f"{where} has no dtype")
+        if not isinstance(shape, list) or not all(_is_int(x) and x >= 0 for x in shape):
+            raise _bad(path, f"{where} has shape {shape!r}, not a list of non-negative integers")
+        if (not isinstance(offsets, list) or len(offsets) != 2 or not all(_is_int(x) for x in offsets)):
+            raise _bad(path, f"{where} has data_offsets {offsets!r}, not [begin, end]")
+        begin, end = offsets
+        if not 0 <= begin <= end:
+            raise _bad(path, f"{where} has data_offsets [{begin}, {end}]: begin must be >= 0 and <= end")
+        if end > data_bytes:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"{where} runs past the end of the file (data_offsets end "
+                                 f"{end}, {data_bytes} data bytes; truncated?)", fix="re-download the checkpoint file")
+        elements = 1
+        for x in shape:
+            elements *= x
+        if dtype in _DTYPE_BYTES and elements * _DTYPE_BYTES[dtype] != end - begin:
+            raise _bad(path, f"{where} has shape {shape} of {dtype} ({elements * _DTYPE_BYTES[dtype]} bytes) but "
+                             f"data_offsets span {end - begin} bytes")
+        out[name] = _TensorInfo(path, dtype, tuple(shape), 8 + n + begin, end - begin)
     return out
 
 
@@ -139,7 +185,11 @@ class CheckpointSource:
         self.files = _checkpoint_files(checkpoint)
         tensors: dict[str, _TensorInfo] = {}
         for f in self.files:
-            tensors.update(_read_safetensors_header(f))
+            for name, info in _read_safetensors_header(f).items():
+                if name in tensors:
+                    raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} is in both {tensors[name].file} and "
+                                         f"{f}", fix="pass each checkpoint shard once, and only one checkpoint")
+                tensors[name] = info
         if layers is None:
             found = set()
             for name in tensors:
@@ -190,16 +240,17 @@ class CheckpointSource:
         for info, name, dtype in ((w, names["weight"], "F8_E4M3"), (s, names["scale"], "F8_E8M0")):
             if info.dtype != dtype:
                 torch_name = "float8_e4m3fn" if dtype == "F8_E4M3" else "float8_e8m0fnu"
-                raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} has dtype {info.dtype}, want {dtype} "
-                                     f"({torch_name})", fix="stage the FP8 checkpoint, not a converted one",
-                                     layer=layer)
-        if len(w.shape) != 2 or w.shape[1] != ROW_VALUES:
-            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {names['weight']} has shape {list(w.shape)}, want "
-                                 f"[rows, {ROW_VALUES}]", fix="check the checkpoint's Engram shapes", layer=layer)
+                raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} in {info.file} has dtype {info.dtype}, "
+                                     f"want {dtype} ({torch_name})",
+                                     fix="stage the FP8 checkpoint, not a converted one", layer=layer)
+        if len(w.shape) != 2 or w.shape[1] != ROW_VALUES or w.shape[0] == 0:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {names['weight']} in {w.file} has shape "
+                                 f"{list(w.shape)}, want [rows > 0, {ROW_VALUES}]",
+                                 fix="check the checkpoint's Engram shapes", layer=layer)
         if len(s.shape) != 2 or s.shape != (w.shape[0], ROW_SCALES):
-            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {names['scale']} has shape {list(s.shape)}, want "
-                                 f"[{w.shape[0]}, {ROW_SCALES}]", fix="check the checkpoint's Engram shapes",
-                                 layer=layer)
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {names['scale']} in {s.file} has shape "
+                                 f"{list(s.shape)}, want [{w.shape[0]}, {ROW_SCALES}]",
+                                 fix="check the checkpoint's Engram shapes", layer=layer)
         if expected is not None and expected.rows.get(layer) != w.shape[0]:
             raise SlackTierError(ErrorKind.CHECKPOINT, f"layer {layer} has {w.shape[0]} rows in the checkpoint, the "
                                  f"layout expects {expected.rows.get(layer)}", fix="check the layout against the "

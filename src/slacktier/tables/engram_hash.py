@@ -27,6 +27,7 @@ sequence (ids t0 t1 t2) has history [-1, t0, t1].
 from __future__ import annotations
 
 import functools
+import numbers
 from dataclasses import dataclass, field
 
 import numba
@@ -121,6 +122,10 @@ class EngramLayout:
 
     def __post_init__(self) -> None:
         n_layers, n_orders = len(self.layer_ids), self.max_ngram - 1
+        if isinstance(self.engram_vocab_size, bool) or not isinstance(self.engram_vocab_size, numbers.Integral) \
+                or self.engram_vocab_size < 2:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"engram vocab size {self.engram_vocab_size!r} is not an "
+                                 "integer >= 2", fix="pass an engram vocab size such as 100000 (V4.1: 16000000)")
         if n_layers == 0 or self.max_ngram < 2 or self.n_heads < 1:
             raise SlackTierError(ErrorKind.BAD_INPUT,
                                  f"an Engram layout needs layers, max_ngram >= 2 and heads, got "

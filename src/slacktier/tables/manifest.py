@@ -10,8 +10,14 @@ manifest order) live in a binary file beside the manifest, `<manifest stem>.crc`
 whose sha256 the manifest records: a 16M-row table has over a million pages.
 
 Every target also starts with one 4 KiB header page (`TARGET_HEADER_BYTES`)
-holding a signature and the source digest, so a device that already holds
-another table is recognised even without its manifest. Regions start after it.
+holding a signature and JSON: format, format_version, source_digest, stage_id,
+device, targets, target_bytes and state ("staging" while a staging run writes,
+"complete" after its fsync), so a device that already holds another table is
+recognised even without its manifest. Regions start after it. Each staging run
+draws a fresh random `stage_id`, recorded in the manifest and in every header:
+`check_target_header` refuses, at open time, a target restaged since the
+manifest was written (another table, or the same table staged again), a
+half-written restage and a truncated target.
 
 Worked example: 2 layers x 1,000 rows, 2 ranks, one target -> regions
 (layer 1, rank 0) at offset 4096 with 34 pages (500 rows), (layer 1, rank 1) at
@@ -24,6 +30,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -106,6 +113,19 @@ class StagedLayout:
                    {int(k): tuple(int(x) for x in v) for k, v in d.get("column_bounds", {}).items()})
 
 
+@dataclass(frozen=True)
+class TableIdentity:
+    """What a target's header must match for a manifest to serve it: the rows' digest and the staging run."""
+
+    source_digest: str   # "sha256:..." of the staged rows (checkpoint bytes, or generator + seed + layout)
+    stage_id: str        # random hex drawn by each staging run; "" for manifests written before it existed
+
+
+def new_stage_id() -> str:
+    """A fresh random staging-run id (32 hex digits)."""
+    return uuid.uuid4().hex
+
+
 def plan_regions(layout: StagedLayout, ranks: int, targets: list[str]) -> list[StagedRegion]:
     """Place every (layer, rank) region: rank r on target r % len(targets), packed after each header page.
 
@@ -162,11 +182,27 @@ class Manifest:
     path: str = ""                  # where this manifest was loaded from / saved to
     format_version: int = FORMAT_VERSION
     created_utc: str = ""
+    stage_id: str = ""              # the staging run's random id, also in every target header ("" before it existed)
 
     @property
     def source_digest(self) -> str:
         """The "sha256:..." identity of the staged rows."""
         return str(self.source["digest"])
+
+    @property
+    def identity(self) -> TableIdentity:
+        """The identity every target header of this table must carry (see `check_target_header`)."""
+        return TableIdentity(self.source_digest, self.stage_id)
+
+    def target_need_bytes(self) -> list[int]:
+        """Bytes each target needs: its header page and regions."""
+        return target_bytes(self.regions, len(self.targets))
+
+    def check_targets(self, targets: Sequence[str] = ()) -> None:
+        """`check_target_header` on every target (`targets[d]`, where given and non-empty, replaces target d)."""
+        for d, (path, need) in enumerate(zip(self.targets, self.target_need_bytes())):
+            where = targets[d] if d < len(targets) and targets[d] else path
+            check_target_header(where, d, self.identity, need_bytes=need)
 
     def region(self, layer: int, rank: int) -> StagedRegion:
         """The staged region of (layer, rank)."""
@@ -224,7 +260,7 @@ class Manifest:
             "regions": [asdict(r) for r in self.regions],
             "checksums": {"algorithm": "crc32c", "unit": "page", "file": self.crc_file, "sha256": self.crc_sha256,
                           "pages": self.total_pages},
-            "source": self.source,
+            "source": self.source, "stage_id": self.stage_id,
         }
 
     def save(self, path: str | Path) -> None:
@@ -237,25 +273,39 @@ class Manifest:
 
     @classmethod
     def load(cls, path: str | Path) -> Manifest:
-        """Read a manifest JSON written by `save`."""
+        """Read a manifest JSON written by `save`; anything else is refused with a SlackTierError."""
         path = Path(path)
         if not path.exists():
             raise SlackTierError(ErrorKind.MISSING, f"manifest {path} does not exist",
                                  fix="stage the table first (slacktier stage) or pass the manifest's path")
+        if not path.is_file():
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {path} is not a file",
+                                 fix="pass the table's .manifest.json file, not its directory")
         try:
-            d = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
+            d = json.loads(path.read_bytes().decode("utf-8"))
+        except OSError as exc:
+            raise SlackTierError(ErrorKind.IO, f"cannot read manifest {path}: {exc}",
+                                 fix="check the path and its permissions") from exc
+        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError (a binary file) both are
             raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {path} is not JSON: {exc}",
-                                 fix="restage the table") from exc
-        if d.get("format") != FORMAT or d.get("format_version") != FORMAT_VERSION:
+                                 fix="pass the table's .manifest.json file, or restage the table") from exc
+        if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("format_version") != FORMAT_VERSION:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest",
                                  fix="restage the table with this version")
-        cs = d["checksums"]
-        return cls(layout=StagedLayout.from_json(d["layout"]), ranks=int(d["ranks"]),
-                   targets=[t["path"] for t in sorted(d["targets"], key=lambda t: t["device"])],
-                   regions=[StagedRegion(**r) for r in d["regions"]], source=d["source"], crc_file=cs["file"],
-                   crc_sha256=cs["sha256"], total_pages=int(cs["pages"]), path=str(path),
-                   format_version=int(d["format_version"]), created_utc=d.get("created_utc", ""))
+        try:
+            cs = d["checksums"]
+            m = cls(layout=StagedLayout.from_json(d["layout"]), ranks=int(d["ranks"]),
+                    targets=[str(t["path"]) for t in sorted(d["targets"], key=lambda t: t["device"])],
+                    regions=[StagedRegion(**r) for r in d["regions"]], source=dict(d["source"]),
+                    crc_file=str(cs["file"]), crc_sha256=str(cs["sha256"]), total_pages=int(cs["pages"]),
+                    path=str(path), format_version=int(d["format_version"]),
+                    created_utc=str(d.get("created_utc", "")), stage_id=str(d.get("stage_id", "")))
+            if not isinstance(m.source.get("digest"), str):
+                raise KeyError("source.digest")
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {path} is malformed: {type(exc).__name__} {exc}",
+                                 fix="restage the table") from exc
+        return m
 
 
 def default_manifest_path(target: str) -> Path:
@@ -263,10 +313,12 @@ def default_manifest_path(target: str) -> Path:
     return Path(str(target) + ".manifest.json")
 
 
-def header_page(source_digest: str, device: int, n_targets: int, state: str) -> np.ndarray:
-    """The 4 KiB header page of a target: signature, then JSON (digest, device index, state), zero padded."""
+def header_page(source_digest: str, device: int, n_targets: int, state: str, stage_id: str = "",
+                target_bytes: int = 0) -> np.ndarray:
+    """The 4 KiB header page of a target: signature, then JSON (see the module docstring), zero padded."""
     body = json.dumps({"format": FORMAT, "format_version": FORMAT_VERSION, "source_digest": source_digest,
-                       "device": device, "targets": n_targets, "state": state}).encode()
+                       "stage_id": stage_id, "device": device, "targets": n_targets, "target_bytes": target_bytes,
+                       "state": state}).encode()
     page = np.zeros(TARGET_HEADER_BYTES, dtype=np.uint8)
     raw = TARGET_MAGIC + len(body).to_bytes(4, "little") + body
     if len(raw) > TARGET_HEADER_BYTES:
@@ -282,6 +334,71 @@ def parse_header(page: bytes) -> dict[str, Any] | None:
     n = int.from_bytes(page[len(TARGET_MAGIC):len(TARGET_MAGIC) + 4], "little")
     start = len(TARGET_MAGIC) + 4
     try:
-        return json.loads(page[start:start + n].decode())
+        header = json.loads(page[start:start + n].decode())
     except (UnicodeDecodeError, json.JSONDecodeError):
         return None
+    return header if isinstance(header, dict) else None
+
+
+def read_target_header(path: str | Path) -> tuple[dict[str, Any] | None, int]:
+    """(header JSON or None, size in bytes) of a file or block device: one plain 4 KiB pread."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError as exc:
+        raise SlackTierError(ErrorKind.MISSING, f"target {path} does not exist",
+                             fix="restage the table, or pass the target's current path") from exc
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.IO, f"cannot open target {path}: {exc}",
+                             fix="check the path and its permissions") from exc
+    try:
+        page = os.pread(fd, TARGET_HEADER_BYTES, 0)
+        size_bytes = os.lseek(fd, 0, os.SEEK_END)  # also a block device's size, where fstat says 0
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.IO, f"cannot read the header page of target {path}: {exc}",
+                             fix="check the device") from exc
+    finally:
+        os.close(fd)
+    return (parse_header(page) if len(page) == TARGET_HEADER_BYTES else None), size_bytes
+
+
+def header_mismatch(path: str | Path, header: dict[str, Any] | None, device: int,
+                    identity: TableIdentity) -> tuple[str, str] | None:
+    """(problem, fix) when `header` does not say target `device` holds `identity`, complete; None when it does."""
+    restage = "restage the table, or open it with the manifest of the table the target now holds"
+    if header is None:
+        return f"target {path} has no SlackTier header page", f"the target was overwritten or never staged: {restage}"
+    if header.get("source_digest") != identity.source_digest:
+        return (f"target {path} holds another table (source {header.get('source_digest')}, the manifest's "
+                f"{identity.source_digest})", restage)
+    theirs = str(header.get("stage_id") or "")
+    if theirs and identity.stage_id and theirs != identity.stage_id:
+        return (f"target {path} was staged again since its manifest was written (stage {theirs}, the manifest's "
+                f"{identity.stage_id})", "open the table with the manifest of the latest staging run")
+    if header.get("device") != device:
+        return (f"target {path} is device {header.get('device')} of its table, the manifest expects device "
+                f"{device} there", "list the targets in staging order")
+    if header.get("state") != "complete":
+        return (f"target {path} is in state {header.get('state')!r}: a staging run did not finish",
+                "stage the table again and let it complete")
+    return None
+
+
+def check_target_header(path: str | Path, device: int, identity: TableIdentity, *,
+                        need_bytes: int | None = None) -> None:
+    """Refuse (SlackTierError TARGET) a target whose header page does not say it holds `identity`, complete.
+
+    Refused: no SlackTier header; another source digest (another table);
+    another stage_id (the target was staged again, when both sides have one);
+    another device index; a state other than "complete" (a staging run that
+    did not finish); a target shorter than its regions need (`need_bytes`, and
+    the size its header records). Works on a file or a block device and costs
+    one plain 4 KiB pread. A missing target raises MISSING, an unreadable one IO.
+    """
+    header, size_bytes = read_target_header(path)
+    problem = header_mismatch(path, header, device, identity)
+    if problem is not None:
+        raise SlackTierError(ErrorKind.TARGET, problem[0], fix=problem[1])
+    need = max(int(need_bytes or 0), int((header or {}).get("target_bytes") or 0))
+    if size_bytes < need:
+        raise SlackTierError(ErrorKind.TARGET, f"target {path} is truncated: {size_bytes} bytes, its header page "
+                             f"and regions need {need}", fix="restage the table")

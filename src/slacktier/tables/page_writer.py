@@ -7,7 +7,10 @@ when it is built). Writes are O_DIRECT, in large aligned chunks (4 MiB) from
 page-aligned buffers: filler threads fill the next chunks (rows, and each
 page's CRC32C while the page is still in L1) while writer threads (4 by
 default, so 4 writes in flight, each at its own offset) write. Every target
-starts with a header page, marked "staging" first and "complete" after fsync.
+starts with a header page carrying the run's fresh `stage_id`, marked "staging"
+before anything else on any target changes (its size included) and "complete"
+only after all of its regions are written and fsynced; a run that fails or is
+interrupted leaves "staging", which `manifest.check_target_header` refuses.
 The manifest and checksum file are written last, so a manifest never describes
 a table that is not fully on its targets.
 """
@@ -31,8 +34,8 @@ from tqdm import tqdm
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
-from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, parse_header, \
-    plan_regions, target_bytes
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
+    new_stage_id, parse_header, plan_regions, target_bytes
 from slacktier.tables.odirect import DirectFile, aligned_array, probe_target
 from slacktier.tables.regions import StagedRegion
 from slacktier.tables.row_source import RowSource
@@ -61,6 +64,7 @@ def check_targets(targets: list[str], need_bytes: list[int], source_digest: str,
     digest, a first page of unknown non-zero data, or a manifest at
     `manifest_path` with another digest; `overwrite` accepts all three.
     """
+    check_manifest_dir(manifest_path)
     is_block: list[bool] = []
     for path, need in zip(targets, need_bytes):
         info = probe_target(path, max_bytes)
@@ -91,6 +95,20 @@ def check_targets(targets: list[str], need_bytes: list[int], source_digest: str,
             raise SlackTierError(ErrorKind.TARGET, f"manifest {manifest_path} already describes another table "
                                  f"(source {old})", fix="pass --overwrite to replace it, or another --manifest")
     return is_block
+
+
+def check_manifest_dir(manifest_path: Path) -> None:
+    """Refuse (SlackTierError TARGET) a manifest path whose directory is missing or not writable."""
+    parent = manifest_path.parent
+    if manifest_path.is_dir():
+        raise SlackTierError(ErrorKind.TARGET, f"manifest path {manifest_path} is a directory",
+                             fix="pass a file path for --manifest, e.g. DIR/table.manifest.json")
+    if not parent.is_dir():
+        raise SlackTierError(ErrorKind.TARGET, f"the manifest's directory {parent} does not exist",
+                             fix="create the directory first, or pass another --manifest")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise SlackTierError(ErrorKind.TARGET, f"the manifest's directory {parent} is not writable",
+                             fix="pass a --manifest in a directory you can write")
 
 
 # ---------------------------------------------------------------- the writer
@@ -209,9 +227,18 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     if manifest_path.exists():
         manifest_path.unlink()  # checks passed: a stale manifest must not outlive the bytes it describes
     files = [DirectFile(p, write=True, create=not b, buffered=buffered) for p, b in zip(paths, is_block)]
+    stage_id = new_stage_id()
     total_pages = sum(r.pages for r in regions)
     crcs = np.zeros(total_pages, dtype=np.uint32)
     try:
+        # Every target says "staging" (this run's id) before any of them changes in any other way, so a run
+        # that stops anywhere after this loop leaves every target refused by check_target_header.
+        head = aligned_array(TARGET_HEADER_BYTES)
+        for i, f in enumerate(files):
+            head[:] = header_page(digest, i, len(files), "staging", stage_id, need[i])
+            f.pwrite(head, 0)
+        for f in files:
+            f.sync()
         for f, n, b in zip(files, need, is_block):
             if not b:
                 try:
@@ -220,10 +247,6 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                 except OSError as exc:
                     raise SlackTierError(ErrorKind.TARGET, f"cannot reserve {n} bytes for {f.path}: {exc}",
                                          fix="free space or stage elsewhere") from exc
-        head = aligned_array(TARGET_HEADER_BYTES)
-        for i, f in enumerate(files):
-            head[:] = header_page(digest, i, len(files), "staging")
-            f.pwrite(head, 0)
         chunks = [(region, first_row) for region in regions
                   for first_row in range(0, region.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
         writer = _Writer(files, n_buffers=8 + writers, chunk_bytes=chunk_bytes, n_threads=writers)
@@ -231,17 +254,23 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
         bar = tqdm(total=total_pages * PAGE_BYTES, unit="B", unit_scale=True, desc="stage", disable=not progress)
         try:
             # Fill kernels release the GIL, so `fillers` threads fill chunks side by side.
-            with ThreadPoolExecutor(max_workers=max(1, fillers), thread_name_prefix="slacktier-stage-fill") as pool:
+            pool = ThreadPoolExecutor(max_workers=max(1, fillers), thread_name_prefix="slacktier-stage-fill")
+            try:
                 for nbytes, fill_s in pool.map(lambda c: _stage_chunk(source, c[0], c[1], writer, chunk_bytes, crcs),
                                                chunks):
                     bar.update(nbytes)
                     fill_total_s += fill_s
+            except BaseException:
+                pool.shutdown(wait=True, cancel_futures=True)   # chunks not started are dropped, not filled
+                raise
+            pool.shutdown(wait=True)
         finally:
             writer.finish()
             bar.close()
+        for f in files:
+            f.sync()  # every target's regions are durable before any target says "complete"
         for i, f in enumerate(files):
-            f.sync()
-            head[:] = header_page(digest, i, len(files), "complete")
+            head[:] = header_page(digest, i, len(files), "complete", stage_id, need[i])
             f.pwrite(head, 0)
             f.sync()
     finally:
@@ -257,7 +286,7 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     os.replace(tmp, crc_path)
     manifest = Manifest(layout=layout, ranks=ranks, targets=paths, regions=regions, source=source.spec(),
                         crc_file=crc_file, crc_sha256=hashlib.sha256(crc_bytes).hexdigest(), total_pages=total_pages,
-                        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                        stage_id=stage_id, created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     manifest.save(manifest_path)
     if stats is not None:
         stats.bytes_written = sum(need)
@@ -280,7 +309,11 @@ def _stage_chunk(source: RowSource, region: StagedRegion, first_row: int, writer
     pages = buf[:npages * PAGE_BYTES].reshape(npages, PAGE_BYTES)
     at = region.crc_first_page + page0
     t0 = time.perf_counter()
-    source.fill_pages(region.layer, region.row_start + first_row, n, pages, crcs[at:at + npages])
+    try:
+        source.fill_pages(region.layer, region.row_start + first_row, n, pages, crcs[at:at + npages])
+    except BaseException:
+        writer.free.put(buf)   # a chunk that failed gives its buffer back: the other fillers must not wait for it
+        raise
     fill_s = time.perf_counter() - t0
     writer.put(region.device, buf, npages * PAGE_BYTES, region.offset_bytes + page0 * PAGE_BYTES)
     return npages * PAGE_BYTES, fill_s

@@ -1,0 +1,354 @@
+"""The fault suite: never a wrong row, on every tier, with faults injected into real media (issue 11).
+
+Each tier serves a table staged on a real O_DIRECT file (and, for Redis, loaded
+into a real redis-server) through an engine built from a control file, with
+the checker on: every gathered row is compared with the row regenerated from
+the table's own source (the manifest's synthetic seed), not read back from the
+medium. Faults are injected while it runs: a corrupted page on the medium, a
+truncated file (short reads), late reads past the wait limit (a disk tier that
+holds a batch; a real paused Redis server), a target restaged underneath. An
+error must name the layer (and page where there is one); no wrong row may ever
+be served, in the faulted step or after it. Each tier runs >= 1M lookups.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+import torch
+
+from slacktier.cache import RowCache
+from slacktier.config import ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig, write_control
+from slacktier.engine import StepEngine
+from slacktier.engine.tables import TableSpec
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store.disk import DiskSource
+from slacktier.store.redis_source import load_regions_into_redis
+from slacktier.store.registry import register_tier
+from slacktier.tables.codec import dequantize_bits
+from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
+from slacktier.tables.stage import SyntheticSource, stage_synthetic, stage_table
+
+ROWS = {1: 30_000, 14: 45_000}
+TOKENS = 64                       # lookups per step: 64 x 24 x 2 layers = 3,072
+STEPS = 330                       # > 1M lookups per tier
+
+
+class HeldDisk(DiskSource):
+    """The disk tier with one real late completion on demand: `hold()` parks the next batch until `release()`."""
+
+    gate = threading.Event()
+    held: threading.Event | None = None
+
+    @classmethod
+    def hold(cls) -> None:
+        cls.gate.clear()
+        cls.held = cls.gate
+
+    @classmethod
+    def release(cls) -> None:
+        cls.gate.set()
+
+    def _read(self, lane, part):
+        held, HeldDisk.held = HeldDisk.held, None
+        if held is not None:
+            held.wait()
+        return super()._read(lane, part)
+
+
+register_tier("held_disk", HeldDisk, DiskOptions)
+
+
+@pytest.fixture()
+def staged(o_direct_dir: Path):
+    return stage_synthetic([o_direct_dir / "t.bin"], ROWS, 2, 11, progress=False)
+
+
+def control(manifest, source: str, options=None, **engine) -> ControlFile:
+    eng = EngineConfig(**({"cache_rows": 20_000, "check": True, "wait_timeout_ms": 300.0, "verify_reads": True}
+                          | engine))
+    return ControlFile(engine=eng, tables=tuple(
+        TableConfig(layer=layer, manifest=manifest.path, source=source, options=options, cache_share=0.5, order=i)
+        for i, layer in enumerate(ROWS)))
+
+
+class Run:
+    """Steps of Zipf-ish ids through an engine, every row compared with the table's source."""
+
+    def __init__(self, engine: StepEngine, manifest, seed: int = 0) -> None:
+        self.engine = engine
+        self.truth = SyntheticSource(manifest.layout, int(manifest.source["seed"]))
+        self.rng = np.random.default_rng(seed)
+        self.lookups = 0
+        self.wrong = 0
+        self.errors: list[SlackTierError] = []
+
+    def ids(self) -> np.ndarray:
+        # A hot set and a long tail, so the cache both hits and evicts.
+        return np.stack([np.where(self.rng.random((TOKENS, 24)) < 0.5, self.rng.integers(0, 2000, (TOKENS, 24)),
+                                  self.rng.integers(0, n, (TOKENS, 24))) for n in ROWS.values()], axis=1)
+
+    def step(self, ids: np.ndarray | None = None) -> None:
+        ids = self.ids() if ids is None else ids
+        e = self.engine
+        e.begin_step(ids)
+        for j, layer in enumerate(e.ids_layers):
+            try:
+                out = e.gather(layer)
+            except SlackTierError as exc:
+                assert exc.layer == layer
+                self.errors.append(exc)
+                continue
+            want = dequantize_bits(self.truth.rows(layer, ids[:, j].reshape(-1)))
+            got = out.reshape(-1, 256).view(torch.int16).numpy()
+            self.wrong += int((got != want.view(np.int16)).any(axis=1).sum())
+            self.lookups += ids[:, j].size
+        try:
+            e.end_step()
+        except SlackTierError as exc:
+            self.errors.append(exc)
+
+    def steps(self, n: int) -> None:
+        for _ in range(n):
+            self.step()
+
+    def check_clean(self, min_lookups: int) -> None:
+        assert self.wrong == 0
+        assert sum(c.mismatches for c in self.engine.totals.values()) == 0
+        assert self.lookups >= min_lookups
+
+
+def _flip_byte_on_disk(manifest, layer: int, rank: int, page: int) -> int:
+    r = manifest.region(layer, rank)
+    at = r.offset_bytes + page * PAGE_BYTES + 3 * ROW_BYTES + 100   # inside row 3 of the page (_ids_on_page)
+    with open(r.path, "r+b") as f:
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0x5A]))
+        f.flush()
+        os.fsync(f.fileno())
+    return at
+
+
+def _drop_cache(engine: StepEngine) -> None:
+    """Empty the row cache (apply the same control file with no cache rows, then the old one again)."""
+    cfg = engine.config
+    engine.apply(cfg.replace(cache_rows=0))
+    engine.apply(cfg)
+
+
+def _ids_on_page(manifest, layer: int, rank: int, page: int) -> np.ndarray:
+    r = manifest.region(layer, rank)
+    row = r.row_start + page * ROWS_PER_PAGE + 3
+    ids = np.zeros((1, len(ROWS), 24), dtype=np.int64)
+    ids[0, list(ROWS).index(layer), :] = row
+    return ids
+
+
+def test_disk_tier_survives_corruption_truncation_and_late_reads(staged, tmp_path: Path) -> None:
+    """>= 1M lookups from a real O_DIRECT file; corrupted page, truncated file, a late read: 0 wrong rows."""
+    engine = StepEngine.from_config(control(staged, "held_disk"))
+    run = Run(engine, staged)
+    run.steps(STEPS // 3)
+    # 1. A flipped byte on the medium: the read fails its CRC32C, naming the page; nothing is served from it.
+    page = 7
+    at = _flip_byte_on_disk(staged, 14, 1, page)
+    bad = _ids_on_page(staged, 14, 1, page)
+    _drop_cache(engine)                     # the page is read, not served from a cached row
+    engine.begin_step(bad)
+    with pytest.raises(SlackTierError) as exc:
+        engine.gather(14)
+    assert (exc.value.kind, exc.value.layer, exc.value.rank, exc.value.page) == (ErrorKind.CHECKSUM, 14, 1, page)
+    engine.end_step()
+    with open(staged.region(14, 1).path, "r+b") as f:   # heal the medium
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0x5A]))
+    run.step(bad)
+    run.steps(STEPS // 3)
+    # 2. A late read: layer 1's batch is held past the wait limit, then lands while later steps run.
+    HeldDisk.hold()
+    run.step()
+    assert run.errors and run.errors[-1].kind is ErrorKind.TIMEOUT
+    engine.wait_timeout_s = 30.0
+    HeldDisk.release()
+    run.steps(10)
+    assert engine.retired_pools == 1
+    # 3. The file is truncated under the running engine: short reads are errors, never rows.
+    target = staged.targets[0]
+    saved = tmp_path / "saved.bin"
+    shutil.copyfile(target, saved)
+    os.truncate(target, staged.region(14, 0).offset_bytes + PAGE_BYTES)
+    errors = len(run.errors)
+    run.steps(5)
+    assert len(run.errors) > errors and all(e.kind is ErrorKind.IO for e in run.errors[errors:])
+    shutil.copyfile(saved, target)
+    run.steps(STEPS - 2 * (STEPS // 3) - 15)
+    run.check_clean(1_000_000)
+    engine.close()
+
+
+def test_dram_tier_refuses_a_corrupted_file_at_load_and_serves_exactly(staged) -> None:
+    """DRAM loads the pages once and checks them then: a corrupted target is refused before any row is served."""
+    at = _flip_byte_on_disk(staged, 1, 0, 3)
+    with pytest.raises(SlackTierError) as exc:
+        StepEngine.from_config(control(staged, "dram"))
+    assert exc.value.kind is ErrorKind.CHECKSUM and (exc.value.layer, exc.value.rank) == (1, 0)
+    with open(staged.region(1, 0).path, "r+b") as f:
+        f.seek(at)
+        old = f.read(1)
+        f.seek(at)
+        f.write(bytes([old[0] ^ 0x5A]))
+    engine = StepEngine.from_config(control(staged, "dram"))
+    run = Run(engine, staged, seed=1)
+    run.steps(STEPS)
+    run.check_clean(1_000_000)
+    engine.close()
+
+
+def test_redis_tier_survives_a_corrupted_value_and_a_paused_server(staged, redis_server) -> None:
+    """A real redis-server: a corrupted page value is caught by default, a paused server times out; 0 wrong rows."""
+    load_regions_into_redis(redis_server.url, staged.runtime_regions(), "faults", identity=staged.identity)
+    options = RedisOptions(url=redis_server.url, prefix="faults")
+    cfg = control(staged, "redis", options)
+    cfg = cfg.replace(verify_reads="auto")   # Redis verifies by default: no end-to-end checksum of its own
+    engine = StepEngine.from_config(cfg)
+    run = Run(engine, staged, seed=2)
+    run.steps(STEPS // 2)
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        from slacktier.store.redis_source import page_key
+        key = page_key("faults", 14, 0, 5)
+        good = client.get(key)
+        client.set(key, bytes([good[0] ^ 1]) + good[1:])
+        bad = _ids_on_page(staged, 14, 0, 5)
+        _drop_cache(engine)
+        engine.begin_step(bad)
+        with pytest.raises(SlackTierError) as exc:
+            engine.gather(14)
+        assert exc.value.kind is ErrorKind.CHECKSUM and exc.value.page == 5
+        engine.end_step()
+        client.set(key, good)
+        run.step(bad)
+        # The server answers nobody for a while: the step fails on its wait limit, the next ones are exact.
+        client.execute_command("CLIENT", "PAUSE", 1200, "ALL")
+        errors = len(run.errors)
+        run.step()
+        assert any(e.kind in (ErrorKind.TIMEOUT, ErrorKind.IO) for e in run.errors[errors:])
+        engine.wait_timeout_s = 30.0
+        run.steps(STEPS - STEPS // 2)
+    finally:
+        client.close()
+    run.check_clean(1_000_000)
+    engine.close()
+
+
+def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_direct_dir: Path) -> None:
+    cfg = control(staged, "disk")
+    engine = StepEngine.from_config(cfg)
+    Run(engine, staged).steps(2)
+    # Another table is staged over the same target (its own manifest); the old manifest now names the wrong bytes.
+    stage_synthetic([staged.targets[0]], ROWS, 2, 12, overwrite=True, progress=False,
+                    manifest_path=o_direct_dir / "other.manifest.json")
+    for open_it in (lambda: engine.apply(cfg), lambda: StepEngine.from_config(cfg),
+                    lambda: StepEngine.from_config(control(staged, "dram"))):
+        with pytest.raises(SlackTierError) as exc:
+            open_it()
+        assert exc.value.kind is ErrorKind.TARGET
+    engine.close()
+
+
+class _FailingSource(SyntheticSource):
+    """A synthetic table whose rows stop coming partway through its pages (a restage that dies)."""
+
+    def __init__(self, layout, seed: int, fail_after: int) -> None:
+        super().__init__(layout, seed)
+        self.calls, self.fail_after = 0, fail_after
+
+    def fill_pages(self, layer, row_start, rows, pages, crcs=None):
+        self.calls += 1
+        if self.calls > self.fail_after:
+            raise RuntimeError("row source failed")
+        super().fill_pages(layer, row_start, rows, pages, crcs)
+
+
+def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path) -> None:
+    """The same table restaged and interrupted: the target says "staging" until the end, and is refused.
+
+    (Many small chunks and the default fillers: a failing row source once left the other fillers waiting
+    forever for the buffers the failed chunks never gave back.)"""
+    engine = StepEngine.from_config(control(staged, "disk"))
+    with pytest.raises(RuntimeError, match="row source failed"):
+        stage_table(_FailingSource(staged.layout, 11, fail_after=2), staged.targets, 2, overwrite=True,
+                    progress=False, chunk_bytes=4 * PAGE_BYTES, manifest_path=o_direct_dir / "half.manifest.json")
+    for open_it in (lambda: engine.apply(engine.config), lambda: StepEngine.from_config(control(staged, "disk"))):
+        with pytest.raises(SlackTierError) as exc:
+            open_it()
+        assert exc.value.kind is ErrorKind.TARGET   # the stage id differs, and the header still says "staging"
+    engine.close()
+
+
+def test_a_redis_prefix_holding_another_table_is_refused(staged, redis_server, o_direct_dir: Path) -> None:
+    other = stage_synthetic([o_direct_dir / "other.bin"], ROWS, 2, 99, progress=False)
+    load_regions_into_redis(redis_server.url, other.runtime_regions(), "shared", identity=other.identity)
+    with pytest.raises(SlackTierError) as exc:
+        StepEngine.from_config(control(staged, "redis", RedisOptions(url=redis_server.url, prefix="shared")))
+    assert exc.value.kind in (ErrorKind.TARGET, ErrorKind.MISSING)
+    with pytest.raises(SlackTierError):    # nothing loaded under this prefix at all
+        StepEngine.from_config(control(staged, "redis", RedisOptions(url=redis_server.url, prefix="empty")))
+
+
+def test_the_checker_compares_with_the_source_not_the_medium(staged) -> None:
+    """With verification off, a corrupted page is served, but check=True counts it (it does not agree with itself)."""
+    _flip_byte_on_disk(staged, 14, 0, 2)
+    engine = StepEngine.from_config(control(staged, "disk", verify_reads=False))
+    ids = _ids_on_page(staged, 14, 0, 2)
+    engine.begin_step(ids)
+    engine.gather(1)
+    engine.gather(14)
+    engine.end_step()
+    assert engine.totals[14].mismatches == 24
+    engine.close()
+
+
+def test_float_ids_are_refused(staged) -> None:
+    engine = StepEngine.from_config(control(staged, "disk"))
+    with pytest.raises(SlackTierError) as exc:
+        engine.begin_step(np.full((1, 2, 24), 12.7))
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "integers" in exc.value.message
+    assert not engine.in_step
+    engine.close()
+
+
+def test_a_cache_larger_than_memory_is_refused_before_allocating(staged) -> None:
+    cfg = control(staged, "disk").replace(cache_rows=2**31 - 1, max_cache_rows=2**31 - 1)
+    with pytest.raises(SlackTierError) as exc:
+        StepEngine.from_config(cfg)
+    assert exc.value.kind is ErrorKind.CAPACITY and "GiB" in exc.value.message
+
+
+def test_the_file_checker_reads_a_truncated_file_as_an_error_not_sigbus(staged) -> None:
+    """A spec without a reference is checked against its files with pread: truncation is an IO error."""
+    regions = staged.runtime_regions(layer=1)
+    source = DiskSource(regions)
+    spec = TableSpec(layer=1, row_start=0, rows=ROWS[1], regions=regions, source=source, cache_share=1.0)
+    engine = StepEngine([spec], RowCache(100), check=True, owned_sources=[source])
+    ids = np.full((1, 1, 24), ROWS[1] - 1, dtype=np.int64)
+    engine.begin_step(ids)
+    engine.gather(1)
+    engine.end_step()
+    os.truncate(regions[-1].path, regions[-1].offset_bytes + PAGE_BYTES)
+    engine.begin_step(ids)
+    with pytest.raises(SlackTierError) as exc:
+        engine.gather(1)
+    assert exc.value.kind is ErrorKind.IO
+    engine.end_step()
+    engine.close()

@@ -1,0 +1,301 @@
+"""Issue 11 in the store: each tier refuses a medium holding another table, bounds its waits, masks secrets,
+and verifies reads by default where it has no end-to-end checksum. Real staged files and a real redis-server."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import time
+
+import crc32c
+import numpy as np
+import pytest
+import redis
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import tier_memfile  # noqa: F401  (registers "memfile")
+from slacktier.config import RedisOptions
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store import PageBufferPool, PageReads, get_tier, open_source, tiers
+from slacktier.store._common import pool_page_crcs
+from slacktier.store.disk import DiskSource
+from slacktier.store.dram import DramSource
+from slacktier.store.redis_source import (RedisSource, identity_key, load_regions_into_redis, page_key,
+                                          store_region_pages)
+from slacktier.store.registry import verify_identity
+from slacktier.store.testing import RedisServer, stage_synthetic
+from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.manifest import TableIdentity, header_page
+
+FILE_TIERS = ["dram", "disk", "memfile"]
+
+
+def _reads(pairs: list[tuple[int, int]]) -> PageReads:
+    region, page = zip(*pairs, strict=True)
+    return PageReads(np.array(region, np.int32), np.array(page, np.int64), np.arange(len(pairs), dtype=np.int32))
+
+
+def _read_all(src, staged) -> None:
+    pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
+    pool = PageBufferPool(len(pairs))
+    src.wait(src.submit(_reads(pairs), pool))
+    np.testing.assert_array_equal(pool.pages, np.concatenate(staged.pages))
+
+
+# -- file tiers: the target's header page -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FILE_TIERS)
+def test_a_file_tier_opens_its_own_table_and_refuses_one_restaged_over_it(name, o_direct_dir):
+    a = stage_synthetic(o_direct_dir, layers=(1,), ranks=2, rows=100, devices=2, seed=1)
+    ident = a.manifest.identity
+    src = open_source(name, a.specs, identity=ident)
+    try:
+        _read_all(src, a)
+        verify_identity(name, a.specs, None, ident)  # a kept source re-checked, nothing reopened
+        # Another table restaged over the same targets: the old manifest's identity no longer matches.
+        b = stage_synthetic(o_direct_dir, layers=(1,), ranks=2, rows=100, devices=2, seed=2, overwrite=True)
+        assert b.manifest.identity.source_digest != ident.source_digest
+        with pytest.raises(SlackTierError) as info:
+            verify_identity(name, a.specs, None, ident)
+        assert info.value.kind is ErrorKind.TARGET and "another table" in str(info.value)
+    finally:
+        src.close()
+    with pytest.raises(SlackTierError) as info:
+        open_source(name, a.specs, identity=ident)
+    assert info.value.kind is ErrorKind.TARGET
+    # The same table staged again is another staging run: refused too, the new manifest opens.
+    c = stage_synthetic(o_direct_dir, layers=(1,), ranks=2, rows=100, devices=2, seed=2, overwrite=True)
+    with pytest.raises(SlackTierError, match="staged again"):
+        open_source(name, b.specs, identity=b.manifest.identity)
+    open_source(name, c.specs, identity=c.manifest.identity).close()
+
+
+@pytest.mark.parametrize("name", FILE_TIERS)
+def test_a_file_tier_refuses_a_half_written_or_foreign_target(name, o_direct_dir):
+    a = stage_synthetic(o_direct_dir, layers=(1,), ranks=2, rows=100, devices=2, seed=3)
+    ident = a.manifest.identity
+    target = a.manifest.targets[1]
+    with open(target, "r+b") as f:
+        original = f.read(PAGE_BYTES)
+        # What a restage leaves while it writes: the header says "staging" until the last fsync.
+        f.seek(0)
+        f.write(header_page(ident.source_digest, 1, 2, "staging", ident.stage_id).tobytes())
+    with pytest.raises(SlackTierError, match="did not finish") as info:
+        open_source(name, a.specs, identity=ident)
+    assert info.value.kind is ErrorKind.TARGET
+    with open(target, "r+b") as f:
+        f.write(bytes(PAGE_BYTES))  # not a SlackTier target at all
+    with pytest.raises(SlackTierError, match="no SlackTier header") as info:
+        open_source(name, a.specs, identity=ident)
+    with open(target, "r+b") as f:
+        f.write(original)
+    open_source(name, a.specs, identity=ident).close()
+    # Without an identity nothing is checked (callers that have no manifest, e.g. given page arrays).
+    open_source(name, a.specs).close()
+
+
+# -- Redis: the loader's identity key -----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server(tmp_path):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    (tmp_path / "redis").mkdir()
+    srv = RedisServer(tmp_path / "redis")
+    yield srv
+    srv.stop()
+
+
+def test_redis_refuses_a_prefix_of_another_table_an_unfinished_load_or_none(server, tmp_path):
+    a = stage_synthetic(tmp_path / "a", layers=(1,), ranks=2, rows=100, seed=1)
+    b = stage_synthetic(tmp_path / "b", layers=(1,), ranks=2, rows=100, seed=2)
+    opts = RedisOptions(url=server.url)
+    specs = load_regions_into_redis(server.url, a.specs, "t", identity=a.manifest.identity)
+    src = RedisSource(specs, opts, identity=a.manifest.identity)
+    try:
+        _read_all(src, a)
+        verify_identity("redis", specs, opts, a.manifest.identity)
+    finally:
+        src.close()
+    # Another table loaded under the same prefix: refused at open and on a re-check.
+    load_regions_into_redis(server.url, b.specs, "t", identity=b.manifest.identity)
+    for check in (lambda: RedisSource(specs, opts, identity=a.manifest.identity),
+                  lambda: verify_identity("redis", specs, opts, a.manifest.identity)):
+        with pytest.raises(SlackTierError, match="another table") as info:
+            check()
+        assert info.value.kind is ErrorKind.TARGET
+    # Another staging run of the same rows.
+    restaged = TableIdentity(b.manifest.identity.source_digest, "0" * 32)
+    with pytest.raises(SlackTierError, match="another staging run"):
+        RedisSource(specs, opts, identity=restaged)
+    # A load that did not finish: the key says "loading" until the last page is in.
+    client = redis.Redis.from_url(server.url)
+    try:
+        client.set(identity_key("t"), client.get(identity_key("t")).replace(b'"complete"', b'"loading"'))
+        with pytest.raises(SlackTierError, match="did not finish") as info:
+            RedisSource(specs, opts, identity=b.manifest.identity)
+        assert info.value.kind is ErrorKind.TARGET
+        # Pages loaded without an identity drop the prefix's old one: nothing vouches for them.
+        load_regions_into_redis(server.url, a.specs, "t")
+        assert client.get(identity_key("t")) is None
+    finally:
+        client.close()
+    with pytest.raises(SlackTierError, match="no table identity") as info:
+        RedisSource(specs, opts, identity=a.manifest.identity)
+    assert info.value.kind is ErrorKind.MISSING
+    RedisSource(specs, opts).close()  # without an identity the prefix is taken as it is
+
+
+def test_store_region_pages_writes_the_identity_after_the_pages(server):
+    ident = TableIdentity("sha256:" + "ab" * 32, "cd" * 16)
+    spec = store_region_pages(server.url, "one", 1, 0, np.full((3, PAGE_BYTES), 5, np.uint8), identity=ident)
+    RedisSource([spec], RedisOptions(url=server.url), identity=ident).close()
+
+
+def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server):
+    spec = store_region_pages(server.url, "p", 1, 0, np.ones((2, PAGE_BYTES), np.uint8))
+    src = RedisSource([spec], RedisOptions(url=server.url, socket_timeout_ms=300))
+    try:
+        server.pause()  # connections stay open, nothing answers: without a socket timeout this blocks forever
+        t0 = time.monotonic()
+        ticket = src.submit(_reads([(0, 1)]), PageBufferPool(1))
+        with pytest.raises(SlackTierError) as info:
+            src.wait(ticket, timeout_s=30)
+        elapsed_s = time.monotonic() - t0
+        assert info.value.kind is ErrorKind.IO and "no reply within 300 ms" in str(info.value)
+        assert (info.value.layer, info.value.rank, info.value.page) == (1, 0, 1)
+        assert elapsed_s < 2.0, elapsed_s  # one timeout (a timeout is never retried), plus slack
+        server.resume()
+        pool = PageBufferPool(1)
+        src.wait(src.submit(_reads([(0, 0)]), pool), timeout_s=5)  # the source recovers with the server
+        assert (pool.pages == 1).all()
+    finally:
+        server.resume()
+        src.close()
+    # Opening against a paused server is bounded too.
+    server.pause()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(SlackTierError) as info:
+            RedisSource([spec], RedisOptions(url=server.url, socket_timeout_ms=300))
+        assert info.value.kind is ErrorKind.UNAVAILABLE and time.monotonic() - t0 < 3.0
+    finally:
+        server.resume()
+
+
+def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog):
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found")
+    secret = "s3cr3t-pw"
+    srv = RedisServer(tmp_path, password=secret)
+    caplog.set_level(logging.DEBUG, logger="slacktier")
+    messages = []
+    try:
+        assert secret in srv.url
+        staged = stage_synthetic(tmp_path / "t", layers=(1,), ranks=1, rows=30)
+        specs = load_regions_into_redis(srv.url, staged.specs, "pw", identity=staged.manifest.identity)
+        opts = RedisOptions(url=srv.url, socket_timeout_ms=300)
+        assert secret not in repr(opts) and "default:***@" in repr(opts)
+        src = RedisSource(specs, opts, identity=staged.manifest.identity)
+        assert secret not in src.url and "default:***@127.0.0.1" in src.url
+        try:
+            srv.pause()
+            with pytest.raises(SlackTierError) as info:
+                src.wait(src.submit(_reads([(0, 0)]), PageBufferPool(1)), timeout_s=30)
+            messages.append(info.value)
+        finally:
+            srv.resume()
+            src.close()
+        wrong = srv.url.replace(secret, "wrong-" + secret)
+        for make in (lambda: RedisSource(specs, RedisOptions(url=wrong), identity=staged.manifest.identity),
+                     lambda: load_regions_into_redis(wrong, staged.specs, "pw"),
+                     lambda: verify_identity("redis", specs, RedisOptions(url=wrong), staged.manifest.identity)):
+            with pytest.raises(SlackTierError) as info:
+                make()
+            messages.append(info.value)
+        srv.stop()
+        with pytest.raises(SlackTierError) as info:
+            RedisSource(specs, opts)
+        messages.append(info.value)
+    finally:
+        srv.stop()
+    assert len(messages) == 5
+    for exc in messages:
+        text = f"{exc} {exc!r} {exc.fix}"
+        assert secret not in text and "***" in text, text
+        assert exc.__cause__ is None or secret not in repr(exc.__cause__)
+    assert "default:***@" in caplog.text and secret not in caplog.text
+
+
+# -- verification by default ---------------------------------------------------------------------------------------
+
+
+def test_each_tier_says_whether_it_verifies_by_default():
+    assert RedisSource.verify_by_default is True    # remote memory, no end-to-end checksum
+    assert DramSource.verify_by_default is True     # checked once at load, free per read
+    assert DiskSource.verify_by_default is False    # measured: BENCHMARKS.md, read verification cost
+    for name in tiers():
+        assert isinstance(get_tier(name).source_cls.verify_by_default, bool), name
+
+
+@pytest.mark.parametrize("name", ["dram", "disk", "redis"])
+def test_a_corrupted_page_under_the_default_setting(name, o_direct_dir, request):
+    """What `verify_reads = "auto"` gives (the engine passes checksums exactly when the tier verifies by default):
+    DRAM refuses the corrupt page at open, Redis at the read, disk serves it (its default is off, by measurement)."""
+    staged = stage_synthetic(o_direct_dir / "t", layers=(1,), ranks=2, rows=200)
+    bad = staged.specs[1]
+    tier = get_tier(name)
+    every = staged.manifest.checksums()
+    sums = ([every[r.crc_first_page:r.crc_first_page + r.pages] for r in staged.manifest.regions]
+            if tier.source_cls.verify_by_default else None)
+    regions, options = staged.specs, None
+    if name == "redis":
+        server = request.getfixturevalue("server")
+        regions = load_regions_into_redis(server.url, staged.specs, "c", identity=staged.manifest.identity)
+        options = RedisOptions(url=server.url)
+        client = redis.Redis.from_url(server.url)
+        changed = staged.pages[1][5].copy()
+        changed[100] ^= 1
+        client.set(page_key("c", bad.layer, bad.rank, 5), changed.tobytes())
+        client.close()
+    else:
+        with open(bad.path, "r+b") as f:
+            f.seek(bad.offset_bytes + 5 * PAGE_BYTES + 100)
+            byte = f.read(1)
+            f.seek(-1, os.SEEK_CUR)
+            f.write(bytes([byte[0] ^ 1]))
+    if name == "dram":
+        with pytest.raises(SlackTierError) as info:
+            open_source(name, regions, options, page_crc32c=sums, identity=staged.manifest.identity)
+        assert info.value.kind is ErrorKind.CHECKSUM
+        assert (info.value.layer, info.value.rank, info.value.page) == (bad.layer, bad.rank, 5)
+        return
+    src = open_source(name, regions, options, page_crc32c=sums, identity=staged.manifest.identity)
+    try:
+        pool = PageBufferPool(2)
+        ticket = src.submit(_reads([(0, 3), (1, 5)]), pool)
+        if name == "disk":
+            src.wait(ticket)
+            assert not np.array_equal(pool.pages[1], staged.pages[1][5])  # served: the measured trade-off
+            return
+        with pytest.raises(SlackTierError) as info:
+            src.wait(ticket)
+        assert info.value.kind is ErrorKind.CHECKSUM
+        assert (info.value.layer, info.value.rank, info.value.page) == (bad.layer, bad.rank, 5)
+    finally:
+        src.close()
+
+
+@settings(max_examples=40, deadline=None)
+@given(capacity=st.integers(1, 40), data=st.data())
+def test_the_compiled_pool_check_matches_crc32c(capacity, data):
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    pages = np.random.default_rng(seed).integers(0, 256, (capacity, PAGE_BYTES), dtype=np.uint8)
+    buffers = np.array(data.draw(st.lists(st.integers(0, capacity - 1), max_size=60)), dtype=np.int32)
+    got = pool_page_crcs(pages, buffers)
+    assert got.dtype == np.uint32
+    assert got.tolist() == [crc32c.crc32c(pages[b]) for b in buffers]
