@@ -24,7 +24,7 @@ import redis
 import torch
 
 from slacktier.cache import RowCache
-from slacktier.config import ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig, write_control
+from slacktier.config import ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig
 from slacktier.engine import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
@@ -34,6 +34,7 @@ from slacktier.store.registry import register_tier
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
 from slacktier.tables.stage import SyntheticSource, stage_synthetic, stage_table
+from slacktier.tables.testing import FailingSource
 
 ROWS = {1: 30_000, 14: 45_000}
 TOKENS = 64                       # lookups per step: 64 x 24 x 2 layers = 3,072
@@ -266,20 +267,6 @@ def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_
     engine.close()
 
 
-class _FailingSource(SyntheticSource):
-    """A synthetic table whose rows stop coming partway through its pages (a restage that dies)."""
-
-    def __init__(self, layout, seed: int, fail_after: int) -> None:
-        super().__init__(layout, seed)
-        self.calls, self.fail_after = 0, fail_after
-
-    def fill_pages(self, layer, row_start, rows, pages, crcs=None):
-        self.calls += 1
-        if self.calls > self.fail_after:
-            raise RuntimeError("row source failed")
-        super().fill_pages(layer, row_start, rows, pages, crcs)
-
-
 def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path) -> None:
     """The same table restaged and interrupted: the target says "staging" until the end, and is refused.
 
@@ -287,7 +274,7 @@ def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path) -> None:
     forever for the buffers the failed chunks never gave back.)"""
     engine = StepEngine.from_config(control(staged, "disk"))
     with pytest.raises(RuntimeError, match="row source failed"):
-        stage_table(_FailingSource(staged.layout, 11, fail_after=2), staged.targets, 2, overwrite=True,
+        stage_table(FailingSource(staged.layout, 11, fail_after=2), staged.targets, 2, overwrite=True,
                     progress=False, chunk_bytes=4 * PAGE_BYTES, manifest_path=o_direct_dir / "half.manifest.json")
     for open_it in (lambda: engine.apply(engine.config), lambda: StepEngine.from_config(control(staged, "disk"))):
         with pytest.raises(SlackTierError) as exc:

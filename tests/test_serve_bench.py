@@ -153,3 +153,16 @@ def test_write_section_replaces_only_its_own_section(tmp_path) -> None:
     back = Results.from_json(json.loads(text))
     assert json.dumps(back.to_json()) == text and back.config == results.config
     assert back.runs[0].experiment is Experiment.FIGURE3 and back.runs[0].record.layers[3].read_ms == 2.0
+
+
+def test_the_demo_says_first_when_no_deadline_binds():
+    from slacktier.serve.report import PlacementRow, deadline_caveat
+    from slacktier.serve.runs import LayerStats
+
+    def row(window_ms, read_ms):
+        return PlacementRow("agent", "disk", 1, 10.0, 10.0, (0.0, 0.0, 0.0),
+                            layers={1: LayerStats(window_ms=window_ms, read_ms=read_ms)})
+
+    assert deadline_caveat([row(23.0, 4.0)]).startswith("NO DEADLINE BINDS HERE: the shortest window is 23.0 ms")
+    assert "a read can outlast its window" in deadline_caveat([row(0.27, 4.0)])
+    assert deadline_caveat([]) == "Deadlines: not measured in this run."

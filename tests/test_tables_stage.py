@@ -21,6 +21,7 @@ from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, StagedLayou
     check_target_header, header_page, parse_header, plan_regions
 from slacktier.tables.regions import Region
 from slacktier.tables.stage import SyntheticSource, layer_seed, stage_checkpoint, stage_synthetic, stage_table
+from slacktier.tables.testing import FailingSource
 from slacktier.tables.verify import verify_table
 
 
@@ -536,26 +537,12 @@ def test_a_restage_of_the_same_table_fails_the_old_manifest_by_stage_id(tmp_path
     check_target_header(target, 0, TableIdentity(first.source_digest, ""))
 
 
-class _FailingSource(SyntheticSource):
-    """A synthetic table whose row source raises partway through the pages."""
-
-    def __init__(self, layout, seed, fail_after: int) -> None:
-        super().__init__(layout, seed)
-        self.calls, self.fail_after = 0, fail_after
-
-    def fill_pages(self, layer, row_start, rows, pages, crcs=None):
-        self.calls += 1
-        if self.calls > self.fail_after:
-            raise RuntimeError("row source failed")
-        super().fill_pages(layer, row_start, rows, pages, crcs)
-
-
 def test_an_interrupted_restage_leaves_every_target_staging(tmp_path):
     targets = [tmp_path / "a.bin", tmp_path / "b.bin"]
     first = stage_synthetic(targets, {1: 3000, 14: 3000}, ranks=2, seed=1, progress=False)
     layout = StagedLayout.from_rows({1: 3000, 14: 3000})
     with pytest.raises(RuntimeError, match="row source failed"):
-        stage_table(_FailingSource(layout, 2, fail_after=3), targets, 2, overwrite=True, progress=False,
+        stage_table(FailingSource(layout, 2, fail_after=3), targets, 2, overwrite=True, progress=False,
                     chunk_bytes=4 * PAGE_BYTES, fillers=1, writers=1, manifest_path=tmp_path / "new.json")
     assert not (tmp_path / "new.json").exists()
     for d, t in enumerate(first.targets):

@@ -12,7 +12,7 @@ import numpy as np
 from benchmarks.e2e.analysis import exposure_fit, figure3_points, figure5_points, table2_rows
 from benchmarks.e2e.jobs import Experiment
 from benchmarks.e2e.run import Results
-from slacktier.serve.report import exactness_line, format_placement_table
+from slacktier.serve.report import deadline_caveat, exactness_line, format_placement_table
 
 SECTION = "## End to end"
 
@@ -21,7 +21,8 @@ def report(results: Results) -> str:
     """The tables a person reads: Table 2 analog, Figure 3 and 5 numbers, the model's prediction error."""
     cfg = results.config
     l1, l2 = results.layers[:2]
-    lines = [f"Table 2 analog, B={cfg.table2_batch}: decode step time of each placement measured side by side with "
+    lines = [deadline_caveat(table2_rows(results)),
+             f"Table 2 analog, B={cfg.table2_batch}: decode step time of each placement measured side by side with "
              f"the DRAM table (same steps, alternating order), {cfg.runs} shuffled runs per row; overhead = mean "
              f"(min..max over runs); RSS, TPOT and TTFT (p50) from one run with only that placement",
              format_placement_table(table2_rows(results), results.layers),

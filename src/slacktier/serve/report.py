@@ -122,7 +122,27 @@ def demo_replay_report(model_layers: int, layer_ids: Sequence[int], table_rows: 
             f"of {table_rows:,} rows per layer, agent traffic, B={batch}, each placement run side by side with the "
             f"DRAM table, one run each (benchmarks/bench_e2e_table2.py runs the full set)")
     rows = placement_rows([r for r in records if r.paired], [r for r in records if not r.paired])
-    return "\n".join([head, format_placement_table(rows, layer_ids), exactness_line(records)])
+    return "\n".join([deadline_caveat(rows), head, format_placement_table(rows, layer_ids), exactness_line(records)])
+
+
+def deadline_caveat(rows: Sequence[PlacementRow]) -> str:
+    """The first line of a CPU-model replay: whether any deadline could bind, from what it measured.
+
+    A placement can only cost time when a layer's reads outlast its window. On a CPU the model's step is
+    far longer than a read, so the overheads are noise; said first, with the numbers that show it.
+    """
+    windows = [s.window_ms for r in rows for s in r.layers.values() if s.window_ms == s.window_ms]
+    reads = [s.read_ms for r in rows for s in r.layers.values() if s.read_ms == s.read_ms]
+    if not windows or not reads:
+        return "Deadlines: not measured in this run."
+    shortest, longest = min(windows), max(reads)
+    if longest < shortest:
+        return (f"NO DEADLINE BINDS HERE: the shortest window is {shortest:.1f} ms (the CPU model's compute before "
+                f"its first table layer) and the longest read {longest:.1f} ms, so every placement meets every "
+                "deadline and the overheads below are machine noise, not placement costs. A GPU step timeline is "
+                "what shows them (issue 13).")
+    return (f"Deadlines: the shortest window is {shortest:.1f} ms and the longest read {longest:.1f} ms: a read can "
+            "outlast its window here.")
 
 
 def demo_stage_report(layers: int, rows: int, ranks: int, regions: int, nbytes: int, target: str, stage_s: float,
