@@ -10,6 +10,11 @@ fit split. Writes runs/bench_workloads/*.json and PNG plots; --append adds the
 tables to BENCHMARKS.md under "## Traffic: access characterization".
 
     .venv/bin/python benchmarks/bench_workloads_traffic.py [--batch 64] [--append]
+        [--workloads agent,chat] [--agent-source published|template] [--agent-dir DIR]
+
+Agent traffic is the vendored published-trajectory sample unless --agent-dir
+names a downloaded set (SWE-agent .traj, mini-swe-agent .traj.json, OpenHands
+output.jsonl files); --agent-source template gives the synthetic sessions.
 """
 
 from __future__ import annotations
@@ -52,15 +57,20 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench_workloads"))
     ap.add_argument("--append", action="store_true")
     ap.add_argument("--sweep", action="store_true", help="also sweep B (8..64) and staggered starts")
+    ap.add_argument("--workloads", default="agent,chat", help="comma list of agent, chat")
+    ap.add_argument("--agent-source", default="published", choices=("published", "template"))
+    ap.add_argument("--agent-dir", type=Path, default=None, help="downloaded trajectories (default: vendored sample)")
     args = ap.parse_args()
+    workloads = [w for w in args.workloads.split(",") if w]
 
     hasher = EngramLookupHasher()
-    corpus = CorpusConfig()
+    corpus = CorpusConfig(agent_source=args.agent_source, agent_dir=args.agent_dir)
     replay = ReplayConfig(batch=args.batch, decode_tokens=args.decode_tokens)
     args.out.mkdir(parents=True, exist_ok=True)
-    report: dict = {"batch": args.batch, "decode_tokens": args.decode_tokens, "layer": args.layer, "workloads": {}}
+    report: dict = {"agent_source": args.agent_source, "agent_dir": str(args.agent_dir or "vendored sample"),
+                    "batch": args.batch, "decode_tokens": args.decode_tokens, "layer": args.layer, "workloads": {}}
     t1_lines, t10_lines, order_lines, reuse_lines, size_lines = [], [], [], [], []
-    for wl in ("agent", "chat"):
+    for wl in workloads:
         pw = prepare_workload(wl, corpus, replay, hasher, [1, 14], progress=True)
         summ = trace_summary(pw)
         prep = next(p for p in pw.preps if p.layer_id == args.layer)
@@ -108,7 +118,7 @@ def main() -> None:
     # interleaving: batch size, and sessions starting staggered instead of all at step 0
     sweep_lines = []
     if args.sweep:
-        for wl in ("agent", "chat"):
+        for wl in workloads:
             for b, spread in ((8, 0), (16, 0), (32, 0), (64, 0), (64, 2000)):
                 rc = ReplayConfig(batch=b, decode_tokens=args.decode_tokens, start_spread_steps=spread)
                 pw = prepare_workload(wl, corpus, rc, hasher, [args.layer])

@@ -91,12 +91,25 @@ def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
 
 
 def test_demo_runs_small(tmp_path, capsys):
-    rc = cli.main(["demo", "--out", str(tmp_path / "demo"), "--rows", "3000", "--no-progress"])
+    import socket
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    rc = cli.main(["demo", "--out", str(tmp_path / "demo"), "--rows", "3000", "--no-progress",
+                   "--metrics-port", str(port)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "SlackTier demo" in out and ": OK;" in out
     assert (tmp_path / "demo" / "table.bin.manifest.json").exists()
     assert os.path.getsize(tmp_path / "demo" / "table.bin") > 0
+    assert "device compute from profile v41_paper; host, cache and I/O real" in out
+    # --metrics-port: the demo's engines published into the endpoint it served (still up in this process)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    lookups = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                  if line.startswith("slacktier_lookups_total{"))
+    assert lookups > 0
 
 
 def test_report_verbs_import_no_torch_and_keep_their_old_names():

@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 from slacktier import config
 from slacktier.errors import SlackTierError
 from slacktier.plan import (MissCurve, TableDemand, TierSpec, best_split, control_file, format_plan, load_miss_curves,
-                            load_tiers, make_plan, plan_comment, predict_placement, split_cost_ms, write_plan)
+                            load_tiers, make_plan, plan_comment, predict_fixed_placement, predict_placement, split_cost_ms,
+                            write_plan)
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows
 
 
@@ -155,6 +156,44 @@ def test_v41_shape_layer1_needs_cache_or_dram_layer14_stays_on_disk():
     # predict_placement reproduces the chosen plan's numbers
     again = predict_placement(tables, {1: "disk", 14: "disk"}, [DRAM, DISK], curves, 1_000_000, target_ms=0.2)
     assert again.slowdown_ms == pytest.approx(plan2.slowdown_ms)
+
+
+def test_fixed_placement_reproduces_a_plan_and_keeps_the_given_split():
+    rows = 1_000_000
+    tables = [TableDemand(1, rows, "l1.json", 0.27), TableDemand(14, rows, "l14.json", 9.35)]
+    curves = {1: convex_curve(3000, 1e5), 14: convex_curve(2500, 1e5)}
+    plan = make_plan(tables, [DRAM, DISK], curves, cache_rows=1_000_000, target_ms=0.2)
+    fixed = predict_fixed_placement(tables, {t.layer: t.source for t in plan.tables},
+                                    {t.layer: t.cache_share for t in plan.tables}, [DRAM, DISK], curves, 1_000_000,
+                                    target_ms=0.2)
+    assert fixed.tables == plan.tables
+    assert (fixed.slowdown_ms, fixed.host_bytes, fixed.split_cost_ms) == (plan.slowdown_ms, plan.host_bytes,
+                                                                          plan.split_cost_ms)
+
+
+def test_fixed_placement_exact_numbers():
+    # Flat curves: 100 pages at layer 1 and 40 at layer 14 whatever the share, so the split does not matter.
+    # Both on disk, layer 1 submitted first: T_1 = 0.30 + 3.05e-3 * 100 + 0.37e-3 * 40 = 0.6198 ms,
+    # T_14 = 0.30 + 3.05e-3 * (40 + 100) = 0.727 ms. Windows 0.27 and 0.5: d_1 = 0.3498, d_14 = 0.727 - 0.5 - 0.3498
+    # = 0 -> slowdown 0.3498 + kappa 0.1.
+    tables = [TableDemand(1, 1000, "l1.json", 0.27), TableDemand(14, 1000, "l14.json", 0.5)]
+    curves = {1: _flat(100.0), 14: _flat(40.0)}
+    p = predict_fixed_placement(tables, {1: "disk", 14: "disk"}, {1: 0.2, 14: 0.3}, [DRAM, DISK], curves, 1000,
+                                kappa_ms=0.1)
+    assert [t.read_ms for t in p.tables] == pytest.approx([0.6198, 0.727])
+    assert p.slowdown_ms == pytest.approx(0.3498 + 0.1)
+    assert [t.cache_rows for t in p.tables] == pytest.approx([200.0, 300.0])
+    assert p.host_bytes == 2 * DISK.host_bytes(1000)
+    # Layer 14 submitted first (the control file's order): it pays no contention, layer 1 waits behind its 40.
+    q = predict_fixed_placement(tables, {1: "disk", 14: "disk"}, {1: 0.2, 14: 0.3}, [DRAM, DISK], curves, 1000,
+                                order={1: 1, 14: 0})
+    assert [t.layer for t in q.tables] == [14, 1]
+    assert [t.read_ms for t in q.tables] == pytest.approx([0.30 + 3.05e-3 * 40 + 0.37e-3 * 100,
+                                                           0.30 + 3.05e-3 * 140])
+    with pytest.raises(SlackTierError, match="cache shares"):
+        predict_fixed_placement(tables, {1: "disk", 14: "disk"}, {1: 0.7, 14: 0.5}, [DISK], curves, 1000)
+    with pytest.raises(SlackTierError, match="no tier, source or cache share"):
+        predict_fixed_placement(tables, {1: "disk"}, {1: 0.5, 14: 0.5}, [DISK], curves, 1000)
 
 
 def test_infeasible_target_raises_with_fix():

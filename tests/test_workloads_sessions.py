@@ -38,7 +38,9 @@ def test_truncate_ends_on_a_reply_and_bad_roles_are_refused():
     s = Session("x", "src", "chat", (Turn("user", "a"), Turn("assistant", "b"), Turn("user", "c")))
     assert [t.role for t in truncate_turns(s, 3).turns] == ["user", "assistant"]
     with pytest.raises(SlackTierError):
-        Turn("tool", "x")
+        Turn("robot", "x")
+    with pytest.raises(SlackTierError):
+        Turn("tool", "x", reasoning="only assistants think")
     with pytest.raises(SlackTierError):
         TokenSession("x", "s", "chat", np.zeros(3, np.int32), np.array([2]), np.array([5]))
 

@@ -29,6 +29,7 @@ VERBS = {
     "characterize": "characterize",
     "probe": "probe",
     "plan": "plan",
+    "inspect": "inspect",
     "redknot": "redknot",
 }
 

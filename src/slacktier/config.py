@@ -27,6 +27,8 @@ Schema (every key but `layer` and `manifest` has a default):
     lossy = false           # rows outside a table's seen-set are not read and come out as zeros
     check = false           # run the reference gather beside ours on every lookup
     owned_only = false      # per-rank process: ids outside its rows come out as -0.0, not errors
+    pad_id = -1             # ids equal to it (negative: never a row) come out as zero rows, read nothing
+    metrics = false         # publish Prometheus metrics at each end_step (slacktier.engine.metrics)
 
     [[table]]
     layer = 1               # table layer id (Engram: 1 and 14)
@@ -163,6 +165,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     lossy: bool = False
     check: bool = False
     owned_only: bool = False
+    pad_id: Annotated[int, msgspec.Meta(le=-1)] = -1
+    metrics: bool = False
 
     def __post_init__(self) -> None:
         if not (self.device == "cpu" or self.device == "cuda" or

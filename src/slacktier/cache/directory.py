@@ -5,6 +5,9 @@ For each lookup (global row id g, local row r = g - row_start):
    r in the directory otherwise -> hit: record the slot, pin it;
 2. r requested earlier this step without a slot (cache full of pins) -> reuse that read;
 3. lossy mode and r not in the seen-set -> zero row, nothing read;
+   (g equal to the pad id, a negative id the serving engine pads a step with ->
+   zero row, nothing read, nothing cached, counted as padded; tested only where
+   g is outside the table, so an in-range lookup pays nothing for it;
    (owned_only: r outside [0, rows), a row another rank's process serves -> foreign,
    nothing read, nothing cached; without owned_only such an id is an error);
 4. miss: r's rank by shard bounds, its page; a page buffer for that page unless
@@ -39,7 +42,7 @@ from slacktier.tables.layout import ROWS_PER_PAGE
 
 KIND_SLOT = 0      # a cache hit: idx is the slot
 KIND_MISS = 1      # a row read this step: idx is the miss index
-KIND_ZERO = 2      # lossy: a row outside the seen-set, nothing read, zeros out
+KIND_ZERO = 2      # lossy: a row outside the seen-set, or a pad id: nothing read, zeros out
 KIND_FOREIGN = 3   # owned_only: another rank's row; the gather writes -0.0 (see fill_foreign)
 
 # counts[] fields written by resolve_layer, in PassResult's field order
@@ -52,7 +55,8 @@ C_BYPASS = 5     # misses with no slot (served from the page buffer, not cached)
 C_REUSE = 6      # lookups served by a read already requested this step
 C_FOREIGN = 7    # owned_only: lookups of rows outside this process's shard
 C_BAD = 8        # index of the first bad row id, -1 if none
-N_COUNTS = 9
+C_PADDED = 9     # lookups of the pad id (zero rows)
+N_COUNTS = 10
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 _PAGE_TAG = np.int64(1) << np.int64(62)
@@ -143,6 +147,7 @@ class PassResult(NamedTuple):
     reused: int       # lookups served by a read already requested this step
     foreign: int      # owned_only: rows another rank serves
     bad_index: int    # index of the first id outside the table, -1 if none (the pass stopped there)
+    padded: int = 0   # lookups of the pad id: zero rows, nothing read or cached
 
 
 class StepTable:
@@ -189,10 +194,11 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                   layer_key, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, step,
                   htab, stamp, hbits,
                   desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                  page_region, page_no, page_buf, buf_base, counts):
+                  page_region, page_no, page_buf, buf_base, pad_id, counts):
     """Resolve one layer's lookups `ids` [N] int64; returns 0, or 1 on a row id outside the table.
 
     owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
+    pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[C_PADDED].
     """
     shift = 64 - hbits
     mask = (np.int64(1) << hbits) - 1
@@ -203,6 +209,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     n_bypass = 0
     n_reuse = 0
     n_foreign = 0
+    n_padded = 0
     hand = lstate[HAND]
     pinned = lstate[PINNED]
     evictions = lstate[EVICTIONS]
@@ -242,6 +249,11 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     for i in range(ids.shape[0]):
         r = ids[i] - row_start
         if r < 0 or r >= rows:
+            if pad_id < 0 and ids[i] == pad_id:
+                desc_kind[i] = KIND_ZERO
+                desc_idx[i] = -1
+                n_padded += 1
+                continue
             if owned_only:
                 desc_kind[i] = KIND_FOREIGN
                 desc_idx[i] = -1
@@ -322,6 +334,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     counts[C_BYPASS] = n_bypass
     counts[C_REUSE] = n_reuse
     counts[C_FOREIGN] = n_foreign
+    counts[C_PADDED] = n_padded
     return status
 
 

@@ -276,8 +276,10 @@ class RowCache:
         return out_slot, out_hit.astype(bool)
 
     def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
-                buf_base: int = 0, lossy: bool = False, owned_only: bool = False) -> PassResult:
+                buf_base: int = 0, lossy: bool = False, owned_only: bool = False, pad_id: int = 0) -> PassResult:
         """Run `layer`'s directory pass over this step's ids [N] int64 (global row ids), outputs in `scratch`.
+
+        pad_id (negative; 0 = none): ids equal to it are padding, zero rows that touch nothing.
 
         Hits are pinned, misses claim a slot to fill (CLOCK) and a page buffer numbered from `buf_base`;
         lossy: rows outside geometry.seen come out as KIND_ZERO; owned_only: ids outside the geometry's
@@ -305,7 +307,7 @@ class RowCache:
                       table.table, table.stamp, bits,
                       scratch.desc_kind, scratch.desc_idx, scratch.miss_buf, scratch.miss_inpage,
                       scratch.miss_slot, scratch.miss_row, scratch.page_region, scratch.page_no, scratch.page_buf,
-                      buf_base, scratch.counts)
+                      buf_base, pad_id, scratch.counts)
         # counts holds PassResult's fields in order; tuple.__new__ skips NamedTuple's slower keyword path.
         return tuple.__new__(PassResult, scratch.counts.tolist())
 

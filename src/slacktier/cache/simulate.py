@@ -71,7 +71,7 @@ def _replay(ids, step_starts, n_items, capacity, out):
                       0, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, s,
                       htab, s + 1, _hash_bits(b - a),
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                      page_region, page_no, page_buf, 0, counts)
+                      page_region, page_no, page_buf, 0, 0, counts)
         lstate[1] = 0   # RowCache.release_pins: the pinned count resets, the step number moves on
         last = -1       # miss indices are handed out in order: a new read is the first with its index
         for i in range(b - a):

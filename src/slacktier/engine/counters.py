@@ -9,7 +9,8 @@ from dataclasses import asdict, dataclass, field, fields
 class LayerCounters:
     """What one layer's lookups did in one step (or summed over steps).
 
-    lookups = hits + reused + rows_read + zero_rows. rows_read counts unique rows
+    lookups = hits + reused + rows_read + zero_rows. padded counts the lookups of
+    the pad id (zero rows, nothing read; included in zero_rows). rows_read counts unique rows
     fetched from pages, pages_read unique pages, bypass the rows read but not
     cached (every slot of the layer pinned), reused the lookups served by a read
     already requested this step. read_us is the source's submit-to-completion
@@ -25,6 +26,7 @@ class LayerCounters:
     rows_read: int = 0
     pages_read: int = 0
     zero_rows: int = 0
+    padded: int = 0
     bypass: int = 0
     evictions: int = 0
     read_us: float = 0.0

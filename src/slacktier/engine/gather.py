@@ -2,10 +2,11 @@
 
 Two implementations of the same pass, bit-identical to `codec.reference_dequant`
 (NaN as some NaN, the codec's contract):
-- `gather_cpu` (device "cpu"): one compiled loop; a lookup's row is read where
-  it lies (a cache slot, or a row inside a page buffer) and dequantized through
-  the codec's exact 65,536-entry table, one output row at a time, no
-  intermediate [N, 264] copy.
+- `gather_cpu` (device "cpu"): one compiled pass; the missed rows are first
+  copied out of the page buffers into a packed [M, 264] staging array (in
+  buffer order, word by word), then each lookup's row (a cache slot or a
+  staged row) is dequantized through the codec's exact 65,536-entry table,
+  stored scale-major, one output row at a time.
 - `gather_torch` (any device, the CUDA path): the missed rows' raw bytes are
   picked out of the page pool on the host, copied to the device (non_blocking
   from pinned memory), written into their slots, and every lookup is
@@ -19,49 +20,115 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 from slacktier.tables.codec import DEQUANT_LUT, dequantize
-from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES, ROWS_PER_PAGE, SCALE_BLOCK
+from slacktier.tables.layout import (PAGE_WORDS, ROW_BYTES, ROW_SCALES, ROW_VALUES, ROW_WORDS, ROWS_PER_PAGE,
+                                     SCALE_BLOCK)
 
 _LUT = np.ascontiguousarray(DEQUANT_LUT, dtype=np.uint16)   # [65536] bf16 bits at fp8 * 256 + e8m0
+_LUT_BY_SCALE = np.ascontiguousarray(_LUT.reshape(256, 256).T).reshape(-1)   # [65536] at e8m0 * 256 + fp8
+
+
+#: rows ahead of the copy whose lines stage_misses prefetches (8 and 16 measured alike, 4 slower; issue 14)
+PREFETCH_ROWS = 8
+
+
+@intrinsic
+def _prefetch(typingctx, arr, idx):
+    """Hint the CPU to load the cache line of arr[idx] (1-D array, int64 index); no fault, no effect on values."""
+    sig = types.void(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        if getattr(ptr.type, "is_opaque", False):      # LLVM >= 15: one opaque pointer type
+            name = "llvm.prefetch.p0"
+        else:                                           # older llvmlite: typed pointers, prefetch takes i8*
+            ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+            name = "llvm.prefetch.p0i8"
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+                                            name)
+        # read (0), keep in all cache levels (3), data cache (1)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @njit(nogil=True, cache=True)
-def fill_slots(miss_buf, miss_inpage, miss_slot, n_miss, pool, weight, scale):
-    """Copy each missed row's raw bytes from its page buffer into its new slot (slot -1: skip)."""
+def stage_misses(miss_buf, miss_inpage, n_miss, pool, staged):
+    """Copy each missed row's 264 bytes out of its page buffer: staged[m] = row of miss m (33 words).
+
+    Misses are numbered in lookup order and page buffers in first-seen order, so this walks the pool
+    in ascending buffer order. A row is 33 independent 8-byte loads with no work between rows, and the
+    lines of the row PREFETCH_ROWS ahead are prefetched, so many cache misses are in flight at once; the
+    dequant pass then reads rows packed together. Reading the pool row by row inside the dequant loop
+    instead stalls on each row's misses (one row's 256 table lookups fill the core's window), which
+    made the cold gather 2x slower than index_select + LUT (BENCHMARKS.md, issue 14).
+
+    Worked example: miss 4 in buffer 3, row-in-page 2 -> pool words 3 * 512 + 2 * 33 = 1602..1634.
+    """
+    words = pool.reshape(-1).view(np.uint64)          # [capacity * 512]
+    for m in range(n_miss):
+        ahead = m + PREFETCH_ROWS
+        if ahead < n_miss:   # a row spans 5 cache lines (33 words): prefetch words 0, 8, 16, 24, 32
+            o2 = np.int64(miss_buf[ahead]) * PAGE_WORDS + np.int64(miss_inpage[ahead]) * ROW_WORDS
+            for w in range(0, ROW_WORDS, 8):
+                _prefetch(words, o2 + w)
+        off = np.int64(miss_buf[m]) * PAGE_WORDS + np.int64(miss_inpage[m]) * ROW_WORDS
+        for w in range(ROW_WORDS):
+            staged[m, w] = words[off + w]
+
+
+@njit(nogil=True, cache=True)
+def fill_slots(staged_bytes, miss_slot, n_miss, weight, scale):
+    """Copy each missed row's raw bytes from the staged rows [M, 264] into its new slot (slot -1: skip)."""
     for m in range(n_miss):
         s = miss_slot[m]
         if s < 0:
             continue
-        b = miss_buf[m]
-        off = miss_inpage[m] * ROW_BYTES
         for j in range(ROW_VALUES):
-            weight[s, j] = pool[b, off + j]
+            weight[s, j] = staged_bytes[m, j]
         for j in range(ROW_SCALES):
-            scale[s, j] = pool[b, off + ROW_VALUES + j]
+            scale[s, j] = staged_bytes[m, ROW_VALUES + j]
 
 
 @njit(nogil=True, cache=True)
-def gather_cpu(desc_kind, desc_idx, n, miss_buf, miss_inpage, miss_slot, n_miss, pool, weight, scale, lut, out):
-    """Fill new slots, then out[i] = dequant(row of lookup i) as bf16 bits; out: [n, 256] uint16."""
-    fill_slots(miss_buf, miss_inpage, miss_slot, n_miss, pool, weight, scale)
+def _dequant_row(values, scales, lut_t, out_row):
+    """out_row[j] = bf16 bits of values[j] scaled by scales[j // 32]; lut_t indexed e8m0 * 256 + fp8."""
+    for b in range(ROW_SCALES):
+        e = np.int64(scales[b]) * 256
+        by_value = lut_t[e:e + 256]          # the 256 entries of this block's scale: 512 B, eight cache lines
+        for j in range(b * SCALE_BLOCK, (b + 1) * SCALE_BLOCK):
+            out_row[j] = by_value[values[j]]
+
+
+@njit(nogil=True, cache=True)
+def gather_cpu(desc_kind, desc_idx, n, miss_buf, miss_inpage, miss_slot, n_miss, pool, weight, scale, lut_t, out):
+    """Stage the missed rows, fill new slots, then out[i] = dequant(row of lookup i) as bf16 bits; out: [n, 256].
+
+    lut_t: `lut_by_scale()`, the codec's table with the scale byte major. A block of 32 values shares
+    one scale, so it reads 256 adjacent entries (L1-resident) instead of entries 512 B apart across
+    the whole 128 KiB table; they are the same entries, so the output is bit-identical.
+    """
+    staged = np.empty((n_miss, ROW_WORDS), dtype=np.uint64)   # [M, 33] words = [M, 264] bytes
+    stage_misses(miss_buf, miss_inpage, n_miss, pool, staged)
+    staged_bytes = staged.view(np.uint8)
+    fill_slots(staged_bytes, miss_slot, n_miss, weight, scale)
     for i in range(n):
         k = desc_kind[i]
         if k == 0:
             s = desc_idx[i]
-            for b in range(ROW_SCALES):
-                e = np.int64(scale[s, b])
-                for j in range(b * SCALE_BLOCK, (b + 1) * SCALE_BLOCK):
-                    out[i, j] = lut[np.int64(weight[s, j]) * 256 + e]
+            _dequant_row(weight[s], scale[s], lut_t, out[i])
         elif k == 1:
             m = desc_idx[i]
-            pb = miss_buf[m]
-            off = miss_inpage[m] * ROW_BYTES
-            for b in range(ROW_SCALES):
-                e = np.int64(pool[pb, off + ROW_VALUES + b])
-                for j in range(b * SCALE_BLOCK, (b + 1) * SCALE_BLOCK):
-                    out[i, j] = lut[np.int64(pool[pb, off + j]) * 256 + e]
+            _dequant_row(staged_bytes[m, :ROW_VALUES], staged_bytes[m, ROW_VALUES:], lut_t, out[i])
         else:
             for j in range(ROW_VALUES):
                 out[i, j] = 0
@@ -70,6 +137,11 @@ def gather_cpu(desc_kind, desc_idx, n, miss_buf, miss_inpage, miss_slot, n_miss,
 def lut() -> np.ndarray:
     """The codec's exact dequant table [65536] uint16 (bf16 bits at fp8_byte * 256 + e8m0_byte)."""
     return _LUT
+
+
+def lut_by_scale() -> np.ndarray:
+    """The same table [65536] uint16 with the scale byte major: entry e8m0_byte * 256 + fp8_byte (gather_cpu's)."""
+    return _LUT_BY_SCALE
 
 
 def gather_torch(desc_kind: np.ndarray, desc_idx: np.ndarray, miss_buf: np.ndarray, miss_inpage: np.ndarray,

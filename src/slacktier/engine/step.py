@@ -48,6 +48,18 @@ per-rank host lookup zero-fills rows it does not own before its all-reduce.
 all-reduce sum over ranks reproduces the single-process rows bit for bit, the
 owner's -0.0 values included. Without owned_only an id outside the table is an
 error.
+
+Padding (`pad_id`, default -1, what vLLM pads a step's hash ids with): a
+lookup of the pad id comes out as a zero row (+0.0), touches no cache slot,
+reads nothing and is counted in `padded` (and in zero_rows). The directory
+pass tests for it only on ids outside the table, so real lookups pay nothing.
+Row 0, which SGLang's idle data-parallel ranks send, is a real row: it is
+served as row 0 (read and cached like any other), not as padding.
+
+Metrics (`metrics=EngineMetrics(...)`, or `[engine] metrics = true`): end_step
+adds the step's counters to Prometheus series (slacktier.engine.metrics) and
+errors the engine raises are counted by kind. Without metrics nothing of this
+runs: begin_step and gather are unchanged, end_step tests one attribute.
 """
 
 from __future__ import annotations
@@ -57,6 +69,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -72,6 +85,10 @@ from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
 from slacktier.tables.layout import ROW_BYTES, ROW_VALUES
+from slacktier.tables.manifest import check_tp_sharding
+
+if TYPE_CHECKING:
+    from slacktier.engine.metrics import EngineMetrics
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +121,7 @@ class StepEngine:
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
                  lossy: bool = False, check: bool = False, check_raise: bool = False, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
-                 owned_only: bool = False) -> None:
+                 owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -124,6 +141,8 @@ class StepEngine:
         self.columns = int(columns)
         self.lossy = bool(lossy)
         self.owned_only = bool(owned_only)
+        self.pad_id = _checked_pad_id(pad_id)
+        self.metrics = metrics   # None: no metrics work at all
         self.check = bool(check)
         self.check_raise = bool(check_raise)
         self.wait_timeout_s = wait_timeout_s
@@ -138,12 +157,15 @@ class StepEngine:
         self._reads = LayerReads(wait_timeout_s)
         self.retired_pools = 0   # pools given up after a read timed out (its buffers may still be written)
         self._applied: _Applied | None = None   # set when built from a ControlFile
+        self._applying = False                   # inside apply: metrics are labelled once it is done
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
         self._configure(list(tables), ids_layers)
         self._ensure_capacity(max(1, int(max_tokens)))
+        if metrics is not None:
+            self._bind_metrics()
 
     # ---- configuration ------------------------------------------------------------------------
     def _configure(self, tables: list[TableSpec], ids_layers: Sequence[int] | None,
@@ -192,17 +214,20 @@ class StepEngine:
     def reconfigure(self, tables: Sequence[TableSpec], *, cache_rows: int | None = None,
                     ids_layers: Sequence[int] | None = None, invalidate: Sequence[int] = (),
                     owned_sources: Sequence[PageSource] | None = None, lossy: bool | None = None,
-                    check: bool | None = None, owned_only: bool | None = None) -> None:
+                    check: bool | None = None, owned_only: bool | None = None, pad_id: int | None = None) -> None:
         """Switch tables, sources, cache size and shares between steps; unchanged layers keep their rows.
 
         `invalidate`: layers whose bytes changed (their cached rows are dropped).
         `owned_sources`: the sources the engine closes on `close` from now on.
         `owned_only`: switch per-rank mode (ids outside a table's rows are foreign, not errors).
+        `pad_id`: the id padded lookups carry (negative).
         """
         self._refuse_if_closed()
         if self._in_step:
             raise SlackTierError(ErrorKind.BAD_INPUT, "reconfigure during a step",
                                  fix="call end_step first; configuration changes between steps")
+        if pad_id is not None:
+            _checked_pad_id(pad_id)
         before = (self.lossy, self.check, self.owned_only)
         if lossy is not None:
             self.lossy = bool(lossy)
@@ -217,6 +242,10 @@ class StepEngine:
             raise
         if owned_sources is not None:
             self._owned_sources = list(owned_sources)
+        if pad_id is not None:
+            self.pad_id = int(pad_id)
+        if self.metrics is not None and not self._applying:
+            self._bind_metrics()
 
     def replace_cache(self, cache: RowCache) -> None:
         """Serve from a new (empty) cache from the next step on, possibly on another device."""
@@ -299,26 +328,54 @@ class StepEngine:
             torch.cuda.synchronize(self.device)
             self._staging = None
 
+    def _bind_metrics(self) -> None:
+        """Label each layer's series with its tier and rank (from the control file when there is one)."""
+        from slacktier.engine.metrics import LayerLabels
+        applied = self._applied
+        labels = []
+        for layer in self._order:
+            spec = self._layers[layer].spec
+            if applied is not None and layer in applied.resolved:
+                t = applied.resolved[layer].config
+                tier, rank = t.source, t.rank
+            else:
+                tier = getattr(spec.source, "tier", None) or type(spec.source).__name__
+                rank = spec.regions[0].rank if len(spec.regions) == 1 and self.owned_only else -1
+            host = sum(r.nbytes for r in spec.regions) if tier == "dram" else 0
+            labels.append(LayerLabels(layer, tier, rank, self.cache.owned_slots(layer), host))
+        self.metrics.bind(labels)
+
     # ---- the step -----------------------------------------------------------------------------
     def _refuse_if_closed(self) -> None:
         if self._closed:
             raise SlackTierError(ErrorKind.CLOSED, "the step engine is closed",
                                  fix="build a new engine; a closed one takes no more work")
 
+    def _checked_ids(self, ids: np.ndarray) -> np.ndarray:
+        """`ids` as [T, L, 24] int64, or a BAD_INPUT error (counted in the metrics, when on)."""
+        try:
+            if self._in_step:
+                raise SlackTierError(ErrorKind.BAD_INPUT, "begin_step while a step is open",
+                                     fix="call end_step first")
+            ids = np.asarray(ids)
+            if ids.ndim != 3 or ids.shape[1] != len(self._layers) or ids.shape[2] != self.columns:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.shape}, want [T, {len(self._layers)}, "
+                                     f"{self.columns}]", fix="pass the hasher's [T, L, 24] output")
+            if ids.dtype != np.int64:
+                if ids.dtype.kind not in "iu":   # a float id (12.7) would be truncated into another row
+                    raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want integers",
+                                         fix="pass the hasher's int64 row ids")
+                ids = ids.astype(np.int64)
+        except SlackTierError as exc:
+            if self.metrics is not None:
+                self.metrics.error(exc)
+            raise
+        return ids
+
     def begin_step(self, ids: np.ndarray) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order)."""
         self._refuse_if_closed()
-        if self._in_step:
-            raise SlackTierError(ErrorKind.BAD_INPUT, "begin_step while a step is open", fix="call end_step first")
-        ids = np.asarray(ids)
-        if ids.ndim != 3 or ids.shape[1] != len(self._layers) or ids.shape[2] != self.columns:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.shape}, want [T, {len(self._layers)}, "
-                                 f"{self.columns}]", fix="pass the hasher's [T, L, 24] output")
-        if ids.dtype != np.int64:
-            if ids.dtype.kind not in "iu":   # a float id (12.7) would be truncated into another row
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want integers",
-                                     fix="pass the hasher's int64 row ids")
-            ids = ids.astype(np.int64)
+        ids = self._checked_ids(ids)
         tokens = ids.shape[0]
         self._ensure_capacity(tokens)
         self._in_step = True
@@ -340,7 +397,7 @@ class StepEngine:
                 run.evictions_before = cache.evictions(layer)
                 t0 = time.perf_counter_ns()
                 res = cache.resolve(layer, flat, spec.geometry, sc, buf_base=buf_base, lossy=self.lossy,
-                                    owned_only=self.owned_only)
+                                    owned_only=self.owned_only, pad_id=self.pad_id)
                 t1 = time.perf_counter_ns()
                 run.n = res.lookups
                 run.n_miss = res.misses
@@ -366,21 +423,26 @@ class StepEngine:
                 c.rows_read = res.misses
                 c.pages_read = res.pages
                 run.n_foreign = res.foreign
-                c.zero_rows = res.zero + res.foreign
+                c.padded = res.padded
+                c.zero_rows = res.zero + res.foreign + res.padded
                 c.bypass = res.bypass
                 c.resolve_us = (t1 - t0) / 1e3
                 c.submit_us = (t2 - t1) / 1e3
-        except BaseException:
+        except BaseException as exc:
             self._abort_step()
+            if self.metrics is not None:
+                self.metrics.error(exc)
             raise
 
     def _wait(self, run: _LayerRun) -> None:
         """Wait for `run`'s reads; on failure forget the slots they would have filled, then raise."""
         try:
             waited = self._reads.wait(run.spec.layer)
-        except BaseException:
+        except BaseException as exc:
             if not run.gathered:
                 self._forget_fills(run)
+            if self.metrics is not None:
+                self.metrics.error(exc)
             raise
         run.counters.wait_us += waited.wait_us
         run.counters.read_us += waited.read_us
@@ -402,7 +464,7 @@ class StepEngine:
         if self.gather_impl == "numba":
             bits = np.empty((run.n, ROW_VALUES), dtype=np.uint16)
             G.gather_cpu(sc.desc_kind, sc.desc_idx, run.n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, run.n_miss,
-                         self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut(), bits)
+                         self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut_by_scale(), bits)
             if run.n_foreign:
                 fill_foreign(sc.desc_kind, run.n, bits)
             out = torch.from_numpy(bits).view(torch.bfloat16)
@@ -472,6 +534,8 @@ class StepEngine:
             run.ids = None
         self._finish_step()
         self.last_step = counters
+        if self.metrics is not None:
+            self.metrics.observe(counters)
         if error is not None:
             raise error
         return counters
@@ -539,14 +603,20 @@ class StepEngine:
         """
         eng = cfg.engine
         resolved = {t.layer: B.resolve(t, eng) for t in cfg.tables}
+        _check_rank_sharding(resolved)
         sources: dict[int, PageSource] = {}
         try:
             for t in cfg.tables:
                 sources[t.layer] = B.open_table_source(resolved[t.layer])
             specs = [B.table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
             kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
-                                         "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3}
+                                         "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3,
+                                         "pad_id": eng.pad_id}
             kwargs |= overrides
+            metrics = kwargs.pop("metrics", None)
+            if metrics is None and eng.metrics:
+                from slacktier.engine.metrics import EngineMetrics
+                metrics = EngineMetrics()
             engine = cls(specs, RowCache(eng.max_cache_rows, eng.device, slots=eng.cache_rows), eng.device,
                          owned_sources=list(sources.values()), **kwargs)
         except BaseException:
@@ -554,6 +624,9 @@ class StepEngine:
                 s.close()
             raise
         engine._applied = _Applied(cfg, resolved, sources)
+        if metrics is not None:   # bound once the control file's tier names and ranks are known
+            engine.metrics = metrics
+            engine._bind_metrics()
         return engine
 
     @classmethod
@@ -577,6 +650,7 @@ class StepEngine:
             raise SlackTierError(ErrorKind.BAD_INPUT, "apply during a step", fix="call end_step first")
         eng = cfg.engine
         resolved = {t.layer: B.resolve(t, eng) for t in cfg.tables}
+        _check_rank_sharding(resolved)
         opened: dict[int, PageSource] = {}
         sources: dict[int, PageSource] = {}
         try:
@@ -595,9 +669,13 @@ class StepEngine:
                 self.replace_cache(RowCache(eng.max_cache_rows, eng.device, slots=0))
             self.wait_timeout_s = eng.wait_timeout_ms / 1e3
             self._reads = LayerReads(self.wait_timeout_s)
-            self.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
-                             owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
-                             owned_only=eng.owned_only)
+            self._applying = True
+            try:
+                self.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
+                                 owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
+                                 owned_only=eng.owned_only, pad_id=eng.pad_id)
+            finally:
+                self._applying = False
         except BaseException:
             for s in opened.values():
                 s.close()
@@ -606,6 +684,13 @@ class StepEngine:
             if all(s is not kept for kept in sources.values()):
                 s.close()
         self._applied = _Applied(cfg, resolved, sources)
+        if eng.metrics and self.metrics is None:
+            from slacktier.engine.metrics import EngineMetrics
+            self.metrics = EngineMetrics()
+        elif not eng.metrics and live.control.engine.metrics:
+            self.metrics = None   # switched off by the control file (a host-given one stays otherwise)
+        if self.metrics is not None:
+            self._bind_metrics()
         log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
                  len(cfg.tables), len(opened), len(invalidate))
 
@@ -622,6 +707,25 @@ class _Applied:
     control: ControlFile
     resolved: dict[int, B.Resolved]
     sources: dict[int, PageSource]
+
+
+def _checked_pad_id(pad_id: int) -> int:
+    """`pad_id` as an int; refuses one that could be a row id (>= 0)."""
+    if int(pad_id) >= 0:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"pad_id {pad_id} is a row id",
+                             fix="pad with a negative id (-1, as vLLM does)")
+    return int(pad_id)
+
+
+def _check_rank_sharding(resolved: dict[int, B.Resolved]) -> None:
+    """A table served per rank (`rank` set) must be staged as the serving engine's TP head shards.
+
+    TP size is the manifest's rank count; layers that record no hash-column bounds (a table staged from
+    bare row counts) have no heads to match and are not checked.
+    """
+    for layer, r in resolved.items():
+        if r.config.rank >= 0 and layer in r.manifest.layout.column_bounds:
+            check_tp_sharding(r.manifest, r.manifest.ranks, [layer])
 
 
 def _bytes_at(spec: TableSpec) -> tuple:

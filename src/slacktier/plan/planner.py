@@ -33,7 +33,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.curves import MissCurve
 from slacktier.plan.exposure import LayerRead, exposure
 from slacktier.plan.report import plan_comment
-from slacktier.plan.split import best_split
+from slacktier.plan.split import CacheSplit, best_split, split_cost_ms
 from slacktier.plan.tiers import TierSpec
 from slacktier.plan.types import Plan, TableDemand, TablePlan
 
@@ -44,12 +44,24 @@ def _evaluate(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], curves: 
               cache_rows: int, *, resolve_ms: float, kappa_ms: float, target_ms: float,
               grid: int, refine: int) -> Plan:
     """Predict one assignment (tables and tiers in window order, paired by position)."""
-    n = len(tables)
+    weights = _page_weights(tiers)
+    split = best_split([t.layer for t in tables], curves, weights, cache_rows, grid=grid, refine=refine)
+    return _predict(tables, tiers, split, resolve_ms=resolve_ms, kappa_ms=kappa_ms, target_ms=target_ms)
+
+
+def _page_weights(tiers: Sequence[TierSpec]) -> list[float]:
+    """b_l per position: the first table submitted to a tier pays its page_ms, every later one its contention."""
     first_on_tier: dict[str, int] = {}
     for i, t in enumerate(tiers):
         first_on_tier.setdefault(t.name, i)
-    weights = [t.page_ms if first_on_tier[t.name] == i else t.contention_page_ms for i, t in enumerate(tiers)]
-    split = best_split([t.layer for t in tables], curves, weights, cache_rows, grid=grid, refine=refine)
+    return [t.page_ms if first_on_tier[t.name] == i else t.contention_page_ms for i, t in enumerate(tiers)]
+
+
+def _predict(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], split: CacheSplit, *, resolve_ms: float,
+             kappa_ms: float, target_ms: float) -> Plan:
+    """Read times, stalls and host memory of tables on tiers (submission order, paired by position) behind `split`."""
+    n = len(tables)
+    cache_rows = split.cache_rows
     pages = split.pages_per_step
     reads = []
     for i, (tab, tier) in enumerate(zip(tables, tiers)):
@@ -83,6 +95,37 @@ def predict_placement(tables: Sequence[TableDemand], sources: Mapping[int, str],
                              fix=f"place every table on one of {sorted(by_name)}") from exc
     return _evaluate(ordered, chosen, [_curve(curves, t.layer) for t in ordered], cache_rows,
                      resolve_ms=resolve_ms, kappa_ms=kappa_ms, target_ms=target_ms, grid=grid, refine=refine)
+
+
+def predict_fixed_placement(tables: Sequence[TableDemand], sources: Mapping[int, str], shares: Mapping[int, float],
+                            tiers: Sequence[TierSpec], curves: Mapping[int, MissCurve], cache_rows: int, *,
+                            order: Mapping[int, int] | None = None, resolve_ms: float = 0.0, kappa_ms: float = 0.0,
+                            target_ms: float = 0.0) -> Plan:
+    """Predicted slowdown and host memory of a placement as stated: tier and cache share per layer, nothing re-split.
+
+    Tables are submitted in `order` (layer -> the control file's `order`; ties and None: window order, as the
+    planner submits). Worked example: a plan from `make_plan` fed back with its own sources, shares and orders
+    gives that plan's slowdown_ms, pages and host_bytes again (split_cost_ms too: the same shares). The
+    returned Plan lists the tables in submission order; assignments_tried is 1.
+    """
+    by_name = {t.name: t for t in tiers}
+    rank = order or {}
+    ordered = sorted(tables, key=lambda t: (rank.get(t.layer, 0), t.window_ms, t.layer))
+    try:
+        chosen = [by_name[sources[t.layer]] for t in ordered]
+        f = tuple(float(shares[t.layer]) for t in ordered)
+    except KeyError as exc:
+        raise SlackTierError(ErrorKind.MISSING, f"no tier, source or cache share for {exc}",
+                             fix=f"give every table a cache share and one of the tiers {sorted(by_name)}") from exc
+    if any(x < 0 for x in f) or sum(f) > 1.0 + 1e-9 or cache_rows < 0:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cache shares {f} of {cache_rows} rows",
+                             fix="shares are >= 0 and sum to at most 1; cache_rows >= 0")
+    ordered_curves = [_curve(curves, t.layer) for t in ordered]
+    weights = _page_weights(chosen)
+    split = CacheSplit(layers=tuple(t.layer for t in ordered), shares=f, cache_rows=int(cache_rows),
+                       pages_per_step=tuple(float(c.pages_at(x * cache_rows)) for c, x in zip(ordered_curves, f)),
+                       cost_ms=split_cost_ms(ordered_curves, weights, f, cache_rows))
+    return _predict(ordered, chosen, split, resolve_ms=resolve_ms, kappa_ms=kappa_ms, target_ms=target_ms)
 
 
 def _curve(curves: Mapping[int, MissCurve], layer: int) -> MissCurve:

@@ -5,6 +5,9 @@
 2. Replay built-in agent traffic (sessions built from real tool output on this
    machine) through a V4.1-shaped model whose Engram tables are served by the
    tier under three placements, each side by side with the DRAM table.
+3. The step timeline (serve.timeline): four placements at B=32 on a scaled
+   table of the same size, device compute from the paper's V4.1 profile, host,
+   cache and I/O real; measured stall vs Eq. 1's prediction over 3 shuffled runs.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ class DemoConfig:
     seed: int = 0
     progress: bool = True
     replay: bool = True
+    timeline: bool = True
+    metrics_port: int = 0     # > 0: serve Prometheus metrics of the demo's engines on this port
 
 
 def demo_placements(first: int, second: int, cache_rows: int) -> list[Placement]:
@@ -39,13 +44,14 @@ def demo_placements(first: int, second: int, cache_rows: int) -> list[Placement]
             Placement("disk-split", both_disk, cache_rows, ((first, 0.5), (second, 0.5)))]
 
 
-def replay_demo(workdir: str | Path, progress: bool = False) -> str:
+def replay_demo(workdir: str | Path, progress: bool = False, metrics: bool = False) -> str:
     """Agent traffic, B=4, the three demo placements, one paired run each; returns the printed report."""
     from slacktier.serve.report import demo_replay_report
     from slacktier.serve.runs import ReplayRig, RigConfig
 
     cfg = RigConfig(workdir=str(Path(workdir) / "e2e"), engram_vocab=20_000, max_batch=4, decode_tokens=8,
-                    max_session_tokens=1600, max_turns=1, cache_rows=8192, devices=1, agent_sessions_per_source=1)
+                    max_session_tokens=1600, max_turns=1, cache_rows=8192, devices=1, agent_sessions_per_source=1,
+                    metrics=metrics)
     rig = ReplayRig(cfg, progress=progress)
     try:
         records = [rig.run("agent", cfg.max_batch, p, 0, i, paired=True)
@@ -84,9 +90,29 @@ def run_demo(cfg: DemoConfig) -> int:
         return 1
     if not cfg.replay:
         return 0
+    metrics = cfg.metrics_port > 0
+    if metrics:
+        from slacktier.engine.metrics import serve_metrics
+        serve_metrics(cfg.metrics_port)
+        print(f"\nPrometheus metrics of the demo's engines: http://127.0.0.1:{cfg.metrics_port}/metrics", flush=True)
     print("\nReplaying built-in agent traffic through the tier (a first run builds the sessions and compiles "
           "kernels) ...", flush=True)
     t0 = time.perf_counter()
-    print(replay_demo(out, progress=cfg.progress))
+    print(replay_demo(out, progress=cfg.progress, metrics=metrics))
     print(f"\n  replay took {time.perf_counter() - t0:.0f} s")
+    if cfg.timeline:
+        t0 = time.perf_counter()
+        print("\nStep timeline: B=32 chat decode steps, 4 placements x 3 shuffled runs ...", flush=True)
+        print(timeline_demo(out, metrics=metrics))
+        print(f"\n  timeline took {time.perf_counter() - t0:.0f} s")
     return 0
+
+
+def timeline_demo(workdir: str | Path, metrics: bool = False) -> str:
+    """Four placements at B=32 through the v41_paper profile, 3 shuffled runs; returns the printed table."""
+    from slacktier.serve.report import timeline_table
+    from slacktier.serve.timeline import SweepConfig, run_sweep
+
+    profile, runs = run_sweep(SweepConfig(workdir=str(Path(workdir) / "timeline"), batches=(32,), runs=3,
+                                          decode_steps=32, metrics=metrics))
+    return timeline_table(profile, runs)

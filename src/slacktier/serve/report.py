@@ -156,3 +156,51 @@ def demo_stage_report(layers: int, rows: int, ranks: int, regions: int, nbytes: 
              f"  layer {sample_layer} rank 0 row 0 (bf16, first 4): {[round(float(v), 6) for v in sample]}"]
     lines += [f"  {line}" for line in verify_lines]
     return "\n".join(lines)
+
+
+def timeline_table(profile, runs: Sequence) -> str:
+    """The step-timeline table (serve.timeline.run_sweep): per batch and placement, measured overhead per step
+    (mean and min..max over runs, ms and % of the profile's step) beside Eq. 1's prediction, then whether the
+    placements are told apart by more than the run-to-run spread. First line: the profile and what is real."""
+    lines = [profile.header]
+    groups: dict[tuple[int, str], list] = {}
+    for r in runs:
+        groups.setdefault((r.batch, r.placement), []).append(r)
+    if not groups:
+        return "\n".join(lines + ["no runs"])
+    layers = tuple(next(iter(groups.values()))[0].summary.read_ms)
+    l1, l2 = layers[:2]
+    lines.append(f"{'B':>4} {'placement':18} {'runs':>4} {'profile':>7} {'stall/step':>10} {'%':>6} {'min..max':>13} "
+                 f"{'Eq.1':>6} {'%':>6} {'p99':>6} {'s':>5} {f'read L{l1}':>8} {f'read L{l2}':>8} "
+                 f"{f'pg L{l1}':>6} {f'pg L{l2}':>6} {f'hit L{l1}':>6} {f'hit L{l2}':>6} {'pass':>5}")
+    spans: dict[int, list[tuple[str, float, float]]] = {}
+    for (batch, name), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], stat([r.summary.stall_ms
+                                                                                     for r in kv[1]])[0])):
+        m, lo, hi = stat([r.summary.stall_ms for r in rs])
+        pred = stat([r.summary.predicted_ms for r in rs])[0]
+        step = rs[0].step_ms
+
+        def avg(f) -> float:
+            return stat([f(r.summary) for r in rs])[0]
+
+        spans.setdefault(batch, []).append((name, lo, hi))
+        lines.append(
+            f"{batch:>4} {name:18} {len(rs):>4} {step:7.2f} {m:7.2f} ms {100 * m / step:+5.1f}% {lo:6.2f}..{hi:<6.2f}"
+            f"{pred:6.2f} {100 * pred / step:+5.1f}% {avg(lambda s: s.p99_stall_ms):6.2f} {avg(lambda s: s.s_ms):5.2f} "
+            f"{avg(lambda s: s.read_ms[l1]):8.2f} {avg(lambda s: s.read_ms[l2]):8.2f} "
+            f"{avg(lambda s: s.pages[l1]):6.0f} {avg(lambda s: s.pages[l2]):6.0f} "
+            f"{fmt_pct(avg(lambda s: s.hit_rate[l1])):>6} {fmt_pct(avg(lambda s: s.hit_rate[l2])):>6} "
+            f"{avg(lambda s: sum(s.gather_ms.values())):5.2f}")
+    lines.append("stall/step: measured wait for rows past each layer's scheduled start (and begin_step overrun), "
+                 "the dequant pass ('pass', ms, all layers) excluded; Eq. 1: predicted from the same steps' s and "
+                 "read times; min..max over shuffled runs; ms and % of the profile's step.")
+    for batch, sp in sorted(spans.items()):
+        sp = sorted(sp, key=lambda t: t[1])
+        overlaps = [f"{a[0]} / {b[0]}" for a, b in zip(sp, sp[1:]) if b[1] <= a[2]]
+        if overlaps:
+            lines.append(f"B={batch}: CANNOT tell apart by more than the run-to-run spread: {', '.join(overlaps)} "
+                         "(their min..max ranges overlap).")
+        else:
+            lines.append(f"B={batch}: every placement's min..max range is clear of the others': the placements are "
+                         "told apart by more than the run-to-run spread.")
+    return "\n".join(lines)

@@ -52,6 +52,7 @@ class RigConfig:
     torch_threads: int = 1
     seed: int = 0
     agent_sessions_per_source: int = 5    # agent sessions built per source tree (the demo uses 1: quicker)
+    metrics: bool = False                 # the engines publish Prometheus metrics
 
     def __post_init__(self) -> None:
         if self.max_batch < 1 or self.decode_tokens < 1 or self.devices < 1:
@@ -166,7 +167,7 @@ class ReplayRig:
         self.runner = V41Runner(self.model)
         self.tiers = TierSet(Path(cfg.workdir) / "tables", self.layout, seed=cfg.seed + 1,
                              max_cache_rows=cfg.cache_rows, max_tokens=max(cfg.prefill_chunk_tokens, cfg.max_batch),
-                             devices=cfg.devices)
+                             devices=cfg.devices, metrics=cfg.metrics)
         t0 = time.perf_counter()
         self.tiers.stage(progress=progress)
         self.stage_s = time.perf_counter() - t0

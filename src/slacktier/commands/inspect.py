@@ -1,0 +1,215 @@
+"""`slacktier inspect`: what a manifest and/or a control file hold, in human terms (or JSON with --json).
+
+A manifest (`*.json`): per table layer its rows, hash columns, ranks and regions
+(rows, target device, pages, bytes). A control file (`*.toml`): per table its
+tier, devices and rank, its cache slots (the split of cache_rows by cache_share,
+as the engine makes it) and the host memory each placement takes: the table's
+pages for a DRAM-tier table, nothing for disk and Redis; plus the engine's page
+buffer pool and, on a CPU device, its row cache. `--tp N` checks that every
+manifest's rank regions are the serving engines' head sharding at TP N.
+
+With windows (`--window LAYER=MS` or a probe JSON), read-time models
+(`--tiers`) and miss-page curves (`--curves`), as `slacktier plan` takes them,
+it also prints the planner's predicted slowdown of the control file's placement
+as stated: each table on its tier, behind the control file's cache split
+(nothing is re-optimised; plan.predict_fixed_placement), with the planner's host
+memory per placement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+HELP = "describe a staged table's manifest and/or an engine control file: rows, ranks, regions, tiers, cache, memory"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags of the inspect verb."""
+    p.add_argument("paths", nargs="+", metavar="PATH",
+                   help="a manifest (.json), a control file (.toml), or one of each")
+    p.add_argument("--tp", type=int, default=0,
+                   help="check the rank regions against vLLM's/SGLang's head sharding at this TP size")
+    p.add_argument("--json", action="store_true", help="print JSON instead of text")
+    pred = p.add_argument_group("predicted slowdown of the control file's placement (as `slacktier plan` takes)")
+    pred.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
+                      help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
+    pred.add_argument("--windows-json", type=Path, default=None, help="windows from `slacktier probe` JSON instead")
+    pred.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
+    pred.add_argument("--step-ms", type=float, default=None,
+                      help="scale the probe's windows (as fractions of its step) to this step time")
+    pred.add_argument("--tiers", type=Path, default=None, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
+    pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
+    pred.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")
+    pred.add_argument("--resolve-ms", type=float, default=0.0, help="CPU time to resolve a step's indices (s)")
+
+
+def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
+    """Per layer: rows, columns, ranks and regions of the manifest at `path` (checked at TP `tp` when > 0)."""
+    from slacktier.tables.manifest import Manifest, check_tp_sharding
+
+    m = Manifest.load(path)
+    if tp:
+        check_tp_sharding(m, tp)
+    layers = []
+    for layer in m.layout.layer_ids:
+        bounds = m.layout.column_bounds.get(layer)
+        regions = [{"rank": r.rank, "row_start": r.row_start, "rows": r.rows, "device": r.device,
+                    "target": m.targets[r.device], "pages": r.pages, "bytes": r.nbytes}
+                   for r in sorted((r for r in m.regions if r.layer == layer), key=lambda r: r.rank)]
+        layers.append({"layer": layer, "rows": m.layout.rows[layer],
+                       "columns": len(bounds) - 1 if bounds else None, "ranks": m.ranks, "regions": regions,
+                       "bytes": sum(r["bytes"] for r in regions)})
+    return {"manifest": str(m.path or path), "ranks": m.ranks, "targets": list(m.targets),
+            "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None, "layers": layers}
+
+
+def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
+    """Per table: tier, devices, rank, cache slots and host bytes of the control file at `path`."""
+    from slacktier.cache.rowcache import split_slots
+    from slacktier.config import load_control
+    from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
+    from slacktier.tables.manifest import Manifest, check_tp_sharding
+
+    cfg = load_control(path)
+    eng = cfg.engine
+    slots = split_slots(eng.cache_rows, {t.layer: t.cache_share for t in cfg.tables})
+    tables = []
+    for t in cfg.tables:
+        m = Manifest.load(t.manifest)
+        if tp:
+            check_tp_sharding(m, tp, [t.layer])
+        mine = [r for r in m.regions if r.layer == t.layer and (t.rank < 0 or r.rank == t.rank)]
+        targets = [override or staged for staged, override in
+                   zip(m.targets, tuple(t.targets) + ("",) * (len(m.targets) - len(t.targets)))]
+        table_bytes = sum(r.nbytes for r in mine)
+        tables.append({
+            "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
+            "manifest": t.manifest, "rows": sum(r.rows for r in mine),
+            "devices": sorted({targets[r.device] for r in mine}) if t.source == "disk" else
+            [getattr(t.options, "masked_url", t.source)],
+            "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
+            "table_bytes": table_bytes, "host_bytes": table_bytes if t.source == "dram" else 0,
+        })
+    # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
+    pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES
+    cache_bytes = eng.max_cache_rows * ROW_BYTES
+    host_total = sum(t["host_bytes"] for t in tables) + pool_bytes + (cache_bytes if eng.device == "cpu" else 0)
+    return {"control": str(path), "device": eng.device, "cache_rows": eng.cache_rows,
+            "max_cache_rows": eng.max_cache_rows, "cache_bytes": cache_bytes, "page_pool_bytes": pool_bytes,
+            "pad_id": eng.pad_id, "owned_only": eng.owned_only, "metrics": eng.metrics,
+            "host_bytes": host_total, "tables": tables}
+
+
+def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tiers_path: str | Path,
+                      curves_path: str | Path, *, kappa_ms: float = 0.0, resolve_ms: float = 0.0) -> dict[str, Any]:
+    """The planner's prediction for the placement of a `control_report`: its tiers, its cache split, its order."""
+    from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.plan import TableDemand, load_miss_curves, load_tiers, plan_to_dict, predict_fixed_placement
+
+    tables = control["tables"]
+    missing = [t["layer"] for t in tables if t["layer"] not in windows_ms]
+    if missing:
+        raise SlackTierError(ErrorKind.MISSING, f"no window for layer(s) {missing}", layer=missing[0],
+                             fix="pass --window LAYER=MS per table, or a probe JSON that measured these layers")
+    demands = [TableDemand(layer=t["layer"], rows=t["rows"], manifest=t["manifest"], window_ms=windows_ms[t["layer"]])
+               for t in tables]
+    plan = predict_fixed_placement(demands, {t["layer"]: t["tier"] for t in tables},
+                                   {t["layer"]: t["cache_share"] for t in tables}, load_tiers(tiers_path),
+                                   load_miss_curves(curves_path).by_layer, control["cache_rows"],
+                                   order={t["layer"]: t["order"] for t in tables}, resolve_ms=resolve_ms,
+                                   kappa_ms=kappa_ms)
+    doc = plan_to_dict(plan)
+    for key in ("target_ms", "assignments_tried", "assignments_feasible"):   # a fixed placement: no search
+        doc.pop(key)
+    return {"tiers": str(tiers_path), "curves": str(curves_path), **doc}
+
+
+def _windows(args: argparse.Namespace) -> dict[int, float]:
+    """Windows (ms) per layer from --windows-json and --window (the latter wins)."""
+    from slacktier.commands.plan import windows_from_probe_json
+    from slacktier.errors import ErrorKind, SlackTierError
+
+    windows: dict[int, float] = {}
+    if args.windows_json:
+        windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
+    for w in args.window:
+        try:
+            layer, ms = w.split("=")
+            windows[int(layer)] = float(ms)
+        except ValueError as exc:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
+    return windows
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def lines(report: dict[str, Any]) -> list[str]:
+    """The report as text a person reads."""
+    out: list[str] = []
+    m = report.get("manifest_report")
+    if m:
+        out.append(f"manifest {m['manifest']}: {len(m['layers'])} layers, {m['ranks']} ranks, "
+                   f"{len(m['targets'])} targets, source {m['source']}")
+        if m["tp_checked"]:
+            out.append(f"  rank regions match TP {m['tp_checked']} head sharding (whole hash columns per rank)")
+        for d, target in enumerate(m["targets"]):
+            out.append(f"  device {d}: {target}")
+        for layer in m["layers"]:
+            cols = f", {layer['columns']} hash columns" if layer["columns"] else ""
+            out.append(f"  layer {layer['layer']}: {layer['rows']:,} rows{cols}, {_mib(layer['bytes'])}")
+            for r in layer["regions"]:
+                out.append(f"    rank {r['rank']}: rows [{r['row_start']:,}, {r['row_start'] + r['rows']:,}) on "
+                           f"device {r['device']}, {r['pages']:,} pages, {_mib(r['bytes'])}")
+    c = report.get("control_report")
+    if c:
+        out.append(f"control file {c['control']}: device {c['device']}, cache {c['cache_rows']:,} rows in use of "
+                   f"{c['max_cache_rows']:,} reserved ({_mib(c['cache_bytes'])}), pad_id {c['pad_id']}, "
+                   f"metrics {'on' if c['metrics'] else 'off'}")
+        for t in c["tables"]:
+            out.append(f"  layer {t['layer']} (order {t['order']}): tier {t['tier']}, rank {t['rank']}, "
+                       f"{t['rows']:,} rows ({_mib(t['table_bytes'])}) on {', '.join(t['devices'])}; cache "
+                       f"{t['cache_rows']:,} rows (share {t['cache_share']:g}); host memory {_mib(t['host_bytes'])}")
+        cache_host = c["cache_bytes"] if c["device"] == "cpu" else 0
+        out.append(f"  host memory in all: {_mib(c['host_bytes'])} (tables {_mib(sum(t['host_bytes'] for t in c['tables']))}"
+                   f", page buffer pool {_mib(c['page_pool_bytes'])}, row cache {_mib(cache_host)})")
+    p = report.get("prediction")
+    if p:
+        out.append(f"predicted slowdown {p['slowdown_ms']:.4f} ms per step for this placement and cache split "
+                   f"(kappa {p['kappa_ms']:g} ms, resolve {p['resolve_ms']:g} ms; tiers {p['tiers']}, "
+                   f"curves {p['curves']})")
+        for t in p["tables"]:
+            out.append(f"  layer {t['layer']} on {t['source']} (submitted {t['order']}): window "
+                       f"{t['window_ms']:.4f} ms, {t['pages_per_step']:.2f} pages/step behind "
+                       f"{t['cache_rows']:,.0f} cache rows, read {t['read_ms']:.4f} ms, stall {t['stall_ms']:.4f} ms"
+                       f", host memory {_mib(t['host_bytes'])} (planner's model)")
+        out.append(f"  host memory of the placement (planner's model): {_mib(p['host_bytes'])}")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    """Describe the given manifest and/or control file."""
+    from slacktier.errors import ErrorKind, SlackTierError
+
+    report: dict[str, Any] = {}
+    for path in args.paths:
+        key = "control_report" if str(path).endswith(".toml") else "manifest_report"
+        if key in report:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"two {key.split('_')[0]} files given",
+                                 fix="give at most one manifest (.json) and one control file (.toml)")
+        report[key] = control_report(path, args.tp) if key == "control_report" else manifest_report(path, args.tp)
+    windows = _windows(args)
+    if args.tiers or args.curves or windows:
+        if not (args.tiers and args.curves and "control_report" in report):
+            raise SlackTierError(ErrorKind.MISSING, "a predicted slowdown needs a control file, --tiers, --curves "
+                                 "and the tables' windows",
+                                 fix="give the control file (.toml) with --tiers FILE --curves FILE --window LAYER=MS "
+                                 "(per table), or none of these flags")
+        report["prediction"] = prediction_report(report["control_report"], windows, args.tiers, args.curves,
+                                                 kappa_ms=args.kappa_ms, resolve_ms=args.resolve_ms)
+    print(json.dumps(report, indent=2) if args.json else "\n".join(lines(report)))
+    return 0

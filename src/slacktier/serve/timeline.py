@@ -1,0 +1,457 @@
+"""The step timeline: device compute from a profile; host, cache and I/O real (DESIGN 8b, issue 13).
+
+On a GPU server the model computes on the device while the host hashes, runs
+`begin_step` and reads pages. Here only the device is replaced, by a compute
+profile: per lookup layer its window W_l (ms from step start until the layer
+needs its rows) and the step's total compute, at a few batch sizes.
+
+One decode step (`TimelineRunner.step`), all times from t0 = step start:
+
+    host: pull ids (hash), engine.begin_step(ids)                -> s
+    for each lookup layer l in depth order:
+        sleep until sched_l = W_l + (stalls so far)  (time.sleep, spin the last ~100 us)
+        engine.gather(l)                             -> returns at g_l
+        stall_l = [g_l - sched_l - gather_pass_l]+   (wait on reads + begin_step overrun)
+    step ends at total_ms + sum(stall_l)
+
+The gather's dequant pass (`gather_us` in the engine's counters) is a kernel
+inside layer l on a GPU, so it is reported apart and never counted as stall.
+The engine publishes counters only at `end_step`, so while the step runs the
+next layer's schedule is shifted by g_l - sched_l minus layer l's gather pass
+of the previous step (an estimate); the recorded stalls and the step's end use
+this step's counters. Worked example: W1 = 0.27, W14 = 9.35, total 29.41;
+begin_step takes 0.5 ms, layer 1's gather returns at 0.9 ms with a 0.1 ms pass:
+stall_1 = 0.9 - 0.27 - 0.1 = 0.53; layer 14 is scheduled at 9.88 ms; its rows
+are ready, so stall_14 = 0 and the step ends at 29.94 ms.
+
+The predicted stalls come from the exposure model (plan.exposure, Eq. 1
+generalized) with this step's measured s and read times.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol, Sequence
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.plan.exposure import LayerRead, exposure
+
+PROFILE_FORMAT = "slacktier-compute-profile/1"
+PROFILES_DIR = Path(__file__).parent / "profiles"
+SPIN_S = 100e-6   # sleep until this close to a deadline, then spin (the host stays free, as on a GPU server)
+
+
+# ---- profiles -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One step's device compute: each lookup layer's window and the step total (ms), at one batch size."""
+
+    workload: str
+    batch: float
+    step_ms: float
+    windows_ms: dict[int, float]
+
+
+@dataclass(frozen=True)
+class ComputeProfile:
+    """Per-layer windows and step totals at several batch sizes, per workload, with where they came from."""
+
+    name: str
+    model: str
+    layers: int
+    origin: str
+    decode: tuple[StepTimes, ...]
+    prefill: tuple[StepTimes, ...] = ()
+
+    @property
+    def header(self) -> str:
+        """The line every timeline report starts with."""
+        return f"device compute from profile {self.name}; host, cache and I/O real (profile origin: {self.origin})"
+
+    def workloads(self) -> tuple[str, ...]:
+        """Workloads with decode points."""
+        return tuple(sorted({p.workload for p in self.decode}))
+
+    def times(self, batch: float, workload: str, lookup_layers: Sequence[int]) -> StepTimes:
+        """Decode times at `batch`, linear between the profile's batch sizes; refuses a layer or batch it lacks.
+
+        Example (v41_paper, agent): B=8 step 11.0, B=128 29.41 -> B=32 step 11.0 + 18.41 * 24/120 = 14.682 ms.
+        """
+        pts = sorted((p for p in self.decode if p.workload == workload), key=lambda p: p.batch)
+        if not pts:
+            raise SlackTierError(ErrorKind.MISSING, f"profile {self.name} has no decode points for {workload!r}",
+                                 fix=f"use one of {', '.join(self.workloads())}")
+        missing = [l for l in lookup_layers if any(l not in p.windows_ms for p in pts)]
+        if missing:
+            raise SlackTierError(ErrorKind.MISSING, f"profile {self.name} has no window for lookup layers "
+                                 f"{missing}", layer=missing[0],
+                                 fix="use a profile measured for this model's lookup layers (slacktier probe)")
+        lo, hi = pts[0].batch, pts[-1].batch
+        if not lo <= batch <= hi:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"batch {batch} outside profile {self.name}'s "
+                                 f"{workload} range [{lo:g}, {hi:g}]",
+                                 fix="pick a batch inside the range; the profile does not extrapolate")
+        xs = np.array([p.batch for p in pts], dtype=np.float64)
+
+        def at(values: list[float]) -> float:
+            return float(np.interp(batch, xs, np.array(values)))
+
+        return StepTimes(workload, float(batch), at([p.step_ms for p in pts]),
+                         {l: at([p.windows_ms[l] for p in pts]) for l in lookup_layers})
+
+
+def _bad(msg: str, where: str) -> SlackTierError:
+    return SlackTierError(ErrorKind.BAD_INPUT, f"compute profile {where}: {msg}",
+                          fix=f"see src/slacktier/serve/profiles/v41_paper.json for the format ({PROFILE_FORMAT})")
+
+
+def _points(doc: dict, key: str, layers: int, where: str) -> tuple[StepTimes, ...]:
+    out = []
+    for i, p in enumerate(doc.get(key, [])):
+        at = f"{where} {key}[{i}]"
+        try:
+            wl, batch, step_ms, windows = str(p["workload"]), float(p["batch"]), float(p["step_ms"]), p["windows_ms"]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise _bad(f"point needs workload, batch, step_ms, windows_ms ({exc})", at) from None
+        if batch <= 0 or step_ms <= 0:
+            raise _bad(f"batch {batch:g} and step_ms {step_ms:g} must be > 0", at)
+        if not isinstance(windows, dict) or not windows:
+            raise _bad("windows_ms must map layer -> ms", at)
+        w: dict[int, float] = {}
+        for k, v in windows.items():
+            try:
+                layer, ms = int(k), float(v)
+            except (TypeError, ValueError):
+                raise _bad(f"window {k!r}: {v!r} is not layer -> ms", at) from None
+            if not 0 <= layer < layers:
+                raise _bad(f"layer {layer} outside the model's {layers} layers", at)
+            if ms < 0:
+                raise _bad(f"layer {layer}'s window {ms} ms is negative", at)
+            if ms > step_ms:
+                raise _bad(f"layer {layer}'s window {ms} ms is past the step's {step_ms} ms", at)
+            w[layer] = ms
+        depth = sorted(w)
+        for a, b in zip(depth, depth[1:]):
+            if w[b] <= w[a]:
+                raise _bad(f"windows must increase with depth: layer {a} {w[a]} ms, layer {b} {w[b]} ms", at)
+        out.append(StepTimes(wl, batch, step_ms, w))
+    keys = [(p.workload, p.batch) for p in out]
+    if len(set(keys)) != len(keys):
+        raise _bad(f"{key}: a (workload, batch) point is given twice", where)
+    return tuple(out)
+
+
+def profile_from_dict(doc: dict, where: str = "<dict>") -> ComputeProfile:
+    """A profile from its JSON document; refuses bad input with SlackTierError."""
+    if not isinstance(doc, dict):
+        raise _bad("not a JSON object", where)
+    if doc.get("format") != PROFILE_FORMAT:
+        raise _bad(f"format {doc.get('format')!r}, want {PROFILE_FORMAT!r}", where)
+    for k in ("name", "origin", "layers", "decode"):
+        if k not in doc:
+            raise _bad(f"missing {k!r}", where)
+    layers = doc["layers"]
+    if not isinstance(layers, int) or isinstance(layers, bool) or layers < 1:
+        raise _bad(f"layers {layers!r} must be a positive integer", where)
+    if not str(doc["origin"]).strip():
+        raise _bad("origin is empty: say where the numbers come from", where)
+    decode = _points(doc, "decode", layers, where)
+    if not decode:
+        raise _bad("no decode points", where)
+    return ComputeProfile(str(doc["name"]), str(doc.get("model", "")), layers, str(doc["origin"]), decode,
+                          _points(doc, "prefill", layers, where))
+
+
+def load_profile(name_or_path: str | Path) -> ComputeProfile:
+    """A shipped profile by name (`v41_paper`, `qwen38_paper`) or a JSON file."""
+    path = Path(name_or_path)
+    if not path.suffix:
+        path = PROFILES_DIR / f"{name_or_path}.json"
+    if not path.is_file():
+        shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
+        raise SlackTierError(ErrorKind.MISSING, f"no compute profile {name_or_path}",
+                             fix=f"pass a JSON file or one of {shipped}")
+    try:
+        doc = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise _bad(f"not JSON ({exc})", str(path)) from None
+    return profile_from_dict(doc, str(path))
+
+
+# ---- the runner -----------------------------------------------------------------------------------------
+
+class Clock(Protocol):
+    """Seconds on one monotonic clock, and waiting until a time on it."""
+
+    def now(self) -> float: ...
+
+    def wait_until(self, deadline: float) -> None: ...
+
+
+def sleep_then_spin(deadline: float, now=time.perf_counter, sleep=time.sleep, spin_s: float = SPIN_S) -> None:
+    """Sleep until `spin_s` before `deadline`, then spin: the host stays free, as it is beside a GPU."""
+    rest = deadline - now()
+    if rest > spin_s:
+        sleep(rest - spin_s)
+    while now() < deadline:
+        pass
+
+
+class RealClock:
+    """time.perf_counter; waits by sleep_then_spin."""
+
+    def now(self) -> float:
+        return time.perf_counter()
+
+    def wait_until(self, deadline: float) -> None:
+        sleep_then_spin(deadline)
+
+
+class TimelineEngine(Protocol):
+    """What the runner needs of a StepEngine."""
+
+    def begin_step(self, ids: np.ndarray) -> None: ...
+
+    def gather(self, layer: int) -> object: ...
+
+    def end_step(self) -> object: ...   # StepCounters: .layers[l] with wait_us, read_us, gather_us, pages_read, hits
+
+
+@dataclass
+class TimelineStep:
+    """One decode step on the timeline (ms; per-layer dicts keyed by layer id)."""
+
+    index: int
+    tokens: int
+    s_ms: float                     # step start -> begin_step returned (pull, hash, resolve, submit)
+    step_ms: float                  # profile total + measured stalls
+    stall_ms: dict[int, float]      # measured: wait for rows + begin_step overrun, dequant pass excluded
+    predicted_ms: dict[int, float]  # Eq. 1 from s_ms and read_ms
+    read_ms: dict[int, float]       # the engine's submit-to-completion read time
+    wait_ms: dict[int, float]       # the engine's wait inside gather
+    gather_ms: dict[int, float]     # the engine's fill + dequant pass (a kernel inside the layer on a GPU)
+    pages: dict[int, int]
+    hits: dict[int, int]
+    lookups: dict[int, int]
+
+    @property
+    def stall_total_ms(self) -> float:
+        """Measured overhead of the step."""
+        return sum(self.stall_ms.values())
+
+    @property
+    def predicted_total_ms(self) -> float:
+        """Predicted overhead of the step (Eq. 1, kappa = 0)."""
+        return sum(self.predicted_ms.values())
+
+
+@dataclass
+class TimelineRunner:
+    """Runs decode steps of one engine against a profile's step times (see the module docstring)."""
+
+    engine: TimelineEngine
+    times: StepTimes
+    clock: Clock = field(default_factory=RealClock)
+    _last_pass_s: dict[int, float] = field(default_factory=dict, init=False)
+    _index: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        self.layers = tuple(sorted(self.times.windows_ms))   # depth order
+
+    def warm(self, ids: np.ndarray) -> None:
+        """A step off the timeline (a prefill chunk): lookups issued and gathered, nothing timed."""
+        self.engine.begin_step(ids)
+        for layer in self.layers:
+            self.engine.gather(layer)
+        self.engine.end_step()
+
+    def step(self, ids: np.ndarray, t0: float | None = None) -> TimelineStep:
+        """One decode step of ids [T, L, 24] int64; `t0`: when the step started (before pulling/hashing its ids)."""
+        clock = self.clock
+        t0 = clock.now() if t0 is None else t0
+        self.engine.begin_step(ids)
+        s = clock.now() - t0
+        late: dict[int, float] = {}
+        shift = 0.0
+        for layer in self.layers:
+            sched = t0 + self.times.windows_ms[layer] / 1e3 + shift
+            clock.wait_until(sched)
+            self.engine.gather(layer)
+            late[layer] = clock.now() - sched
+            shift += max(0.0, late[layer] - self._last_pass_s.get(layer, 0.0))
+        counters = self.engine.end_step()
+        c = {l: counters.layers[l] for l in self.layers}
+        stall = {l: max(0.0, late[l] - c[l].gather_us / 1e6) * 1e3 for l in self.layers}
+        for l in self.layers:
+            self._last_pass_s[l] = c[l].gather_us / 1e6
+        step_ms = self.times.step_ms + sum(stall.values())
+        clock.wait_until(t0 + step_ms / 1e3)
+        read_ms = {l: c[l].read_us / 1e3 for l in self.layers}
+        pred = exposure([LayerRead(l, self.times.windows_ms[l], read_ms[l]) for l in self.layers],
+                        resolve_ms=s * 1e3)
+        self._index += 1
+        return TimelineStep(
+            index=self._index - 1, tokens=int(np.asarray(ids).shape[0]), s_ms=s * 1e3, step_ms=step_ms,
+            stall_ms=stall, predicted_ms={l: pred.stall_of(l) for l in self.layers}, read_ms=read_ms,
+            wait_ms={l: c[l].wait_us / 1e3 for l in self.layers},
+            gather_ms={l: c[l].gather_us / 1e3 for l in self.layers},
+            pages={l: int(c[l].pages_read) for l in self.layers}, hits={l: int(c[l].hits) for l in self.layers},
+            lookups={l: int(c[l].lookups) for l in self.layers})
+
+
+def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int) -> list[TimelineStep]:
+    """Replay Steps (workloads.replay): prefill warms the cache off the timeline; decode steps with `batch`
+    tokens run on it until `decode_steps` of them ran (fewer decode tokens: warmed, not timed)."""
+    it: Iterator = iter(steps)
+    out: list[TimelineStep] = []
+    clock = runner.clock
+    while len(out) < decode_steps:
+        t0 = clock.now()
+        st = next(it, None)   # pulling a step hashes its tokens: host work, inside s for a decode step
+        if st is None:
+            break
+        if st.kind == "decode" and st.num_tokens == batch:
+            out.append(runner.step(st.ids, t0=t0))
+        else:
+            runner.warm(st.ids)
+    return out
+
+
+@dataclass(frozen=True)
+class TimelineSummary:
+    """A run's full-batch decode steps: mean measured and predicted overhead per step (ms), per-layer means."""
+
+    steps: int
+    stall_ms: float
+    predicted_ms: float
+    p99_stall_ms: float
+    s_ms: float
+    read_ms: dict[int, float]
+    stall_layer_ms: dict[int, float]
+    gather_ms: dict[int, float]
+    pages: dict[int, float]
+    hit_rate: dict[int, float]
+
+
+def summarize(steps: Sequence[TimelineStep]) -> TimelineSummary:
+    """Means over `steps` (NaN-free: refuses an empty list)."""
+    if not steps:
+        raise SlackTierError(ErrorKind.MISSING, "no full-batch decode step ran",
+                             fix="use traffic with at least B sessions and enough decode tokens")
+    layers = tuple(steps[0].stall_ms)
+
+    def mean(f) -> float:
+        return float(np.mean([f(s) for s in steps]))
+
+    return TimelineSummary(
+        steps=len(steps), stall_ms=mean(lambda s: s.stall_total_ms), predicted_ms=mean(lambda s: s.predicted_total_ms),
+        p99_stall_ms=float(np.percentile([s.stall_total_ms for s in steps], 99)), s_ms=mean(lambda s: s.s_ms),
+        read_ms={l: mean(lambda s: s.read_ms[l]) for l in layers},
+        stall_layer_ms={l: mean(lambda s: s.stall_ms[l]) for l in layers},
+        gather_ms={l: mean(lambda s: s.gather_ms[l]) for l in layers},
+        pages={l: mean(lambda s: s.pages[l]) for l in layers},
+        hit_rate={l: sum(s.hits[l] for s in steps) / max(1, sum(s.lookups[l] for s in steps)) for l in layers})
+
+
+# ---- placements on a scaled table, shuffled runs (the demo's section and benchmarks/bench_timeline.py) ------
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """A scaled V4.1-hashed table, traffic, a profile, placements at some batch sizes, shuffled runs."""
+
+    workdir: str = "runs/timeline"
+    profile: str = "v41_paper"
+    workload: str = "chat"            # built-in traffic (ShareGPT chat; the agent set needs minutes to build)
+    batches: tuple[int, ...] = (32,)
+    runs: int = 3
+    decode_steps: int = 32            # full-batch decode steps timed per run
+    decode_tokens: int = 64           # N tokens per assistant turn
+    engram_vocab: int = 12_500        # ~300,000 rows per layer, the demo's table size
+    cache_rows: int = 32_768          # rows of the cached placements (both layers)
+    max_session_tokens: int = 1024
+    max_turns: int = 2
+    prefill_chunk_tokens: int = 1024
+    seed: int = 0
+    metrics: bool = False             # the engines publish Prometheus metrics
+
+
+def timeline_placements(first: int, second: int, cache_rows: int) -> list:
+    """Short-window layer in DRAM + long on disk; both on disk uncached; cache on the long layer only; split."""
+    from slacktier.serve.tiers import Placement
+
+    both = ((first, "disk"), (second, "disk"))
+    return [Placement(f"l{first}-dram-l{second}-disk", ((first, "dram"), (second, "disk"))),
+            Placement("disk", both),
+            Placement(f"disk-cache-l{second}", both, cache_rows // 2, ((second, 1.0),)),
+            Placement("disk-split", both, cache_rows, ((first, 0.5), (second, 0.5)))]
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run: a placement at one batch size, its place in the shuffled order, what it measured."""
+
+    placement: str
+    batch: int
+    rep: int
+    order: int
+    step_ms: float       # the profile's step at this batch
+    summary: TimelineSummary
+
+
+def sweep_sessions(cfg: SweepConfig, batch: int) -> list:
+    """`batch` distinct sessions of the traffic (held-out first); refuses a batch the traffic cannot fill."""
+    from slacktier.serve.runs import clip_sessions
+    from slacktier.workloads.corpus import CorpusConfig, load_workload
+
+    split = load_workload(cfg.workload, CorpusConfig(seed=cfg.seed, agent_sessions_per_source=1))
+    pool = clip_sessions(split.holdout, cfg.max_session_tokens, cfg.max_turns) + \
+        clip_sessions(split.fit, cfg.max_session_tokens, cfg.max_turns)
+    if len(pool) < batch:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"B={batch} needs {batch} sessions; the {cfg.workload} traffic "
+                             f"has {len(pool)} within {cfg.max_session_tokens} tokens",
+                             fix="pick a smaller B or more traffic (no session is repeated to fill a batch)")
+    return pool
+
+
+def run_sweep(cfg: SweepConfig, progress: bool = False) -> tuple[ComputeProfile, list[SweepRun]]:
+    """Stage the scaled table once, then every (batch, placement) `cfg.runs` times in shuffled order."""
+    from slacktier.serve.tiers import TierSet
+    from slacktier.tables.engram_hash import EngramLayout
+    from slacktier.workloads.hashing import EngramLookupHasher
+    from slacktier.workloads.replay import ReplayConfig, replay_steps
+
+    profile = load_profile(cfg.profile)
+    layout = EngramLayout.scaled(cfg.engram_vocab, (1, 14))
+    first, second = layout.layer_ids[:2]
+    hasher = EngramLookupHasher(layout)
+    placements = timeline_placements(first, second, cfg.cache_rows)
+    pools = {b: sweep_sessions(cfg, b) for b in cfg.batches}   # refuse before staging anything
+    times = {b: profile.times(b, cfg.workload, layout.layer_ids) for b in cfg.batches}
+    tiers = TierSet(Path(cfg.workdir) / "tables", layout, seed=cfg.seed + 1, max_cache_rows=cfg.cache_rows,
+                    max_tokens=max(cfg.prefill_chunk_tokens, *cfg.batches), devices=1, metrics=cfg.metrics)
+    rng = np.random.default_rng(cfg.seed)
+    out: list[SweepRun] = []
+    try:
+        tiers.stage(device_counts=(1,), progress=progress)
+        for rep in range(cfg.runs):
+            jobs = [(b, p) for b in cfg.batches for p in placements]
+            for order, k in enumerate(rng.permutation(len(jobs))):
+                batch, placement = jobs[k]
+                tiers.provider(placement)   # switches the one engine in place, cold cache
+                runner = TimelineRunner(tiers.engine, times[batch])
+                rc = ReplayConfig(batch=batch, decode_tokens=cfg.decode_tokens,
+                                  prefill_chunk_tokens=cfg.prefill_chunk_tokens)
+                steps = run_replay(runner, replay_steps(pools[batch], hasher, rc), batch, cfg.decode_steps)
+                out.append(SweepRun(placement.name, batch, rep, order, times[batch].step_ms, summarize(steps)))
+                if progress:
+                    print(f"  run {rep + 1}/{cfg.runs} B={batch} {placement.name}: "
+                          f"{out[-1].summary.stall_ms:.2f} ms stall/step", flush=True)
+    finally:
+        tiers.close()
+    return profile, out
