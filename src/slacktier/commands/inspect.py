@@ -128,20 +128,10 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
 
 
 def _windows(args: argparse.Namespace) -> dict[int, float]:
-    """Windows (ms) per layer from --windows-json and --window (the latter wins)."""
-    from slacktier.commands.plan import windows_from_probe_json
-    from slacktier.errors import ErrorKind, SlackTierError
+    """Windows (ms) per layer, from the same flags `slacktier plan` takes."""
+    from slacktier.commands.plan import windows_from_args
 
-    windows: dict[int, float] = {}
-    if args.windows_json:
-        windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
-    for w in args.window:
-        try:
-            layer, ms = w.split("=")
-            windows[int(layer)] = float(ms)
-        except ValueError as exc:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
-    return windows
+    return windows_from_args(args)
 
 
 def _mib(n: int) -> str:

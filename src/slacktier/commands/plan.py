@@ -84,11 +84,8 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
     return out
 
 
-def run(args: argparse.Namespace) -> int:
-    """Plan, print the placement and write the control file (and the plan as JSON if asked)."""
-    from slacktier.config import DiskOptions, EngineConfig
-    from slacktier.plan import TableDemand, format_plan, load_miss_curves, load_tiers, make_plan, plan_to_dict, write_plan
-
+def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
+    """Windows (ms) per layer from --windows-json and --window (the latter wins); shared with `inspect`."""
     windows: dict[int, float] = {}
     if args.windows_json:
         windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
@@ -98,6 +95,15 @@ def run(args: argparse.Namespace) -> int:
             windows[int(layer)] = float(ms)
         except ValueError as exc:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
+    return windows
+
+
+def run(args: argparse.Namespace) -> int:
+    """Plan, print the placement and write the control file (and the plan as JSON if asked)."""
+    from slacktier.config import DiskOptions, EngineConfig
+    from slacktier.plan import TableDemand, format_plan, load_miss_curves, load_tiers, make_plan, plan_to_dict, write_plan
+
+    windows = windows_from_args(args)
     tables = []
     for layer, manifest, rows in _parse_tables(args.table):
         if layer not in windows:
