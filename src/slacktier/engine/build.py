@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from slacktier.config import EngineConfig, RedisOptions, TableConfig
+from slacktier.config import EngineConfig, TableConfig
 from slacktier.engine.checker import SourceRowReader
 from slacktier.engine.tables import TableSpec, seen_bitmap
 from slacktier.errors import ErrorKind, SlackTierError
@@ -43,7 +43,6 @@ class Resolved:
     rows: int
     row_start: int
     regions: tuple[Region, ...]            # what the source reads, in rank order
-    staged: tuple[Region, ...]             # where the bytes are staged (the checker reads these)
     crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified
     data_key: tuple
     source_key: tuple
@@ -55,31 +54,20 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     if t.layer not in m.layout.rows:
         raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no layer {t.layer} (it has "
                              f"{sorted(m.layout.rows)})", layer=t.layer, fix="point the table at its manifest")
-    mine = sorted((r for r in m.regions if r.layer == t.layer), key=lambda r: r.rank)
-    if t.rank >= 0:
-        mine = [r for r in mine if r.rank == t.rank]
-        if not mine:
-            raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no rank {t.rank} region of layer "
-                                 f"{t.layer}", layer=t.layer, rank=t.rank, fix="pick a rank the table was staged with")
-    if len(t.targets) > len(m.targets):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(t.targets)} target overrides for a table staged on "
-                             f"{len(m.targets)} targets", layer=t.layer, fix="give at most one path per target")
-    targets = [override or staged for staged, override in
-               zip(m.targets, tuple(t.targets) + ("",) * (len(m.targets) - len(t.targets)))]
-    staged = tuple(r.runtime(targets[r.device]) for r in mine)
-    regions = staged
-    if isinstance(t.options, RedisOptions) and t.options.prefix:
-        regions = tuple(r.runtime(t.options.prefix) for r in mine)
+    rank = t.rank if t.rank >= 0 else None
+    # In rank order, with the control file's target overrides (a Redis tier reads its own key prefix).
+    regions = tuple(m.runtime_regions(layer=t.layer, rank=rank, targets=t.targets))
     rows, row_start = m.layout.rows[t.layer], 0
-    if t.rank >= 0:   # one rank's shard: the directory covers only its rows
-        rows, row_start = mine[0].rows, mine[0].row_start
+    if rank is not None:   # one rank's shard: the directory covers only its rows
+        rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
     if verifies(t, eng):
         every = m.checksums()
-        crcs = tuple(np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in mine)
-    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in staged), m.identity)
+        staged = (r for r in m.regions if r.layer == t.layer and (rank is None or r.rank == rank))
+        crcs = tuple(np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in staged)
+    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
     source_key = (t.source, t.options, regions, crcs is not None, m.identity)
-    return Resolved(t, m, rows, row_start, regions, staged, crcs, data_key, source_key)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -109,7 +97,7 @@ def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
     manifest's own source (seed or checkpoint) rather than reading the medium the engine reads."""
     reference = SourceRowReader(r.manifest, r.config.layer, r.row_start) if check else None
     return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
-                     cache_share=r.config.cache_share, seen=_seen(r.config, r.rows), staged=r.staged,
+                     cache_share=r.config.cache_share, seen=_seen(r.config, r.rows),
                      reference=reference)
 
 

@@ -199,7 +199,7 @@ class StepEngine:
         self._layers = {}
         for t in tables:
             run = _LayerRun(spec=t, axis=axis.index(t.layer), scratch=PassScratch(1))
-            if t.layer in old and t.layer not in invalidate and _bytes_at(old[t.layer].spec) == _bytes_at(t):
+            if t.layer in old and t.layer not in invalidate and old[t.layer].spec.regions == t.regions:
                 run.reader = old[t.layer].reader if t.reference is None else None
             self._layers[t.layer] = run
             self.totals.setdefault(t.layer, LayerCounters())
@@ -295,7 +295,7 @@ class StepEngine:
             return run.spec.reference
         if run.reader is None:
             spec = run.spec
-            regions = _bytes_at(spec)
+            regions = spec.regions
             run.reader = FileRowReader(spec.layer, [r.row_start - spec.row_start for r in regions],
                                        [r.rows for r in regions], regions)
         return run.reader
@@ -726,8 +726,3 @@ def _check_rank_sharding(resolved: dict[int, B.Resolved]) -> None:
     for layer, r in resolved.items():
         if r.config.rank >= 0 and layer in r.manifest.layout.column_bounds:
             check_tp_sharding(r.manifest, r.manifest.ranks, [layer])
-
-
-def _bytes_at(spec: TableSpec) -> tuple:
-    """Where a table's bytes are staged (the checker reads them there)."""
-    return spec.staged or spec.regions

@@ -45,7 +45,6 @@ class TableSpec:
     seen: np.ndarray | None = None
     reference: object | None = None       # a slacktier.engine.checker.RowReader
     region_index: tuple[int, ...] = ()    # regions[i]'s index in the source's region list (default: i)
-    staged: tuple[Region, ...] = ()       # where the bytes are staged, when the source reads a copy (checker)
     geometry: LayerGeometry = field(init=False, repr=False)   # what the directory pass needs (cache room)
 
     def __post_init__(self) -> None:
