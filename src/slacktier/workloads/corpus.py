@@ -8,6 +8,12 @@ run, so template sessions (`agent`: real tool output around fixed THOUGHT
 lines, far more repetitive than a real agent) stay the default until a sample
 large enough for B = 128 is vendored (issue 12 is open). Every figure taken on
 template traffic says so.
+
+Token ids: `tokens="deepseek"` (the DeepSeek-V4 tokenizer, Engram traffic) or
+`tokens="qwen"` (Qwen's chat format and tokenizer, `qwen_sessions`: PLE
+traffic). Which sessions, and where each is cut, is decided on the DeepSeek
+rendering either way (`chat_max_tokens`, `agent_max_tokens` count DeepSeek
+tokens), so both tokenizations replay the same turns of the same sessions.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.workloads.agent import AgentParams, agent_sessions, available_sources
-from slacktier.workloads.sessions import TokenSession, render_session, truncate_turns
+from slacktier.workloads.sessions import Session, TokenSession, render_session, truncate_turns
 from slacktier.workloads.sharegpt import ParseStats, iter_chat_sessions
 from slacktier.workloads.split import Split, split_by_source
 from slacktier.workloads.trajectories import LoadStats, load_trajectories
@@ -29,6 +35,7 @@ log = logging.getLogger(__name__)
 
 WORKLOADS = ("agent", "chat")
 AGENT_SOURCES = ("published", "template")
+TOKENIZERS = ("deepseek", "qwen")   # DeepSeek-V4 ids (Engram V4.1), Qwen3.8 ids (PLE)
 DEFAULT_CACHE_DIR = Path("data/workloads")
 
 
@@ -49,8 +56,12 @@ class CorpusConfig:
     holdout_share: float = 0.5
     seed: int = 0
     cache_dir: Path | None = DEFAULT_CACHE_DIR
+    tokens: str = "deepseek"       # "deepseek" (Engram traffic) or "qwen" (PLE traffic), see the module docstring
 
     def __post_init__(self) -> None:
+        if self.tokens not in TOKENIZERS:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown tokenizer {self.tokens!r}",
+                                 fix=f"use one of {TOKENIZERS}")
         if self.agent_source not in AGENT_SOURCES:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown agent source {self.agent_source!r}",
                                  fix=f"use one of {AGENT_SOURCES}")
@@ -60,13 +71,14 @@ class CorpusConfig:
 
 
 def chat_token_sessions(n_sessions: int, min_replies: int = 2, max_turns: int = 24, max_tokens: int = 32768,
-                        stats: ParseStats | None = None) -> list[TokenSession]:
-    """The first `n_sessions` ShareGPT conversations (file order) with >= min_replies replies and <= max_tokens."""
+                        stats: ParseStats | None = None, tokens: str = "deepseek") -> list[TokenSession]:
+    """The first `n_sessions` ShareGPT conversations (file order) with >= min_replies replies and <= max_tokens
+    DeepSeek tokens, as `tokens` ids."""
     from slacktier.tables.tokenizer import load_deepseek_tokenizer
 
     tok = load_deepseek_tokenizer()
     stats = stats if stats is not None else ParseStats()
-    out: list[TokenSession] = []
+    out: list[tuple[Session, TokenSession]] = []
     for session in iter_chat_sessions(min_replies=min_replies, stats=stats):
         session = truncate_turns(session, max_turns)
         if sum(t.role == "assistant" for t in session.turns) < min_replies:
@@ -76,7 +88,7 @@ def chat_token_sessions(n_sessions: int, min_replies: int = 2, max_turns: int = 
         if ts.num_tokens > max_tokens:
             stats.skip("too_long")
             continue
-        out.append(ts)
+        out.append((session, ts))
         if len(out) == n_sessions:
             break
     if len(out) < n_sessions:
@@ -84,7 +96,7 @@ def chat_token_sessions(n_sessions: int, min_replies: int = 2, max_turns: int = 
                              fix="ask for fewer sessions or relax min_replies / max_tokens")
     if stats.skipped:
         log.info("ShareGPT sessions skipped: %s", stats.skipped)
-    return out
+    return as_tokens(out, tokens)
 
 
 def clip_to_tokens(ts: TokenSession, max_tokens: int) -> TokenSession | None:
@@ -99,8 +111,34 @@ def clip_to_tokens(ts: TokenSession, max_tokens: int) -> TokenSession | None:
                         ts.reply_end[:k].copy())
 
 
+def keep_replies(ts: TokenSession, replies: int) -> TokenSession:
+    """The session cut after its first `replies` replies (all of it when it has no more)."""
+    if replies >= ts.num_replies:
+        return ts
+    if replies < 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"session {ts.session_id}: keep {replies} replies",
+                             fix="keep at least one reply")
+    end = int(ts.reply_end[replies - 1])
+    return TokenSession(ts.session_id, ts.source, ts.kind, ts.tokens[:end].copy(),
+                        ts.reply_start[:replies].copy(), ts.reply_end[:replies].copy())
+
+
+def as_tokens(pairs: list[tuple[Session, TokenSession]], tokens: str) -> list[TokenSession]:
+    """Token sessions in `tokens` ids: the DeepSeek ones as given, or each Session rendered in Qwen's format and
+    cut to as many replies as its DeepSeek rendering kept."""
+    if tokens == "deepseek":
+        return [ts for _, ts in pairs]
+    if tokens != "qwen":
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown tokenizer {tokens!r}", fix=f"use one of {TOKENIZERS}")
+    from slacktier.tables.tokenizer import load_qwen_tokenizer
+    from slacktier.workloads.qwen_sessions import render_qwen_session
+
+    tok = load_qwen_tokenizer()
+    return [keep_replies(render_qwen_session(s, tok), ts.num_replies) for s, ts in pairs]
+
+
 def published_token_sessions(config: CorpusConfig, stats: LoadStats | None = None) -> list[TokenSession]:
-    """Published agent trajectories (vendored sample or `config.agent_dir`) as token sessions, clipped."""
+    """Published agent trajectories (vendored sample or `config.agent_dir`) as `config.tokens` sessions, clipped."""
     from slacktier.tables.tokenizer import load_deepseek_tokenizer
 
     tok = load_deepseek_tokenizer()
@@ -109,10 +147,10 @@ def published_token_sessions(config: CorpusConfig, stats: LoadStats | None = Non
     for session in load_trajectories(config.agent_dir, stats):
         ts = clip_to_tokens(render_session(session, tok), config.agent_max_tokens)
         if ts is not None:
-            out.append(ts)
+            out.append((session, ts))
     if stats.skipped:
         log.warning("agent trajectories: %d records skipped: %s", len(stats.skipped), stats.skipped[:5])
-    return out
+    return as_tokens(out, config.tokens)
 
 
 def agent_token_sessions(config: CorpusConfig, progress: bool = False) -> list[TokenSession]:
@@ -122,16 +160,16 @@ def agent_token_sessions(config: CorpusConfig, progress: bool = False) -> list[T
     sources = available_sources(config.agent_sources)
     pairs = agent_sessions(sources, config.agent_sessions_per_source, config.seed, config.cache_dir,
                            config.agent_params, progress=progress)
-    return [tokens for _, tokens in pairs]
+    return as_tokens(pairs, config.tokens)
 
 
 def load_workload(name: str, config: CorpusConfig = CorpusConfig(), progress: bool = False) -> Split[TokenSession]:
-    """The workload's token sessions split by source into fit and holdout."""
+    """The workload's token sessions (`config.tokens` ids) split by source into fit and holdout."""
     if name == "agent":
         sessions = agent_token_sessions(config, progress)
     elif name == "chat":
         sessions = chat_token_sessions(config.chat_sessions, config.chat_min_replies, config.chat_max_turns,
-                                       config.chat_max_tokens)
+                                       config.chat_max_tokens, tokens=config.tokens)
     else:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown workload {name!r}", fix=f"use one of {WORKLOADS}")
     return split_by_source(sessions, holdout_share=config.holdout_share, seed=config.seed)

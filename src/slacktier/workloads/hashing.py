@@ -92,8 +92,9 @@ class EngramLookupHasher:
 class PleLookupHasher:
     """Qwen3.8 PLE rows ([T, 1, 16], consumed at layer 1) through slacktier.tables.ple_hash.
 
-    PLE hashes Qwen3.8 token ids; feeding it DeepSeek-V4 ids gives a valid
-    access pattern of the same shape but not Qwen3.8's own traffic.
+    PLE hashes Qwen3.8 token ids: replay sessions rendered with Qwen's tokenizer
+    (`CorpusConfig(tokens="qwen")`, workloads.qwen_sessions). DeepSeek-V4 ids give
+    a valid access pattern of the same shape but not Qwen3.8's own traffic.
     """
 
     def __init__(self, layout=None) -> None:
@@ -113,6 +114,30 @@ class PleLookupHasher:
     def decode(self, new_tokens: np.ndarray, history: np.ndarray) -> np.ndarray:
         """Row ids [B, 1, C]."""
         return self._hasher.decode(new_tokens, history)[:, None, :]
+
+
+TABLES = ("engram", "ple")
+TABLE_TOKENS = {"engram": "deepseek", "ple": "qwen"}   # the tokenizer whose ids each table hashes
+
+
+def table_layer_ids(table: str) -> tuple[int, ...]:
+    """Model layers the workloads key `table` by: engram (1, 14), ple (1,)."""
+    if table == "engram":
+        from slacktier.tables.engram_hash import V41_LAYER_IDS
+        return tuple(V41_LAYER_IDS)
+    if table == "ple":
+        from slacktier.tables.ple_hash import PleLayout
+        return (PleLayout.qwen38().layer_id,)
+    raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown table {table!r}", fix=f"use one of {TABLES}")
+
+
+def lookup_hasher(table: str) -> LookupHasher:
+    """The full-size hasher of `table`: "engram" (DeepSeek-V4.1, layers 1 and 14) or "ple" (Qwen3.8, layer 1)."""
+    if table == "engram":
+        return EngramLookupHasher()
+    if table == "ple":
+        return PleLookupHasher()
+    raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown table {table!r}", fix=f"use one of {TABLES}")
 
 
 def history_before(tokens: np.ndarray, position: int, width: int) -> np.ndarray:

@@ -1,8 +1,10 @@
 """The characterization run as a person and the planner read it: CSV, JSON, a table and PNG plots.
 
 `characterize(config)` is what `slacktier characterize` calls: it replays each
-workload, characterizes it (`workloads.characterize`), and writes under
-`config.out`, names that BENCHMARKS.md and the planner rely on:
+workload through one table's hash (`table`: "engram", DeepSeek-V4.1 on
+DeepSeek ids, or "ple", Qwen3.8 on Qwen ids), characterizes it
+(`workloads.characterize`), and writes under `config.out`, names that
+BENCHMARKS.md and the planner rely on:
 
     hit_rates.csv / .json        one row per (workload, layer, policy, capacity)
     batch_reuse.csv / .json      one row per (workload, layer)
@@ -31,10 +33,13 @@ from slacktier.workloads.characterize import (BatchReuse, Capacity, HitResult, b
                                               hit_table, miss_page_curve, prepare_workload, trace_summary,
                                               write_json)
 from slacktier.workloads.corpus import WORKLOADS, CorpusConfig
+from slacktier.workloads.hashing import TABLE_TOKENS, TABLES, lookup_hasher, table_layer_ids
 from slacktier.workloads.policies import POLICIES
 from slacktier.workloads.replay import ReplayConfig
 
 log = logging.getLogger(__name__)
+
+TABLE_TITLES = {"engram": "Engram", "ple": "PLE"}
 
 
 @dataclass(frozen=True)
@@ -45,7 +50,8 @@ class CharacterizeConfig:
     replay: ReplayConfig
     workloads: tuple[str, ...] = ("agent", "chat")
     policies: tuple[str, ...] = POLICIES
-    layers: tuple[int, ...] = (1, 14)
+    layers: tuple[int, ...] = ()           # empty: every layer of the table
+    table: str = "engram"                  # "engram" (V4.1, corpus.tokens "deepseek") or "ple" (Qwen3.8, "qwen")
     capacities_rows: tuple[int, ...] = ()  # empty: capacities_for() per layer
     static_head_share: float = 0.5         # share of capacity static_lru pins
     miss_policy: str = "clock"             # policy behind the miss-page curve (the engine serves CLOCK)
@@ -61,10 +67,22 @@ class CharacterizeConfig:
         for w in self.workloads:
             if w not in WORKLOADS:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown workload {w}", fix=f"use {','.join(WORKLOADS)}")
-        if not self.layers or not 0 <= self.static_head_share <= 1 or any(c < 0 for c in self.capacities_rows):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"layers {self.layers}, static head share "
+        if self.table not in TABLES:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown table {self.table}", fix=f"use {','.join(TABLES)}")
+        own = table_layer_ids(self.table)
+        if not self.layers:
+            object.__setattr__(self, "layers", own)
+        if (set(self.layers) - set(own) or not 0 <= self.static_head_share <= 1
+                or any(c < 0 for c in self.capacities_rows)):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{self.table} layers {self.layers}, static head share "
                                  f"{self.static_head_share}, capacities {self.capacities_rows}",
-                                 fix="name at least one layer, a share in [0, 1] and capacities >= 0 rows")
+                                 fix=f"name layers among {own}, a share in [0, 1] and capacities >= 0 rows")
+        if self.corpus.tokens != TABLE_TOKENS[self.table]:
+            if self.table == "engram":
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"the Engram table hashes DeepSeek-V4 ids, not "
+                                     f"{self.corpus.tokens} ids", fix="use CorpusConfig(tokens='deepseek')")
+            log.warning("PLE over %s ids: an access pattern of the PLE's shape, not Qwen3.8's own traffic "
+                        "(Qwen3.8 hashes Qwen ids: tokens='qwen')", self.corpus.tokens)
 
 
 @dataclass
@@ -87,9 +105,7 @@ def miss_curve_grid(n_items: int, points: int) -> list[int]:
 
 def characterize(config: CharacterizeConfig) -> Characterization:
     """Replay every workload, characterize it, write CSV/JSON (and PNG) under config.out, print the table."""
-    from slacktier.workloads.hashing import EngramLookupHasher
-
-    hasher = EngramLookupHasher()
+    hasher = lookup_hasher(config.table)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     batch = config.replay.batch
@@ -107,15 +123,17 @@ def characterize(config: CharacterizeConfig) -> Characterization:
         # one grid for all layers, up to the most unique rows of a layer
         grid = miss_curve_grid(max(p.n_items for p in pw.preps), config.miss_points)
         curve = miss_page_curve(pw.preps, grid, config.miss_policy, config.progress)
+        curve |= {"table": config.table, "tokens": config.corpus.tokens}
         curve_path = out / f"miss_curve_{wl}_B{batch}.json"
         write_json(curve_path, curve)
         res.curve_paths.append(curve_path)
-        res.summary[wl] = trace_summary(pw) | {"characterize_s": time.perf_counter() - t1,
+        res.summary[wl] = trace_summary(pw) | {"table": config.table, "tokens": config.corpus.tokens,
+                                               "characterize_s": time.perf_counter() - t1,
                                                "lru_lookups_per_s": lru_lookups_per_s(results),
                                                "miss_curve": str(curve_path)}
     write_tables(res, out)
     if config.plots:
-        plot_hit_rates(res.hits, out)
+        plot_hit_rates(res.hits, out, TABLE_TITLES[config.table])
         plot_miss_curves(res.curve_paths, out)
     print(format_characterization(res.hits, res.reuse, res.summary))
     print(f"wrote {out}/hit_rates.csv, hit_rates.json, batch_reuse.csv, summary.json, miss_curve_*.json")
@@ -179,13 +197,14 @@ def format_characterization(results: Sequence[HitResult], reuse_rows: Sequence[d
                     f"{100 * r['consecutive_distinct']:.1f}%, in {r['window_tokens']}-token windows "
                     f"{100 * r['window_distinct']:.1f}%")
     for wl, s in summary.items():
-        text.append(f"{wl}: {s['holdout_sessions']} holdout sessions ({s['holdout_sources']} sources), fit "
+        ids = f" [{s['table']} on {s['tokens']} ids]" if "table" in s else ""
+        text.append(f"{wl}{ids}: {s['holdout_sessions']} holdout sessions ({s['holdout_sources']} sources), fit "
                     f"{s['fit_sessions']} ({s['fit_sources']} sources), {s['trace_tokens']:,} trace tokens, "
                     f"{s['decode_tokens']:,} decode tokens, LRU {s['lru_lookups_per_s'] or 0:,.0f} lookups/s")
     return "\n".join(text)
 
 
-def plot_hit_rates(results: Sequence[HitResult], out: Path) -> list[Path]:
+def plot_hit_rates(results: Sequence[HitResult], out: Path, table_title: str = "Engram") -> list[Path]:
     """hit_rate_<workload>_L<layer>.png: decode hit rate against capacity, one line per policy."""
     import matplotlib
     matplotlib.use("Agg")
@@ -203,7 +222,7 @@ def plot_hit_rates(results: Sequence[HitResult], out: Path) -> list[Path]:
             ax.set_xscale("log")
             ax.set_xlabel("cache capacity (rows per layer)")
             ax.set_ylabel("decode hit rate (%)")
-            ax.set_title(f"{wl}, Engram layer {layer}")
+            ax.set_title(f"{wl}, {table_title} layer {layer}")
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=8)
             fig.tight_layout()
