@@ -58,3 +58,17 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server = RedisServer(tmp_path_factory.mktemp("redis"))
     yield server
     server.stop()
+
+
+from slacktier.store.redis_local import LocalRedisCluster  # noqa: E402  (kept beside the fixture that uses it)
+
+
+@pytest.fixture(scope="module")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalRedisCluster]:
+    """A local Redis Cluster (3 masters, 3 replicas, auth on) on loopback ports, for one test module; stopped
+    by PID at teardown (skips where no redis-server is installed)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    cluster = LocalRedisCluster(tmp_path_factory.mktemp("redis-cluster"), masters=3, replicas=1).start()
+    yield cluster
+    cluster.stop()

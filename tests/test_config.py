@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slacktier.config import (ControlFile, DiskOptions, DramOptions, EngineConfig, RedisOptions, TableConfig,
+from slacktier.config import (ControlFile, DiskOptions, DramOptions, EngineConfig, RedisClusterOptions, RedisOptions,
+                              TableConfig,
                               dump_control, load_control, parse_control, tier_names, write_control)
 from slacktier.errors import ErrorKind, SlackTierError
 
@@ -95,7 +96,10 @@ _options = st.one_of(
     st.builds(DramOptions),
     st.builds(DiskOptions, engine=st.sampled_from(["auto", "io_uring", "threads"]),
               queue_depth=st.integers(1, 4096), io_threads=st.integers(1, 64)),
-    st.builds(RedisOptions, url=_names, prefix=_names),
+    st.builds(RedisOptions, url=_names.map(lambda n: "redis://" + n.replace("@", "")), prefix=_names,
+              username=_names, password_env=_names),
+    st.builds(RedisClusterOptions, url=_names.map(lambda n: "rediss://" + n.replace("@", "")), prefix=_names,
+              password_file=_names, tls_ca_file=_names, read_from_replicas=st.booleans()),
 )
 
 
@@ -106,7 +110,8 @@ def _control(draw) -> ControlFile:
     tables = []
     for layer, share in zip(layers, shares):
         options = draw(_options)
-        source = {DramOptions: "dram", DiskOptions: "disk", RedisOptions: "redis"}[type(options)]
+        source = {DramOptions: "dram", DiskOptions: "disk", RedisOptions: "redis",
+                  RedisClusterOptions: "redis-cluster"}[type(options)]
         tables.append(TableConfig(layer=layer, manifest="/m/" + draw(_names), source=source, options=options,
                                   rank=draw(st.integers(-1, 8)), targets=tuple(draw(st.lists(_names, max_size=2))),
                                   cache_share=share, order=draw(st.integers(-3, 3)), seen=draw(_names)))

@@ -187,21 +187,21 @@ def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server)
         server.resume()
 
 
-def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog):
+def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog, monkeypatch):
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server binary not found")
     secret = "s3cr3t-pw"
     srv = RedisServer(tmp_path, password=secret)
     caplog.set_level(logging.DEBUG, logger="slacktier")
+    monkeypatch.setenv("ST_TEST_REDIS_PW", secret)
+    monkeypatch.setenv("ST_TEST_REDIS_WRONG", "wrong-" + secret)
     messages = []
     try:
-        assert secret in srv.url
         staged = stage_synthetic(tmp_path / "t", layers=(1,), ranks=1, rows=30)
-        specs = load_regions_into_redis(srv.url, staged.specs, "pw", identity=staged.manifest.identity)
-        opts = RedisOptions(url=srv.url, socket_timeout_ms=300)
-        assert secret not in repr(opts) and "default:***@" in repr(opts)
+        opts = RedisOptions(url=srv.url, socket_timeout_ms=300, password_env="ST_TEST_REDIS_PW")
+        specs = load_regions_into_redis(opts, staged.specs, "pw", identity=staged.manifest.identity)
+        assert secret not in repr(opts)
         src = RedisSource(specs, opts, identity=staged.manifest.identity)
-        assert secret not in src.url and "default:***@127.0.0.1" in src.url
         try:
             srv.pause()
             with pytest.raises(SlackTierError) as info:
@@ -210,12 +210,15 @@ def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog):
         finally:
             srv.resume()
             src.close()
-        wrong = srv.url.replace(secret, "wrong-" + secret)
-        for make in (lambda: RedisSource(specs, RedisOptions(url=wrong), identity=staged.manifest.identity),
+        wrong = RedisOptions(url=srv.url, password_env="ST_TEST_REDIS_WRONG")
+        none = RedisOptions(url=srv.url)
+        for make in (lambda: RedisSource(specs, wrong, identity=staged.manifest.identity),
                      lambda: load_regions_into_redis(wrong, staged.specs, "pw"),
-                     lambda: verify_identity("redis", specs, RedisOptions(url=wrong), staged.manifest.identity)):
+                     lambda: verify_identity("redis", specs, wrong, staged.manifest.identity),
+                     lambda: RedisSource(specs, none, identity=staged.manifest.identity)):
             with pytest.raises(SlackTierError) as info:
                 make()
+            assert info.value.kind is ErrorKind.UNAVAILABLE
             messages.append(info.value)
         srv.stop()
         with pytest.raises(SlackTierError) as info:
@@ -223,12 +226,32 @@ def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog):
         messages.append(info.value)
     finally:
         srv.stop()
-    assert len(messages) == 5
+    assert len(messages) == 6
     for exc in messages:
         text = f"{exc} {exc!r} {exc.fix}"
-        assert secret not in text and "***" in text, text
+        assert secret not in text, text
         assert exc.__cause__ is None or secret not in repr(exc.__cause__)
-    assert "default:***@" in caplog.text and secret not in caplog.text
+    assert "credentials" in str(messages[1]) or "auth" in str(messages[1]).lower()
+    for record in caplog.records:
+        assert secret not in record.getMessage()
+
+
+def test_a_password_in_the_redis_url_is_refused_and_secrets_come_from_env_or_file(tmp_path, monkeypatch):
+    for url in ("redis://user:pw@127.0.0.1:6379", "redis://127.0.0.1:6379/0?password=pw"):
+        with pytest.raises(SlackTierError, match="carries a password") as info:
+            RedisOptions(url=url)
+        assert "pw" not in info.value.fix
+    with pytest.raises(SlackTierError, match="both"):
+        RedisOptions(password_env="A", password_file="b")
+    monkeypatch.delenv("ST_UNSET_PW", raising=False)
+    with pytest.raises(SlackTierError, match="ST_UNSET_PW") as info:
+        RedisOptions(password_env="ST_UNSET_PW").password()
+    assert info.value.kind is ErrorKind.UNAVAILABLE
+    secret_file = tmp_path / "pw"
+    secret_file.write_text("from-a-file\n")
+    assert RedisOptions(password_file=str(secret_file)).password() == "from-a-file"
+    monkeypatch.setenv("ST_SET_PW", "from-env")
+    assert RedisOptions(password_env="ST_SET_PW").password() == "from-env"
 
 
 # -- verification by default ---------------------------------------------------------------------------------------

@@ -22,11 +22,12 @@ import tier_memfile  # registers the "memfile" tier
 from tier_memfile import MemfileOptions, MemfileSource
 
 from slacktier import config
-from slacktier.config import Options, RedisOptions
+from slacktier.config import Options, RedisClusterOptions, RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads, PageSource, get_tier, open_source, register_tier, tiers
 from slacktier.store.dram import DramSource
 from slacktier.store.queued import QueuedSource
+from slacktier.store.redis_cluster import load_table
 from slacktier.store.redis_source import load_regions_into_redis
 from slacktier.store.testing import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
@@ -50,6 +51,19 @@ def _setup_for(name: str, request: pytest.FixtureRequest) -> Setup:
         def to_redis(regions: Sequence[Region], tag: str) -> tuple[list[Region], Options | None]:
             return load_regions_into_redis(server.url, regions, prefix=f"reg-{tag}"), RedisOptions(url=server.url)
         return to_redis
+    if name == "redis-cluster":
+        cluster = request.getfixturevalue("redis_cluster")
+        staged = request.getfixturevalue("staged")
+        os.environ["ST_REG_LOADER_PW"], os.environ["ST_REG_READER_PW"] = cluster.loader.password, cluster.reader.password
+        loader = RedisClusterOptions(url=cluster.seed_url, username=cluster.loader.name, password_env="ST_REG_LOADER_PW")
+
+        def to_cluster(regions: Sequence[Region], tag: str) -> tuple[list[Region], Options | None]:
+            # The loader checks every staged page against the manifest: a corrupted file is refused here.
+            load_table(loader, regions, staged.manifest.identity, page_crc32c=_checksums(staged), prefix=f"reg-{tag}",
+                       tag_buckets=4)
+            return list(regions), RedisClusterOptions(url=cluster.seed_url, username=cluster.reader.name,
+                                                      password_env="ST_REG_READER_PW", prefix=f"reg-{tag}")
+        return to_cluster
     return lambda regions, tag: (list(regions), None)
 
 
@@ -125,6 +139,12 @@ def test_every_registered_tier_reads_checks_and_closes(name, staged, request, o_
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
     corrupt = [dataclasses.replace(r, path=paths[r.path]) for r in staged.specs]
+    if name == "redis-cluster":  # its loader checks every page before it counts: the corrupted one never gets in
+        with pytest.raises(SlackTierError) as info:
+            setup(corrupt, f"{name}-corrupt")
+        assert info.value.kind is ErrorKind.CHECKSUM
+        assert (info.value.layer, info.value.rank, info.value.page) == (bad.layer, bad.rank, 5)
+        return
     regions, options = setup(corrupt, f"{name}-corrupt")
     if name == "dram":  # DRAM checks every page once, when it loads them (store/dram.py)
         with pytest.raises(SlackTierError) as info:

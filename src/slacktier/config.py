@@ -46,9 +46,17 @@ Schema (every key but `layer` and `manifest` has a default):
     io_threads = 1          # workers per device
 
     [table.redis]
-    url = "redis://127.0.0.1:6379/0"   # a password here is never printed (logs and errors show ***)
+    url = "redis://127.0.0.1:6379/0"   # no password here (refused): see password_env / password_file
     prefix = ""             # key prefix (default: each region's staged path)
     socket_timeout_ms = 5000.0   # socket and connect timeout: a stopped server fails a batch, never blocks it
+    username = ""           # ACL user (empty: the default user)
+    password_env = ""       # name of the environment variable holding the password
+    password_file = ""      # or a file whose first line is the password
+    tls_ca_file = ""        # CA bundle: TLS on (use a rediss:// url)
+
+    [table.redis-cluster]   # the keys of [table.redis], plus:
+    url = "redis://127.0.0.1:7000"     # one seed node of the cluster
+    read_from_replicas = false         # spread reads over each slot's master and its replicas
 
 Worked example: two tables, layer 1 (order 0, share 0.7) and layer 14 (order 1,
 share 0.3), cache_rows = 1,000,000 -> layer 1 owns 700,000 slots and its pages
@@ -98,33 +106,75 @@ class DiskOptions(Options, frozen=True):
 class RedisOptions(Options, frozen=True):
     """`[table.redis]`: where the pages are kept. Secrets never go in the control file.
 
+    The password comes from the environment (`password_env` names the
+    variable) or from a file (`password_file`, its first line); a url with a
+    password in it is refused. `username` is the ACL user (empty: the default
+    user). `tls_ca_file` turns TLS on (rediss://) with that CA bundle.
     `socket_timeout_ms` bounds every connect and every reply: a stopped or
     unreachable server fails the batch within about twice it, whatever the
-    client version's own defaults. `repr` and `masked_url` show a password as
-    *** (redis://user:***@host), for logs and errors.
+    client version's own defaults.
     """
 
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = ""
     socket_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] = 5000.0
+    username: str = ""
+    password_env: str = ""
+    password_file: str = ""
+    tls_ca_file: str = ""
+
+    def __post_init__(self) -> None:
+        scheme, sep, rest = self.url.partition("://")
+        if not sep or scheme not in ("redis", "rediss", "unix"):
+            raise _bad(f"redis url {self.url!r}", 'write it as "redis://host:port" (or rediss:// for TLS)')
+        userinfo = rest.split("/", 1)[0].rpartition("@")[0]
+        if ":" in userinfo or "password=" in self.url.lower():
+            raise _bad("the redis url carries a password", "put the secret in the environment "
+                       "(password_env = \"VAR\") or in a file (password_file), and the user in `username`")
+        if self.password_env and self.password_file:
+            raise _bad("both password_env and password_file are set", "give the password one way")
 
     @property
     def masked_url(self) -> str:
-        """`url` with any password replaced by ***: redis://user:secret@host:6379 -> redis://user:***@host:6379."""
-        base, q, query = self.url.partition("?")
-        scheme, sep, rest = base.partition("://")
-        userinfo, at, host = rest.rpartition("@")
-        if at and ":" in userinfo:
-            base = f"{scheme}{sep}{userinfo.split(':', 1)[0]}:***@{host}"
-        query = "&".join("password=***" if kv.lower().startswith("password=") else kv for kv in query.split("&"))
-        return base + q + query
+        """`url` as logged: it never carries a secret (refused above), so it is shown as is."""
+        return self.url
 
-    def __repr__(self) -> str:
-        return (f"RedisOptions(url={self.masked_url!r}, prefix={self.prefix!r}, "
-                f"socket_timeout_ms={self.socket_timeout_ms!r})")
+    def password(self) -> str | None:
+        """The secret from `password_env` or `password_file` (None when neither is set); UNAVAILABLE when the
+        variable is unset or the file unreadable. Never logged."""
+        if self.password_env:
+            value = os.environ.get(self.password_env)
+            if not value:
+                raise SlackTierError(ErrorKind.UNAVAILABLE, f"password_env names {self.password_env}, which is "
+                                     "not set in this process's environment",
+                                     fix=f"export {self.password_env}=<the Redis user's password>")
+            return value
+        if self.password_file:
+            try:
+                with open(self.password_file, encoding="utf-8") as f:
+                    value = f.readline().rstrip("\r\n")
+            except OSError as exc:
+                raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot read password_file {self.password_file}: "
+                                     f"{exc.strerror}", fix="point password_file at a readable file") from None
+            if not value:
+                raise SlackTierError(ErrorKind.UNAVAILABLE, f"password_file {self.password_file} is empty",
+                                     fix="write the Redis user's password on its first line")
+            return value
+        return None
 
 
-_TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions}
+class RedisClusterOptions(RedisOptions, frozen=True):
+    """`[table.redis-cluster]`: a Redis Cluster (or Valkey) reached through `url`, one seed node; the others are
+    discovered. `read_from_replicas` spreads reads over each slot's master and replicas (a replica may trail
+    its master by the replication lag; pages are only ever rewritten by a new load, which the table's
+    generation check guards)."""
+
+    url: str = "redis://127.0.0.1:7000"
+    read_from_replicas: bool = False
+
+
+_TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions,
+                                           "redis-cluster": RedisClusterOptions}
 
 
 def register_tier_options(name: str, options: type[Options]) -> None:

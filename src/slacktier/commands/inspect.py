@@ -89,7 +89,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
             "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
             "manifest": t.manifest, "rows": sum(r.rows for r in mine),
             "devices": sorted({targets[r.device] for r in mine}) if t.source == "disk" else
-            [getattr(t.options, "masked_url", t.source)],
+            [getattr(t.options, "url", t.source)],
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
             "table_bytes": table_bytes, "host_bytes": table_bytes if t.source == "dram" else 0,
         })

@@ -25,8 +25,11 @@ with up to 10 s backoff): a dropped connection is retried once, at once; a
 timeout is not. A stopped server fails the batch (IO) in at most about twice
 the timeout.
 
-Secrets: a password in the url (redis://user:secret@host, or ?password=) is
-shown as *** in every log line and error (`RedisOptions.masked_url`).
+Secrets: the ACL user is `RedisOptions.username`; its password comes from the
+environment or a file (`RedisOptions.password`), never from the control file
+(a url with a password is refused), and is replaced by *** in any client
+error text before it is logged or raised. TLS: `tls_ca_file` with a rediss://
+url.
 
 Pages are checked against the manifest's CRC32Cs by default
 (`verify_by_default`): remote memory, with no end-to-end checksum of its own.
@@ -40,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable, Sequence
-from urllib.parse import parse_qs, urlsplit
 
 import numpy as np
 import redis
@@ -79,13 +81,33 @@ def _identity_value(identity: TableIdentity, state: str) -> bytes:
                        "stage_id": identity.stage_id, "state": state}).encode()
 
 
-def _mask(text: str, url: str) -> str:
-    """`text` with the url's password (userinfo or ?password=) replaced by ***, wherever it appears."""
-    parts = urlsplit(url)
-    secrets = [parts.password or ""] + parse_qs(parts.query).get("password", [])
-    for secret in sorted(filter(None, secrets), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
+def _mask(text: str, options: RedisOptions) -> str:
+    """`text` with the options' password replaced by ***, wherever it appears."""
+    try:
+        secret = options.password()
+    except SlackTierError:
+        return text
+    return text.replace(secret, "***") if secret else text
+
+
+def as_options(url_or_options: str | RedisOptions) -> RedisOptions:
+    """Options from a url (no credentials) or the options themselves."""
+    return url_or_options if isinstance(url_or_options, RedisOptions) else RedisOptions(url=url_or_options)
+
+
+def client_kwargs(options: RedisOptions) -> dict:
+    """redis-py keywords for `options`: timeouts, retry policy, ACL user, password, TLS."""
+    timeout_s = options.socket_timeout_ms / 1e3
+    kw: dict = {"decode_responses": False, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s,
+                "retry_on_timeout": False, "retry": Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))}
+    if options.username:
+        kw["username"] = options.username
+    password = options.password()
+    if password is not None:
+        kw["password"] = password
+    if options.tls_ca_file:
+        kw["ssl_ca_certs"] = options.tls_ca_file
+    return kw
 
 
 def _connect(options: RedisOptions) -> redis.Redis:
@@ -94,16 +116,19 @@ def _connect(options: RedisOptions) -> redis.Redis:
     Errors here and below are raised `from None`: the client's own exception
     may carry the url, and so the password, in its text or arguments.
     """
-    timeout_s = options.socket_timeout_ms / 1e3
-    client = redis.Redis.from_url(options.url, decode_responses=False, socket_timeout=timeout_s,
-                                  socket_connect_timeout=timeout_s, retry_on_timeout=False,
-                                  retry=Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,)))
+    client = redis.Redis.from_url(options.url, **client_kwargs(options))
     try:
         client.ping()
+    except redis.AuthenticationError as exc:
+        client.close()
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis at {options.url} refused the credentials of user "
+                             f"{options.username or 'default'!r}: {_mask(str(exc), options)}",
+                             fix="set username and password_env (or password_file) in [table.redis] to an ACL "
+                                 "user that may read the table") from None
     except redis.RedisError as exc:
         client.close()
-        raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot reach Redis at {options.masked_url}: "
-                             f"{_mask(str(exc), options.url)}",
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot reach Redis at {options.url}: "
+                             f"{_mask(str(exc), options)}",
                              fix="start redis-server there or pass the right url") from None
     return client
 
@@ -138,23 +163,23 @@ def _load(options: RedisOptions, prefixes: Sequence[str], identity: TableIdentit
             for prefix in dict.fromkeys(prefixes):
                 client.set(identity_key(prefix), _identity_value(identity, COMPLETE))
     except redis.RedisError as exc:
-        raise SlackTierError(ErrorKind.IO, f"loading pages into Redis at {options.masked_url} failed: "
-                             f"{_mask(str(exc), options.url)}", fix="check the Redis server and load again") from None
+        raise SlackTierError(ErrorKind.IO, f"loading pages into Redis at {options.url} failed: "
+                             f"{_mask(str(exc), options)}", fix="check the Redis server and load again") from None
     finally:
         client.close()
 
 
-def store_region_pages(url: str, prefix: str, layer: int, rank: int, pages: np.ndarray, *, device: int = 0,
+def store_region_pages(url: str | RedisOptions, prefix: str, layer: int, rank: int, pages: np.ndarray, *, device: int = 0,
                        pages_per_command: int = 256, identity: TableIdentity | None = None) -> Region:
     """Write one region's pages [P, 4096] uint8 under `prefix` (and, with `identity`, the prefix's identity key,
     complete once the pages are in); return the Redis region spec."""
     _check_pages(pages, layer, rank)
-    _load(RedisOptions(url=url), [prefix], identity,
+    _load(as_options(url), [prefix], identity,
           lambda client: _write_region(client, prefix, layer, rank, pages, pages_per_command))
     return Region(layer=layer, rank=rank, path=prefix, offset_bytes=0, pages=int(pages.shape[0]), device=device)
 
 
-def load_regions_into_redis(url: str, regions: Sequence[Region], prefix: str, *,
+def load_regions_into_redis(url: str | RedisOptions, regions: Sequence[Region], prefix: str, *,
                             identity: TableIdentity | None = None) -> list[Region]:
     """Copy staged regions (files) into Redis under `prefix`, with the table's `identity` (`Manifest.identity`)
     written last; return the Redis region specs, same order."""
@@ -162,9 +187,10 @@ def load_regions_into_redis(url: str, regions: Sequence[Region], prefix: str, *,
         for spec in regions:
             _write_region(client, prefix, spec.layer, spec.rank, load_region_pages(spec), 256)
 
-    _load(RedisOptions(url=url), [prefix], identity, write)
+    options = as_options(url)
+    _load(options, [prefix], identity, write)
     log.info("loaded %d regions (%d pages) into Redis at %s under %r%s", len(regions),
-             sum(s.pages for s in regions), RedisOptions(url=url).masked_url, prefix,
+             sum(s.pages for s in regions), options.url, prefix,
              "" if identity is None else f", table {identity.source_digest} stage {identity.stage_id}")
     return [Region(layer=s.layer, rank=s.rank, path=prefix, offset_bytes=0, pages=s.pages, device=s.device)
             for s in regions]
@@ -174,13 +200,13 @@ def _check_identity(client: redis.Redis, options: RedisOptions, prefixes: Sequen
                     identity: TableIdentity) -> None:
     """Each prefix's identity key names `identity`, complete; else MISSING (no key) or TARGET."""
     prefixes = list(dict.fromkeys(prefixes))
-    where = f"Redis at {options.masked_url}"
+    where = f"Redis at {options.url}"
     load = "load the table with load_regions_into_redis(..., identity=manifest.identity)"
     try:
         values = client.mget([identity_key(p) for p in prefixes])
     except redis.RedisError as exc:
         raise SlackTierError(ErrorKind.IO, f"reading table identities from {where} failed: "
-                             f"{_mask(str(exc), options.url)}", fix="check the Redis server") from None
+                             f"{_mask(str(exc), options)}", fix="check the Redis server") from None
     for prefix, value in zip(prefixes, values, strict=True):
         if value is None:
             raise SlackTierError(ErrorKind.MISSING, f"{where} holds no table identity under prefix {prefix!r}",
@@ -216,7 +242,7 @@ class RedisSource(QueuedSource[None]):
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
         super().__init__(regions, page_crc32c=page_crc32c)
         self.options = typed_options(options, RedisOptions)
-        self.url = self.options.masked_url  # for logs and errors; the secret stays in options.url
+        self.url = self.options.url  # for logs and errors (it never holds a secret)
         self._prefix = [self.options.prefix or r.path for r in self.regions]  # [R] key prefix of each region
         self._client = _connect(self.options)
         try:
@@ -255,7 +281,7 @@ class RedisSource(QueuedSource[None]):
             found = pipe.execute()
         except redis.RedisError as exc:
             raise SlackTierError(ErrorKind.IO, f"checking regions at Redis {self.url} failed: "
-                                 f"{_mask(str(exc), self.options.url)}", fix="check the Redis server") from None
+                                 f"{_mask(str(exc), self.options)}", fix="check the Redis server") from None
         for i, r in enumerate(self.regions):
             for j, page in enumerate((0, r.pages - 1)):
                 if not found[2 * i + j]:
@@ -277,7 +303,7 @@ class RedisSource(QueuedSource[None]):
             timed_out = isinstance(exc, redis.TimeoutError)
             what = f"no reply within {self.options.socket_timeout_ms:.0f} ms" if timed_out else "failed"
             return SlackTierError(ErrorKind.IO, f"Redis read of {len(keys)} pages at {self.url} {what}: "
-                                  f"{_mask(str(exc), self.options.url)}",
+                                  f"{_mask(str(exc), self.options)}",
                                   **self._where(int(part.region[0]), int(part.page[0])),
                                   fix="check the Redis server (a stopped or overloaded server), or raise "
                                       "socket_timeout_ms in [table.redis]")

@@ -78,7 +78,8 @@ class RedisServer:
     """A private `redis-server` on 127.0.0.1 with persistence off; `stop()` ends it, `pause()` / `resume()`
     freeze and thaw it (SIGSTOP / SIGCONT: connections stay open and nothing answers, as with a hung host).
 
-    With `password`, the server requires it and `url` carries it (redis://default:<password>@...).
+    With `password`, the server requires it for the default user; the url carries no secret (pass it with
+    `RedisOptions.password_env` or `password_file`).
     """
 
     def __init__(self, directory: Path, *, start_timeout_s: float = 10.0, password: str | None = None) -> None:
@@ -87,8 +88,7 @@ class RedisServer:
             raise SlackTierError(ErrorKind.UNAVAILABLE, "redis-server not found",
                                  fix="apt-get install -y redis-server (scripts/test.sh does)")
         self.port = _free_port()
-        auth = f"default:{password}@" if password else ""
-        self.url = f"redis://{auth}127.0.0.1:{self.port}/0"
+        self.url = f"redis://127.0.0.1:{self.port}/0"
         self._proc = subprocess.Popen(
             [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
              "--dir", str(directory), *(["--requirepass", password] if password else [])],

@@ -1,0 +1,264 @@
+"""The Redis Cluster tier against a real local cluster (3 masters, 3 replicas, ACLs on): exact pages, the
+loader's generation protocol, refusal without credentials, and many serving processes reading one copy.
+
+Faults with >= 1M checked lookups are in test_faults.py."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import redis
+
+from slacktier.config import RedisClusterOptions
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store.base import PageBufferPool, PageReads
+from slacktier.store.redis_cluster import (COMPLETE, LOADING, VALUE_BYTES, RedisClusterSource, default_prefix,
+                                           gen_key, identity_key, load_manifest, page_key)
+from slacktier.store.registry import verify_identity
+from slacktier.store.testing import stage_synthetic
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+
+def options(cluster, user, **kw) -> RedisClusterOptions:
+    env = f"ST_TEST_PW_{user.name.replace('-', '_').upper()}"
+    os.environ[env] = user.password
+    return RedisClusterOptions(url=cluster.seed_url, username=user.name, password_env=env, **kw)
+
+
+def crcs_of(manifest) -> list[np.ndarray]:
+    every = manifest.checksums()
+    return [every[r.crc_first_page:r.crc_first_page + r.pages] for r in manifest.regions]
+
+
+@pytest.fixture(scope="module")
+def table(tmp_path_factory):
+    return stage_synthetic(tmp_path_factory.mktemp("cluster-table"), layers=(1, 14), ranks=2, rows=2000)
+
+
+def read_all(src: RedisClusterSource, staged, n: int = 600, seed: int = 0) -> tuple[np.ndarray, np.ndarray, bool]:
+    rng = np.random.default_rng(seed)
+    region = rng.integers(0, len(staged.specs), n).astype(np.int32)
+    page = np.array([rng.integers(0, staged.specs[r].pages) for r in region], dtype=np.int64)
+    pool = PageBufferPool(n)
+    src.wait(src.submit(PageReads(region, page, np.arange(n, dtype=np.int32)), pool), timeout_s=30)
+    exact = all(np.array_equal(pool.pages[i], staged.pages[region[i]][page[i]]) for i in range(n))
+    return region, page, exact
+
+
+def test_pages_read_from_the_cluster_are_exact_and_a_second_load_is_a_no_op(redis_cluster, table) -> None:
+    loader = options(redis_cluster, redis_cluster.loader)
+    first = load_manifest(loader, table.manifest, tag_buckets=16)
+    assert first.written == first.groups == 4 * 16 and first.pages == sum(r.pages for r in table.specs)
+    again = load_manifest(loader, table.manifest, tag_buckets=16)
+    assert again.written == 0 and again.pages == 0 and again.generation == first.generation
+    for replicas in (False, True):
+        src = RedisClusterSource(table.specs, options(redis_cluster, redis_cluster.reader,
+                                                      read_from_replicas=replicas),
+                                 page_crc32c=crcs_of(table.manifest), identity=table.manifest.identity)
+        try:
+            assert src.tag_buckets == 16
+            for seed in range(3):
+                assert read_all(src, table, seed=seed)[2]
+        finally:
+            src.close()
+    verify_identity("redis-cluster", table.specs, options(redis_cluster, redis_cluster.reader),
+                    table.manifest.identity)
+
+
+def test_keys_share_a_slot_within_a_group_and_spread_over_every_master(redis_cluster, table) -> None:
+    from redis.crc import key_slot
+    pfx = default_prefix(table.manifest.identity)
+    assert key_slot(page_key(pfx, 1, 0, 3, 16)) == key_slot(page_key(pfx, 1, 0, 19, 16)) == \
+        key_slot(gen_key(pfx, 1, 0, 3))
+    assert page_key("t0", 1, 3, 76, 64) == b"{t0:1:3:12}:76"
+    load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest, tag_buckets=16)
+    owners = set()
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0],
+                                        username=redis_cluster.reader.name, password=redis_cluster.reader.password)
+    try:
+        for r in table.specs:
+            for g in range(16):
+                owners.add(client.nodes_manager.get_node_from_slot(key_slot(gen_key(pfx, r.layer, r.rank, g))).name)
+        value = client.get(page_key(pfx, 1, 0, 0, 16))
+    finally:
+        client.close()
+    assert len(owners) == len(redis_cluster.masters())
+    assert len(value) == VALUE_BYTES
+    assert int.from_bytes(value[-4:], "little") == int(crcs_of(table.manifest)[0][0])
+
+
+def test_without_credentials_or_with_the_reader_as_loader_it_is_refused(redis_cluster, table) -> None:
+    anonymous = RedisClusterOptions(url=redis_cluster.seed_url)
+    with pytest.raises(SlackTierError) as info:
+        RedisClusterSource(table.specs, anonymous, identity=table.manifest.identity)
+    assert info.value.kind is ErrorKind.UNAVAILABLE and "credentials" in str(info.value)
+    os.environ["ST_TEST_WRONG"] = "not-the-password"
+    wrong = RedisClusterOptions(url=redis_cluster.seed_url, username=redis_cluster.reader.name,
+                                password_env="ST_TEST_WRONG")
+    with pytest.raises(SlackTierError) as info:
+        RedisClusterSource(table.specs, wrong, identity=table.manifest.identity)
+    assert info.value.kind is ErrorKind.UNAVAILABLE and "not-the-password" not in f"{info.value} {info.value.fix}"
+    with pytest.raises(SlackTierError) as info:
+        load_manifest(options(redis_cluster, redis_cluster.reader), table.manifest, prefix="reader-may-not")
+    assert info.value.kind is ErrorKind.UNAVAILABLE and "may not load" in str(info.value)
+
+
+def _half_load(seed_url: str, user: str, password: str, manifest_path: str, prefix: str) -> None:
+    """Run in a child process: load a table slowly (one group at a time) until killed."""
+    import time as _time
+
+    from slacktier.store import redis_cluster as rc
+    from slacktier.store.dram import load_region_pages
+    from slacktier.tables.manifest import Manifest
+    manifest = Manifest.load(manifest_path)
+    os.environ["ST_CHILD_PW"] = password
+
+    def slow(region):
+        _time.sleep(0.05)
+        return load_region_pages(region)
+
+    opts = RedisClusterOptions(url=seed_url, username=user, password_env="ST_CHILD_PW")
+    every = manifest.checksums()
+    orig = rc.page_crc32c_of
+
+    def slow_crc(pages):   # one group every 50 ms: the parent kills it part way
+        _time.sleep(0.05)
+        return orig(pages)
+    rc.page_crc32c_of = slow_crc
+    rc.load_table(opts, manifest.runtime_regions(), manifest.identity, prefix=prefix, workers=1,
+                  page_crc32c=[every[r.crc_first_page:r.crc_first_page + r.pages] for r in manifest.regions],
+                  tag_buckets=16, read_pages=slow)
+
+
+def test_a_loader_killed_midway_is_never_served_and_a_rerun_resumes(redis_cluster, table, tmp_path) -> None:
+    prefix = "killed"
+    child = mp.get_context("spawn").Process(
+        target=_half_load, args=(redis_cluster.seed_url, redis_cluster.loader.name, redis_cluster.loader.password,
+                                 str(table.manifest.path), prefix))
+    child.start()
+    reader = options(redis_cluster, redis_cluster.reader, prefix=prefix)
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0],
+                                        username=redis_cluster.reader.name, password=redis_cluster.reader.password)
+    try:
+        deadline = time.monotonic() + 60
+        done = 0
+        while time.monotonic() < deadline:   # wait until some groups are in, then kill -9
+            done = sum(client.get(gen_key(prefix, r.layer, r.rank, g)) is not None for r in table.specs[:1]
+                       for g in range(16))
+            if done >= 3:
+                break
+            time.sleep(0.02)
+        os.kill(child.pid, signal.SIGKILL)
+        child.join()
+        assert done >= 3
+        state = json.loads(client.get(identity_key(prefix)))["state"]
+    finally:
+        client.close()
+    assert state == LOADING
+    with pytest.raises(SlackTierError) as info:
+        RedisClusterSource(table.specs, reader, identity=table.manifest.identity)
+    assert info.value.kind is ErrorKind.TARGET and "never served" in str(info.value)
+    report = load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest, prefix=prefix,
+                           tag_buckets=16)
+    assert 0 < report.written < report.groups        # resumed: the groups finished before the kill are kept
+    src = RedisClusterSource(table.specs, reader, page_crc32c=crcs_of(table.manifest),
+                             identity=table.manifest.identity)
+    try:
+        assert read_all(src, table)[2]
+    finally:
+        src.close()
+
+
+def test_a_table_of_another_staging_run_or_tag_layout_is_refused(redis_cluster, table, tmp_path) -> None:
+    other = stage_synthetic(tmp_path / "other", layers=(1, 14), ranks=2, rows=2000, seed=99)
+    load_manifest(options(redis_cluster, redis_cluster.loader), other.manifest, prefix="shared-prefix")
+    with pytest.raises(SlackTierError) as info:
+        RedisClusterSource(table.specs, options(redis_cluster, redis_cluster.reader, prefix="shared-prefix"),
+                           identity=table.manifest.identity)
+    assert info.value.kind is ErrorKind.TARGET
+    with pytest.raises(SlackTierError) as info:
+        RedisClusterSource(table.specs, options(redis_cluster, redis_cluster.reader, prefix="nothing-here"),
+                           identity=table.manifest.identity)
+    assert info.value.kind is ErrorKind.MISSING
+
+
+def _instance(seed_url: str, user: str, password: str, manifest_path: str, steps: int, out) -> None:
+    """One serving process: its own engine and row cache over the shared cluster copy, the checker on."""
+    from slacktier.config import ControlFile, EngineConfig, TableConfig
+    from slacktier.engine import StepEngine
+    os.environ["ST_INST_PW"] = password
+    opts = RedisClusterOptions(url=seed_url, username=user, password_env="ST_INST_PW")
+    cfg = ControlFile(engine=EngineConfig(cache_rows=2000, check=True, verify_reads=True), tables=tuple(
+        TableConfig(layer=layer, manifest=manifest_path, source="redis-cluster", options=opts,
+                    cache_share=0.5, order=i) for i, layer in enumerate((1, 14))))
+    engine = StepEngine.from_config(cfg)
+    rng = np.random.default_rng(os.getpid())
+    try:
+        for _ in range(steps):
+            ids = rng.integers(0, 4000, (32, 2, 24))
+            engine.begin_step(ids)
+            for layer in engine.ids_layers:
+                engine.gather(layer)
+            engine.end_step()
+        out.put(("ok", sum(c.mismatches for c in engine.totals.values())))
+    except Exception as exc:   # reported to the parent, which fails the test with it
+        out.put(("error", repr(exc)))
+    finally:
+        engine.close()
+
+
+def test_four_serving_processes_read_one_cluster_copy_exactly(redis_cluster, table) -> None:
+    load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest)
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=_instance, args=(redis_cluster.seed_url, redis_cluster.reader.name,
+                                                 redis_cluster.reader.password, str(table.manifest.path), 20, out))
+             for _ in range(4)]
+    for p in procs:
+        p.start()
+    results = [out.get(timeout=240) for _ in procs]
+    for p in procs:
+        p.join(timeout=30)
+    assert results == [("ok", 0)] * 4, results
+
+
+def test_a_corrupted_or_foreign_value_is_caught_when_read(redis_cluster, table) -> None:
+    loader = options(redis_cluster, redis_cluster.loader)
+    load_manifest(loader, table.manifest, prefix="corrupt", tag_buckets=16)
+    src = RedisClusterSource(table.specs, options(redis_cluster, redis_cluster.reader, prefix="corrupt"),
+                             page_crc32c=crcs_of(table.manifest), identity=table.manifest.identity)
+    client = redis.cluster.RedisCluster(host="127.0.0.1", port=redis_cluster.ports[0],
+                                        username=redis_cluster.loader.name, password=redis_cluster.loader.password)
+    r = table.specs[1]
+    key = page_key("corrupt", r.layer, r.rank, 9, 16)
+    good = client.get(key)
+    pool = PageBufferPool(2)
+    reads = PageReads(np.array([0, 1], np.int32), np.array([3, 9], np.int64), np.array([0, 1], np.int32))
+    try:
+        # One bit of the page flipped, its stored CRC32C kept: the page's own checksum differs from the manifest's.
+        client.set(key, bytes([good[0] ^ 1]) + good[1:])
+        with pytest.raises(SlackTierError) as info:
+            src.wait(src.submit(reads, pool))
+        assert info.value.kind is ErrorKind.CHECKSUM and (info.value.layer, info.value.page) == (r.layer, 9)
+        # Another table's page under this key (intact, with its own CRC32C): refused by the stored CRC32C.
+        other = bytes(4096) + (0).to_bytes(4, "little")
+        client.set(key, other)
+        with pytest.raises(SlackTierError) as info:
+            src.wait(src.submit(reads, pool))
+        assert info.value.kind is ErrorKind.CHECKSUM and "another load" in str(info.value)
+        client.set(key, good)
+        src.wait(src.submit(reads, pool))
+        assert np.array_equal(pool.pages[1], table.pages[1][9])
+    finally:
+        client.close()
+        src.close()
