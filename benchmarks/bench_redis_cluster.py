@@ -128,6 +128,34 @@ def time_raw(pages: np.ndarray, n: int, reps: int) -> dict:
             "cpu_us_page": (cpu_s() - c0) * 1e6 / (reps * n)}
 
 
+def time_redis_raw_client(cluster: LocalRedisCluster, src: RedisClusterSource, regions, n: int, reps: int) -> dict:
+    """One node's redis-server answering the same MGETs to a raw socket that only receives the bytes (no reply
+    parsing, no copy into the pool): what the server and loopback cost by themselves."""
+    import socket
+
+    import hiredis
+    sock = socket.create_connection(("127.0.0.1", cluster.ports[0]))
+    sock.sendall(hiredis.pack_command(("AUTH", cluster.reader.name, cluster.reader.password)))
+    assert sock.recv(64) == b"+OK\r\n"
+    buf = memoryview(bytearray(n * 4200 + (1 << 16)))
+    times = []
+    try:
+        for i, (region, page) in enumerate(batches(regions, n, reps + 3, 3)):
+            cmds = src._commands(region, page, np.arange(n))
+            data = b"".join(hiredis.pack_command(("MGET", *c.keys)) for c in cmds)
+            expect = sum(len(b"*%d\r\n" % len(c.keys)) for c in cmds) + n * (len(b"$4100\r\n") + 4100 + 2)
+            t0 = time.perf_counter()
+            sock.sendall(data)
+            got = 0
+            while got < expect:
+                got += sock.recv_into(buf[got:], expect - got)
+            if i >= 3:
+                times.append((time.perf_counter() - t0) * 1e3)
+    finally:
+        sock.close()
+    return {"median_ms": float(np.median(times)), "p90_ms": float(np.percentile(times, 90)), "cpu_us_page": 0.0}
+
+
 def _instance(seed_url: str, user: str, password: str, manifest_path: str, n: int, reps: int, start, out) -> None:
     """One serving process with its own source over the shared copy: its median read time of n-page steps."""
     from slacktier.tables.manifest import Manifest
@@ -183,9 +211,12 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             load_manifest(options(cluster, cluster.loader), manifest, tag_buckets=64, workers=4)
             load_s = time.perf_counter() - t0
+            row = {"load_s": load_s}
             src = RedisClusterSource(regions, options(cluster, cluster.reader), page_crc32c=crcs,
                                      identity=manifest.identity)
-            row = {"load_s": load_s}
+            if nodes == 1:
+                row.update({f"rawredis{n}": time_redis_raw_client(cluster, src, regions, n, args.reps)
+                            for n in (700, 3000)})
             for n in (700, 3000):
                 row[n] = time_source(src, regions, n, args.reps)
                 row[f"pipe{n}"] = time_cluster_pipeline(cluster, src, regions, n, args.reps)
@@ -262,6 +293,11 @@ def main(argv: list[str] | None = None) -> None:
                      f"{cell(row['pipe700'])} | {cell(row[3000])} | {row[3000]['cpu_us_page']:.2f} | "
                      f"{cell(row['pipe3000'])} | {row[700]['median_ms'] / raw[700]['median_ms']:.2f}x, "
                      f"{row[3000]['median_ms'] / raw[3000]['median_ms']:.2f}x |")
+    if 1 in by_nodes and "rawredis700" in by_nodes[1]:
+        r1 = by_nodes[1]
+        lines.append(f"| 1, raw client (server only) | - | {cell(r1['rawredis700'])} | - | - | {cell(r1['rawredis3000'])} "
+                     f"| - | - | {r1['rawredis700']['median_ms'] / raw[700]['median_ms']:.2f}x, "
+                     f"{r1['rawredis3000']['median_ms'] / raw[3000]['median_ms']:.2f}x |")
     lines.append(f"| raw socket | - | {cell(raw[700])} | {raw[700]['cpu_us_page']:.2f} | - | {cell(raw[3000])} | "
                  f"{raw[3000]['cpu_us_page']:.2f} | - | 1x |")
     if 3 in by_nodes and "pure700" in by_nodes[3]:

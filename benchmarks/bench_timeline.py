@@ -34,12 +34,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="v41_paper", help="a shipped profile name or a JSON file")
     ap.add_argument("--workload", default="chat")
     ap.add_argument("--workdir", default="runs/bench_timeline")
+    ap.add_argument("--remote-nodes", type=int, default=0,
+                    help="also the remote placements, from a local Redis Cluster of this many masters")
     ap.add_argument("--append", action="store_true", help=f"append the table to {BENCHMARKS_MD.name} ({SECTION})")
     ap.add_argument("--plot", default="", help="write a PNG: measured vs predicted stall per step")
     args = ap.parse_args(argv)
     cfg = SweepConfig(workdir=args.workdir, profile=args.profile, workload=args.workload,
                       batches=tuple(int(b) for b in args.batches.split(",")), runs=args.runs,
-                      decode_steps=args.decode_steps)
+                      decode_steps=args.decode_steps, remote_nodes=args.remote_nodes)
     t0 = time.perf_counter()
     profile, runs = run_sweep(cfg, progress=True)
     wall = time.perf_counter() - t0
@@ -48,7 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     regime = (f"Regime: scaled table (~{cfg.engram_vocab * 24:,} rows per layer, V4.1 hash, 1 file on this VM's "
               f"disk, O_DIRECT), {cfg.workload} traffic, {cfg.decode_steps} full-batch decode steps per run, "
               f"{cfg.runs} shuffled runs; device compute from profile {profile.name} (origin in the table's first "
-              f"line); host, cache and I/O real; kappa = 0.")
+              f"line); host, cache and I/O real; kappa = 0."
+              + (f" Remote rows: a local Redis Cluster of {cfg.remote_nodes} masters on loopback (ACLs on, the "
+                 "serving user), sharing this VM's two cores with the engine." if cfg.remote_nodes else ""))
     if args.plot:
         plt = pyplot()
         fig, ax = plt.subplots(figsize=(5, 4))

@@ -379,17 +379,22 @@ class SweepConfig:
     prefill_chunk_tokens: int = 1024
     seed: int = 0
     metrics: bool = False             # the engines publish Prometheus metrics
+    remote_nodes: int = 0             # > 0: also the remote placements, from a local Redis Cluster of this many masters
 
 
-def timeline_placements(first: int, second: int, cache_rows: int) -> list:
-    """Short-window layer in DRAM + long on disk; both on disk uncached; cache on the long layer only; split."""
+def timeline_placements(first: int, second: int, cache_rows: int, remote: bool = False) -> list:
+    """Short-window layer in DRAM + long on disk; both on disk uncached; cache on the long layer only; split;
+    with `remote`, the same shapes with the Redis Cluster tier in place of the disk."""
     from slacktier.serve.tiers import Placement
 
-    both = ((first, "disk"), (second, "disk"))
-    return [Placement(f"l{first}-dram-l{second}-disk", ((first, "dram"), (second, "disk"))),
-            Placement("disk", both),
-            Placement(f"disk-cache-l{second}", both, cache_rows // 2, ((second, 1.0),)),
-            Placement("disk-split", both, cache_rows, ((first, 0.5), (second, 0.5)))]
+    out = []
+    for tier, name in (("disk", "disk"), *((("redis-cluster", "remote"),) if remote else ())):
+        both = ((first, tier), (second, tier))
+        out += [Placement(f"l{first}-dram-l{second}-{name}", ((first, "dram"), (second, tier))),
+                Placement(name, both),
+                Placement(f"{name}-cache-l{second}", both, cache_rows // 2, ((second, 1.0),)),
+                Placement(f"{name}-split", both, cache_rows, ((first, 0.5), (second, 0.5)))]
+    return out
 
 
 @dataclass(frozen=True)
@@ -430,15 +435,20 @@ def run_sweep(cfg: SweepConfig, progress: bool = False) -> tuple[ComputeProfile,
     layout = EngramLayout.scaled(cfg.engram_vocab, (1, 14))
     first, second = layout.layer_ids[:2]
     hasher = EngramLookupHasher(layout)
-    placements = timeline_placements(first, second, cfg.cache_rows)
+    placements = timeline_placements(first, second, cfg.cache_rows, remote=cfg.remote_nodes > 0)
     pools = {b: sweep_sessions(cfg, b) for b in cfg.batches}   # refuse before staging anything
     times = {b: profile.times(b, cfg.workload, layout.layer_ids) for b in cfg.batches}
     tiers = TierSet(Path(cfg.workdir) / "tables", layout, seed=cfg.seed + 1, max_cache_rows=cfg.cache_rows,
                     max_tokens=max(cfg.prefill_chunk_tokens, *cfg.batches), devices=1, metrics=cfg.metrics)
     rng = np.random.default_rng(cfg.seed)
     out: list[SweepRun] = []
+    cluster = None
     try:
         tiers.stage(device_counts=(1,), progress=progress)
+        if cfg.remote_nodes > 0:
+            cluster, reader = _remote_copy(Path(cfg.workdir) / "cluster", cfg.remote_nodes, tiers.manifests[1],
+                                           progress)
+            tiers.options = (*tiers.options, reader)
         for rep in range(cfg.runs):
             jobs = [(b, p) for b in cfg.batches for p in placements]
             for order, k in enumerate(rng.permutation(len(jobs))):
@@ -454,4 +464,28 @@ def run_sweep(cfg: SweepConfig, progress: bool = False) -> tuple[ComputeProfile,
                           f"{out[-1].summary.stall_ms:.2f} ms stall/step", flush=True)
     finally:
         tiers.close()
+        if cluster is not None:
+            cluster.stop()
     return profile, out
+
+
+def _remote_copy(workdir: Path, masters: int, manifest, progress: bool):
+    """A local authenticated Redis Cluster holding `manifest`'s table; the cluster and the reader's options (its
+    password handed over in this process's environment, as a serving process would get it)."""
+    import os
+
+    from slacktier.config import RedisClusterOptions
+    from slacktier.store.redis_cluster import load_manifest
+    from slacktier.store.redis_local import LocalRedisCluster
+
+    cluster = LocalRedisCluster(workdir, masters=masters, replicas=0).start()
+    try:
+        os.environ["SLACKTIER_TIMELINE_LOADER_PW"] = cluster.loader.password
+        os.environ["SLACKTIER_TIMELINE_READER_PW"] = cluster.reader.password
+        load_manifest(RedisClusterOptions(url=cluster.seed_url, username=cluster.loader.name,
+                                          password_env="SLACKTIER_TIMELINE_LOADER_PW"), manifest, progress=progress)
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster, RedisClusterOptions(url=cluster.seed_url, username=cluster.reader.name,
+                                        password_env="SLACKTIER_TIMELINE_READER_PW")
