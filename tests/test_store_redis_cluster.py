@@ -262,3 +262,23 @@ def test_a_corrupted_or_foreign_value_is_caught_when_read(redis_cluster, table) 
     finally:
         client.close()
         src.close()
+
+
+def test_the_load_verb_loads_then_says_it_is_complete(redis_cluster, table, capsys) -> None:
+    from slacktier.cli import main
+    os.environ["ST_CLI_LOADER_PW"] = redis_cluster.loader.password
+    argv = ["load", str(table.manifest.path), "--url", redis_cluster.seed_url, "--user", redis_cluster.loader.name,
+            "--password-env", "ST_CLI_LOADER_PW", "--prefix", "cli", "--tag-buckets", "8", "--no-progress"]
+    assert main(argv) == 0
+    assert "loaded 32 of 32 page groups" in capsys.readouterr().out
+    assert main(argv) == 0
+    assert "already complete" in capsys.readouterr().out
+    anonymous = ["load", str(table.manifest.path), "--url", redis_cluster.seed_url, "--prefix", "cli2", "--no-progress"]
+    assert main(anonymous) == 2   # no credentials: refused, in one line
+    assert "credentials" in capsys.readouterr().err
+    src = RedisClusterSource(table.specs, options(redis_cluster, redis_cluster.reader, prefix="cli"),
+                             page_crc32c=crcs_of(table.manifest), identity=table.manifest.identity)
+    try:
+        assert src.tag_buckets == 8 and read_all(src, table)[2]
+    finally:
+        src.close()

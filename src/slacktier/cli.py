@@ -30,6 +30,7 @@ VERBS = {
     "probe": "probe",
     "plan": "plan",
     "inspect": "inspect",
+    "load": "load",
     "redknot": "redknot",
 }
 

@@ -54,13 +54,13 @@ def retrieval_config(vocab: int, *, hidden: int = 128, heads: int = 8, layers: i
 
     types = list((LAYER_TYPES * ((layers + 5) // 6))[:layers])
     return DeepseekV4Config(
-        vocab_size=vocab, hidden_size=hidden, moe_intermediate_size=64, num_hidden_layers=layers,
+        vocab_size=vocab, hidden_size=hidden, moe_intermediate_size=32, num_hidden_layers=layers,
         num_attention_heads=heads, head_dim=32, q_lora_rank=64, partial_rotary_factor=0.25,
         num_experts_per_tok=experts_per_tok, n_routed_experts=experts, o_groups=2, o_lora_rank=32,
         index_n_heads=4, index_head_dim=32, index_topk=index_topk, sliding_window=window, layer_types=types,
         compress_rates={"compressed_sparse_attention": csa_rate, "heavily_compressed_attention": hca_rate},
         mlp_layer_types=["hash_moe"] + ["moe"] * (layers - 1), hc_sinkhorn_iters=10,
-        max_position_embeddings=1 << 20, bos_token_id=1, eos_token_id=1, tie_word_embeddings=False,
+        max_position_embeddings=1 << 20, bos_token_id=1, eos_token_id=1, tie_word_embeddings=True,
         experts_implementation="eager", attn_implementation="eager")
 
 
@@ -195,8 +195,8 @@ class TrainConfig:
     sparse_frac: float = 0.15     # last share of steps with the saved index_topk instead of dense CSA
     text_tokens: int = 3_000_000  # training text read from the train split
     vocab_top: int = 4000
-    stages: tuple[Stage, ...] = (Stage(256, 8, 8, 16, 150), Stage(512, 16, 16, 8, 200),
-                                 Stage(1024, 24, 16, 4, 250), Stage(2048, 32, 16, 2, 250))
+    stages: tuple[Stage, ...] = (Stage(256, 8, 8, 8, 150), Stage(512, 12, 12, 4, 120),
+                                 Stage(1024, 16, 12, 2, 100), Stage(2048, 24, 16, 1, 80))
     hidden: int = 128
     log_every: int = 10
 
