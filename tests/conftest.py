@@ -50,6 +50,23 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="session")
+def small_agent_sample(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A copy of part of the vendored agent trajectories: every file except the Nebius set, plus its first four
+    files (by name). Rendering the whole sample takes ~15 s of tokenizer time, too much for tests that only need
+    each format once; pass it as `CorpusConfig(agent_dir=...)` or `load_trajectories(...)`."""
+    from slacktier.workloads.trajectories import SAMPLE_DIR, trajectory_files
+
+    out = tmp_path_factory.mktemp("agent_sample")
+    files = trajectory_files(SAMPLE_DIR)
+    nebius = [p for p in files if p.parent.name == "nebius"][:4]
+    for p in [p for p in files if p.parent.name != "nebius"] + nebius:
+        dst = out / p.relative_to(SAMPLE_DIR)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(p, dst)
+    return out
+
+
 @pytest.fixture(scope="module")
 def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
     """A real redis-server on a free loopback port, for one test module (skips where none is installed)."""

@@ -41,9 +41,9 @@ def qtok():
 
 
 @pytest.fixture(scope="module")
-def real_sessions() -> list[Session]:
-    """40 multi-turn ShareGPT conversations and the vendored agent trajectories (tool calls, thinking)."""
-    return list(itertools.islice(iter_chat_sessions(min_replies=2), 40)) + load_trajectories()
+def real_sessions(small_agent_sample) -> list[Session]:
+    """40 multi-turn ShareGPT conversations and vendored agent trajectories of every format (tool calls, thinking)."""
+    return list(itertools.islice(iter_chat_sessions(min_replies=2), 40)) + load_trajectories(small_agent_sample)
 
 
 @pytest.fixture(scope="module")
@@ -125,11 +125,12 @@ def test_render_worked_example_round_trip_and_reply_spans(qtok):
     assert ts.reply_end[-1] == ts.num_tokens
 
 
-def test_qwen_workload_replays_the_same_turns_and_equals_hashing_whole_sessions(qtok):
-    config = CorpusConfig(agent_source="published", cache_dir=None, agent_max_tokens=3000)
+def test_qwen_workload_replays_the_same_turns_and_equals_hashing_whole_sessions(qtok, small_agent_sample):
+    config = CorpusConfig(agent_source="published", agent_dir=small_agent_sample, cache_dir=None,
+                          agent_max_tokens=3000)
     ds = load_workload("agent", config)
-    qw = load_workload("agent", CorpusConfig(agent_source="published", cache_dir=None, agent_max_tokens=3000,
-                                             tokens="qwen"))
+    qw = load_workload("agent", CorpusConfig(agent_source="published", agent_dir=small_agent_sample, cache_dir=None,
+                                             agent_max_tokens=3000, tokens="qwen"))
     assert (qw.fit_sources, qw.holdout_sources) == (ds.fit_sources, ds.holdout_sources)
     sessions = list(qw.fit + qw.holdout)
     assert [(s.session_id, s.num_replies) for s in sessions] == [(s.session_id, s.num_replies)

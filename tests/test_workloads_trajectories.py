@@ -3,6 +3,7 @@
 import gzip
 import json
 import shutil
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -12,8 +13,9 @@ from slacktier.workloads.corpus import CorpusConfig, clip_to_tokens, load_worklo
 from slacktier.workloads.hashing import EngramLookupHasher
 from slacktier.workloads.replay import ReplayConfig, replay_steps
 from slacktier.workloads.sessions import render_session, render_text
-from slacktier.workloads.trajectories import (SAMPLE_DIR, LoadStats, TrajectoryError, iter_file, load_trajectories,
-                                              repo_of_instance, trajectory_files)
+from slacktier.workloads.split import split_by_source
+from slacktier.workloads.trajectories import (SAMPLE_DIR, LoadStats, TrajectoryError, format_of, iter_file,
+                                              load_trajectories, repo_of_instance, trajectory_files)
 
 FILES = {p.name: p for p in trajectory_files(SAMPLE_DIR)}
 
@@ -66,6 +68,49 @@ def test_old_openhands_resolver_records_and_mini_message_lists_parse():
     assert mini.framework == "mini-swe-agent" and "mswea_bash_command" in mini.turns[2].text
 
 
+def test_nebius_swe_agent_rows_keep_the_models_replies_and_the_observations_it_was_sent():
+    (s,) = _one("ARM-software__mango-11.nebius.json.gz")
+    assert (s.framework, s.model, s.source) == ("swe-agent", "swe-agent-llama-70b", "repo:ARM-software/mango")
+    assert s.session_id == "nebius:ARM-software__mango-11"
+    roles = [t.role for t in s.turns]
+    assert roles[:3] == ["system", "user", "assistant"] and roles[-1] == "assistant"
+    assert s.turns[0].text.startswith("SETTING: You are an autonomous programmer")
+    assert all(a == "user" for a, b in zip(roles[1::2], roles[2::2])) and set(roles[2::2]) == {"assistant"}
+    first = s.turns[2]
+    assert "create reproduce.py" in first.text and not first.tool_calls  # the command as the model wrote it
+    assert s.turns[-1].text.rstrip().endswith("submit\n```")
+    assert format_of(FILES["ARM-software__mango-11.nebius.json.gz"]) == "nebius"
+
+
+def test_malformed_nebius_rows_are_named_counted_and_skipped(tmp_path):
+    row = json.loads(gzip.decompress(FILES["ARM-software__mango-11.nebius.json.gz"].read_bytes()))
+    (tmp_path / "a__b-1.nebius.json").write_text(json.dumps({**row, "trajectory": "x"}))
+    bad_role = {**row, "trajectory": row["trajectory"][:3] + [{"role": "robot", "text": "hi"}]}
+    (tmp_path / "a__b-2.nebius.json").write_text(json.dumps(bad_role))
+    (tmp_path / "a__b-3.nebius.json").write_text(json.dumps({**row, "trajectory": row["trajectory"][:2]}))
+    (tmp_path / "a__b-4.nebius.json").write_text(json.dumps(row))
+    stats = LoadStats()
+    (s,) = load_trajectories(tmp_path, stats)
+    assert s.source == "repo:ARM-software/mango"  # the row's instance_id, not the file name
+    reasons = {p.split("/")[-1]: r for p, _, r in stats.skipped}
+    assert set(reasons) == {"a__b-1.nebius.json", "a__b-2.nebius.json", "a__b-3.nebius.json"}
+    assert "no `trajectory` list" in reasons["a__b-1.nebius.json"]
+    assert "robot" in reasons["a__b-2.nebius.json"] and "no assistant turn" in reasons["a__b-3.nebius.json"]
+
+
+def test_vendored_sample_fills_b128_on_both_sides_of_a_repository_split():
+    stats = LoadStats()
+    sessions = load_trajectories(None, stats)
+    assert not stats.skipped and len(sessions) == stats.sessions >= 256
+    split = split_by_source(sessions, holdout_share=0.5, seed=0)
+    assert not split.fit_sources & split.holdout_sources
+    assert len(split.fit) >= 128 and len(split.holdout) >= 128
+    assert len({s.source for s in sessions}) >= 256
+    assert len({s.framework for s in sessions}) >= 3
+    models = Counter(s.model for s in sessions if s.model)
+    assert len(models) >= 5 and all(n >= 1 for n in models.values())
+
+
 def test_malformed_files_and_records_are_named_counted_and_skipped(tmp_path):
     raw = gzip.decompress(FILES["resolver.output.jsonl.gz"].read_bytes()).decode().splitlines()
     (tmp_path / "bad.output.jsonl").write_text("\n".join([raw[0], "{not json", json.dumps({"history": 3}), raw[1]]))
@@ -116,25 +161,29 @@ def test_thinking_text_is_decoded_inside_think(tok):
                                                                        skip_special_tokens=False)
 
 
-def test_default_agent_workload_is_published_and_split_by_repository():
-    split = load_workload("agent", CorpusConfig(agent_source="published", cache_dir=None))
+def test_published_agent_workload_is_split_by_repository(small_agent_sample):
+    split = load_workload("agent", CorpusConfig(agent_source="published", agent_dir=small_agent_sample,
+                                                cache_dir=None))
     assert not split.fit_sources & split.holdout_sources
     assert {s.source for s in split.fit} == set(split.fit_sources)
     assert {s.source for s in split.holdout} == set(split.holdout_sources)
-    assert len(split.fit) + len(split.holdout) == len(load_trajectories())
-    assert all(s.session_id.split(":")[0] in ("sweagent", "mini", "openhands") for s in split.fit + split.holdout)
+    assert len(split.fit) + len(split.holdout) == len(load_trajectories(small_agent_sample))
+    assert {s.session_id.split(":")[0] for s in split.fit + split.holdout} == {"sweagent", "mini", "openhands",
+                                                                               "nebius"}
 
 
-def test_clip_keeps_whole_replies():
-    split = load_workload("agent", CorpusConfig(agent_source="published", cache_dir=None, agent_max_tokens=4000))
+def test_clip_keeps_whole_replies(small_agent_sample):
+    split = load_workload("agent", CorpusConfig(agent_source="published", agent_dir=small_agent_sample,
+                                                cache_dir=None, agent_max_tokens=4000))
     for s in split.fit + split.holdout:
         assert s.num_tokens <= 4000 and s.reply_end[-1] == s.num_tokens
     s = split.holdout[0]
     assert clip_to_tokens(s, int(s.reply_end[0]) - 1) is None
 
 
-def test_replayed_row_ids_equal_hashing_whole_sessions():
-    split = load_workload("agent", CorpusConfig(agent_source="published", cache_dir=None, agent_max_tokens=3000))
+def test_replayed_row_ids_equal_hashing_whole_sessions(small_agent_sample):
+    split = load_workload("agent", CorpusConfig(agent_source="published", agent_dir=small_agent_sample,
+                                                cache_dir=None, agent_max_tokens=3000))
     sessions = list(split.fit + split.holdout)
     hasher = EngramLookupHasher()
     full = [hasher.prefill(s.tokens.astype(np.int64)) for s in sessions]

@@ -195,8 +195,8 @@ class TrainConfig:
     sparse_frac: float = 0.15     # last share of steps with the saved index_topk instead of dense CSA
     text_tokens: int = 3_000_000  # training text read from the train split
     vocab_top: int = 4000
-    stages: tuple[Stage, ...] = (Stage(256, 8, 8, 8, 150), Stage(512, 12, 12, 4, 120),
-                                 Stage(1024, 16, 12, 2, 100), Stage(2048, 24, 16, 1, 80))
+    stages: tuple[Stage, ...] = (Stage(256, 8, 8, 8, 180), Stage(512, 12, 12, 4, 140),
+                                 Stage(1024, 16, 12, 2, 120), Stage(2048, 24, 16, 1, 100))
     hidden: int = 128
     log_every: int = 10
 
@@ -322,12 +322,15 @@ def train(cfg: TrainConfig, out: Path, *, csv_path: Path | None = None, png_path
             opt.step()
             opt.zero_grad(set_to_none=True)
             acc = float((logits.argmax(-1) == targets).float().mean())
+            loss, ix = loss.detach(), ix.detach()
             rows_log.append({"step": step, "context": stage.context, "loss": float(loss), "indexer_kl": float(ix),
                              "answer_acc": acc, "lr": lr, "grad_norm": float(gnorm),
                              "sparse": int(step >= sparse_from), "elapsed_s": time.perf_counter() - t_start})
             if step % cfg.log_every == 0 or step == total - 1:
                 log.info("step %d ctx %d loss %.3f acc %.2f indexer-KL %.3f %.0fs", step, stage.context,
                          float(loss), acc, float(ix), time.perf_counter() - t_start)
+                if csv_path:
+                    write_curve(rows_log, csv_path, None)
             step += 1
     _set_topk(model, saved_topk)
     model.eval()
@@ -340,7 +343,9 @@ def train(cfg: TrainConfig, out: Path, *, csv_path: Path | None = None, png_path
             "train_config": _jsonable(asdict(cfg)), "train_seconds": round(train_s, 1), "threads": 1,
             "final_loss_last50": float(np.mean([r["loss"] for r in tail])),
             "final_acc_last50": float(np.mean([r["answer_acc"] for r in tail])),
-            "torch": torch.__version__}
+            "torch": str(torch.__version__)}
+    if csv_path:
+        write_curve(rows_log, csv_path, png_path)
     # fresh copy of the weights into a clean eager model (drops the training hooks and wrappers)
     save_model(out, model, vocab, card)
     model, vocab, card = load_model(out)
@@ -348,8 +353,6 @@ def train(cfg: TrainConfig, out: Path, *, csv_path: Path | None = None, png_path
     if eval_lengths:
         card["eval"] = evaluate(model, vocab, eval_lengths, eval_samples, seed=cfg.seed + 1000)
     save_model(out, model, vocab, card)
-    if csv_path:
-        write_curve(rows_log, csv_path, png_path)
     return model, vocab, card
 
 
@@ -453,14 +456,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's steps")
     ap.add_argument("--eval-lengths", default="4096,8192,16384")
     ap.add_argument("--eval-samples", type=int, default=40)
+    ap.add_argument("--eval-only", action="store_true", help="evaluate the model at --out and add it to its card")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    lengths = tuple(int(x) for x in args.eval_lengths.split(",") if x)
+    if args.eval_only:
+        model, vocab, card = load_model(Path(args.out))
+        card.setdefault("eval", {}).update(evaluate(model, vocab, lengths, args.eval_samples, seed=args.seed + 1000))
+        save_model(Path(args.out), model, vocab, card)
+        print(json.dumps(card, indent=1))
+        return 0
     base = TrainConfig(seed=args.seed)
     stages = tuple(Stage(s.context, s.records, s.queries, s.batch, max(1, round(s.steps * args.steps_scale)))
                    for s in base.stages)
     cfg = TrainConfig(seed=args.seed, stages=stages)
-    lengths = tuple(int(x) for x in args.eval_lengths.split(",") if x)
     _, _, card = train(cfg, Path(args.out), csv_path=Path(args.curve + ".csv"), png_path=Path(args.curve + ".png"),
                        eval_lengths=lengths, eval_samples=args.eval_samples)
     print(json.dumps(card, indent=1))

@@ -60,6 +60,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import selectors
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -67,6 +70,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+import hiredis
 import numpy as np
 import redis
 from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
@@ -74,6 +78,7 @@ from redis.crc import key_slot
 
 from slacktier.config import RedisClusterOptions
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store import _resp
 from slacktier.store._common import page_crc32c
 from slacktier.store.dram import load_region_pages
 from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
@@ -89,6 +94,8 @@ log = logging.getLogger(__name__)
 KEYS_PER_MGET = 256
 #: a stored value: the page, then its CRC32C (uint32, little-endian)
 VALUE_BYTES = PAGE_BYTES + 4
+#: bytes from one value to the next in an MGET reply of whole pages: "$4100\r\n" + value + "\r\n"
+VALUE_STRIDE = len(b"$%d\r\n" % VALUE_BYTES) + VALUE_BYTES + 2
 #: default hash-tag groups per region (see BENCHMARKS.md, "Redis Cluster: hash tags")
 DEFAULT_TAG_BUCKETS = 64
 #: a node reply slower than this fraction of socket_timeout_ms counts as a stall
@@ -236,11 +243,241 @@ def _send_all(client: RedisCluster, by_node: dict[str, tuple[ClusterNode, list[_
     return retry, stalled, hard
 
 
-class RedisClusterSource(QueuedSource[None]):
+@dataclass
+class _Got:
+    """What a batch has received so far: each read's stored CRC32C, whether it landed, and bad values."""
+
+    stored: np.ndarray                           # [n] uint32
+    have: np.ndarray                             # [n] bool
+    bad: list[tuple[int, bytes | None]]          # (read, its value: None when the key is missing)
+
+
+def _put(part: Part, i: int, value: bytes | None, got: _Got) -> None:
+    """Land one value (bytes) of read i: page into the pool, CRC32C aside; a missing or wrong-size one is bad."""
+    if value is None or len(value) != VALUE_BYTES:
+        got.bad.append((i, value))
+        return
+    part.pool.pages[part.buffer[i]] = np.frombuffer(value, dtype=np.uint8, count=PAGE_BYTES)
+    got.stored[i] = int.from_bytes(value[PAGE_BYTES:], "little")
+    got.have[i] = True
+
+
+class _NodeLink:
+    """Our own connection to one node for page reads: authenticated (and READONLY for replica reads), with a
+    receive buffer that replies land in whole (see store/_resp.py). Closed, never reused, after any error or
+    timeout, so no late reply is ever read as another batch's."""
+
+    def __init__(self, host: str, port: int, options: RedisClusterOptions, readonly: bool, timeout_s: float) -> None:
+        self.name = f"{host}:{port}"
+        sock = socket.create_connection((host, port), timeout=timeout_s)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if urlsplit(options.url).scheme == "rediss":
+                ctx = ssl.create_default_context(cafile=options.tls_ca_file or None)
+                ctx.check_hostname = False   # the cluster announces IPs; the CA still authenticates the node
+                sock = ctx.wrap_socket(sock, server_hostname=host)
+            hello = []
+            password = options.password()
+            if password is not None:
+                hello.append(("AUTH", options.username or "default", password))
+            if readonly:
+                hello.append(("READONLY",))
+            if hello:
+                sock.sendall(b"".join(hiredis.pack_command(c) for c in hello))
+                reader = hiredis.Reader()
+                answers: list = []
+                while len(answers) < len(hello):
+                    data = sock.recv(4096)
+                    if not data:
+                        raise ConnectionError(f"node {self.name} closed the connection during the handshake")
+                    reader.feed(data)
+                    while (reply := reader.gets()) is not False:
+                        answers.append(reply)
+                for reply in answers:
+                    if isinstance(reply, hiredis.ReplyError):
+                        raise redis.AuthenticationError(_mask(str(reply), options))
+        except BaseException:
+            sock.close()
+            raise
+        self.sock = sock
+        self.buf = np.empty(1 << 20, np.uint8)
+
+    def room(self, nbytes: int) -> None:
+        """At least `nbytes` of receive buffer, keeping what is in it."""
+        if nbytes > self.buf.shape[0]:
+            grown = np.empty(max(nbytes, 2 * self.buf.shape[0]), np.uint8)
+            grown[:self.buf.shape[0]] = self.buf
+            self.buf = grown
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+_RETRY_ERRORS = (b"MOVED", b"ASK", b"TRYAGAIN", b"CLUSTERDOWN", b"LOADING", b"MASTERDOWN")
+
+
+def _hand_round(links: dict[str, _NodeLink], options: RedisClusterOptions,
+                by_node: dict[str, tuple[ClusterNode, list[_Command]]], part: Part, got: _Got, deadline: float,
+                stall_s: float) -> tuple[list[_Command], list[str], Exception | None]:
+    """One round of MGETs on our own sockets: every node's pipeline written, then replies read from whichever
+    node has bytes (select), scanned and landed by compiled code. Returns the commands to retry (redirected,
+    or on a lost or late node), the nodes that stalled, and the first error that is not a redirect."""
+    t0 = time.monotonic()
+    retry: list[_Command] = []
+    stalled: list[str] = []
+    hard: Exception | None = None
+    jobs = {}
+    sel = selectors.DefaultSelector()
+    try:
+        for name, (node, commands) in by_node.items():
+            try:
+                link = links.get(name)
+                if link is None:
+                    link = links[name] = _NodeLink(node.host, node.port, options, node.server_type == "replica",
+                                                   max(0.001, deadline - time.monotonic()))
+                keys = np.array([len(c.keys) for c in commands], np.int64)
+                base = np.zeros(len(commands), np.int64)
+                base[1:] = np.cumsum(keys)[:-1]
+                total = int(keys.sum())
+                link.room(total * (VALUE_BYTES + 9) + 16 * len(commands) + 64)
+                link.sock.settimeout(max(0.001, deadline - time.monotonic()))
+                link.sock.sendall(b"".join(hiredis.pack_command(("MGET", *c.keys)) for c in commands))
+                link.sock.setblocking(False)
+            except (OSError, redis.RedisError, SlackTierError) as exc:
+                if isinstance(exc, (redis.AuthenticationError, SlackTierError)):
+                    hard = hard or exc
+                _drop(links, name)
+                retry.extend(commands)
+                continue
+            jobs[name] = _Job(link, commands, keys, base, np.zeros(total, np.int64), np.zeros(total, np.int64),
+                              np.zeros(len(commands), np.int8), np.zeros(len(commands), np.int64))
+            sel.register(link.sock, selectors.EVENT_READ, name)
+        while any(not j.finished for j in jobs.values()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for key, _ in sel.select(timeout=left):
+                job = jobs[key.data]
+                if not job.receive():
+                    sel.unregister(job.link.sock)
+                if job.finished and time.monotonic() - t0 > stall_s:
+                    stalled.append(job.link.name)
+        for name, job in jobs.items():
+            if not job.finished:                 # late or lost: never reuse this connection
+                if not job.lost:
+                    stalled.append(name)
+                _drop(links, name)
+                retry.extend(job.commands[job.done:])
+            error = job.land(part, got, retry)
+            if error is not None:
+                _drop(links, name)
+                hard = hard or error
+    finally:
+        sel.close()
+    return retry, stalled, hard
+
+
+def _drop(links: dict[str, _NodeLink], name: str) -> None:
+    link = links.pop(name, None)
+    if link is not None:
+        link.close()
+
+
+@dataclass
+class _Job:
+    """One node's MGETs of one batch, and their replies as scanned so far."""
+
+    link: _NodeLink
+    commands: list[_Command]
+    keys: np.ndarray       # [c] keys per command
+    base: np.ndarray       # [c] first value of each command
+    off: np.ndarray        # [v] value offset in link.buf
+    length: np.ndarray     # [v] value length (-1: no such key)
+    status: np.ndarray     # [c] OK / ERROR / MALFORMED
+    error_at: np.ndarray   # [c] offset of an error line
+    got: int = 0           # bytes received
+    scanned: int = 0       # bytes scanned (replies complete up to here)
+    done: int = 0          # commands whose reply is complete
+    lost: bool = False
+
+    @property
+    def finished(self) -> bool:
+        return self.lost or self.done == len(self.commands) or bool((self.status[:self.done] == _resp.MALFORMED).any())
+
+    def receive(self) -> bool:
+        """Read what the socket has and scan it; False when the connection is gone."""
+        link = self.link
+        try:
+            while True:
+                if self.got == link.buf.shape[0]:
+                    link.room(2 * link.buf.shape[0])   # a reply larger than planned (wrong-size values)
+                n = link.sock.recv_into(memoryview(link.buf)[self.got:])
+                if n == 0:
+                    self.lost = True
+                    return False
+                self.got += n
+                if not (isinstance(link.sock, ssl.SSLSocket) and link.sock.pending()):
+                    break
+        except (BlockingIOError, ssl.SSLWantReadError):
+            pass
+        except OSError:
+            self.lost = True
+            return False
+        self.scanned, k = _resp.scan_mget_replies(link.buf, self.scanned, self.got, self.done, self.keys, self.base,
+                                                  self.off, self.length, self.status, self.error_at)
+        self.done += k
+        return True
+
+    def land(self, part: Part, got: _Got, retry: list[_Command]) -> Exception | None:
+        """Land the complete OK replies; redirected ones go to `retry`; the first other error is returned."""
+        error: Exception | None = None
+        ok = []
+        buf = self.link.buf
+        for c in range(self.done):
+            cmd = self.commands[c]
+            if self.status[c] == _resp.OK:
+                ok.append(c)
+            elif self.status[c] == _resp.ERROR:
+                at = int(self.error_at[c])
+                line = bytes(buf[at + 1:at + 1 + 200]).split(b"\r\n", 1)[0]
+                if line.startswith(_RETRY_ERRORS):
+                    retry.append(cmd)
+                else:
+                    error = error or redis.ResponseError(line.decode(errors="replace"))
+            else:
+                error = error or redis.ResponseError("a malformed reply to MGET (not RESP2 bulk strings)")
+                retry.extend(self.commands[c + 1:])
+                break
+        pages, stored = part.pool.pages, got.stored
+        for c in ok:   # one MGET's values: evenly spaced when every value is a whole page (strided copy)
+            cmd = self.commands[c]
+            lo, k = int(self.base[c]), int(self.keys[c])
+            off, length = self.off[lo:lo + k], self.length[lo:lo + k]
+            good = length == VALUE_BYTES
+            if good.all() and (k == 1 or (np.diff(off) == VALUE_STRIDE).all()):
+                view = np.lib.stride_tricks.as_strided(buf[int(off[0]):], shape=(k, VALUE_BYTES),
+                                                       strides=(VALUE_STRIDE, 1), writeable=False)
+                pages[part.buffer[cmd.index]] = view[:, :PAGE_BYTES]
+                stored[cmd.index] = np.ascontiguousarray(view[:, PAGE_BYTES:]).view("<u4").ravel()
+                got.have[cmd.index] = True
+                continue
+            for j in range(k):   # a nil or wrong-size value among them: one by one
+                i, n = int(cmd.index[j]), int(length[j])
+                _put(part, i, None if n < 0 else bytes(buf[int(off[j]):int(off[j]) + n]), got)
+        return error
+
+
+class RedisClusterSource(QueuedSource[dict]):
     """Pages read from a Redis Cluster, grouped by slot, pipelined per node, all nodes at once."""
 
     read_what = "redis-cluster read"
-    engine_name = "redis-cluster-mget"
+    engine_name = "resp-scan"
+    #: read replies with our own sockets and compiled scan (True), or through redis-py's per-node connections
+    #: and hiredis (False; kept for the side-by-side measurement in benchmarks/bench_redis_cluster.py)
+    hand_reader: bool = True
     #: remote memory with no end-to-end checksum of its own: reads are checked against the manifest by default
     verify_by_default = True
 
@@ -266,6 +503,7 @@ class RedisClusterSource(QueuedSource[None]):
                 for g in range(T)]                                      # [R * T], group = region * T + bucket
         self._group_slot = np.array([key_slot(t) for t in tags], dtype=np.int32)
         self._group_head = [b"{%s}:" % t for t in tags]
+        _resp.warm()   # compile (or load from numba's cache) the reply scan now, not in the first step
         self._start_lanes(1)
         log.info("RedisClusterSource: %d regions at %s (%d nodes, %d page groups per region%s)", len(self.regions),
                  self.url, len(self._client.get_nodes()), T, ", replicas read" if self.options.read_from_replicas
@@ -294,9 +532,6 @@ class RedisClusterSource(QueuedSource[None]):
                                      fix="load this staging run into the cluster (slacktier.store.redis_cluster."
                                          "load_table)")
 
-    def _close_lane(self, lane: Lane[None]) -> None:
-        self._client.close()
-
     def _commands(self, region: np.ndarray, page: np.ndarray, positions: np.ndarray) -> list[_Command]:
         T = self.tag_buckets
         group = region.astype(np.int64) * T + page % T
@@ -322,9 +557,17 @@ class RedisClusterSource(QueuedSource[None]):
             by_node.setdefault(node.name, (node, []))[1].append(c)
         return by_node
 
-    def _read(self, lane: Lane[None], part: Part) -> SlackTierError | None:
+    def _open_lane(self, lane: Lane[dict]) -> None:
+        lane.state = {}   # node name -> _NodeLink, opened on first use, on this lane's thread
+
+    def _close_lane(self, lane: Lane[dict]) -> None:
+        for link in (lane.state or {}).values():
+            link.close()
+        self._client.close()
+
+    def _read(self, lane: Lane[dict], part: Part) -> SlackTierError | None:
         n = part.region.shape[0]
-        replies: list[bytes | None] = [None] * n
+        got = _Got(np.zeros(n, np.uint32), np.zeros(n, np.bool_), [])
         timeout_s = self.options.socket_timeout_ms / 1e3
         deadline = time.monotonic() + timeout_s
         pending = self._commands(part.region, part.page, np.arange(n))
@@ -333,7 +576,17 @@ class RedisClusterSource(QueuedSource[None]):
         except (redis.RedisError, OSError):  # a slot with no known node: the slow path refreshes the topology
             by_node = None
         if by_node is not None:
-            pending, stalled, hard = _send_all(self._client, by_node, replies, STALL_FRACTION * timeout_s)
+            if self.hand_reader:
+                pending, stalled, hard = _hand_round(lane.state, self.options, by_node, part, got, deadline,
+                                                     STALL_FRACTION * timeout_s)
+            else:
+                replies: list[bytes | None] = [None] * n
+                pending, stalled, hard = _send_all(self._client, by_node, replies, STALL_FRACTION * timeout_s)
+                done = np.ones(n, np.bool_)
+                for c in pending:
+                    done[c.index] = False
+                for i in np.flatnonzero(done).tolist():
+                    _put(part, i, replies[i], got)
             self._count_stalls(stalled)
             if hard is not None:
                 return self._io_error(part, pending, hard)
@@ -347,7 +600,7 @@ class RedisClusterSource(QueuedSource[None]):
             tries += 1
             try:
                 self._client.nodes_manager.initialize()
-            except (redis.RedisError, OSError) as exc:
+            except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
                 last = exc
                 continue
             still = []
@@ -357,14 +610,14 @@ class RedisClusterSource(QueuedSource[None]):
                     continue
                 try:
                     values = self._client.execute_command("MGET", *c.keys)
-                except (redis.RedisError, OSError) as exc:
+                except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
                     still.append(c)
                     last = exc
                     continue
                 for j, v in zip(c.index.tolist(), values, strict=True):
-                    replies[j] = v
+                    _put(part, j, v, got)
             pending = still
-        return self._land(part, replies)
+        return self._landed(part, got)
 
     def _count_stalls(self, nodes: list[str]) -> None:
         if not nodes:
@@ -386,22 +639,22 @@ class RedisClusterSource(QueuedSource[None]):
                               fix="check the cluster (CLUSTER INFO: a master down with no replica, a paused node), "
                                   "or raise socket_timeout_ms in [table.redis-cluster]")
 
-    def _land(self, part: Part, replies: list[bytes | None]) -> SlackTierError | None:
-        for i, value in enumerate(replies):
-            if value is None or len(value) != VALUE_BYTES:
-                return self._bad_value(part, i, value)
-        arr = np.frombuffer(b"".join(replies), dtype=np.uint8).reshape(len(replies), VALUE_BYTES)  # type: ignore[arg-type]
+    def _landed(self, part: Part, got: _Got) -> SlackTierError | None:
+        """The first bad value's error, else the stored CRC32Cs against the manifest's (a page of another load)."""
+        if got.bad:
+            i, value = min(got.bad, key=lambda bv: bv[0])
+            return self._bad_value(part, i, value)
+        if not got.have.all():  # every read either landed, is bad, or failed the batch before this point
+            return self._bad_value(part, int(np.flatnonzero(~got.have)[0]), None)
         if self._expected is not None:
-            stored = arr[:, PAGE_BYTES:].copy().view("<u4").ravel()
             want = self._expected[self._region_base[part.region] + part.page]
-            bad = np.flatnonzero(stored != want)
+            bad = np.flatnonzero(got.stored != want)
             if bad.size:
                 i = int(bad[0])
-                return SlackTierError(ErrorKind.CHECKSUM, f"{self.read_what}: stored CRC32C {int(stored[i]):#010x}, "
-                                      f"manifest says {int(want[i]):#010x}: a page of another load",
-                                      **self._where(int(part.region[i]), int(part.page[i])),
+                return SlackTierError(ErrorKind.CHECKSUM, f"{self.read_what}: stored CRC32C "
+                                      f"{int(got.stored[i]):#010x}, manifest says {int(want[i]):#010x}: a page of "
+                                      "another load", **self._where(int(part.region[i]), int(part.page[i])),
                                       fix="load this table into the cluster again")
-        part.pool.pages[part.buffer] = arr[:, :PAGE_BYTES]
         return None
 
     def _bad_value(self, part: Part, i: int, value: bytes | None) -> SlackTierError:

@@ -1,6 +1,6 @@
 """Agent sessions from published trajectories of real coding agents (the model's own words, the tool output it saw).
 
-Three published formats, each parsed into our Session model (system, user,
+Four published formats, each parsed into our Session model (system, user,
 assistant and tool turns; see `sessions` for how they are rendered):
 
 - SWE-agent `.traj`: a JSON object whose `history` is the message list the model
@@ -17,6 +17,12 @@ assistant and tool turns; see `sessions` for how they are rendered):
   CodeAct records) is rendered from its `thought` plus a call named after the
   action with its `args` minus the bookkeeping fields. Observations become tool
   turns; `agent_state_changed` / `null` events are bookkeeping and are dropped.
+- Nebius' SWE-agent trajectories (`*.nebius.json`, one row of the
+  nebius/SWE-agent-trajectories data set as a JSON object): `trajectory` is the
+  message list of a text-action SWE-agent run, with roles `system` (the prompt
+  in `system_prompt`), `user` (the task, then every observation, as the model
+  was sent them) and `ai` (the model's reply: its reasoning and the command in
+  a fenced block). The model is `model_name`.
 
 Files may be gzip-compressed (`.gz`). The session's `source` is the repository
 (`repo:owner/name`), taken from a SWE-bench instance id (the record's
@@ -46,7 +52,7 @@ from slacktier.workloads.sessions import Session, ToolCall, Turn
 log = logging.getLogger(__name__)
 
 SAMPLE_DIR = Path(__file__).resolve().parent / "data" / "agent"
-FORMATS = ("sweagent", "mini", "openhands")
+FORMATS = ("sweagent", "mini", "openhands", "nebius")
 _INSTANCE = re.compile(r"^(?P<owner>[A-Za-z0-9_.-]+?)__(?P<name>[A-Za-z0-9_.-]+?)-(?P<num>[A-Za-z0-9]+)$")
 _OH_DROPPED_OBS = {"agent_state_changed", "null", "user_rejected"}
 _OH_BOOKKEEPING_ARGS = {"thought", "is_input", "blocking", "hidden", "confirmation_state", "impl_source",
@@ -80,15 +86,18 @@ class LoadStats:
 
 
 def format_of(path: Path) -> str:
-    """The published format a file name says it holds ("sweagent" | "mini" | "openhands")."""
+    """The published format a file name says it holds ("sweagent" | "mini" | "openhands" | "nebius")."""
     name = path.name[:-3] if path.name.endswith(".gz") else path.name
+    if name.endswith(".nebius.json"):
+        return "nebius"
     if name.endswith(".traj.json"):
         return "mini"
     if name.endswith(".traj"):
         return "sweagent"
     if name.endswith(".jsonl"):
         return "openhands"
-    raise TrajectoryError(path, None, "not a trajectory file name (.traj, .traj.json or .jsonl, optionally .gz)")
+    raise TrajectoryError(path, None, "not a trajectory file name (.traj, .traj.json, .nebius.json or .jsonl, "
+                                      "optionally .gz)")
 
 
 def _read_text(path: Path) -> str:
@@ -105,7 +114,7 @@ def repo_of_instance(instance_id: str) -> str | None:
 
 def _stem(path: Path) -> str:
     name = path.name
-    for suffix in (".gz", ".json", ".jsonl", ".traj", ".output"):
+    for suffix in (".gz", ".json", ".jsonl", ".traj", ".output", ".nebius"):
         if name.endswith(suffix):
             name = name[: -len(suffix)]
     return name.split("__", 1)[1] if name.count("__") >= 2 else name
@@ -197,6 +206,28 @@ def parse_mini(obj, path: Path) -> Session:
         model = str((((obj.get("info") or {}).get("config") or {}).get("model") or {}).get("model_name", ""))
     stem = _stem(path)
     return _finish(turns, path, 0, f"mini:{stem}", repo_of_instance(stem), "mini-swe-agent", model)
+
+
+_NEBIUS_ROLES = {"system": "system", "user": "user", "ai": "assistant"}
+
+
+def parse_nebius(obj, path: Path) -> Session:
+    """One row of nebius/SWE-agent-trajectories (a JSON object with `trajectory`) -> Session."""
+    if not isinstance(obj, dict) or not isinstance(obj.get("trajectory"), list):
+        raise TrajectoryError(path, 0, "no `trajectory` list (not a Nebius SWE-agent trajectory)")
+    turns = []
+    try:
+        for m in obj["trajectory"]:
+            role = _NEBIUS_ROLES.get(m["role"])
+            if role is None:
+                raise ValueError(f"unknown message role {m['role']!r}")
+            text = m.get("system_prompt") if role == "system" else None
+            turns.append(Turn(role, _text(text if text is not None else m.get("text"))))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise TrajectoryError(path, 0, f"bad trajectory message: {exc!r}") from exc
+    instance = str(obj.get("instance_id") or _stem(path))
+    return _finish(turns, path, 0, f"nebius:{instance}", repo_of_instance(instance), "swe-agent",
+                   str(obj.get("model_name", "")))
 
 
 def _oh_args(event: dict) -> dict:
@@ -303,6 +334,8 @@ def iter_file(path: Path, stats: LoadStats | None = None) -> Iterator[Session]:
                 session = parse_sweagent(obj, path)
             elif fmt == "mini":
                 session = parse_mini(obj, path)
+            elif fmt == "nebius":
+                session = parse_nebius(obj, path)
             else:
                 session = parse_openhands(obj, path, index)
         except TrajectoryError as err:
@@ -319,7 +352,7 @@ def trajectory_files(root: Path) -> list[Path]:
     if not root.is_dir():
         raise SlackTierError(ErrorKind.MISSING, f"no trajectory directory {root}",
                              fix="download a published set (SWE-agent .traj, mini-swe-agent .traj.json, OpenHands "
-                                 "output.jsonl) into a local directory and pass it")
+                                 "output.jsonl, Nebius .nebius.json) into a local directory and pass it")
     out = []
     for p in sorted(root.rglob("*")):
         if p.is_file():
@@ -340,5 +373,5 @@ def load_trajectories(root: Path | None = None, stats: LoadStats | None = None) 
         log.warning("trajectories: %d of %d records skipped", len(stats.skipped), stats.records)
     if not sessions:
         raise SlackTierError(ErrorKind.MISSING, f"no trajectory parsed under {root or SAMPLE_DIR}",
-                             fix="check the directory holds .traj, .traj.json or output.jsonl files")
+                             fix="check the directory holds .traj, .traj.json, .nebius.json or output.jsonl files")
     return sessions

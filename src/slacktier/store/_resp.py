@@ -1,0 +1,125 @@
+"""Compiled RESP reply scanning for the Redis Cluster tier's page reads (one node's pipelined MGET replies).
+
+A node's replies arrive into one byte buffer (`recv_into`, no per-value Python
+object). `scan_mget_replies` walks the replies received so far: per MGET an
+array header `*k`, then k bulk strings `$4100` + data, or `$-1` (no such key);
+or an error line (`-MOVED 3999 127.0.0.1:7002`, `-NOPERM ...`). It records
+each value's offset and length and each command's outcome, and stops at the
+first incomplete reply, to be called again when more bytes arrive. The
+caller copies the pages out (redis_cluster.py: one strided copy per MGET).
+
+Worked example: replies "*2\\r\\n$4100\\r\\n<4100 B>\\r\\n$-1\\r\\n" for one MGET of two keys
+-> value 0 at offset 11, length 4100; value 1 length -1; command 0 status OK.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+OK, ERROR, MALFORMED = 0, 1, 2
+CR, LF = 13, 10
+
+
+@njit(nogil=True, cache=True)
+def _line_int(buf: np.ndarray, p: int, end: int) -> tuple[int, int]:
+    """The integer after a type byte at p, up to CRLF: (value, position after the CRLF), or (0, -1) if the line
+    is not complete yet, or (0, -2) if it is not an integer."""
+    q = p + 1
+    neg = False
+    if q < end and buf[q] == 45:  # '-'
+        neg = True
+        q += 1
+    value = 0
+    digits = 0
+    while q < end and buf[q] != CR:
+        c = buf[q]
+        if c < 48 or c > 57:
+            return 0, -2
+        value = value * 10 + (c - 48)
+        digits += 1
+        q += 1
+    if q + 1 >= end:
+        return 0, -1
+    if buf[q + 1] != LF or digits == 0:
+        return 0, -2
+    return (-value if neg else value), q + 2
+
+
+@njit(nogil=True, cache=True)
+def scan_mget_replies(buf: np.ndarray, start: int, end: int, first_cmd: int, keys: np.ndarray,
+                      value_base: np.ndarray, value_off: np.ndarray, value_len: np.ndarray,
+                      status: np.ndarray, error_at: np.ndarray) -> tuple[int, int]:
+    """Scan complete replies in buf[start:end] for commands first_cmd, first_cmd + 1, ...
+
+    keys[c]: keys of command c; value_base[c]: index of its first value in value_off / value_len.
+    Fills value_off / value_len (-1: nil) for OK commands, status[c] (OK, ERROR, MALFORMED) and, for ERROR,
+    error_at[c] (offset of the '-' line). Returns (position after the last complete reply, commands done)."""
+    p = start
+    c = first_cmd
+    n_cmd = keys.shape[0]
+    while c < n_cmd and p < end:
+        t = buf[p]
+        if t == 45:  # '-': an error reply
+            q = p + 1
+            while q + 1 < end and not (buf[q] == CR and buf[q + 1] == LF):
+                q += 1
+            if q + 1 >= end:
+                break
+            status[c] = ERROR
+            error_at[c] = p
+            p = q + 2
+            c += 1
+            continue
+        if t != 42:  # not '*'
+            status[c] = MALFORMED
+            return p, c + 1 - first_cmd
+        k, q = _line_int(buf, p, end)
+        if q == -1:
+            break
+        if q == -2 or k != keys[c]:
+            status[c] = MALFORMED
+            return p, c + 1 - first_cmd
+        base = value_base[c]
+        complete = True
+        for i in range(k):
+            if q >= end:
+                complete = False
+                break
+            if buf[q] != 36:  # '$'
+                status[c] = MALFORMED
+                return p, c + 1 - first_cmd
+            n, r = _line_int(buf, q, end)
+            if r == -1:
+                complete = False
+                break
+            if r == -2:
+                status[c] = MALFORMED
+                return p, c + 1 - first_cmd
+            if n < 0:
+                value_off[base + i] = 0
+                value_len[base + i] = -1
+                q = r
+                continue
+            if r + n + 2 > end:
+                complete = False
+                break
+            value_off[base + i] = r
+            value_len[base + i] = n
+            q = r + n + 2
+        if not complete:
+            break
+        status[c] = OK
+        p = q
+        c += 1
+    return p, c - first_cmd
+
+
+def warm() -> None:
+    """Compile the scan (or load it from numba's cache) on a two-value reply."""
+    buf = np.frombuffer(b"*2\r\n$1\r\nx\r\n$-1\r\n", dtype=np.uint8).copy()   # writable, as a link's buffer
+    keys, base = np.array([2], np.int64), np.zeros(1, np.int64)
+    off, length = np.zeros(2, np.int64), np.zeros(2, np.int64)
+    status, error_at = np.zeros(1, np.int8), np.zeros(1, np.int64)
+    end, done = scan_mget_replies(buf, 0, buf.shape[0], 0, keys, base, off, length, status, error_at)
+    assert (end, done, int(length[0]), int(length[1])) == (buf.shape[0], 1, 1, -1)
