@@ -29,18 +29,24 @@ TARGET error naming the table and the node.
 
 Reads. One lane per source. A batch's pages are grouped by (region, group),
 one MGET per group (at most `KEYS_PER_MGET` keys), and the MGETs are sorted
-by the node that serves their slot. The lane writes every node's commands
-before reading any reply, so all nodes work at once, each pipelined. The
-client is redis-py (hiredis parser): `redis.cluster.RedisCluster` discovers
-the topology and owns the per-node connections; this module only routes
-(slot -> node from that client's table) and sends, because redis-py's
-`ClusterPipeline` resolves every command through its generic policy layer,
-which costs more per MGET than the read itself (BENCHMARKS.md measures both).
-A MOVED, ASK, CLUSTERDOWN or lost connection refreshes the topology and
-retries the failed groups through `RedisCluster.execute_command` (which
-follows redirects), until `socket_timeout_ms` after the batch began; then the
-batch fails (IO). A master lost mid-run therefore costs a few failed or slow
-batches until its replica is promoted, and reads resume without a restart.
+by the node that serves their slot, from the topology of redis-py's cluster
+client (`redis.cluster.RedisCluster`, which discovers nodes and follows
+redirects). The lane writes every node's pipeline on its own socket per node
+(`_NodeLink`: AUTH, READONLY for replica reads, TLS when the url is rediss://)
+before reading any reply, then reads whichever node has bytes (select) into
+that node's buffer; a compiled scan (`store/_resp.py`) finds the values and
+each MGET's pages land in the pool with one strided copy. Why not redis-py's
+own path: its `ClusterPipeline` resolves every command through a generic
+policy layer, and its per-node connections parse each value into a Python
+bytes object that is copied twice more; BENCHMARKS.md ("Remote tier: Redis
+Cluster") measures both beside ours (`hand_reader = False` runs redis-py's
+per-node connections, kept for that comparison). A MOVED, ASK, CLUSTERDOWN
+or lost connection refreshes the topology and retries the failed groups
+through `RedisCluster.execute_command` (which follows redirects), until
+`socket_timeout_ms` after the batch began; then the batch fails (IO). A
+connection with a late or unread reply is closed, never reused. A master
+lost mid-run therefore costs a few failed or slow batches until its replica
+is promoted, and reads resume without a restart.
 
 Stalls. A node whose reply to a batch took longer than `STALL_FRACTION` of
 `socket_timeout_ms` counts as a stall (`stalls`, by node, logged); a node
