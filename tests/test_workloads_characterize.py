@@ -88,7 +88,7 @@ def test_batch_reuse_counts_distinct_rows(chat_trace):
 
 def test_characterize_verb_writes_csv_json_and_plots(tmp_path):
     out = tmp_path / "out"
-    rc = main(["characterize", "--agent-sources", "idna,packaging", "--agent-per-source", "1",
+    rc = main(["characterize", "--agent-source", "template", "--agent-sources", "idna,packaging", "--agent-per-source", "1",
                "--chat-sessions", "4", "--batch", "2", "--decode-tokens", "16", "--capacities", "0,1000,100000",
                "--miss-points", "4", "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"])
     assert rc == 0

@@ -33,8 +33,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--static-head-share", type=float, default=0.5, help="share of capacity pinned by static_lru")
     p.add_argument("--miss-policy", default="clock", help="policy behind the miss-page curve (the engine uses CLOCK)")
     p.add_argument("--miss-points", type=int, default=12, help="capacities on the miss-page curve")
-    p.add_argument("--agent-per-source", type=int, default=5, help="agent sessions per source repository")
-    p.add_argument("--agent-sources", default="", help="comma list of source trees (default: all installed)")
+    p.add_argument("--agent-source", choices=("published", "template"), default="published",
+                   help="agent traffic: published trajectories of real agents (default: the vendored sample, or "
+                        "--agent-dir), or template sessions (synthetic, far more repetitive)")
+    p.add_argument("--agent-dir", default=None, help="a downloaded trajectory set (published only)")
+    p.add_argument("--agent-per-source", type=int, default=5,
+                   help="template only: agent sessions per source repository")
+    p.add_argument("--agent-sources", default="", help="template only: comma list of source trees (default: all)")
     p.add_argument("--chat-sessions", type=int, default=192, help="ShareGPT conversation records")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", type=Path, default=Path("data/workloads"), help="agent session cache")
@@ -63,7 +68,8 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.workloads.replay import ReplayConfig
     from slacktier.workloads.report import CharacterizeConfig, characterize
 
-    corpus = CorpusConfig(agent_sources=_items(args.agent_sources, "--agent-sources") or None,
+    corpus = CorpusConfig(agent_source=args.agent_source, agent_dir=args.agent_dir,
+                          agent_sources=_items(args.agent_sources, "--agent-sources") or None,
                           agent_sessions_per_source=args.agent_per_source, chat_sessions=args.chat_sessions,
                           seed=args.seed, cache_dir=args.cache_dir, tokens=args.tokens or TABLE_TOKENS[args.table])
     replay = ReplayConfig(batch=args.batch, decode_tokens=args.decode_tokens,

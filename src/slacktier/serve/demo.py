@@ -2,8 +2,8 @@
 
 1. Stage a small synthetic table into a local file with O_DIRECT, verify every
    page and random rows, read one row back through plain pread.
-2. Replay built-in agent traffic (sessions built from real tool output on this
-   machine) through a V4.1-shaped model whose Engram tables are served by the
+2. Replay built-in agent traffic (published trajectories of real coding agents,
+   vendored in workloads/data/agent) through a V4.1-shaped model whose Engram tables are served by the
    tier under three placements, each side by side with the DRAM table.
 3. The step timeline (serve.timeline): four placements at B=32 on a scaled
    table of the same size, device compute from the paper's V4.1 profile, host,
@@ -95,8 +95,8 @@ def run_demo(cfg: DemoConfig) -> int:
         from slacktier.engine.metrics import serve_metrics
         serve_metrics(cfg.metrics_port)
         print(f"\nPrometheus metrics of the demo's engines: http://127.0.0.1:{cfg.metrics_port}/metrics", flush=True)
-    print("\nReplaying built-in agent traffic through the tier (a first run builds the sessions and compiles "
-          "kernels) ...", flush=True)
+    print("\nReplaying built-in agent traffic (published trajectories of real coding agents) through the tier "
+          "(a first run renders the sessions and compiles kernels) ...", flush=True)
     t0 = time.perf_counter()
     print(replay_demo(out, progress=cfg.progress, metrics=metrics))
     print(f"\n  replay took {time.perf_counter() - t0:.0f} s")

@@ -2,12 +2,14 @@
 
 Agent traffic comes from published trajectories of real coding agents
 (`agent_source="published"`, `trajectories`): the vendored sample, or a whole
-downloaded set with `agent_dir`. The vendored sample holds 8 sessions, too few
-to fill the B = 16..128 interleaved slots the demo and the characterization
-run, so template sessions (`agent`: real tool output around fixed THOUGHT
-lines, far more repetitive than a real agent) stay the default until a sample
-large enough for B = 128 is vendored (issue 12 is open). Every figure taken on
-template traffic says so.
+downloaded set with `agent_dir`; this is the default. The vendored sample
+holds 308 sessions over 305 repositories (data/agent/SOURCES.md); split by
+repository it gives 155 fit and 153 holdout sessions, enough for B = 128.
+Rendering all of it costs ~15 s of tokenizer time, once: the rendering is
+kept in `cache_dir` under a digest of the files. Template sessions
+(`agent_source="template"`: real tool output around fixed THOUGHT lines, far
+more repetitive than a real agent) remain as an explicit synthetic option;
+every figure taken on template traffic says so.
 
 Token ids: `tokens="deepseek"` (the DeepSeek-V4 tokenizer, Engram traffic) or
 `tokens="qwen"` (Qwen's chat format and tokenizer, `qwen_sessions`: PLE
@@ -18,7 +20,10 @@ tokens), so both tokenizations replay the same turns of the same sessions.
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
+import pickle
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +34,7 @@ from slacktier.workloads.agent import AgentParams, agent_sessions, available_sou
 from slacktier.workloads.sessions import Session, TokenSession, render_session, truncate_turns
 from slacktier.workloads.sharegpt import ParseStats, iter_chat_sessions
 from slacktier.workloads.split import Split, split_by_source
-from slacktier.workloads.trajectories import LoadStats, load_trajectories
+from slacktier.workloads.trajectories import SAMPLE_DIR, LoadStats, load_trajectories, trajectory_files
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +48,7 @@ DEFAULT_CACHE_DIR = Path("data/workloads")
 class CorpusConfig:
     """How many sessions of each workload, and from where."""
 
-    agent_source: str = "template"   # "published": real trajectories; "template": synthetic (see module docstring)
+    agent_source: str = "published"  # "published": real trajectories; "template": synthetic (see module docstring)
     agent_dir: Path | None = None    # a downloaded trajectory set (None: the vendored sample)
     agent_max_tokens: int = 65536    # published sessions are cut to their replies that end within this
     agent_sources: tuple[str, ...] | None = None  # template only; None: every installed source in AGENT_SOURCES
@@ -137,12 +142,36 @@ def as_tokens(pairs: list[tuple[Session, TokenSession]], tokens: str) -> list[To
     return [keep_replies(render_qwen_session(s, tok), ts.num_replies) for s, ts in pairs]
 
 
+#: bump when rendering or clipping changes, so older cached renderings are not reused
+PUBLISHED_CACHE_VERSION = 1
+
+
+def published_cache_key(config: CorpusConfig) -> str:
+    """A digest of the trajectory files (names and bytes) and of how they are rendered and clipped."""
+    root = Path(config.agent_dir) if config.agent_dir is not None else SAMPLE_DIR
+    h = hashlib.sha256(f"{PUBLISHED_CACHE_VERSION}|{config.agent_max_tokens}".encode())
+    for path in trajectory_files(root):
+        h.update(str(path.relative_to(root)).encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+    return h.hexdigest()[:20]
+
+
 def published_token_sessions(config: CorpusConfig, stats: LoadStats | None = None) -> list[TokenSession]:
-    """Published agent trajectories (vendored sample or `config.agent_dir`) as `config.tokens` sessions, clipped."""
+    """Published agent trajectories (vendored sample or `config.agent_dir`) as `config.tokens` sessions, clipped.
+
+    Rendered once with the DeepSeek tokenizer (~15 s for the vendored sample) and kept in `config.cache_dir`
+    under a digest of the files (`published_cache_key`); a changed file is a new key."""
+    stats = stats if stats is not None else LoadStats()
+    cache = None
+    if config.cache_dir is not None:
+        cache = Path(config.cache_dir) / f"published-{published_cache_key(config)}.pkl"
+        if cache.exists():
+            with cache.open("rb") as f:   # written by this function, below
+                out, skipped = pickle.load(f)
+            stats.skipped.extend(skipped)
+            return as_tokens(out, config.tokens)
     from slacktier.tables.tokenizer import load_deepseek_tokenizer
 
     tok = load_deepseek_tokenizer()
-    stats = stats if stats is not None else LoadStats()
     out = []
     for session in load_trajectories(config.agent_dir, stats):
         ts = clip_to_tokens(render_session(session, tok), config.agent_max_tokens)
@@ -150,6 +179,12 @@ def published_token_sessions(config: CorpusConfig, stats: LoadStats | None = Non
             out.append((session, ts))
     if stats.skipped:
         log.warning("agent trajectories: %d records skipped: %s", len(stats.skipped), stats.skipped[:5])
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache.with_suffix(".tmp")
+        with tmp.open("wb") as f:
+            pickle.dump((out, list(stats.skipped)), f)
+        os.replace(tmp, cache)
     return as_tokens(out, config.tokens)
 
 
