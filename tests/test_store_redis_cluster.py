@@ -285,3 +285,43 @@ def test_the_load_verb_loads_then_says_it_is_complete(redis_cluster, table, caps
         assert src.tag_buckets == 8 and read_all(src, table)[2]
     finally:
         src.close()
+
+
+def test_reads_stay_exact_while_a_slot_is_migrated_to_another_node(redis_cluster, table) -> None:
+    """Resharding mid-run: ASK while the slot's keys are split between two nodes (TRYAGAIN for a split MGET, then
+    key by key), MOVED once the slot is given away; every read is exact and nothing is restarted."""
+    from redis.crc import key_slot
+    load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest, prefix="moving", tag_buckets=16)
+    src = RedisClusterSource(table.specs, options(redis_cluster, redis_cluster.reader, prefix="moving"),
+                             page_crc32c=crcs_of(table.manifest), identity=table.manifest.identity)
+    r = table.specs[2]
+    pages_of_group = np.arange(5, r.pages, 16)          # group 5 of region 2: one slot
+    slot = key_slot(gen_key("moving", r.layer, r.rank, 5))
+    keys = [page_key("moving", r.layer, r.rank, int(p), 16) for p in pages_of_group] + \
+        [gen_key("moving", r.layer, r.rank, 5)]
+    pool = PageBufferPool(len(pages_of_group) + 50)
+
+    def read_group_and_more() -> None:
+        extra = np.arange(50) % table.specs[0].pages
+        region = np.r_[np.full(len(pages_of_group), 2, np.int32), np.zeros(50, np.int32)]
+        page = np.r_[pages_of_group, extra].astype(np.int64)
+        src.wait(src.submit(PageReads(region, page, np.arange(region.shape[0], dtype=np.int32)), pool), timeout_s=30)
+        for i in range(region.shape[0]):
+            assert np.array_equal(pool.pages[i], table.pages[region[i]][page[i]])
+
+    try:
+        read_group_and_more()
+        owner = redis_cluster.owner(slot)
+        target = next(p for p in redis_cluster.masters() if p != owner)
+        redis_cluster.begin_migration(slot, target)
+        read_group_and_more()                                             # nothing moved yet: served as before
+        redis_cluster.migrate_keys(slot, owner, target, keys[: len(keys) // 2])
+        read_group_and_more()                                             # split: TRYAGAIN, then ASK per key
+        redis_cluster.migrate_keys(slot, owner, target, keys[len(keys) // 2:])
+        read_group_and_more()                                             # all moved: ASK
+        redis_cluster.end_migration(slot, target)
+        read_group_and_more()                                             # MOVED, then the new map
+        read_group_and_more()
+        assert redis_cluster.owner(slot) == target
+    finally:
+        src.close()

@@ -195,6 +195,7 @@ class _Command:
     slot: int
     keys: list[bytes]
     index: np.ndarray  # [k] positions in the part
+    redirect: bytes = b""  # the error word of its last failed reply (b"MOVED", b"ASK", b"TRYAGAIN", ...)
 
 
 def _send_all(client: RedisCluster, by_node: dict[str, tuple[ClusterNode, list[_Command]]],
@@ -228,7 +229,9 @@ def _send_all(client: RedisCluster, by_node: dict[str, tuple[ClusterNode, list[_
                 try:
                     values = conn.read_response()
                 except (redis.exceptions.MovedError, redis.exceptions.AskError, redis.exceptions.TryAgainError,
-                        redis.exceptions.ClusterDownError):
+                        redis.exceptions.ClusterDownError) as exc:
+                    c.redirect = {redis.exceptions.AskError: b"ASK", redis.exceptions.TryAgainError: b"TRYAGAIN"
+                                  }.get(type(exc), b"MOVED")
                     retry.append(c)
                 else:
                     for j, v in zip(c.index.tolist(), values, strict=True):
@@ -450,6 +453,7 @@ class _Job:
                 at = int(self.error_at[c])
                 line = bytes(buf[at + 1:at + 1 + 200]).split(b"\r\n", 1)[0]
                 if line.startswith(_RETRY_ERRORS):
+                    cmd.redirect = line.split(b" ", 1)[0]
                     retry.append(cmd)
                 else:
                     error = error or redis.ResponseError(line.decode(errors="replace"))
@@ -586,13 +590,7 @@ class RedisClusterSource(QueuedSource[dict]):
                 pending, stalled, hard = _hand_round(lane.state, self.options, by_node, part, got, deadline,
                                                      STALL_FRACTION * timeout_s)
             else:
-                replies: list[bytes | None] = [None] * n
-                pending, stalled, hard = _send_all(self._client, by_node, replies, STALL_FRACTION * timeout_s)
-                done = np.ones(n, np.bool_)
-                for c in pending:
-                    done[c.index] = False
-                for i in np.flatnonzero(done).tolist():
-                    _put(part, i, replies[i], got)
+                pending, stalled, hard = self._redis_py_round(by_node, part, got, STALL_FRACTION * timeout_s)
             self._count_stalls(stalled)
             if hard is not None:
                 return self._io_error(part, pending, hard)
@@ -609,21 +607,54 @@ class RedisClusterSource(QueuedSource[dict]):
             except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
                 last = exc
                 continue
-            still = []
-            for c in pending:
-                if time.monotonic() >= deadline:
-                    still.append(c)
-                    continue
+            # A slot being migrated (ASK, TRYAGAIN for an MGET whose keys are split between two nodes): key by
+            # key through the cluster client, which follows each key's ASK. Everything else: another round.
+            moving = [c for c in pending if c.redirect in (b"ASK", b"TRYAGAIN")]
+            again = [c for c in pending if c.redirect not in (b"ASK", b"TRYAGAIN")]
+            still: list[_Command] = []
+            for c in moving:
                 try:
-                    values = self._client.execute_command("MGET", *c.keys)
+                    values = [self._client.execute_command("GET", k) for k in c.keys]
                 except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
                     still.append(c)
                     last = exc
                     continue
                 for j, v in zip(c.index.tolist(), values, strict=True):
                     _put(part, j, v, got)
+            if again:
+                try:
+                    by_node = self._route(again)
+                except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
+                    still.extend(again)
+                    last = exc
+                    by_node = None
+                if by_node is not None:
+                    for c in again:
+                        c.redirect = b""
+                    if self.hand_reader:
+                        left, stalled, hard = _hand_round(lane.state, self.options, by_node, part, got, deadline,
+                                                          STALL_FRACTION * timeout_s)
+                    else:
+                        left, stalled, hard = self._redis_py_round(by_node, part, got, STALL_FRACTION * timeout_s)
+                    self._count_stalls(stalled)
+                    if hard is not None:
+                        return self._io_error(part, left, hard)
+                    still.extend(left)
             pending = still
         return self._landed(part, got)
+
+    def _redis_py_round(self, by_node: dict[str, tuple[ClusterNode, list[_Command]]], part: Part, got: _Got,
+                        stall_s: float) -> tuple[list[_Command], list[str], Exception | None]:
+        """`_hand_round` through redis-py's per-node connections and hiredis (the measured alternative)."""
+        replies: list[bytes | None] = [None] * part.region.shape[0]
+        commands = [c for _, cs in by_node.values() for c in cs]
+        left, stalled, hard = _send_all(self._client, by_node, replies, stall_s)
+        failed = {id(c) for c in left}
+        for c in commands:
+            if id(c) not in failed:
+                for i in c.index.tolist():
+                    _put(part, i, replies[i], got)
+        return left, stalled, hard
 
     def _count_stalls(self, nodes: list[str]) -> None:
         if not nodes:

@@ -95,8 +95,10 @@ REPLICATION = "slacktier-repl"
 #: (ACL LOG): CLUSTER SLOTS (topology), COMMAND (key positions, once per client), READONLY (on every
 #: connection when reading from replicas); PING and CLUSTER INFO for health checks. Not needed: AUTH and
 #: HELLO (allowed to everyone), CLIENT SETINFO (Redis 7.2+; 7.0 answers "unknown subcommand", which
-#: redis-py ignores), READWRITE, INFO, CLUSTER NODES / SHARDS.
-_DISCOVERY = "+ping +cluster|slots +cluster|info +command +readonly"
+#: redis-py ignores), READWRITE, INFO, CLUSTER NODES / SHARDS. ASKING: sent before a command that follows
+#: an ASK redirect, while a slot is being migrated (resharding); without it reads of that slot fail until the
+#: migration ends (test_store_redis_cluster.py migrates a slot mid-run).
+_DISCOVERY = "+ping +cluster|slots +cluster|info +command +readonly +asking"
 _READS = "+get +mget +exists +strlen"
 #: serving reads only, on keys it may only read
 READER_RULES = f"resetkeys %R~* resetchannels -@all {_DISCOVERY} {_READS}"
@@ -461,6 +463,39 @@ class LocalRedisCluster:
     def pause(self, port: int, ms: int) -> None:
         """CLIENT PAUSE `ms` ALL on that node: it answers no client for `ms` (returns at once)."""
         self._command(port, "CLIENT", "PAUSE", int(ms), "ALL")
+
+    # ---- slot migration (resharding) -------------------------------------------------------------------------
+
+    def owner(self, slot: int) -> int:
+        """The port of the live master that serves `slot`, as the first live node sees it."""
+        for n in self._view():
+            if "master" in n.flags and not n.failed and any(a <= slot <= b for a, b in n.slots):
+                return n.port
+        raise LocalClusterError(ErrorKind.MISSING, f"no live master serves slot {slot}", fix="wait_ok() first")
+
+    def begin_migration(self, slot: int, to_port: int) -> int:
+        """Mark `slot` IMPORTING on `to_port` and MIGRATING on its owner (clients now get ASK for keys already
+        moved); returns the owner's port."""
+        src = self.owner(slot)
+        self._command(to_port, "CLUSTER", "SETSLOT", slot, "IMPORTING", self._node_ids[src])
+        self._command(src, "CLUSTER", "SETSLOT", slot, "MIGRATING", self._node_ids[to_port])
+        return src
+
+    def migrate_keys(self, slot: int, from_port: int, to_port: int, keys: list[bytes]) -> None:
+        """MIGRATE `keys` of `slot` from `from_port` to `to_port` (as the harness's admin user)."""
+        if keys:
+            self._command(from_port, "MIGRATE", HOST, to_port, "", 0, 10_000, "AUTH2", self._admin.name,
+                          self._admin.password, "KEYS", *keys)
+
+    def end_migration(self, slot: int, to_port: int) -> None:
+        """Give `slot` to `to_port` on every live master (clients with the old map now get MOVED)."""
+        for port in self._live_ports():
+            if port == to_port or "master" in self._flags(port):
+                self._command(port, "CLUSTER", "SETSLOT", slot, "NODE", self._node_ids[to_port])
+
+    def _flags(self, port: int) -> set[str]:
+        mine = [n for n in self._view(port) if "myself" in n.flags]
+        return set(mine[0].flags) if mine else set()
 
     # ---- waiting --------------------------------------------------------------------------------------------
 
