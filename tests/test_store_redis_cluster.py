@@ -325,3 +325,32 @@ def test_reads_stay_exact_while_a_slot_is_migrated_to_another_node(redis_cluster
         assert redis_cluster.owner(slot) == target
     finally:
         src.close()
+
+
+def test_tls_cluster_serves_exact_pages_and_a_cluster_gone_fails_within_the_timeout(tmp_path, table) -> None:
+    """Over TLS (rediss://, the CA file): exact pages. Then every node stopped: the open source fails its batch
+    with IO within about socket_timeout_ms, and a new source is refused with UNAVAILABLE."""
+    import shutil
+
+    from slacktier.store.redis_local import LocalRedisCluster, tls_available
+    if shutil.which("redis-server") is None or not tls_available():
+        pytest.skip("redis-server with TLS not available")
+    with LocalRedisCluster(tmp_path / "tls", masters=3, replicas=0, tls=True) as cluster:
+        loader = options(cluster, cluster.loader, tls_ca_file=str(cluster.tls_ca_file))
+        load_manifest(loader, table.manifest, tag_buckets=8)
+        reader = options(cluster, cluster.reader, tls_ca_file=str(cluster.tls_ca_file), socket_timeout_ms=500)
+        assert reader.url.startswith("rediss://")
+        src = RedisClusterSource(table.specs, reader, page_crc32c=crcs_of(table.manifest),
+                                 identity=table.manifest.identity)
+        try:
+            assert read_all(src, table)[2]
+            cluster.stop()
+            t0 = time.monotonic()
+            with pytest.raises(SlackTierError) as info:
+                read_all(src, table)
+            assert info.value.kind is ErrorKind.IO and time.monotonic() - t0 < 5.0
+        finally:
+            src.close()
+        with pytest.raises(SlackTierError) as info:
+            RedisClusterSource(table.specs, reader, identity=table.manifest.identity)
+        assert info.value.kind is ErrorKind.UNAVAILABLE

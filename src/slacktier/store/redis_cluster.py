@@ -375,11 +375,12 @@ def _hand_round(links: dict[str, _NodeLink], options: RedisClusterOptions,
                 if job.finished and time.monotonic() - t0 > stall_s:
                     stalled.append(job.link.name)
         for name, job in jobs.items():
-            if not job.finished:                 # late or lost: never reuse this connection
+            if job.lost or not job.finished:     # lost or late: never reuse this connection
                 if not job.lost:
                     stalled.append(name)
                 _drop(links, name)
-                retry.extend(job.commands[job.done:])
+                if not (job.status[:job.done] == _resp.MALFORMED).any():
+                    retry.extend(job.commands[job.done:])
             error = job.land(part, got, retry)
             if error is not None:
                 _drop(links, name)
@@ -722,7 +723,7 @@ def _read_identity(client: RedisCluster, options: RedisClusterOptions, prefixes:
     load = "load the table with slacktier.store.redis_cluster.load_table"
     try:
         value = client.get(identity_key(prefix))
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise SlackTierError(ErrorKind.IO, f"reading the table identity from {where} failed: "
                              f"{_mask(str(exc), options)}", fix="check the cluster") from None
     if value is None:
@@ -762,7 +763,7 @@ def _check_generations(client: RedisCluster, options: RedisClusterOptions, regio
     keys = [gen_key(p, r.layer, r.rank, g) for p, r in zip(prefixes, regions, strict=True) for g in range(T)]
     try:
         values = _gen_values(client, keys)
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise SlackTierError(ErrorKind.IO, f"reading generation keys from Redis Cluster at {options.url} failed: "
                              f"{_mask(str(exc), options)}", fix="check the cluster") from None
     bad = [k for k, v in zip(keys, values, strict=True) if v != gen]
@@ -869,7 +870,7 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
         raise SlackTierError(ErrorKind.UNAVAILABLE, f"user {options.username or 'default'!r} may not load into "
                              f"Redis Cluster at {options.url}: {_mask(str(exc), options)}",
                              fix="load with the read-write (loading) ACL user") from None
-    except (redis.RedisError, OSError) as exc:
+    except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
         raise SlackTierError(ErrorKind.IO, f"loading into Redis Cluster at {options.url} failed: "
                              f"{_mask(str(exc), options)}", fix="check the cluster and load again (it resumes)") from None
     finally:
