@@ -130,6 +130,11 @@ class DramSource(QueuedSource[None]):
                              f"manifest CRC32C at load{others}", layer=r.layer, rank=r.rank, page=page,
                              fix="the staged page is corrupt; stage the region again")
 
+    def _warm(self) -> None:
+        super()._warm()
+        one = np.zeros((1, PAGE_BYTES), np.uint8)
+        copy_pages(one, np.zeros(1, np.int64), one.copy(), np.zeros(1, np.int32))
+
     def _read(self, lane: Lane[None], part: Part) -> SlackTierError | None:
         copy_pages(self._pages, self._region_base[part.region] + part.page, part.pool.pages, part.buffer)
         return None

@@ -138,7 +138,11 @@ class QueuedSource(PageSource, Generic[S]):
     # -- lanes ----------------------------------------------------------------------------------
 
     def _start_lanes(self, lanes: int = 1, *, per_device: bool = False) -> None:
-        """Start `lanes` workers (for each device of the regions when `per_device`); raise the first setup error."""
+        """Start `lanes` workers (for each device of the regions when `per_device`); raise the first setup error.
+
+        Compiled kernels the lanes use are compiled (or loaded from numba's cache) first, by `_warm`, so that
+        no first read pays a compile inside a caller's bounded wait."""
+        self._warm()
         devices = sorted({int(d) for d in self._region_device}) if per_device else [ANY_DEVICE]
         name = type(self).__name__.removesuffix("Source").lower()
         ready: list[tuple[threading.Event, list[BaseException]]] = []
@@ -192,6 +196,11 @@ class QueuedSource(PageSource, Generic[S]):
         self._book.finish_part(part.pending, time.thread_time_ns() - t0 + part.cpu_ns, error)
 
     # -- what a tier implements -----------------------------------------------------------------
+
+    def _warm(self) -> None:
+        """Compile the kernels the lanes will call; the checksum pass by default (a tier adds its own)."""
+        if self._expected is not None:
+            pool_page_crcs(np.zeros((1, PAGE_BYTES), np.uint8), np.zeros(1, np.int32))
 
     def _open_lane(self, lane: Lane[S]) -> None:
         """Per-worker setup, on the lane's thread (set `lane.state`); nothing by default."""

@@ -514,7 +514,6 @@ class RedisClusterSource(QueuedSource[dict]):
                 for g in range(T)]                                      # [R * T], group = region * T + bucket
         self._group_slot = np.array([key_slot(t) for t in tags], dtype=np.int32)
         self._group_head = [b"{%s}:" % t for t in tags]
-        _resp.warm()   # compile (or load from numba's cache) the reply scan now, not in the first step
         self._start_lanes(1)
         log.info("RedisClusterSource: %d regions at %s (%d nodes, %d page groups per region%s)", len(self.regions),
                  self.url, len(self._client.get_nodes()), T, ", replicas read" if self.options.read_from_replicas
@@ -567,6 +566,10 @@ class RedisClusterSource(QueuedSource[dict]):
             node = _node_of_slot(self._client, c.slot, replicas)
             by_node.setdefault(node.name, (node, []))[1].append(c)
         return by_node
+
+    def _warm(self) -> None:
+        super()._warm()
+        _resp.warm()   # the reply scan
 
     def _open_lane(self, lane: Lane[dict]) -> None:
         lane.state = {}   # node name -> _NodeLink, opened on first use, on this lane's thread
