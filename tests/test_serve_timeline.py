@@ -274,3 +274,21 @@ def test_a_batch_the_traffic_cannot_fill_is_refused():
 
     with pytest.raises(SlackTierError, match="B=100000 needs 100000 sessions"):
         sweep_sessions(SweepConfig(), 100_000)
+
+
+def test_a_small_sweep_runs_every_placement_with_the_checker_and_the_remote_rows(tmp_path):
+    """End to end on a tiny scaled table: disk and remote (a 1-master local Redis Cluster) placements, each
+    run's untimed checked steps compare every row with the table's source: 0 mismatches."""
+    import shutil
+
+    from slacktier.serve.report import timeline_table
+    from slacktier.serve.timeline import SweepConfig, run_sweep
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (scripts/test.sh installs it)")
+    cfg = SweepConfig(workdir=str(tmp_path), batches=(8,), runs=1, decode_steps=2, check_steps=2,
+                      engram_vocab=300, cache_rows=2048, remote_nodes=1, max_session_tokens=512)
+    profile, runs = run_sweep(cfg)
+    names = {r.placement for r in runs}
+    assert {"disk", "remote", "l1-dram-l14-remote", "remote-split"} <= names and len(runs) == 8
+    assert all(r.checked_steps == 2 and r.mismatches == 0 for r in runs)
+    assert "0 mismatching rows" in timeline_table(profile, runs)

@@ -191,6 +191,11 @@ def timeline_table(profile, runs: Sequence) -> str:
             f"{avg(lambda s: s.pages[l1]):6.0f} {avg(lambda s: s.pages[l2]):6.0f} "
             f"{fmt_pct(avg(lambda s: s.hit_rate[l1])):>6} {fmt_pct(avg(lambda s: s.hit_rate[l2])):>6} "
             f"{avg(lambda s: sum(s.gather_ms.values())):5.2f}")
+    checked = [r for r in runs if getattr(r, "checked_steps", 0)]
+    if checked:
+        lines.append(f"checker: {sum(r.checked_steps for r in checked)} decode steps after the timed ones "
+                     f"({len(checked)} runs), every row compared with the table's source: "
+                     f"{sum(r.mismatches for r in checked)} mismatching rows")
     lines.append("stall/step: measured wait for rows past each layer's scheduled start (and begin_step overrun), "
                  "the dequant pass ('pass', ms, all layers) excluded; Eq. 1: predicted from the same steps' s and "
                  "read times; min..max over shuffled runs; ms and % of the profile's step.")

@@ -380,6 +380,7 @@ class SweepConfig:
     seed: int = 0
     metrics: bool = False             # the engines publish Prometheus metrics
     remote_nodes: int = 0             # > 0: also the remote placements, from a local Redis Cluster of this many masters
+    check_steps: int = 4              # decode steps after the timed ones, run with the engine's checker on (untimed)
 
 
 def timeline_placements(first: int, second: int, cache_rows: int, remote: bool = False) -> list:
@@ -407,6 +408,8 @@ class SweepRun:
     order: int
     step_ms: float       # the profile's step at this batch
     summary: TimelineSummary
+    checked_steps: int = 0   # untimed steps after the timed ones, every row compared with the table's source
+    mismatches: int = 0      # rows of those steps that differed (0 expected)
 
 
 def sweep_sessions(cfg: SweepConfig, batch: int) -> list:
@@ -457,8 +460,11 @@ def run_sweep(cfg: SweepConfig, progress: bool = False) -> tuple[ComputeProfile,
                 runner = TimelineRunner(tiers.engine, times[batch])
                 rc = ReplayConfig(batch=batch, decode_tokens=cfg.decode_tokens,
                                   prefill_chunk_tokens=cfg.prefill_chunk_tokens)
-                steps = run_replay(runner, replay_steps(pools[batch], hasher, rc), batch, cfg.decode_steps)
-                out.append(SweepRun(placement.name, batch, rep, order, times[batch].step_ms, summarize(steps)))
+                replay = iter(replay_steps(pools[batch], hasher, rc))
+                steps = run_replay(runner, replay, batch, cfg.decode_steps)
+                checked, mismatches = _checked_steps(tiers.engine, runner, replay, batch, cfg.check_steps)
+                out.append(SweepRun(placement.name, batch, rep, order, times[batch].step_ms, summarize(steps),
+                                    checked, mismatches))
                 if progress:
                     print(f"  run {rep + 1}/{cfg.runs} B={batch} {placement.name}: "
                           f"{out[-1].summary.stall_ms:.2f} ms stall/step", flush=True)
@@ -467,6 +473,21 @@ def run_sweep(cfg: SweepConfig, progress: bool = False) -> tuple[ComputeProfile,
         if cluster is not None:
             cluster.stop()
     return profile, out
+
+
+def _checked_steps(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int) -> tuple[int, int]:
+    """Run `n` more decode steps of `replay` with the engine's checker on (every gathered row compared with the
+    row regenerated from the manifest's source), off the timeline; (steps checked, mismatching rows)."""
+    if n <= 0:
+        return 0, 0
+    cfg = engine.config
+    engine.apply(cfg.replace(check=True))
+    try:
+        before = sum(c.mismatches for c in engine.totals.values())
+        steps = run_replay(runner, replay, batch, n)
+        return len(steps), sum(c.mismatches for c in engine.totals.values()) - before
+    finally:
+        engine.apply(cfg)
 
 
 def _remote_copy(workdir: Path, masters: int, manifest, progress: bool):
