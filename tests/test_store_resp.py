@@ -61,3 +61,23 @@ def test_an_incomplete_reply_is_left_for_later_and_garbage_is_malformed():
     for bad in (b"+OK\r\n", b"*3\r\n", b"*2\r\n$x\r\n", b"*1\r\n:5\r\n"):
         buf, off, length, status, error_at, done, scanned = _scan_all(bad + b"\r\n" * 8, [2], 1 << 20)
         assert status[0] == _resp.MALFORMED, bad
+
+
+def test_packed_mgets_equal_hiredis_packing():
+    rng = np.random.default_rng(3)
+    heads = [b"{st-%s:%d:%d:%d}:" % (b"ab" * int(rng.integers(1, 9)), int(rng.integers(0, 40)),
+                                      int(rng.integers(0, 8)), g) for g in range(7)]
+    data = np.frombuffer(b"".join(heads), np.uint8).copy()
+    off = np.zeros(len(heads) + 1, np.int64)
+    off[1:] = np.cumsum([len(h) for h in heads])
+    groups = rng.integers(0, len(heads), 12).astype(np.int64)
+    keys = rng.integers(1, 300, 12).astype(np.int64)
+    pages = np.concatenate([rng.integers(0, 10 ** int(rng.integers(1, 11)), k) for k in keys]).astype(np.int64)
+    pages[:3] = [0, 9, 10]
+    out = np.empty(_resp.mget_bytes_bound(off, groups, keys), np.uint8)
+    n = _resp.pack_mgets(data, off, groups, keys, pages, out)
+    want, j = [], 0
+    for g, k in zip(groups.tolist(), keys.tolist()):
+        want.append(hiredis.pack_command(("MGET", *[b"%s%d" % (heads[g], p) for p in pages[j:j + k].tolist()])))
+        j += k
+    assert out[:n].tobytes() == b"".join(want)

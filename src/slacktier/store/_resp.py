@@ -14,8 +14,16 @@ Worked example: replies "*2\\r\\n$4100\\r\\n<4100 B>\\r\\n$-1\\r\\n" for one MGE
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 from numba import njit
+
+# libc's memmove, called from compiled code: a numba slice copy of uint8 runs at about 1.3 GB/s here, memmove
+# at about 6 GB/s (measured on this 2-core VM, 12 MB of pages).
+_memmove = ctypes.CDLL(None).memmove
+_memmove.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t]
+_memmove.restype = ctypes.c_void_p
 
 OK, ERROR, MALFORMED = 0, 1, 2
 CR, LF = 13, 10
@@ -115,6 +123,95 @@ def scan_mget_replies(buf: np.ndarray, start: int, end: int, first_cmd: int, key
     return p, c - first_cmd
 
 
+@njit(nogil=True, cache=True)
+def _digits(x: int) -> int:
+    n = 1
+    while x >= 10:
+        x //= 10
+        n += 1
+    return n
+
+
+@njit(nogil=True, cache=True)
+def _put_int(out: np.ndarray, p: int, x: int) -> int:
+    n = _digits(x)
+    for i in range(n - 1, -1, -1):
+        out[p + i] = 48 + x % 10
+        x //= 10
+    return p + n
+
+
+@njit(nogil=True, cache=True)
+def mget_bytes_bound(head_off: np.ndarray, groups: np.ndarray, keys: np.ndarray) -> int:
+    """An upper bound on `pack_mgets`' output (20 digits per page number)."""
+    total = 0
+    for c in range(groups.shape[0]):
+        h = head_off[groups[c] + 1] - head_off[groups[c]]
+        total += 32 + keys[c] * (h + 20 + 16)
+    return total
+
+
+@njit(nogil=True, cache=True)
+def pack_mgets(heads: np.ndarray, head_off: np.ndarray, groups: np.ndarray, keys: np.ndarray, pages: np.ndarray,
+               out: np.ndarray) -> int:
+    """RESP commands "MGET <head><page> ..." for each command c (keys[c] pages of group groups[c], in order in
+    `pages`), written into `out`; returns the bytes written. Same bytes as redis-py / hiredis pack."""
+    p = 0
+    j = 0
+    for c in range(groups.shape[0]):
+        out[p] = 42  # '*'
+        p = _put_int(out, p + 1, keys[c] + 1)
+        out[p] = CR
+        out[p + 1] = LF
+        for b in b"$4\r\nMGET\r\n":
+            out[p + 2] = b
+            p += 1
+        p += 2
+        h0, h1 = head_off[groups[c]], head_off[groups[c] + 1]
+        for _ in range(keys[c]):
+            page = pages[j]
+            j += 1
+            out[p] = 36  # '$'
+            p = _put_int(out, p + 1, (h1 - h0) + _digits(page))
+            out[p] = CR
+            out[p + 1] = LF
+            p += 2
+            out[p:p + (h1 - h0)] = heads[h0:h1]
+            p = _put_int(out, p + (h1 - h0), page)
+            out[p] = CR
+            out[p + 1] = LF
+            p += 2
+    return p
+
+
+@njit(nogil=True)   # not cached: it calls libc through a pointer that differs per process (compiled by warm())
+def land_values(buf: np.ndarray, done: int, keys: np.ndarray, base: np.ndarray, off: np.ndarray,
+                length: np.ndarray, status: np.ndarray, position: np.ndarray, pages: np.ndarray, buffer: np.ndarray,
+                stored: np.ndarray, have: np.ndarray, bad: np.ndarray) -> int:
+    """For the first `done` commands whose status is OK: copy each whole-page value's 4,096 bytes into
+    pages[buffer[position[v]]], its stored CRC32C into stored[position[v]], and set have[...]; values that are
+    not whole pages (nil, wrong size) go to `bad` (value indices). Returns how many are bad."""
+    src = buf.ctypes.data
+    dst = pages.ctypes.data
+    row = pages.shape[1]
+    nbad = 0
+    for c in range(done):
+        if status[c] != OK:
+            continue
+        for v in range(base[c], base[c] + keys[c]):
+            if length[v] != 4100:
+                bad[nbad] = v
+                nbad += 1
+                continue
+            i = position[v]
+            o = off[v]
+            _memmove(dst + buffer[i] * row, src + o, 4096)
+            stored[i] = (np.uint32(buf[o + 4096]) | (np.uint32(buf[o + 4097]) << 8) |
+                         (np.uint32(buf[o + 4098]) << 16) | (np.uint32(buf[o + 4099]) << 24))
+            have[i] = True
+    return nbad
+
+
 def warm() -> None:
     """Compile the scan (or load it from numba's cache) on a two-value reply."""
     buf = np.frombuffer(b"*2\r\n$1\r\nx\r\n$-1\r\n", dtype=np.uint8).copy()   # writable, as a link's buffer
@@ -123,3 +220,10 @@ def warm() -> None:
     status, error_at = np.zeros(1, np.int8), np.zeros(1, np.int64)
     end, done = scan_mget_replies(buf, 0, buf.shape[0], 0, keys, base, off, length, status, error_at)
     assert (end, done, int(length[0]), int(length[1])) == (buf.shape[0], 1, 1, -1)
+    heads, head_off = np.frombuffer(b"{t}:", np.uint8).copy(), np.array([0, 4], np.int64)
+    out = np.empty(mget_bytes_bound(head_off, np.zeros(1, np.int64), keys), np.uint8)
+    n = pack_mgets(heads, head_off, np.zeros(1, np.int64), keys, np.array([7, 12], np.int64), out)
+    assert out[:n].tobytes() == b"*3\r\n$4\r\nMGET\r\n$5\r\n{t}:7\r\n$6\r\n{t}:12\r\n"
+    page = np.zeros((1, 4096), np.uint8)
+    land_values(buf, 1, keys, base, off, length, status, np.zeros(2, np.int64), page, np.zeros(1, np.int32),
+                np.zeros(1, np.uint32), np.zeros(1, np.bool_), np.zeros(2, np.int64))

@@ -190,12 +190,19 @@ def _node_of_slot(client: RedisCluster, slot: int, replicas: bool) -> ClusterNod
 
 @dataclass
 class _Command:
-    """One MGET of one page group: where its keys' values go in the part."""
+    """One MGET of one page group: its pages and where their values go in the part."""
 
     slot: int
-    keys: list[bytes]
+    head: bytes        # the group's key head, b"{t0:1:3:12}:"
+    group: int         # the group's index (region * T + bucket)
+    pages: np.ndarray  # [k] int64 page numbers
     index: np.ndarray  # [k] positions in the part
     redirect: bytes = b""  # the error word of its last failed reply (b"MOVED", b"ASK", b"TRYAGAIN", ...)
+
+    @property
+    def keys(self) -> list[bytes]:
+        """The page keys (built on demand: the fast path packs them in compiled code)."""
+        return [b"%s%d" % (self.head, p) for p in self.pages.tolist()]
 
 
 def _send_all(client: RedisCluster, by_node: dict[str, tuple[ClusterNode, list[_Command]]],
@@ -328,7 +335,30 @@ class _NodeLink:
 _RETRY_ERRORS = (b"MOVED", b"ASK", b"TRYAGAIN", b"CLUSTERDOWN", b"LOADING", b"MASTERDOWN")
 
 
-def _hand_round(links: dict[str, _NodeLink], options: RedisClusterOptions,
+@dataclass(frozen=True)
+class _Heads:
+    """Every group's key head, concatenated, for the compiled packer: head of group g = data[off[g]:off[g + 1]]."""
+
+    data: np.ndarray   # uint8
+    off: np.ndarray    # [G + 1] int64
+
+    @classmethod
+    def of(cls, heads: Sequence[bytes]) -> _Heads:
+        off = np.zeros(len(heads) + 1, np.int64)
+        off[1:] = np.cumsum([len(h) for h in heads])
+        return cls(np.frombuffer(b"".join(heads), np.uint8).copy(), off)
+
+
+def _pack_mgets(heads: _Heads, commands: list[_Command], keys: np.ndarray) -> bytes:
+    """The RESP of one MGET per command, packed by compiled code (bit-identical to redis' own packing)."""
+    groups = np.array([c.group for c in commands], np.int64)
+    pages = np.concatenate([c.pages for c in commands])
+    out = np.empty(_resp.mget_bytes_bound(heads.off, groups, keys), np.uint8)
+    n = _resp.pack_mgets(heads.data, heads.off, groups, keys, pages, out)
+    return out[:n].tobytes()
+
+
+def _hand_round(links: dict[str, _NodeLink], options: RedisClusterOptions, heads: _Heads,
                 by_node: dict[str, tuple[ClusterNode, list[_Command]]], part: Part, got: _Got, deadline: float,
                 stall_s: float) -> tuple[list[_Command], list[str], Exception | None]:
     """One round of MGETs on our own sockets: every node's pipeline written, then replies read from whichever
@@ -347,13 +377,13 @@ def _hand_round(links: dict[str, _NodeLink], options: RedisClusterOptions,
                 if link is None:
                     link = links[name] = _NodeLink(node.host, node.port, options, node.server_type == "replica",
                                                    max(0.001, deadline - time.monotonic()))
-                keys = np.array([len(c.keys) for c in commands], np.int64)
+                keys = np.array([c.pages.shape[0] for c in commands], np.int64)
                 base = np.zeros(len(commands), np.int64)
                 base[1:] = np.cumsum(keys)[:-1]
                 total = int(keys.sum())
                 link.room(total * (VALUE_BYTES + 9) + 16 * len(commands) + 64)
                 link.sock.settimeout(max(0.001, deadline - time.monotonic()))
-                link.sock.sendall(b"".join(hiredis.pack_command(("MGET", *c.keys)) for c in commands))
+                link.sock.sendall(_pack_mgets(heads, commands, keys))
                 link.sock.setblocking(False)
             except (OSError, redis.RedisError, SlackTierError) as exc:
                 if isinstance(exc, (redis.AuthenticationError, SlackTierError)):
@@ -442,15 +472,13 @@ class _Job:
         return True
 
     def land(self, part: Part, got: _Got, retry: list[_Command]) -> Exception | None:
-        """Land the complete OK replies; redirected ones go to `retry`; the first other error is returned."""
+        """Land the complete OK replies (one compiled pass); redirected ones go to `retry`; the first other error
+        is returned."""
         error: Exception | None = None
-        ok = []
         buf = self.link.buf
-        for c in range(self.done):
+        for c in np.flatnonzero(self.status[:self.done] != _resp.OK).tolist():
             cmd = self.commands[c]
-            if self.status[c] == _resp.OK:
-                ok.append(c)
-            elif self.status[c] == _resp.ERROR:
+            if self.status[c] == _resp.ERROR:
                 at = int(self.error_at[c])
                 line = bytes(buf[at + 1:at + 1 + 200]).split(b"\r\n", 1)[0]
                 if line.startswith(_RETRY_ERRORS):
@@ -462,22 +490,15 @@ class _Job:
                 error = error or redis.ResponseError("a malformed reply to MGET (not RESP2 bulk strings)")
                 retry.extend(self.commands[c + 1:])
                 break
-        pages, stored = part.pool.pages, got.stored
-        for c in ok:   # one MGET's values: evenly spaced when every value is a whole page (strided copy)
-            cmd = self.commands[c]
-            lo, k = int(self.base[c]), int(self.keys[c])
-            off, length = self.off[lo:lo + k], self.length[lo:lo + k]
-            good = length == VALUE_BYTES
-            if good.all() and (k == 1 or (np.diff(off) == VALUE_STRIDE).all()):
-                view = np.lib.stride_tricks.as_strided(buf[int(off[0]):], shape=(k, VALUE_BYTES),
-                                                       strides=(VALUE_STRIDE, 1), writeable=False)
-                pages[part.buffer[cmd.index]] = view[:, :PAGE_BYTES]
-                stored[cmd.index] = np.ascontiguousarray(view[:, PAGE_BYTES:]).view("<u4").ravel()
-                got.have[cmd.index] = True
-                continue
-            for j in range(k):   # a nil or wrong-size value among them: one by one
-                i, n = int(cmd.index[j]), int(length[j])
-                _put(part, i, None if n < 0 else bytes(buf[int(off[j]):int(off[j]) + n]), got)
+        if self.done == 0:
+            return error
+        position = np.concatenate([c.index for c in self.commands]).astype(np.int64)
+        bad = np.empty(position.shape[0], np.int64)
+        nbad = _resp.land_values(buf, self.done, self.keys, self.base, self.off, self.length, self.status, position,
+                                 part.pool.pages, part.buffer, got.stored, got.have, bad)
+        for v in bad[:nbad].tolist():   # a missing key or a value that is not a whole page
+            n = int(self.length[v])
+            got.bad.append((int(position[v]), None if n < 0 else bytes(buf[int(self.off[v]):int(self.off[v]) + n])))
         return error
 
 
@@ -514,6 +535,8 @@ class RedisClusterSource(QueuedSource[dict]):
                 for g in range(T)]                                      # [R * T], group = region * T + bucket
         self._group_slot = np.array([key_slot(t) for t in tags], dtype=np.int32)
         self._group_head = [b"{%s}:" % t for t in tags]
+        self._heads = _Heads.of(self._group_head)
+        self._slot_node: dict[int, ClusterNode] = {}   # slot -> master, until the slow path refreshes the map
         self._start_lanes(1)
         log.info("RedisClusterSource: %d regions at %s (%d nodes, %d page groups per region%s)", len(self.regions),
                  self.url, len(self._client.get_nodes()), T, ", replicas read" if self.options.read_from_replicas
@@ -555,15 +578,21 @@ class RedisClusterSource(QueuedSource[dict]):
             slot = int(self._group_slot[g])
             for lo in range(0, idx.shape[0], KEYS_PER_MGET):
                 chunk = idx[lo:lo + KEYS_PER_MGET]
-                keys = [b"%s%d" % (head, p) for p in page[chunk].tolist()]
-                out.append(_Command(slot, keys, positions[chunk]))
+                out.append(_Command(slot, head, g, page[chunk].astype(np.int64), positions[chunk]))
         return out
 
     def _route(self, commands: Iterable[_Command]) -> dict[str, tuple[ClusterNode, list[_Command]]]:
+        """The commands by the node that serves their slot: the master, remembered per slot until the slow path
+        refreshes the topology; with `read_from_replicas`, the client's round robin, asked each time."""
         by_node: dict[str, tuple[ClusterNode, list[_Command]]] = {}
         replicas = self.options.read_from_replicas
+        known = self._slot_node
         for c in commands:
-            node = _node_of_slot(self._client, c.slot, replicas)
+            node = None if replicas else known.get(c.slot)
+            if node is None:
+                node = _node_of_slot(self._client, c.slot, replicas)
+                if not replicas:
+                    known[c.slot] = node
             by_node.setdefault(node.name, (node, []))[1].append(c)
         return by_node
 
@@ -591,8 +620,8 @@ class RedisClusterSource(QueuedSource[dict]):
             by_node = None
         if by_node is not None:
             if self.hand_reader:
-                pending, stalled, hard = _hand_round(lane.state, self.options, by_node, part, got, deadline,
-                                                     STALL_FRACTION * timeout_s)
+                pending, stalled, hard = _hand_round(lane.state, self.options, self._heads, by_node, part, got,
+                                                     deadline, STALL_FRACTION * timeout_s)
             else:
                 pending, stalled, hard = self._redis_py_round(by_node, part, got, STALL_FRACTION * timeout_s)
             self._count_stalls(stalled)
@@ -607,6 +636,7 @@ class RedisClusterSource(QueuedSource[dict]):
                 time.sleep(min(0.05, max(0.0, deadline - time.monotonic())))
             tries += 1
             try:
+                self._slot_node.clear()
                 self._client.nodes_manager.initialize()
             except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
                 last = exc
@@ -636,8 +666,8 @@ class RedisClusterSource(QueuedSource[dict]):
                     for c in again:
                         c.redirect = b""
                     if self.hand_reader:
-                        left, stalled, hard = _hand_round(lane.state, self.options, by_node, part, got, deadline,
-                                                          STALL_FRACTION * timeout_s)
+                        left, stalled, hard = _hand_round(lane.state, self.options, self._heads, by_node, part,
+                                                          got, deadline, STALL_FRACTION * timeout_s)
                     else:
                         left, stalled, hard = self._redis_py_round(by_node, part, got, STALL_FRACTION * timeout_s)
                     self._count_stalls(stalled)
