@@ -11,7 +11,8 @@ import pytest
 from slacktier.cli import main
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.workloads.characterize import (Capacity, batch_reuse, capacities_for, decode_step_pages, evaluate,
-                                              miss_page_curve, prepare_layer, read_miss_curves, run_policy)
+                                              fit_rankings, miss_page_curve, prepare_layer, read_miss_curves,
+                                              run_policy, unseen_share, with_ranking)
 from slacktier.workloads.hashing import EngramLookupHasher
 from slacktier.workloads.policies import rank_rows
 from slacktier.workloads.replay import LookupTrace, ReplayConfig, collect_trace, replay_steps, session_rows
@@ -37,6 +38,18 @@ def test_pages_per_decode_step_worked_example():
     res = evaluate(prep, "lru", Capacity(10, "10 rows"))
     assert res.decode_lookups == 6 and res.decode_hits == 2 and res.pages_per_decode_step == 1.0
     assert res.order_hit_rate == {2: 1 / 3, 3: 1 / 3}
+
+
+def test_public_list_reranks_only_the_static_policies():
+    own = prepare_layer(_hand_trace(), 14, rank_rows(np.array([14, 14, 15], dtype=np.int64)))
+    # a list fit on other traffic: row 30 twice, rows 0 and 31 once -> ranks 30:0, 0:1 (lower row wins), 31:2
+    public = fit_rankings(np.array([[1, 1, 1, 1], [30, 30, 31, 0]], dtype=np.int64), (1, 14), [14])
+    pub = with_ranking(own, public[14])
+    assert run_policy(pub, "static", 2).tolist() == [1, 0, 1, 0, 0, 0, 1, 0]
+    assert run_policy(own, "static", 2).tolist() == [0, 1, 0, 1, 1, 0, 0, 0]
+    assert evaluate(pub, "static", Capacity(2, "2 rows")).decode_hits == 2
+    assert unseen_share(pub) == 3 / 6   # decode rows 14, 15, 29 never in the public fit
+    assert run_policy(pub, "lru", 10).tolist() == run_policy(own, "lru", 10).tolist()
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -69,6 +69,22 @@ def prepare_layer(trace: LookupTrace, layer_id: int, ranking: tuple[np.ndarray, 
     column = np.tile(np.arange(trace.n_columns, dtype=np.int8), trace.num_tokens)
     ranks = pol.ranks_of(rows, ranking) if ranking is not None else None
     return PreparedLayer(trace.workload, layer_id, rows, ids, n_items, trace.lookup_decode(), column, ranks, trace)
+
+
+def fit_rankings(fit_rows: np.ndarray, layer_ids: Sequence[int], layers: Sequence[int],
+                 ) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+    """Per-layer fit rankings from `session_rows()` output [L, N] (layer axis in `layer_ids` order)."""
+    return {layer: pol.rank_rows(fit_rows[list(layer_ids).index(layer)]) for layer in layers}
+
+
+def with_ranking(prep: PreparedLayer, ranking: tuple[np.ndarray, np.ndarray]) -> PreparedLayer:
+    """The same layer ranked by another fit, e.g. a public hot list fit on other traffic.
+
+    The static policies (static, static_lru, belady_warm) then use that list;
+    the trace and every other policy are unchanged. This is how the paper's
+    "static (public list)" is measured: a ShareGPT-fit list applied to agent traffic.
+    """
+    return replace(prep, ranks=pol.ranks_of(prep.rows, ranking))
 
 
 def step_starts(trace: LookupTrace) -> np.ndarray:
