@@ -155,7 +155,7 @@ def mget_bytes_bound(head_off: np.ndarray, groups: np.ndarray, keys: np.ndarray)
 def pack_mgets(heads: np.ndarray, head_off: np.ndarray, groups: np.ndarray, keys: np.ndarray, pages: np.ndarray,
                out: np.ndarray) -> int:
     """RESP commands "MGET <head><page> ..." for each command c (keys[c] pages of group groups[c], in order in
-    `pages`), written into `out`; returns the bytes written. Same bytes as redis-py / hiredis pack."""
+    `pages`), written into `out`; returns the bytes written. Same bytes as redis-py's and hiredis' packing (tested)."""
     p = 0
     j = 0
     for c in range(groups.shape[0]):

@@ -76,7 +76,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-import hiredis
 import numpy as np
 import redis
 from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
@@ -278,6 +277,12 @@ def _put(part: Part, i: int, value: bytes | None, got: _Got) -> None:
     got.have[i] = True
 
 
+def _resp_command(args: Sequence[str | bytes]) -> bytes:
+    """One command in RESP: ("AUTH", "u", "p") -> b"*3\\r\\n$4\\r\\nAUTH\\r\\n$1\\r\\nu\\r\\n$1\\r\\np\\r\\n"."""
+    parts = [a.encode() if isinstance(a, str) else a for a in args]
+    return b"*%d\r\n" % len(parts) + b"".join(b"$%d\r\n%s\r\n" % (len(p), p) for p in parts)
+
+
 class _NodeLink:
     """Our own connection to one node for page reads: authenticated (and READONLY for replica reads), with a
     receive buffer that replies land in whole (see store/_resp.py). Closed, never reused, after any error or
@@ -298,20 +303,17 @@ class _NodeLink:
                 hello.append(("AUTH", options.username or "default", password))
             if readonly:
                 hello.append(("READONLY",))
-            if hello:
-                sock.sendall(b"".join(hiredis.pack_command(c) for c in hello))
-                reader = hiredis.Reader()
-                answers: list = []
-                while len(answers) < len(hello):
-                    data = sock.recv(4096)
-                    if not data:
+            if hello:   # each answer is one line: "+OK" or "-ERR ..." / "-WRONGPASS ..."
+                sock.sendall(b"".join(_resp_command(c) for c in hello))
+                data = b""
+                while data.count(b"\r\n") < len(hello):
+                    more = sock.recv(4096)
+                    if not more:
                         raise ConnectionError(f"node {self.name} closed the connection during the handshake")
-                    reader.feed(data)
-                    while (reply := reader.gets()) is not False:
-                        answers.append(reply)
-                for reply in answers:
-                    if isinstance(reply, hiredis.ReplyError):
-                        raise redis.AuthenticationError(_mask(str(reply), options))
+                    data += more
+                for line in data.split(b"\r\n")[:len(hello)]:
+                    if not line.startswith(b"+"):
+                        raise redis.AuthenticationError(_mask(line[1:].decode(errors="replace"), options))
         except BaseException:
             sock.close()
             raise
@@ -508,7 +510,7 @@ class RedisClusterSource(QueuedSource[dict]):
     read_what = "redis-cluster read"
     engine_name = "resp-scan"
     #: read replies with our own sockets and compiled scan (True), or through redis-py's per-node connections
-    #: and hiredis (False; kept for the side-by-side measurement in benchmarks/bench_redis_cluster.py)
+    #: (False; kept for the side-by-side measurement in benchmarks/bench_redis_cluster.py)
     hand_reader: bool = True
     #: remote memory with no end-to-end checksum of its own: reads are checked against the manifest by default
     verify_by_default = True
@@ -679,7 +681,7 @@ class RedisClusterSource(QueuedSource[dict]):
 
     def _redis_py_round(self, by_node: dict[str, tuple[ClusterNode, list[_Command]]], part: Part, got: _Got,
                         stall_s: float) -> tuple[list[_Command], list[str], Exception | None]:
-        """`_hand_round` through redis-py's per-node connections and hiredis (the measured alternative)."""
+        """`_hand_round` through redis-py's per-node connections (the measured alternative)."""
         replies: list[bytes | None] = [None] * part.region.shape[0]
         commands = [c for _, cs in by_node.values() for c in cs]
         left, stalled, hard = _send_all(self._client, by_node, replies, stall_s)
