@@ -240,3 +240,12 @@ def test_tls_cluster(tmp_path: Path) -> None:
         assert cluster.client(cluster.ports[0], admin=False).get("k") == b"over tls"
         with pytest.raises(redis.ConnectionError):  # plain text is not spoken
             redis.Redis(port=cluster.ports[0], socket_timeout=1, retry=Retry(NoBackoff(), 0)).ping()
+
+
+def test_a_relative_workdir_works(tmp_path, monkeypatch):
+    """Nodes run with their own folder as cwd: a relative workdir must not be resolved twice (a bug once)."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found")
+    monkeypatch.chdir(tmp_path)
+    with LocalRedisCluster(Path("rel") / "cluster", masters=1, replicas=0) as cluster:
+        assert cluster.masters() == cluster.ports[:1]

@@ -246,7 +246,7 @@ class LocalRedisCluster:
         if node_timeout_ms < 100:
             raise LocalClusterError(ErrorKind.BAD_INPUT, f"node_timeout_ms {node_timeout_ms} is below 100",
                                     fix="use 1000 (fast failover) or more")
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()   # nodes run with their own folder as cwd
         self.node_timeout_ms = node_timeout_ms
         self.tls = tls
         self._n_masters = masters
