@@ -356,9 +356,11 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
         os.environ["ST_FAULT_LOADER_PW"] = cluster.loader.password
         os.environ["ST_FAULT_READER_PW"] = cluster.reader.password
         loader = RedisClusterOptions(url=cluster.seed_url, username=cluster.loader.name,
-                                     password_env="ST_FAULT_LOADER_PW")
+                                     password_env="ST_FAULT_LOADER_PW",
+                                     nodes=tuple(f"127.0.0.1:{p}" for p in cluster.ports[1:]))
         reader = RedisClusterOptions(url=cluster.seed_url, username=cluster.reader.name,
-                                     password_env="ST_FAULT_READER_PW", socket_timeout_ms=1000)
+                                     password_env="ST_FAULT_READER_PW", socket_timeout_ms=1000,
+                                     nodes=tuple(f"127.0.0.1:{p}" for p in cluster.ports[1:]))
         load_manifest(loader, staged, tag_buckets=64)
         cfg = control(staged, "redis-cluster", reader, verify_reads="auto")
         engine = StepEngine.from_config(cfg)
@@ -404,7 +406,8 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
             run.steps(40)
 
             # 3. A master killed mid-run: steps fail (IO or TIMEOUT) until its replica is promoted, then resume.
-            victim = node_of(14, 0, 11)
+            victim = cluster.ports[0]    # the url's own node: later opens must get in through the other seeds
+            assert victim in cluster.masters()
             cluster.kill(victim)
             promoted = None
             for _ in range(300):

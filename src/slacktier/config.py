@@ -56,6 +56,7 @@ Schema (every key but `layer` and `manifest` has a default):
 
     [table.redis-cluster]   # the keys of [table.redis], plus:
     url = "redis://127.0.0.1:7000"     # one seed node of the cluster
+    nodes = []                         # more seeds, "host:port" (a new engine starts while the url's node is down)
     read_from_replicas = false         # spread reads over each slot's master and its replicas
 
 Worked example: two tables, layer 1 (order 0, share 0.7) and layer 14 (order 1,
@@ -170,7 +171,15 @@ class RedisClusterOptions(RedisOptions, frozen=True):
     generation check guards)."""
 
     url: str = "redis://127.0.0.1:7000"
+    nodes: tuple[str, ...] = ()     # more seed nodes, "host:port": a new engine starts while the url's node is down
     read_from_replicas: bool = False
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for node in self.nodes:
+            host, sep, port = node.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise _bad(f"redis-cluster seed node {node!r}", 'write seed nodes as "host:port"')
 
 
 _TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions,

@@ -163,8 +163,9 @@ def connect(options: RedisClusterOptions) -> RedisCluster:
     if options.read_from_replicas:
         kw["load_balancing_strategy"] = LoadBalancingStrategy.ROUND_ROBIN
     try:
-        client = RedisCluster(host=parts.hostname or "127.0.0.1", port=parts.port or 6379,
-                              require_full_coverage=False,
+        seeds = [ClusterNode(parts.hostname or "127.0.0.1", parts.port or 6379)] + [
+            ClusterNode(h, int(p)) for h, _, p in (n.rpartition(":") for n in options.nodes)]
+        client = RedisCluster(startup_nodes=seeds, require_full_coverage=False,
                               retry=redis.retry.Retry(redis.backoff.NoBackoff(), 1), **kw)
     except redis.AuthenticationError as exc:
         raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis Cluster at {options.url} refused the credentials of "
