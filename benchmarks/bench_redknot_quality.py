@@ -43,17 +43,16 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 
 class LayerTrace:
-    """Hyper-connection streams of one row after every decoder layer, via forward pre-hooks."""
+    """Hyper-connection streams of the last row (the question's) after every decoder layer, via pre-hooks."""
 
     def __init__(self, model) -> None:
-        self.row = -1
         self.states: list[torch.Tensor] = []
         m = model.model
         targets = [layer.attn_hc for layer in m.layers[1:]] + [m.hc_head]
         self.handles = [t.register_forward_pre_hook(self._hook) for t in targets]
 
     def _hook(self, _mod, args) -> None:
-        self.states.append(args[0][0, self.row].detach().clone())   # [hc, D]
+        self.states.append(args[0][0, -1].detach().clone())   # [hc, D]
 
     def take(self) -> list[torch.Tensor]:
         """States captured since the last take (one per layer)."""
@@ -125,7 +124,6 @@ def main() -> int:
             other = task.eval_sample(rng, n_docs, args.doc_tokens, 2)   # the stale documents
             docs = [(f"s{i}-d{j}", d) for j, d in enumerate(s.documents)]
             layout = Layout.of([Segment(d, t) for d, t in docs] + [Segment("q", s.query, "query")])
-            trace.row = layout.rows - 1
             root = Path(args.store) / f"{length}-{i}"
             shutil.rmtree(root, ignore_errors=True)
             svc = RedKnotService(runner, ArtifactStore(root))
@@ -190,9 +188,9 @@ def main() -> int:
                         "head_row_saving": statistics.mean(saving) if saving else None, "fallback": fb_s}
         s = summary[key]
         hr = f"{100 * s['head_row_saving']:.1f}%" if saving else "-"
-        lines.append(f"| {length} | {name} | {n} | {s['em']:.3f} ({sum(r['em'])}/{n}) | {s['kl_mean']:.3f} / "
-                     f"{s['kl_median']:.3f} | {s['top1']:.3f} | {hr} | {fb_s} | "
-                     + " | ".join(f"{d:.3f}" for d in dev) + " |")
+        lines.append(f"| {length} | {name} | {n} | {s['em']:.3f} ({sum(r['em'])}/{n}) | {s['kl_mean']:.2e} / "
+                     f"{s['kl_median']:.2e} | {s['top1']:.3f} | {hr} | {fb_s} | "
+                     + " | ".join(f"{d:.1e}" for d in dev) + " |")
     print("\n".join(lines))
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(summary, indent=1))

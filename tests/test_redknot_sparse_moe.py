@@ -50,3 +50,14 @@ def test_bad_threshold_is_refused():
     with pytest.raises(SlackTierError):
         with adaptive_moe(_model(), 0.0):
             pass
+
+
+def test_grouped_mm_models_switch_to_eager_inside_the_block():
+    """A loaded model defaults to grouped_mm, which does not skip the dropped-expert sentinel (it gave NaN)."""
+    model = _model()
+    model.config._experts_implementation = "grouped_mm"
+    ids = torch.randint(2, 512, (1, 40), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), adaptive_moe(model, 0.5):
+        out = model(ids, use_cache=False).logits
+    assert torch.isfinite(out).all()
+    assert model.config._experts_implementation == "grouped_mm"

@@ -1,7 +1,8 @@
 """Small DeepSeek-V4 models for tests and CPU benchmarks, and the weights digest.
 
 These are transformers' own `DeepseekV4ForCausalLM` at reduced width and depth
-with random weights (no small trained V4 checkpoint exists). `build_model`
+with random weights (no small trained V4 checkpoint exists; train.py trains a
+tiny one on a retrieval task for quality measurements). `build_model`
 also draws the attention sinks and compressor position biases (zero at init)
 so the sink and gate paths are exercised.
 

@@ -4,18 +4,24 @@ Text: the Python files of the installed `transformers/models` tree, tokenized
 with the DeepSeek-V4 tokenizer. Files are split by a hash of their relative
 path: `crc32(path) % 8 == 0` is held out (evaluation documents), the rest train.
 
-Records: `\\n@<key>:<value>\\n` lines inserted at line starts of the real text.
-<key> is an identifier drawn from the same real text (2-4 tokens), <value> a
-number 100-999 (one DeepSeek-V4 token each). A query is `\\n@<key>:` at the end
-of the context; the answer is the value's token. Chance: 1/900 for a guess over
-values, 1/records for copying a random value of the context.
+Records: `\\n@<key> <value>\\n` lines inserted at line starts of the real text
+(built at the token level: newline, '@', key, value, newline). <key> is a word
+of the same real text that is one DeepSeek-V4 token (identifier parts such as
+`hidden`, `config`, `dropout`; the 128 most frequent such words of the split),
+<value> a number 100-163 (64 values, one token each). A query is `\\n@<key>` at
+the end of the context; the answer is the value's token. Chance: 1/64 for a
+guess over values, 1/records for copying a random value of the context.
+(Earlier recipes - 2-4 token keys with a ':' separator and 900 values, then
+one-token keys with 900 values - sat at the uniform-over-values loss, ln 900,
+for 150-220 steps: too slow for a 20-minute one-thread budget.)
 
 Compact vocabulary: the 4,000 most frequent DeepSeek-V4 ids of the training text,
 plus the 900 value tokens and the record punctuation, plus UNK (id 0) and pad/eos
 (id 1): `VocabMap.compact(deepseek_ids)`. The map is saved with the weights.
 
-Worked example: "\\n@max_position:417\\n" -> DeepSeek-V4 ids [201, 34, 9047, 64930, 28, 22309, 201]
--> compact ids via `VocabMap.to_compact` (the record layout stays 7 tokens).
+Worked example: key "hidden" (DeepSeek-V4 id 50024), value 417 (id 22309) -> record
+ids [201, 34, 50024, 22309, 201] ("\\n", "@", "hidden", "417", "\\n") -> compact ids via
+`VocabMap.to_compact`; the question is [201, 34, 50024].
 """
 
 from __future__ import annotations
@@ -32,9 +38,11 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.tokenizer import encode
 
-VALUES = range(100, 1000)
+VALUES = range(100, 1000)     # value tokens kept in the vocabulary
+TASK_VALUES = range(100, 164)  # the values records use
+N_KEYS = 128
 UNK, EOS = 0, 1
-IDENT = re.compile(r"\b[a-z][a-z0-9]*_[a-z0-9_]{2,24}\b")
+WORD = re.compile(r"[a-z]{3,12}")
 
 
 def corpus_root() -> Path:
@@ -61,7 +69,7 @@ def read_split(held_out: bool, max_tokens: int) -> tuple[list[int], list[str]]:
         except (UnicodeDecodeError, OSError):
             continue
         ids += encode(f"# file: {path.name}\n{text}\n")
-        idents.update(IDENT.findall(text))
+        idents.update(WORD.findall(text))
         if len(ids) >= max_tokens:
             break
     return ids[:max_tokens], sorted(idents)
@@ -117,25 +125,25 @@ class RetrievalTask:
         self.newline = vocab.to_compact(encode("\n"))[0]
         self.line_starts = np.nonzero(self.text[:-1] == self.newline)[0] + 1  # rows right after a newline
         self.prefix = vocab.to_compact(encode("\n@"))
-        self.colon = vocab.to_compact(encode(":"))
-        self.value_ids = [vocab.to_compact(encode(str(v)))[0] for v in VALUES]
-        keys = []
+        self.value_ids = [vocab.to_compact(encode(str(v)))[0] for v in TASK_VALUES]
+        counts = Counter(self.text.tolist())
+        keys = set()
         for name in identifiers:
             toks = encode(name)
-            if 2 <= len(toks) <= 4 and vocab.covers(toks):
-                keys.append(tuple(vocab.to_compact(toks)))
-        if len(keys) < 64:
+            if len(toks) == 1 and vocab.covers(toks):
+                keys.add(tuple(vocab.to_compact(toks)))
+        if len(keys) < N_KEYS:
             raise SlackTierError(ErrorKind.MISSING, f"only {len(keys)} usable keys in the text",
                                  fix="read more text (max_tokens) or lower the vocabulary's size cut")
-        self.keys = sorted(set(keys))
+        self.keys = sorted(sorted(keys, key=lambda k: (-counts[k[0]], k))[:N_KEYS])
 
     def record(self, key: tuple[int, ...], value: int) -> list[int]:
-        """`\\n@key:value\\n` in compact ids."""
-        return self.prefix + list(key) + self.colon + [value] + [self.newline]
+        """`\\n@key value\\n` in compact ids."""
+        return self.prefix + list(key) + [value] + [self.newline]
 
     def question(self, key: tuple[int, ...]) -> list[int]:
-        """`\\n@key:` in compact ids; the next token is the answer."""
-        return self.prefix + list(key) + self.colon
+        """`\\n@key` in compact ids; the next token is the answer."""
+        return self.prefix + list(key)
 
     def _filler(self, rng: random.Random, n: int) -> np.ndarray:
         start = rng.randrange(0, len(self.text) - n - 1)
@@ -164,18 +172,32 @@ class RetrievalTask:
         keys = rng.sample(self.keys, n)
         return [(k, rng.choice(self.value_ids)) for k in keys]
 
+    def value_rows(self, toks: list[int], pairs: list[tuple[tuple[int, ...], int]]) -> dict[tuple[int, ...], int]:
+        """Row of each record's value token in `toks` (the last `@ key value` match of each key)."""
+        at = self.prefix[-1]
+        want = {k: v for k, v in pairs}
+        rows = {}
+        for i in range(len(toks) - 2):
+            k = (toks[i + 1],)
+            if toks[i] == at and want.get(k) == toks[i + 2]:
+                rows[k] = i + 2
+        return rows
+
     def train_sequence(self, rng: random.Random, context: int, records: int, queries: int
-                       ) -> tuple[list[int], list[int]]:
+                       ) -> tuple[list[int], list[int], list[int]]:
         """Context of `context` tokens with `records` records, then `queries` questions each followed by
-        its answer. Returns (tokens, answer positions): the model must predict tokens[p] at row p-1."""
+        its answer. Returns (tokens, answer rows p, value rows): the model must predict tokens[p] at row
+        p-1; the record it asks for has its value at the matching value row."""
         pairs = self._pairs(rng, records)
         toks = self._with_records(rng, context, pairs)
-        answers = []
+        where = self.value_rows(toks, pairs)
+        answers, sources = [], []
         for k, v in rng.sample(pairs, min(queries, records)):
             toks += self.question(k)
             answers.append(len(toks))
+            sources.append(where[k])
             toks.append(v)
-        return toks, answers
+        return toks, answers, sources
 
     def eval_sample(self, rng: random.Random, n_docs: int, doc_tokens: int, records_per_doc: int) -> Sample:
         """`n_docs` documents of `doc_tokens` tokens, each with its own records; the question asks one record."""

@@ -14,17 +14,23 @@ cumulative 0.30, 0.52, 0.68, 0.80 -> n = 4, kept weights 0.30/0.80, 0.22/0.80, .
 
 Dropped experts get the sentinel index `n_routed_experts`, which transformers'
 eager expert loop skips (it one-hots into n_routed_experts + 1 classes and
-ignores the last), so no dropped expert does any work.
+ignores the last), so no dropped expert does any work. The grouped_mm / batched_mm
+expert kernels do not know the sentinel (a loaded model defaults to grouped_mm and
+gives NaN), so inside the block the model's expert implementation is switched to
+eager (logged) and restored after; compare timings against an eager baseline.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 from dataclasses import dataclass, field
 
 import torch
 
 from slacktier.errors import ErrorKind, SlackTierError
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -92,8 +98,13 @@ def adaptive_moe(model, threshold: float, *, min_experts: int = 3, max_experts: 
 
         gate.forward = forward
         patched.append(gate)
+    impl = getattr(model.config, "_experts_implementation", "eager")
+    if impl != "eager":
+        log.info("adaptive MoE: expert implementation %s -> eager for the block (it skips the sentinel)", impl)
+        model.config._experts_implementation = "eager"
     try:
         yield stats
     finally:
+        model.config._experts_implementation = impl
         for gate in patched:
             del gate.forward   # back to the class's forward
