@@ -197,8 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     staged = stage_synthetic(work / "t", layers=(1, 14), ranks=1, rows=args.rows)
     regions, manifest = staged.specs, staged.manifest
-    every = manifest.checksums()
-    crcs = [every[r.crc_first_page:r.crc_first_page + r.pages] for r in manifest.regions]
+    crcs = manifest.region_checksums()
     pages_total = sum(r.pages for r in regions)
     print(f"table: 2 regions, {pages_total} pages ({pages_total * 4096 / 2**20:.0f} MiB)", flush=True)
     lines: list[str] = []

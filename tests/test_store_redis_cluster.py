@@ -36,8 +36,7 @@ def options(cluster, user, **kw) -> RedisClusterOptions:
 
 
 def crcs_of(manifest) -> list[np.ndarray]:
-    every = manifest.checksums()
-    return [every[r.crc_first_page:r.crc_first_page + r.pages] for r in manifest.regions]
+    return manifest.region_checksums()
 
 
 @pytest.fixture(scope="module")
@@ -131,7 +130,6 @@ def _half_load(seed_url: str, user: str, password: str, manifest_path: str, pref
         return load_region_pages(region)
 
     opts = RedisClusterOptions(url=seed_url, username=user, password_env="ST_CHILD_PW")
-    every = manifest.checksums()
     orig = rc.page_crc32c_of
 
     def slow_crc(pages):   # one group every 50 ms: the parent kills it part way
@@ -139,7 +137,7 @@ def _half_load(seed_url: str, user: str, password: str, manifest_path: str, pref
         return orig(pages)
     rc.page_crc32c_of = slow_crc
     rc.load_table(opts, manifest.runtime_regions(), manifest.identity, prefix=prefix, workers=1,
-                  page_crc32c=[every[r.crc_first_page:r.crc_first_page + r.pages] for r in manifest.regions],
+                  page_crc32c=manifest.region_checksums(),
                   tag_buckets=16, read_pages=slow)
 
 

@@ -62,9 +62,8 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
     if verifies(t, eng):
-        every = m.checksums()
-        staged = (r for r in m.regions if r.layer == t.layer and (rank is None or r.rank == rank))
-        crcs = tuple(np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in staged)
+        crcs = tuple(sums for r, sums in zip(m.regions, m.region_checksums(), strict=True)
+                     if r.layer == t.layer and (rank is None or r.rank == rank))
     data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
     source_key = (t.source, t.options, regions, crcs is not None, m.identity)
     return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key)

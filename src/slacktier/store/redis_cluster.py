@@ -80,6 +80,7 @@ import numpy as np
 import redis
 from redis.cluster import ClusterNode, LoadBalancingStrategy, RedisCluster
 from redis.crc import key_slot
+from tqdm import tqdm
 
 from slacktier.config import RedisClusterOptions
 from slacktier.errors import ErrorKind, SlackTierError
@@ -98,7 +99,7 @@ log = logging.getLogger(__name__)
 #: keys per MGET: one reply of at most ~1 MiB
 KEYS_PER_MGET = 256
 #: a stored value: the page, then its CRC32C (uint32, little-endian)
-VALUE_BYTES = PAGE_BYTES + 4
+VALUE_BYTES = _resp.VALUE_BYTES
 #: bytes from one value to the next in an MGET reply of whole pages: "$4100\r\n" + value + "\r\n"
 VALUE_STRIDE = len(b"$%d\r\n" % VALUE_BYTES) + VALUE_BYTES + 2
 #: default hash-tag groups per region (see BENCHMARKS.md, "Redis Cluster: hash tags")
@@ -896,11 +897,11 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
             return len(keys)
 
         written = 0
-        bar = _progress(len(todo), progress)
-        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool, \
+                tqdm(total=len(todo), unit="group", desc="loading into Redis Cluster", disable=not progress) as bar:
             for n in pool.map(write_group, todo):
                 written += n
-                bar(1)
+                bar.update(1)
         client.set(identity_key(pfx), json.dumps({**record, "state": COMPLETE}).encode())
     except redis.exceptions.NoPermissionError as exc:
         raise SlackTierError(ErrorKind.UNAVAILABLE, f"user {options.username or 'default'!r} may not load into "
@@ -918,27 +919,13 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
 
 def load_manifest(options: RedisClusterOptions, manifest: Manifest, **kw) -> LoadReport:
     """`load_table` for every region of a staging manifest, with its checksums and identity."""
-    every = manifest.checksums()
-    crcs = [every[r.crc_first_page:r.crc_first_page + r.pages] for r in manifest.regions]
-    return load_table(options, manifest.runtime_regions(), manifest.identity, page_crc32c=crcs, **kw)
+    return load_table(options, manifest.runtime_regions(), manifest.identity,
+                      page_crc32c=manifest.region_checksums(), **kw)
 
 
 def page_crc32c_of(pages: np.ndarray) -> np.ndarray:
     """CRC32C of each page [n, 4096] (an empty array for none)."""
     return page_crc32c(pages) if pages.shape[0] else np.zeros(0, np.uint32)
-
-
-def _progress(total: int, on: bool) -> Callable[[int], None]:
-    if not on or total == 0:
-        return lambda k: None
-    from tqdm import tqdm
-    bar = tqdm(total=total, unit="group", desc="loading into Redis Cluster")
-
-    def step(k: int) -> None:
-        bar.update(k)
-        if bar.n >= total:
-            bar.close()
-    return step
 
 
 register_tier("redis-cluster", RedisClusterSource, RedisClusterOptions)

@@ -236,6 +236,11 @@ class Manifest:
         """The checksum file, beside the manifest."""
         return Path(self.path).parent / self.crc_file
 
+    def region_checksums(self) -> list[np.ndarray]:
+        """Each region's page CRC32Cs ([pages] uint32, contiguous), in `regions` order (from `checksums`)."""
+        every = self.checksums()
+        return [np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in self.regions]
+
     def checksums(self) -> np.ndarray:
         """[total_pages] uint32 page CRC32Cs, after checking the file's sha256 against the manifest."""
         p = self.crc_path()
