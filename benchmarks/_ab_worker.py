@@ -1,8 +1,10 @@
 """One measurement of the hot path, run against whichever SlackTier tree is first on PYTHONPATH.
 
-bench_refactor_ab.py runs this file under the tree before the architecture
-refactor and under the current one, alternately, so both are measured side by
-side in one run. The few constructors whose signatures the refactor changed
+bench_refactor_ab.py (issue 10) and bench_hot_path.py (issue 14) run this file
+under an earlier tree and the current one, alternately, so both are measured
+side by side in one run. Each task also measures its floor in the same process:
+begin_step the random directory reads it cannot avoid, the cold gather torch's
+`index_select` plus the codec's table on the same rows. The few constructors whose signatures the refactor changed
 are bridged below (`_region`, `_table`, `_disk`, `_dram`); everything timed is
 each tree's own code.
 
@@ -23,13 +25,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 import slacktier
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.testing import pack_pages, real_text
 from slacktier.store.base import PageBufferPool, PageReads
-from slacktier.tables.codec import synthetic_rows
+from slacktier.tables.codec import dequantize, synthetic_rows
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds
 from slacktier.tables.tokenizer import encode
@@ -83,6 +86,22 @@ def _ids(layout: EngramLayout, sessions: int, tokens_each: int) -> np.ndarray:
     return np.stack([hasher.prefill(t) for t in toks], axis=1)
 
 
+def _directory_floor(engine: StepEngine, ids: np.ndarray, rng: np.random.Generator) -> float:
+    """us for one numpy gather per layer of as many random directory entries as the step has owned lookups:
+    the random DRAM reads any directory pass must make (random rows, so the step's own entries stay cold)."""
+    total = 0.0
+    for axis, layer in enumerate(sorted(engine.layers)):
+        spec = engine.table(layer)
+        directory = engine.cache.layer(layer).directory
+        local = ids[:, axis, :].reshape(-1) - spec.row_start
+        owned = int(np.count_nonzero((local >= 0) & (local < spec.rows)))
+        rows = rng.integers(0, spec.rows, owned)
+        t0 = time.perf_counter_ns()
+        directory.take(rows).sum()
+        total += (time.perf_counter_ns() - t0) / 1e3
+    return total
+
+
 def begin_step(quick: bool) -> dict:
     """One TP4 rank of the V4.1 tables (owned_only), B = 128, 1M cache rows per layer, sparse disk regions."""
     batch, warm_steps, steps = 128, (24 if quick else 64), (20 if quick else 60)
@@ -113,12 +132,18 @@ def begin_step(quick: bool) -> dict:
 
         for t in range(warm_steps):
             step(t)
+        rng = np.random.default_rng(7)
+        floor = []
         # Positions already looked up once: every row is cached (the pass on a warm cache).
-        warm = [step(t)[0] for _ in range(2) for t in range(warm_steps - steps // 2, warm_steps)]
+        warm = []
+        for _ in range(2):
+            for t in range(warm_steps - steps // 2, warm_steps):
+                floor.append(_directory_floor(engine, ids[t], rng))
+                warm.append(step(t)[0])
         fresh = [step(t) for t in range(warm_steps, warm_steps + steps)]
         engine.close()
     return {"warm_cpu_us": statistics.median(warm), "fresh_cpu_us": statistics.median(c for c, _ in fresh),
-            "fresh_pages": statistics.median(p for _, p in fresh)}
+            "fresh_pages": statistics.median(p for _, p in fresh), "floor_us": statistics.median(floor)}
 
 
 def gather(quick: bool) -> dict:
@@ -131,6 +156,13 @@ def gather(quick: bool) -> dict:
     source = _dram([region], [pack_pages(raw)])
     ids = _ids(layout, batch, steps)
     out = {}
+    table = torch.from_numpy(raw)
+    lut_times, pass_times = [], []
+    for t in range(steps):   # floor: torch's index_select + the codec's exact table, the same rows
+        flat = torch.from_numpy(ids[t].reshape(-1))
+        t0 = time.perf_counter_ns()
+        dequantize(table.index_select(0, flat))
+        lut_times.append((time.perf_counter_ns() - t0) / 1e3)
     for name, cache_rows in (("hit", batch * 24 * steps), ("page", 0)):
         engine = StepEngine([_table(14, 0, rows, region, source, 1.0)], RowCache(cache_rows), max_tokens=batch)
         times = []
@@ -141,10 +173,14 @@ def gather(quick: bool) -> dict:
                 t0 = time.perf_counter_ns()
                 engine.gather(14)
                 dt = (time.perf_counter_ns() - t0) / 1e3
-                engine.end_step()
+                c = engine.end_step().layers[14]
                 if name == "page" or rounds == 1:
                     times.append(dt)
+                if name == "page":
+                    pass_times.append(c.gather_us)   # the pass alone, reads already waited for
         out[f"gather_{name}_us"] = statistics.median(times)
+    out["gather_page_pass_us"] = statistics.median(pass_times)
+    out["torch_lut_us"] = statistics.median(lut_times)
     source.close()
     return out
 
@@ -178,6 +214,7 @@ def disk(quick: bool) -> dict:
 
 
 def main() -> int:
+    torch.set_num_threads(1)   # our passes are single-threaded too; on a shared 2-core VM more threads only wait
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("task", choices=("begin_step", "gather", "disk"))
     ap.add_argument("--quick", action="store_true")

@@ -43,10 +43,14 @@ STEPS = 330                       # > 1M lookups per tier
 
 
 class HeldDisk(DiskSource):
-    """The disk tier with one real late completion on demand: `hold()` parks the next batch until `release()`."""
+    """The disk tier with one real late completion on demand: `hold()` parks the next batch until `release()`.
+
+    io_uring: the next submitting source's C workers start no batch until released; threads: the lane waits.
+    """
 
     gate = threading.Event()
     held: threading.Event | None = None
+    holding: list = []   # io_uring sources whose workers are held
 
     @classmethod
     def hold(cls) -> None:
@@ -56,6 +60,20 @@ class HeldDisk(DiskSource):
     @classmethod
     def release(cls) -> None:
         cls.gate.set()
+        for source in cls.holding:
+            for lanes in source._lanes.values():
+                for lane in lanes:
+                    lane.state.engine.hold(False)
+        cls.holding.clear()
+
+    def submit(self, reads, pool):
+        if self.engine_name == "io_uring" and HeldDisk.held is not None:
+            HeldDisk.held = None
+            HeldDisk.holding.append(self)
+            for lanes in self._lanes.values():
+                for lane in lanes:
+                    lane.state.engine.hold(True)
+        return super().submit(reads, pool)
 
     def _read(self, lane, part):
         held, HeldDisk.held = HeldDisk.held, None

@@ -198,3 +198,55 @@ def test_the_helper_is_built_once_per_source_hash(tmp_path, monkeypatch):
     mtime = first.stat().st_mtime_ns
     assert _native.build_helper() == first and first.stat().st_mtime_ns == mtime
     assert [p.name for p in (tmp_path / "cache").iterdir()] == [first.name]
+
+
+@pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
+def test_a_batch_that_times_out_lands_later_in_its_own_pool_and_is_released(o_direct_dir):
+    # A held C worker makes a real late completion: the wait times out, the batch lands later into the pool
+    # it was given (kept mapped meanwhile), and the next batch, into a new pool, is exact.
+    staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2)
+    src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
+    engine = src._single.state.engine
+    old, new = PageBufferPool(4), PageBufferPool(4)
+    try:
+        engine.hold(True)
+        late = src.submit(_reads([(0, 3), (2, 7)]), old)
+        with pytest.raises(SlackTierError) as info:
+            src.wait(late, timeout_s=0.05)
+        assert info.value.kind is ErrorKind.TIMEOUT and "may still land" in str(info.value)
+        assert not old.pages.any()                    # nothing has landed yet
+        with pytest.raises(SlackTierError) as info:   # a timed-out ticket is not waited twice
+            src.wait(late)
+        assert info.value.kind is ErrorKind.BAD_INPUT
+        engine.hold(False)
+        src.wait(src.submit(_reads([(1, 2), (3, 4)]), new))   # queued behind the late batch: it has landed
+        assert np.array_equal(old.pages[0], staged.pages[0][3]) and np.array_equal(old.pages[1], staged.pages[2][7])
+        assert np.array_equal(new.pages[0], staged.pages[1][2]) and np.array_equal(new.pages[1], staged.pages[3][4])
+        src.wait(src.submit(_reads([(0, 1)]), new))
+        assert src._abandoned == []                   # the late ticket was released once done
+        assert [h[0] for h in src._single.state.held] == [new]   # only the pool still registered is kept
+    finally:
+        src.close()
+
+
+@pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
+def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direct_dir):
+    staged = stage_synthetic(o_direct_dir, layers=(1,), ranks=1)
+    src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
+    pool = PageBufferPool(2)
+    try:
+        engine = src._single.state.engine
+        bad = _reads([(0, 1), (0, staged.specs[0].pages)])
+        assert engine.submit(bad.region, bad.page, bad.buffer, pool.base, pool.capacity) == -2
+        with pytest.raises(SlackTierError) as info:
+            src.submit(bad, pool)
+        assert info.value.kind is ErrorKind.BAD_INPUT and info.value.page == staged.specs[0].pages
+        over = PageReads(np.zeros(1, np.int32), np.zeros(1, np.int64), np.array([2], np.int32))
+        with pytest.raises(SlackTierError) as info:
+            src.submit(over, pool)
+        assert info.value.kind is ErrorKind.BAD_INPUT and "buffer 2" in str(info.value)
+        assert not pool.pages.any() and src._tickets == {}
+        src.wait(src.submit(_reads([(0, 5)]), pool))
+        assert np.array_equal(pool.pages[0], staged.pages[0][5])
+    finally:
+        src.close()

@@ -96,10 +96,7 @@ class TicketBook:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{self._name} has no ticket {ticket}",
                                  fix="wait once on a ticket that submit returned")
         if not pending.done.wait(timeout_s):
-            raise SlackTierError(ErrorKind.TIMEOUT, f"{self._name}: ticket {ticket} ({pending.pages} pages) not done "
-                                 f"after {timeout_s} s; its reads may still land in their buffers",
-                                 fix="check the device or server; do not reuse the batch's buffers until it "
-                                     "completes (the step engine retires its pool)")
+            raise timeout_error(self._name, ticket, pending.pages, timeout_s)
         with self._lock:
             self._pending.pop(ticket, None)
         if pending.error is not None:
@@ -111,6 +108,14 @@ class TicketBook:
         """Refuse new tickets from now on."""
         with self._lock:
             self.closed = True
+
+
+def timeout_error(source_name: str, ticket: int, pages: int, timeout_s: float | None) -> SlackTierError:
+    """The TIMEOUT a source raises for a batch still not done after `timeout_s`."""
+    return SlackTierError(ErrorKind.TIMEOUT, f"{source_name}: ticket {ticket} ({pages} pages) not done after "
+                          f"{timeout_s} s; its reads may still land in their buffers",
+                          fix="check the device or server; do not reuse the batch's buffers until it completes "
+                              "(the step engine retires its pool)")
 
 
 def page_crc32c(pages: np.ndarray) -> np.ndarray:

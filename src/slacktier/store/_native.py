@@ -12,6 +12,7 @@ each call). Deployment switches, both optional:
 from __future__ import annotations
 
 import ctypes
+import errno
 import functools
 import hashlib
 import logging
@@ -29,7 +30,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "uring_read.c"
-_CFLAGS = ("-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall")
+_CFLAGS = ("-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-pthread")
 _build_lock = threading.Lock()
 
 _I32P = np.ctypeslib.ndpointer(dtype=np.int32, flags="C_CONTIGUOUS")
@@ -87,6 +88,25 @@ def build_helper() -> Path:
 
 
 @functools.cache
+def _submit_kernel():
+    """st_eng_submit called from compiled code: numba hands over the arrays' addresses directly, where
+    Python's ctypes takes microseconds per array (`arr.ctypes.data`) on this path that runs every step."""
+    from numba import njit
+
+    fn = ctypes.CDLL(str(build_helper())).st_eng_submit   # a handle of its own: these are numba's prototypes
+    u64 = ctypes.c_uint64
+    fn.argtypes = [u64, ctypes.c_int32, u64, u64, u64, u64, ctypes.c_int64, u64]
+    fn.restype = u64
+
+    @njit(nogil=True)
+    def submit(engine, region, page, buffer, pool_addr, pool_buffers, err):   # pragma: no cover - compiled
+        return fn(engine, region.shape[0], region.ctypes.data, page.ctypes.data, buffer.ctypes.data, pool_addr,
+                  pool_buffers, err.ctypes.data)
+
+    return submit
+
+
+@functools.cache
 def load_helper() -> ctypes.CDLL:
     """The loaded helper with its argument types declared (built on first call)."""
     lib = ctypes.CDLL(str(build_helper()))
@@ -105,6 +125,23 @@ def load_helper() -> ctypes.CDLL:
     lib.st_ring_register_files.restype = ctypes.c_int
     lib.st_ring_register_buffer.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
     lib.st_ring_register_buffer.restype = ctypes.c_int
+    vp, i64, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint
+    lib.st_eng_create.argtypes = [u32, u32, u32, u32, ctypes.c_int, vp, vp, vp, vp, u32, ctypes.POINTER(ctypes.c_int)]
+    lib.st_eng_create.restype = vp
+    lib.st_eng_flags.argtypes = [vp]
+    lib.st_eng_flags.restype = u32
+    lib.st_eng_hold.argtypes = [vp, ctypes.c_int]
+    lib.st_eng_hold.restype = None
+    lib.st_eng_submit.argtypes = [vp, ctypes.c_int, vp, vp, vp, ctypes.c_uint64, i64, vp]
+    lib.st_eng_submit.restype = vp
+    lib.st_eng_wait.argtypes = [vp, vp, i64, vp]
+    lib.st_eng_wait.restype = ctypes.c_int
+    lib.st_eng_reads.argtypes = [vp, vp, vp, vp, vp]
+    lib.st_eng_reads.restype = None
+    lib.st_eng_release.argtypes = [vp, vp]
+    lib.st_eng_release.restype = None
+    lib.st_eng_destroy.argtypes = [vp]
+    lib.st_eng_destroy.restype = None
     return lib
 
 
@@ -147,6 +184,91 @@ class Ring:
         """Tear the ring down (idempotent)."""
         if self._handle is not None:
             self._lib.st_ring_destroy(self._handle)
+            self._handle = None
+
+
+#: IoEngine.wait's info fields
+INFO_FIRST_BAD, INFO_SUBMIT_NS, INFO_END_NS, INFO_CPU_NS, INFO_BUFFERS_REFUSED, INFO_FILES_REFUSED = range(6)
+
+
+class IoEngine:
+    """A C I/O worker (a pthread owning one io_uring ring, csrc/uring_read.c `st_eng_*`).
+
+    A batch goes over in one call: `submit` passes the addresses of the region,
+    page and buffer arrays; C checks every read against the region table,
+    copies the batch and queues it, and returns a job handle at once. `wait`
+    blocks with the GIL released. No Python runs on the I/O side.
+
+    Region i is region_pages[i] pages of `page_bytes` at byte region_offset[i] of
+    file region_fd[i]; `files` (at most 64) are registered with the ring.
+    """
+
+    def __init__(self, entries: int, depth: int, wait_batch: int, page_bytes: int, region_fd: np.ndarray,
+                 region_offset: np.ndarray, region_pages: np.ndarray, files: np.ndarray) -> None:
+        self._lib = load_helper()
+        # kept: C copies them, but the arrays must live through the call
+        fd = np.ascontiguousarray(region_fd, dtype=np.int32)
+        off = np.ascontiguousarray(region_offset, dtype=np.int64)
+        pages = np.ascontiguousarray(region_pages, dtype=np.int64)
+        files = np.ascontiguousarray(files, dtype=np.int32)
+        err = ctypes.c_int(0)
+        handle = self._lib.st_eng_create(entries, depth, wait_batch, page_bytes, fd.shape[0], fd.ctypes.data,
+                                         off.ctypes.data, pages.ctypes.data, files.ctypes.data, files.shape[0],
+                                         ctypes.byref(err))
+        if not handle:
+            raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot start the io_uring I/O engine: "
+                                 f"{os.strerror(err.value)}",
+                                 fix="use a kernel with io_uring enabled (sysctl kernel.io_uring_disabled=0) "
+                                     "or choose engine='threads'")
+        self._handle: int | None = handle
+        self.setup_flags = int(self._lib.st_eng_flags(handle))
+        self._err = np.zeros(1, dtype=np.int64)
+        self._submit = _submit_kernel()
+        self.page_bytes = page_bytes
+        # An empty batch compiles the submit kernel now (or loads it), not inside a caller's first step.
+        none = np.zeros(0, dtype=np.int64)
+        self.release(self.submit(none.astype(np.int32), none, none.astype(np.int32), 0, 0))
+
+    def submit(self, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool_addr: int,
+               pool_buffers: int) -> int:
+        """Queue reads (int32, int64, int32 C-contiguous arrays of one length); the job handle (> 0), or
+        -(i + 1) for read i naming a region, page or buffer out of range (nothing queued). CLOSED once closed."""
+        if self._handle is None:
+            raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is closed", fix="open a new source")
+        job = self._submit(self._handle, region, page, buffer, pool_addr, pool_buffers, self._err)
+        if job:
+            return job
+        err = int(self._err[0])
+        if err > 0:
+            return -err
+        if err == -errno.ESHUTDOWN:
+            raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is stopping", fix="open a new source")
+        raise SlackTierError(ErrorKind.IO, f"cannot queue reads: {os.strerror(-err)}", fix="free memory")
+
+    def wait(self, job: int, timeout_ns: int, info: np.ndarray) -> bool:
+        """Block until `job` is done, at most `timeout_ns` (< 0: no limit); True and `info` filled when done."""
+        return self._lib.st_eng_wait(self._handle, job, timeout_ns, info.ctypes.data) == 0
+
+    def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """A done job's n reads as submitted, and its results: region, page, buffer, and bytes read or -errno."""
+        region, page, buffer, res = (np.empty(n, np.int32), np.empty(n, np.int64), np.empty(n, np.int32),
+                                     np.empty(n, np.int32))
+        self._lib.st_eng_reads(job, region.ctypes.data, page.ctypes.data, buffer.ctypes.data, res.ctypes.data)
+        return region, page, buffer, res
+
+    def hold(self, on: bool) -> None:
+        """Start no batch while held (tests: a batch that lands late for real); close releases it."""
+        self._lib.st_eng_hold(self._handle, int(on))
+
+    def release(self, job: int) -> None:
+        """Free a done job."""
+        if self._handle is not None:
+            self._lib.st_eng_release(self._handle, job)
+
+    def close(self) -> None:
+        """Finish queued batches, stop the thread, free the ring and every job (idempotent)."""
+        if self._handle is not None:
+            self._lib.st_eng_destroy(self._handle)
             self._handle = None
 
 

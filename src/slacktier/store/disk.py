@@ -1,16 +1,26 @@
 """Local disk tier: O_DIRECT page reads of staged regions, `io_threads` I/O workers per device.
 
 Each region's file (or raw block device) is opened once with O_DIRECT. A batch
-is split by `Region.device`; each device has its own `io_threads` worker lanes
-(store/queued.py) that drive the reads at up to `queue_depth` in flight with
-one of two engines:
+is split by `Region.device`; each device has `io_threads` workers that drive
+the reads at up to `queue_depth` in flight with one of two engines:
 
-- ``io_uring``: a small C helper (csrc/uring_read.c, raw syscalls) queues the
-  whole sub-batch and reaps completions with the GIL released.
-- ``threads``: a pool of min(queue_depth, PREAD_THREADS_MAX) threads issuing
-  ``os.preadv``; the fallback where io_uring cannot be set up (no compiler,
-  kernel without io_uring). Choosing it under ``engine="auto"`` is logged at
-  WARNING and counted in `ENGINE_FALLBACKS`.
+- ``io_uring``: each worker is a C thread owning one ring (csrc/uring_read.c,
+  `st_eng_*`, raw syscalls; region files and the page pool registered with
+  the ring). `submit` hands a whole batch over in one compiled call: C checks
+  every read against the regions and the pool, copies the batch, queues it
+  and wakes the worker, so no Python runs per batch on the I/O side and the
+  caller's cost does not grow with the GIL's other users (issue 14). `wait`
+  blocks in C with the GIL released.
+- ``threads``: worker lanes (store/queued.py), each with a pool of
+  min(queue_depth, PREAD_THREADS_MAX) threads issuing ``os.preadv``; the
+  fallback where io_uring cannot be set up (no compiler, kernel without
+  io_uring). Choosing it under ``engine="auto"`` is logged at WARNING and
+  counted in `ENGINE_FALLBACKS`.
+
+A read that times out stays with its worker: its ticket is set aside and
+released once the worker finishes it, and every page pool the worker may have
+registered stays mapped until then, so the kernel never writes into memory
+that was handed to someone else.
 
 Which engine runs is in `DiskSource.engine_name` and logged at INFO.
 
@@ -23,19 +33,20 @@ import logging
 import os
 import stat
 import time
-import weakref
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from slacktier.config import DiskOptions
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store._common import NOT_DONE, check_file_targets
-from slacktier.store._native import Ring, probe_io_uring
-from slacktier.store.base import PageBufferPool
+from slacktier.store._common import NOT_DONE, check_file_targets, timeout_error
+from slacktier.store._native import (INFO_BUFFERS_REFUSED, INFO_CPU_NS, INFO_END_NS, INFO_FILES_REFUSED,
+                                     INFO_FIRST_BAD, INFO_SUBMIT_NS, IoEngine, probe_io_uring)
+from slacktier.store.base import PageBufferPool, PageReads, ReadStats
 from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
@@ -65,51 +76,46 @@ class _DiskPart:
     addrs: np.ndarray     # [n] uint64, destination addresses
 
 
-class _UringEngine:
-    """Reads through one io_uring ring owned by the calling worker thread.
+@dataclass(eq=False, slots=True)
+class _Job:
+    """One part of a batch on one C I/O engine."""
 
-    The source's files are registered once and each pool's memory when first
-    seen, so the kernel skips a file lookup and a page pinning per read. Where
-    registration is refused (e.g. RLIMIT_MEMLOCK below the pool size) reads
-    still run, unregistered; that is logged and counted in `REGISTRATION_SKIPS`.
-    """
+    lane: Lane
+    handle: int
+    n: int                 # reads
+    seq: int               # the engine's job count at submit: jobs of one engine finish in this order
 
-    name = "io_uring"
 
-    def __init__(self, queue_depth: int, fds: list[int]) -> None:
-        self._depth = queue_depth
-        self._wait_batch = max(1, queue_depth // 8)
-        self._ring = Ring(queue_depth)
-        self._pool: PageBufferPool | None = None  # held while registered: its pages stay pinned by the ring
-        self._refused: weakref.WeakSet[PageBufferPool] = weakref.WeakSet()  # pools the kernel would not register
-        if len(fds) <= 64:
-            self._registration("files", self._ring.register_files(np.array(fds, dtype=np.int32)))
+@dataclass(eq=False, slots=True)
+class _Ticket:
+    jobs: list[_Job]
+    pool: PageBufferPool   # kept referenced until the reads land
+    pages: int
+    submit_ns: int
 
-    @staticmethod
-    def _registration(what: str, rc: int) -> bool:
-        if rc == 0:
-            return True
-        REGISTRATION_SKIPS[what] += 1
-        log.info("io_uring: registering %s refused (%s); reads of them run unregistered", what, os.strerror(-rc))
-        return False
 
-    def read(self, part: _DiskPart, res: np.ndarray) -> int:
-        """Fill res with each read's bytes or -errno; returns CPU ns spent off this thread (none here)."""
-        pool = part.pool
-        if pool is not self._pool and pool not in self._refused:
-            if self._registration("buffers", self._ring.register_buffer(pool.address(0), pool.capacity * PAGE_BYTES)):
-                self._pool = pool
-            else:
-                self._pool = None
-                self._refused.add(pool)
-        rc = self._ring.read(part.fds, part.offsets, part.addrs, PAGE_BYTES, self._depth, self._wait_batch, res)
-        if rc < 0:  # the unsubmitted reads carry -errno in res, so the ticket fails naming one of them
-            log.error("io_uring_enter failed: %s", os.strerror(-rc))
-        return 0
+@dataclass(eq=False)
+class _EngineState:
+    """A lane of the io_uring path: its C engine and the pools it may still have registered."""
 
-    def close(self) -> None:
-        self._ring.close()
-        self._pool = None
+    engine: IoEngine
+    seq: int = 0
+    # [pool, seq of its last job]: the pools the engine's thread may have registered with the ring, kept
+    # mapped here so the kernel never reads into a new mapping at an old pool's address
+    held: list = field(default_factory=list)
+    refusals: tuple[int, int] = (0, 0)   # (buffer, file) registrations the kernel refused, as last counted
+
+    def note_submit(self, pool: PageBufferPool) -> int:
+        self.seq += 1
+        if self.held and self.held[-1][0] is pool:
+            self.held[-1][1] = self.seq
+        else:
+            self.held.append([pool, self.seq])
+        return self.seq
+
+    def note_done(self, pool: PageBufferPool, seq: int) -> None:
+        """Job `seq` (into `pool`) is done, so every earlier job is: no pool before it is registered any more."""
+        self.held = [h for h in self.held if h[1] >= seq or h[0] is pool]
 
 
 class _ThreadEngine:
@@ -144,7 +150,7 @@ class _ThreadEngine:
         self._executor.shutdown(wait=True)
 
 
-class DiskSource(QueuedSource[_UringEngine | _ThreadEngine]):
+class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
     """Pages of staged regions read with O_DIRECT from local files or block devices."""
 
     read_what = "disk read"
@@ -178,7 +184,13 @@ class DiskSource(QueuedSource[_UringEngine | _ThreadEngine]):
         self.devices = sorted({int(d) for d in self._region_device})
         self._region_fd = np.array([self._fds[r.path] for r in self.regions], dtype=np.int32)         # [R]
         self._region_offset = np.array([r.offset_bytes for r in self.regions], dtype=np.int64)  # [R] bytes
-        self._start_lanes(opts.io_threads, per_device=True)
+        self._tickets: dict[int, _Ticket] = {}
+        self._next_ticket = 1
+        self._abandoned: list[_Ticket] = []   # timed out: their jobs are released once they finish
+        if self.engine_name == "io_uring":
+            self._start_engines(opts.io_threads)
+        else:
+            self._start_lanes(opts.io_threads, per_device=True)
         log.info("DiskSource: engine %s, %d regions on %d devices, queue depth %d, %d worker(s) per device",
                  self.engine_name, len(self.regions), len(self.devices), opts.queue_depth, opts.io_threads)
 
@@ -229,18 +241,149 @@ class DiskSource(QueuedSource[_UringEngine | _ThreadEngine]):
                     "(fallback #%d in this process)", reason, sum(ENGINE_FALLBACKS.values()))
         return "threads"
 
-    # -- the lanes ------------------------------------------------------------------------------
+    # -- io_uring: C I/O engines, a batch handed over in one call ---------------------------------
 
-    def _open_lane(self, lane: Lane[_UringEngine | _ThreadEngine]) -> None:
-        # The ring is created on the lane's thread: with IORING_SETUP_SINGLE_ISSUER only it may submit.
-        lane.state = (_UringEngine(self.queue_depth, list(self._fds.values())) if self.engine_name == "io_uring"
-                      else _ThreadEngine(min(PREAD_THREADS_MAX, self.queue_depth)))
+    def _start_engines(self, per_device: int) -> None:
+        """`per_device` C engines (a pthread and a ring each) per device; lanes hold them, no Python thread."""
+        self._warm()
+        files = np.array(list(self._fds.values()), dtype=np.int32)
+        if files.shape[0] > 64:
+            files = files[:0]
+            REGISTRATION_SKIPS["files"] += 1
+        try:
+            for device in self.devices:
+                self._lanes[device] = []
+                for _ in range(per_device):
+                    engine = IoEngine(self.queue_depth, self.queue_depth, max(1, self.queue_depth // 8), PAGE_BYTES,
+                                      self._region_fd, self._region_offset, self._region_pages, files)
+                    lane: Lane[_EngineState] = Lane(sum(len(v) for v in self._lanes.values()), device, None,
+                                                    _EngineState(engine))
+                    self._lanes[device].append(lane)
+        except BaseException:
+            self._close_engines()
+            raise
+        self._lock = threading.Lock()
+        self._single = next(iter(self._lanes.values()))[0] if len(self._lanes) == 1 and per_device == 1 else None
 
-    def _close_lane(self, lane: Lane[_UringEngine | _ThreadEngine]) -> None:
+    def _close_engines(self) -> None:
+        for lanes in self._lanes.values():
+            for lane in lanes:
+                lane.state.engine.close()   # finishes queued batches first
+
+    def submit(self, reads: PageReads, pool: PageBufferPool) -> int:
+        """Queue the batch on the device engines (io_uring), or the worker lanes (threads); a ticket at once.
+
+        io_uring: the C engine checks every read against the regions and the pool and copies the batch in
+        the call, so the caller may reuse its arrays at once and no read is queued from a bad batch."""
+        if self.engine_name != "io_uring":
+            return super().submit(reads, pool)
+        self._book.refuse_if_closed()
+        region, page, buffer = reads.region, reads.page, reads.buffer
+        n = region.shape[0]
+        with self._lock:
+            self._book.refuse_if_closed()
+            if self._abandoned:
+                self._reap_abandoned()
+            if (self._single is not None and page.shape[0] == n and buffer.shape[0] == n and _native_ok(region, _I32)
+                    and _native_ok(page, _I64) and _native_ok(buffer, _I32)):
+                parts = [(self._single, region, page, buffer)]
+            else:
+                copied = PageReads(np.array(region, dtype=np.int32), np.array(page, dtype=np.int64),
+                                   np.array(buffer, dtype=np.int32))
+                self._check_reads(copied, pool)
+                parts = [(lane, p.region, p.page, p.buffer) for lane, p in self._split(copied, pool)] if n else []
+            jobs = []
+            addr = pool.base
+            for lane, r, p, b in parts:
+                state = lane.state
+                handle = state.engine.submit(r, p, b, addr, pool.capacity)
+                if handle < 0:   # a read out of range: nothing of this part was queued
+                    if jobs:
+                        self._abandoned.append(_Ticket(jobs, pool, 0, 0))
+                    self._check_reads(PageReads(r, p, b), pool)   # raises, naming the read
+                    raise SlackTierError(ErrorKind.BAD_INPUT, f"read {-handle - 1} is out of range",
+                                         fix="ask only for pages the regions hold, into buffers of the pool")
+                jobs.append(_Job(lane, handle, r.shape[0], state.note_submit(pool)))
+            ticket = self._next_ticket
+            self._next_ticket += 1
+            self._tickets[ticket] = _Ticket(jobs, pool, n, time.perf_counter_ns())
+        return ticket
+
+    def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
+        """Block until the batch landed in the pool (GIL released); raise naming layer/rank/page on a bad read."""
+        if self.engine_name != "io_uring":
+            return super().wait(ticket, timeout_s)
+        with self._lock:
+            self._book.refuse_if_closed()
+            t = self._tickets.get(ticket)
+        if t is None:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{type(self).__name__} has no ticket {ticket}",
+                                 fix="wait once on a ticket that submit returned")
+        info = np.empty(6, dtype=np.int64)
+        deadline = None if timeout_s is None else time.perf_counter_ns() + int(timeout_s * 1e9)
+        first_ns, end_ns, cpu_ns = t.submit_ns, t.submit_ns, 0
+        error: SlackTierError | None = None
+        for job in t.jobs:
+            left = -1 if deadline is None else max(0, deadline - time.perf_counter_ns())
+            engine = job.lane.state.engine
+            if not engine.wait(job.handle, left, info):
+                with self._lock:
+                    self._tickets.pop(ticket, None)
+                    self._abandoned.append(t)
+                raise timeout_error(type(self).__name__, ticket, t.pages, timeout_s)
+            first_ns = min(first_ns, int(info[INFO_SUBMIT_NS]))
+            end_ns = max(end_ns, int(info[INFO_END_NS]))
+            cpu_ns += int(info[INFO_CPU_NS])
+            self._count_refusals(job.lane.state, info)
+            if error is None and (info[INFO_FIRST_BAD] >= 0 or self._check_each_read):
+                c0 = time.thread_time_ns()
+                region, page, buffer, res = engine.reads(job.handle, job.n)
+                part = Part(t.pool, region, page, buffer)
+                error = self._results_error(res, part) if info[INFO_FIRST_BAD] >= 0 else self._checksum_error(part)
+                cpu_ns += time.thread_time_ns() - c0
+        with self._lock:
+            self._tickets.pop(ticket, None)
+            for job in t.jobs:
+                job.lane.state.note_done(t.pool, job.seq)
+                job.lane.state.engine.release(job.handle)
+        if error is not None:
+            raise error
+        return ReadStats(pages=t.pages, read_us=(end_ns - first_ns) / 1e3, cpu_us=cpu_ns / 1e3)
+
+    @staticmethod
+    def _count_refusals(state: _EngineState, info: np.ndarray) -> None:
+        seen = state.refusals
+        now = (int(info[INFO_BUFFERS_REFUSED]), int(info[INFO_FILES_REFUSED]))
+        if now != seen:
+            REGISTRATION_SKIPS["buffers"] += now[0] - seen[0]
+            REGISTRATION_SKIPS["files"] += now[1] - seen[1]
+            log.info("io_uring: the kernel refused to register %s; reads of them run unregistered",
+                     "the page buffer pool" if now[0] != seen[0] else "the region files")
+            state.refusals = now
+
+    def _reap_abandoned(self) -> None:
+        """Release the jobs of timed-out tickets that have finished since (under the lock)."""
+        info = np.zeros(6, dtype=np.int64)
+        keep = []
+        for t in self._abandoned:
+            if all(job.lane.state.engine.wait(job.handle, 0, info) for job in t.jobs):
+                for job in t.jobs:
+                    job.lane.state.note_done(t.pool, job.seq)
+                    job.lane.state.engine.release(job.handle)
+            else:
+                keep.append(t)
+        self._abandoned = keep
+
+    # -- threads: Python worker lanes -------------------------------------------------------------
+
+    def _open_lane(self, lane: Lane[_ThreadEngine]) -> None:
+        lane.state = _ThreadEngine(min(PREAD_THREADS_MAX, self.queue_depth))
+
+    def _close_lane(self, lane: Lane[_ThreadEngine]) -> None:
         if lane.state is not None:
             lane.state.close()
 
-    def _read(self, lane: Lane[_UringEngine | _ThreadEngine], part: Part) -> None | SlackTierError:
+    def _read(self, lane: Lane[_ThreadEngine], part: Part) -> None | SlackTierError:
         assert lane.state is not None
         region, buffer = part.region, part.buffer
         pool = part.pool
@@ -252,13 +395,31 @@ class DiskSource(QueuedSource[_UringEngine | _ThreadEngine]):
 
     def close(self) -> None:
         """Finish queued batches, stop the workers, close rings and files; later calls raise CLOSED."""
-        super().close()
+        if self.engine_name == "io_uring":
+            with self._lock:
+                first = not self._book.closed
+                self._book.close()
+            if first:
+                self._close_engines()   # joins each engine's thread after its queued batches
+                self._tickets.clear()
+                self._abandoned.clear()
+        else:
+            super().close()
         self._close_files()
 
     def _close_files(self) -> None:
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+
+
+_I32 = np.dtype(np.int32)
+_I64 = np.dtype(np.int64)
+
+
+def _native_ok(a: np.ndarray, dtype: np.dtype) -> bool:
+    """`a` can go to the C engine as it is: a C-contiguous ndarray of `dtype` (the engine's scratch views)."""
+    return type(a) is np.ndarray and a.dtype is dtype and a.flags.c_contiguous
 
 
 register_tier("disk", DiskSource, DiskOptions)

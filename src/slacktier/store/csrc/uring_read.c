@@ -7,9 +7,17 @@
  * One ring belongs to one thread (the device's I/O worker). Python calls
  * st_ring_read through ctypes, which releases the GIL for the whole batch.
  * Every read's result lands in res[i]: bytes read, or -errno.
+ *
+ * The I/O engine (st_eng_*, below st_ring_read) puts that worker in C: a
+ * pthread owns the ring, and a caller hands it a whole batch of reads
+ * (region, page, buffer arrays, checked against the region table here) in
+ * one call that copies them and returns at once, then waits for the batch
+ * with the GIL released. No Python runs per batch on the I/O side (issue 14).
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <time.h>
 #include <linux/io_uring.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -265,4 +273,297 @@ int st_ring_read(struct st_ring *r, int n, const int32_t *fds, const int64_t *of
         }
     }
     return 0;
+}
+
+
+/* ---- the I/O engine: a C worker thread per ring, batches handed over in one call ---------------- */
+
+struct st_job {
+    struct st_job *next;                 /* queue link */
+    struct st_job *prev_all, *next_all;  /* every job not yet released (destroy frees them) */
+    int n;
+    int64_t *page;                       /* the batch as given (kept to name a failed read) */
+    int32_t *region, *buffer;
+    int32_t *fds;                        /* the batch as the ring takes it, made by the engine's thread */
+    int64_t *offsets;
+    uint64_t *addrs;
+    int32_t *res;                        /* the seven arrays share one allocation */
+    uint64_t pool_addr, pool_len;
+    int done;
+    int first_bad;                       /* index of the first read that is not a whole page, -1 none */
+    int64_t submit_ns, end_ns, cpu_ns;
+};
+
+struct st_eng {
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work, done;
+    struct st_job *head, *tail, *all;
+    int stop, started, err, held;
+    unsigned entries, depth, wait_batch, len;
+    unsigned setup_flags;
+    int nregions;
+    int32_t *region_fd;
+    int64_t *region_offset, *region_pages;
+    int32_t files[ST_MAX_FILES];
+    unsigned nfiles;
+    int files_refused, buffers_refused;  /* registrations the kernel refused (reads then run unregistered) */
+    uint64_t refused_addr;               /* a pool whose registration was refused: not asked again */
+};
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t thread_cpu_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static void *eng_main(void *arg) {
+    struct st_eng *e = arg;
+    int err = 0;
+    /* Created here: with IORING_SETUP_SINGLE_ISSUER only this thread may submit or register. */
+    struct st_ring *r = st_ring_create(e->entries, &err);
+    if (r && e->nfiles && st_ring_register_files(r, e->files, e->nfiles) != 0) e->files_refused = 1;
+    pthread_mutex_lock(&e->mu);
+    e->started = 1;
+    e->err = r ? 0 : err;
+    if (r) e->setup_flags = r->setup_flags;
+    pthread_cond_broadcast(&e->done);
+    pthread_mutex_unlock(&e->mu);
+    if (!r) return NULL;
+    for (;;) {
+        pthread_mutex_lock(&e->mu);
+        while ((!e->head || e->held) && !e->stop) pthread_cond_wait(&e->work, &e->mu);
+        struct st_job *j = e->head;
+        if (!j) { pthread_mutex_unlock(&e->mu); break; }   /* stopping, and every queued batch is done */
+        e->head = j->next;
+        if (!e->head) e->tail = NULL;
+        pthread_mutex_unlock(&e->mu);
+        /* The caller keeps every pool that may be registered mapped (disk.py), so an address seen
+         * again is the same pool, never a new mapping at a reused address. */
+        if (j->pool_addr != r->buf_addr && j->pool_addr != e->refused_addr) {
+            if (st_ring_register_buffer(r, j->pool_addr, j->pool_len) != 0) {
+                e->refused_addr = j->pool_addr;
+                e->buffers_refused++;
+            }
+        }
+        int64_t c0 = thread_cpu_ns();
+        for (int i = 0; i < j->n; i++) {
+            int32_t g = j->region[i];
+            j->fds[i] = e->region_fd[g];
+            j->offsets[i] = e->region_offset[g] + j->page[i] * (int64_t)e->len;
+            j->addrs[i] = j->pool_addr + (uint64_t)j->buffer[i] * e->len;
+        }
+        st_ring_read(r, j->n, j->fds, j->offsets, j->addrs, e->len, e->depth, e->wait_batch, j->res);
+        int64_t c1 = thread_cpu_ns();
+        int bad = -1;
+        for (int i = 0; i < j->n; i++) if (j->res[i] != (int32_t)e->len) { bad = i; break; }
+        pthread_mutex_lock(&e->mu);
+        j->first_bad = bad;
+        j->cpu_ns = c1 - c0;
+        j->end_ns = mono_ns();
+        j->done = 1;
+        pthread_cond_broadcast(&e->done);
+        pthread_mutex_unlock(&e->mu);
+    }
+    st_ring_destroy(r);
+    return NULL;
+}
+
+/* Start an engine: a thread with a ring of `entries` slots reading `len` bytes per read, at most
+ * `depth` in flight, each wait asking for `wait_batch` completions. Region i is `region_pages[i]`
+ * pages at byte `region_offset[i]` of file `region_fd[i]`; `files` (n <= 64, else none) are
+ * registered. NULL and *err = errno on failure. */
+struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_batch, unsigned len, int nregions,
+                             const int32_t *region_fd, const int64_t *region_offset, const int64_t *region_pages,
+                             const int32_t *files, unsigned nfiles, int *err) {
+    struct st_eng *e = calloc(1, sizeof(*e));
+    if (!e) { *err = ENOMEM; return NULL; }
+    e->entries = entries;
+    e->depth = depth;
+    e->wait_batch = wait_batch ? wait_batch : 1;
+    e->len = len;
+    e->nregions = nregions;
+    e->region_fd = malloc(sizeof(int32_t) * (nregions ? nregions : 1));
+    e->region_offset = malloc(sizeof(int64_t) * (nregions ? nregions : 1));
+    e->region_pages = malloc(sizeof(int64_t) * (nregions ? nregions : 1));
+    if (!e->region_fd || !e->region_offset || !e->region_pages) { *err = ENOMEM; goto fail; }
+    memcpy(e->region_fd, region_fd, sizeof(int32_t) * nregions);
+    memcpy(e->region_offset, region_offset, sizeof(int64_t) * nregions);
+    memcpy(e->region_pages, region_pages, sizeof(int64_t) * nregions);
+    if (nfiles <= ST_MAX_FILES) {
+        memcpy(e->files, files, sizeof(int32_t) * nfiles);
+        e->nfiles = nfiles;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&e->work, NULL);
+    pthread_cond_init(&e->done, &ca);
+    pthread_condattr_destroy(&ca);
+    int rc = pthread_create(&e->thread, NULL, eng_main, e);
+    if (rc != 0) { *err = rc; goto fail; }
+    pthread_mutex_lock(&e->mu);
+    while (!e->started) pthread_cond_wait(&e->done, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    if (e->err) {
+        *err = e->err;
+        pthread_join(e->thread, NULL);
+        goto fail;
+    }
+    return e;
+fail:
+    free(e->region_fd);
+    free(e->region_offset);
+    free(e->region_pages);
+    free(e);
+    return NULL;
+}
+
+unsigned st_eng_flags(const struct st_eng *e) { return e->setup_flags; }
+
+/* Hold (1) or release (0) the queue: a held engine starts no batch, so a test can make a batch land late
+ * for real. Stopping the engine releases it. */
+void st_eng_hold(struct st_eng *e, int on) {
+    pthread_mutex_lock(&e->mu);
+    e->held = on;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Queue reads i < n: page page[i] of region region[i] into buffer buffer[i] of the pool of
+ * `pool_buffers` buffers of `len` bytes at `pool_addr`. The arrays are copied; returns the job,
+ * or NULL with *err = i + 1 for the first read naming a region, page or buffer out of range
+ * (nothing queued), -ENOMEM, or -ESHUTDOWN once the engine is stopping. */
+struct st_job *st_eng_submit(struct st_eng *e, int n, const int32_t *region, const int64_t *page,
+                             const int32_t *buffer, uint64_t pool_addr, int64_t pool_buffers, int64_t *err) {
+    for (int i = 0; i < n; i++) {
+        int32_t g = region[i];
+        if (g < 0 || g >= e->nregions || page[i] < 0 || page[i] >= e->region_pages[g] || buffer[i] < 0 ||
+            buffer[i] >= pool_buffers) {
+            *err = (int64_t)i + 1;
+            return NULL;
+        }
+    }
+    size_t each = 3 * sizeof(int64_t) + 4 * sizeof(int32_t);
+    struct st_job *j = malloc(sizeof(*j) + each * (size_t)(n ? n : 1));
+    if (!j) { *err = -ENOMEM; return NULL; }
+    int64_t *w = (int64_t *)(j + 1);   /* 8-byte arrays first, then the 4-byte ones */
+    j->page = w;
+    j->offsets = w + n;
+    j->addrs = (uint64_t *)(w + 2 * n);
+    j->region = (int32_t *)(w + 3 * n);
+    j->buffer = j->region + n;
+    j->fds = j->buffer + n;
+    j->res = j->fds + n;
+    memcpy(j->page, page, sizeof(int64_t) * n);
+    memcpy(j->region, region, sizeof(int32_t) * n);
+    memcpy(j->buffer, buffer, sizeof(int32_t) * n);
+    for (int i = 0; i < n; i++) j->res[i] = INT32_MIN;
+    j->n = n;
+    j->next = NULL;
+    j->pool_addr = pool_addr;
+    j->pool_len = (uint64_t)pool_buffers * e->len;
+    j->done = 0;
+    j->first_bad = -1;
+    j->end_ns = j->cpu_ns = 0;
+    j->submit_ns = mono_ns();
+    pthread_mutex_lock(&e->mu);
+    if (e->stop) {
+        pthread_mutex_unlock(&e->mu);
+        free(j);
+        *err = -ESHUTDOWN;
+        return NULL;
+    }
+    j->prev_all = NULL;
+    j->next_all = e->all;
+    if (e->all) e->all->prev_all = j;
+    e->all = j;
+    if (n == 0) {
+        j->done = 1;
+        j->end_ns = j->submit_ns;
+    } else {
+        if (e->tail) e->tail->next = j; else e->head = j;
+        e->tail = j;
+        pthread_cond_signal(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    *err = 0;
+    return j;
+}
+
+/* Block until job j is done, at most timeout_ns (< 0: no limit). 0 done, ETIMEDOUT not yet.
+ * On done, info = [first bad read or -1, submit_ns, end_ns, cpu_ns, buffer registrations refused,
+ * file registration refused (0/1)]. */
+int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t *info) {
+    pthread_mutex_lock(&e->mu);
+    if (!j->done && timeout_ns != 0) {
+        if (timeout_ns < 0) {
+            while (!j->done) pthread_cond_wait(&e->done, &e->mu);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_MONOTONIC, &ts);
+            int64_t at = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + timeout_ns;
+            ts.tv_sec = at / 1000000000;
+            ts.tv_nsec = at % 1000000000;
+            while (!j->done && pthread_cond_timedwait(&e->done, &e->mu, &ts) != ETIMEDOUT) {}
+        }
+    }
+    int done = j->done;
+    if (done) {
+        info[0] = j->first_bad;
+        info[1] = j->submit_ns;
+        info[2] = j->end_ns;
+        info[3] = j->cpu_ns;
+        info[4] = e->buffers_refused;
+        info[5] = e->files_refused;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return done ? 0 : ETIMEDOUT;
+}
+
+/* Copy a job's reads as submitted into region[n], page[n], buffer[n], and, once it is done, its
+ * results (bytes read or -errno per read) into res[n]. */
+void st_eng_reads(struct st_job *j, int32_t *region, int64_t *page, int32_t *buffer, int32_t *res) {
+    memcpy(region, j->region, sizeof(int32_t) * j->n);
+    memcpy(page, j->page, sizeof(int64_t) * j->n);
+    memcpy(buffer, j->buffer, sizeof(int32_t) * j->n);
+    memcpy(res, j->res, sizeof(int32_t) * j->n);
+}
+
+/* Forget a done job (its memory is freed). */
+void st_eng_release(struct st_eng *e, struct st_job *j) {
+    pthread_mutex_lock(&e->mu);
+    if (j->prev_all) j->prev_all->next_all = j->next_all; else e->all = j->next_all;
+    if (j->next_all) j->next_all->prev_all = j->prev_all;
+    pthread_mutex_unlock(&e->mu);
+    free(j);
+}
+
+/* Finish every queued batch, stop the thread, free the ring and every job not released. */
+void st_eng_destroy(struct st_eng *e) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_signal(&e->work);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+    while (e->all) {
+        struct st_job *j = e->all;
+        e->all = j->next_all;
+        free(j);
+    }
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->work);
+    pthread_cond_destroy(&e->done);
+    free(e->region_fd);
+    free(e->region_offset);
+    free(e->region_pages);
+    free(e);
 }
