@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -158,10 +158,20 @@ def demo_stage_report(layers: int, rows: int, ranks: int, regions: int, nbytes: 
     return "\n".join(lines)
 
 
-def timeline_table(profile, runs: Sequence) -> str:
+def _planner_cell(planner_ms: Mapping[tuple[int, str], float] | None, batch: int, name: str, step: float) -> str:
+    """The planner column's two cells ('' without predictions, '-' where none was made)."""
+    if planner_ms is None:
+        return ""
+    p = planner_ms.get((batch, name))
+    return f"{'-':>7} {'-':>6} " if p is None else f"{p:7.2f} {100 * p / step:+5.1f}% "
+
+
+def timeline_table(profile, runs: Sequence, planner_ms: Mapping[tuple[int, str], float] | None = None) -> str:
     """The step-timeline table (serve.timeline.run_sweep): per batch and placement, measured overhead per step
-    (mean and min..max over runs, ms and % of the profile's step) beside Eq. 1's prediction, then whether the
-    placements are told apart by more than the run-to-run spread. First line: the profile and what is real."""
+    (mean and min..max over runs, ms and % of the profile's step) beside Eq. 1's prediction (and, with
+    `planner_ms` keyed by (B, placement), the planner's prediction made before the runs: serve.predict), then
+    whether the placements are told apart by more than the run-to-run spread. First line: the profile and what
+    is real."""
     lines = [profile.header]
     groups: dict[tuple[int, str], list] = {}
     for r in runs:
@@ -171,7 +181,8 @@ def timeline_table(profile, runs: Sequence) -> str:
     layers = tuple(next(iter(groups.values()))[0].summary.read_ms)
     l1, l2 = layers[:2]
     lines.append(f"{'B':>4} {'placement':18} {'runs':>4} {'profile':>7} {'stall/step':>10} {'%':>6} {'min..max':>13} "
-                 f"{'Eq.1':>6} {'%':>6} {'p99':>6} {'s':>5} {f'read L{l1}':>8} {f'read L{l2}':>8} "
+                 f"{'Eq.1':>6} {'%':>6} " + (f"{'planner':>7} {'%':>6} " if planner_ms is not None else "") +
+                 f"{'p99':>6} {'s':>5} {f'read L{l1}':>8} {f'read L{l2}':>8} "
                  f"{f'pg L{l1}':>6} {f'pg L{l2}':>6} {f'hit L{l1}':>6} {f'hit L{l2}':>6} {'pass':>5}")
     spans: dict[int, list[tuple[str, float, float]]] = {}
     for (batch, name), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], stat([r.summary.stall_ms
@@ -186,7 +197,8 @@ def timeline_table(profile, runs: Sequence) -> str:
         spans.setdefault(batch, []).append((name, lo, hi))
         lines.append(
             f"{batch:>4} {name:18} {len(rs):>4} {step:7.2f} {m:7.2f} ms {100 * m / step:+5.1f}% {lo:6.2f}..{hi:<6.2f}"
-            f"{pred:6.2f} {100 * pred / step:+5.1f}% {avg(lambda s: s.p99_stall_ms):6.2f} {avg(lambda s: s.s_ms):5.2f} "
+            f"{pred:6.2f} {100 * pred / step:+5.1f}% " + _planner_cell(planner_ms, batch, name, step) +
+            f"{avg(lambda s: s.p99_stall_ms):6.2f} {avg(lambda s: s.s_ms):5.2f} "
             f"{avg(lambda s: s.read_ms[l1]):8.2f} {avg(lambda s: s.read_ms[l2]):8.2f} "
             f"{avg(lambda s: s.pages[l1]):6.0f} {avg(lambda s: s.pages[l2]):6.0f} "
             f"{fmt_pct(avg(lambda s: s.hit_rate[l1])):>6} {fmt_pct(avg(lambda s: s.hit_rate[l2])):>6} "
@@ -198,7 +210,10 @@ def timeline_table(profile, runs: Sequence) -> str:
                      f"{sum(r.mismatches for r in checked)} mismatching rows")
     lines.append("stall/step: measured wait for rows past each layer's scheduled start (and begin_step overrun), "
                  "the dequant pass ('pass', ms, all layers) excluded; Eq. 1: predicted from the same steps' s and "
-                 "read times; min..max over shuffled runs; ms and % of the profile's step.")
+                 "read times; min..max over shuffled runs; ms and % of the profile's step."
+                 + (" planner: predicted before the runs from the profile's windows, the read fit, the fit half's "
+                    "miss-page curves and the fit configurations' s(B) and kappa (serve.predict)."
+                    if planner_ms is not None else ""))
     for batch, sp in sorted(spans.items()):
         sp = sorted(sp, key=lambda t: t[1])
         overlaps = [f"{a[0]} / {b[0]}" for a, b in zip(sp, sp[1:]) if b[1] <= a[2]]

@@ -1,0 +1,497 @@
+"""The planner's prediction of the step timeline, made before the runs; injected delays (issue 13, item 5).
+
+Prediction of one (placement, B) on a profile, from inputs fixed before any timed run:
+
+    windows W_l        the profile at B (serve.timeline.ComputeProfile.times)
+    read-time model    per tier, the probe read fit (`read_fit`, the protocol of benchmarks/bench_probe_readfit.py)
+                       on the staged table's own regions, through the tier's page sources as the engine opens
+                       them: T_first = a + b_11 P_first + b_12 P_second, T_second = a' + b_21 P_first + b_22 P_second
+                       (plan.fit.ReadTimeModel, one per submission position)
+    pages P_l          miss-page curves P_l(rows) of the FIT half of the traffic (`fit_miss_curves`), replayed
+                       with the timeline's protocol (same B, same turns; the served cache's CLOCK); the timed runs
+                       replay the held-out half
+    resolve time s     s(B) = s0 + s1 * B, least squares over the fit configurations' measured mean s
+    kappa              the mean residual over the fit configurations (plan.fit.fit_kappa)
+
+and then plan.exposure (Eq. 1 generalized) gives the stall per step. Only s and kappa come from timed runs, and
+only from the fit configurations (`Calibration`); every other run is held out and scored with plan.fit.fit_quality.
+
+Why the read fit's own models and not the planner's TierSpec (a, b, c): the TierSpec form says the table
+submitted second pays b for every page of the first (a FIFO tier, the paper's NVMe). On this VM's disk the
+engine's two sources are served side by side: the read fit gives T_second = 10.5 us P_first + 22 us P_second
+against T_first = 31 us P_first + 3.7 us P_second, so the TierSpec form doubles layer 14's read time when both
+layers are on the disk, and its held-out R^2 was -0.25 where the read fit's models gave 0.75 on the same runs
+(BENCHMARKS.md, "Step timeline: the planner's predictions", 13:57 run). Both are computed (`model=`).
+
+Injected delays (the paper's Table 3): `DelayedEngine` hands layer l's rows out no earlier than D_l after the
+step started (the runner's t0, before the step's ids are pulled and hashed), so Eq. 1 with s + T_l = D_l and
+the profile's windows predicts the stall; with the table in DRAM the real reads finish well before D_l.
+
+Worked example (B=8 chat on v41_paper: W1 = 0.101, W14 = 3.4971 ms): D = (2.5, 6) ms ->
+d1 = 2.399, d14 = [6 - 3.4971 - 2.399]+ = 0.104, predicted 2.503 ms; the sum of excesses says 4.902.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from dataclasses import dataclass, field
+from typing import Iterator, Mapping, Sequence
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.plan.curves import MissCurve, MissCurves
+from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.plan.fit import FitQuality, ReadTimeFit, ReadTimeModel, Run, fit_kappa, fit_quality, fit_read_time
+from slacktier.plan.planner import predict_fixed_placement
+from slacktier.plan.tiers import TierSpec
+from slacktier.plan.types import TableDemand
+from slacktier.serve.tiers import Placement
+from slacktier.serve.timeline import (Clock, ComputeProfile, RealClock, StepTimes, SweepConfig, SweepRun,
+                                      TimelineRunner, TimelineStep, summarize)
+
+
+# ---- the probe read fit on the staged table -------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TierReadFit:
+    """A tier's read-time model from the probe read fit: the planner's TierSpec and both layers' fits."""
+
+    spec: TierSpec           # a, b from the first-submitted layer's own pages, c from the other layer's
+    first: ReadTimeFit       # T of the layer submitted first, on the runs' first two thirds
+    second: ReadTimeFit      # T of the layer submitted second
+    held_first: FitQuality   # the first fit scored on the last third of the runs
+    held_second: FitQuality
+    layers: tuple[int, int]  # (submitted first, second)
+
+
+def read_fit(tier: str, manifest, layers: tuple[int, int], *, runs: int = 45, max_pages: tuple[int, int] = (3000, 3000),
+             options=None, seed: int = 0, holds_table: bool | None = None) -> TierReadFit:
+    """The probe read fit of `tier` over `manifest`'s rank-0 regions of `layers`: per run random page counts
+    (P_first, P_second), the first layer's pages submitted first, each layer's read time (submit to last
+    completion, the source's own clock, as the engine reports it); least squares on the first two thirds.
+
+    Worked example: T_first = 0.3 + 0.02 P_first + 0.01 P_second (ms) gives
+    TierSpec(intercept_ms=0.3, page_ms=0.02, contention_page_ms=0.01).
+    """
+    from slacktier.store.base import PageBufferPool
+    from slacktier.store.registry import open_source
+
+    if runs < 9:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{runs} read-fit runs", fix="use at least 9 runs (6 to fit)")
+    regions = [manifest.runtime_regions(layer=l, rank=0) for l in layers]
+    sources = [open_source(tier, r, options) for r in regions]
+    pools = [PageBufferPool(m) for m in max_pages]
+    rng = np.random.default_rng(seed)
+    pages_drawn, t_ms = [], []
+    try:
+        for _ in range(3):   # warm-up: threads, rings, first touches
+            for src, reg, pool in zip(sources, regions, pools):
+                src.wait(src.submit(_random_reads(64, reg[0].pages, rng), pool))
+        for _ in range(runs):
+            counts = [int(rng.integers(1, min(m, r[0].pages) + 1)) for m, r in zip(max_pages, regions)]
+            reads = [_random_reads(n, r[0].pages, rng) for n, r in zip(counts, regions)]
+            t0 = time.perf_counter()
+            tickets = []
+            for src, q, pool in zip(sources, reads, pools):
+                lag = time.perf_counter() - t0   # the second layer is submitted after the first: same clock
+                tickets.append((src.submit(q, pool), lag))
+            t_ms.append([src.wait(t).read_us / 1e3 + lag * 1e3 for src, (t, lag) in zip(sources, tickets)])
+            pages_drawn.append(counts)
+    finally:
+        for src in sources:
+            src.close()
+    P = np.asarray(pages_drawn, dtype=np.float64)   # [runs, 2]
+    T = np.asarray(t_ms, dtype=np.float64)          # [runs, 2]
+    n_fit = (2 * runs) // 3
+    fits = [fit_read_time(list(layers), P[:n_fit], T[:n_fit, i]) for i in range(2)]
+    held = [fit_quality([f.model.predict_ms(dict(zip(layers, p))) for p in P[n_fit:]], T[n_fit:, i])
+            for i, f in enumerate(fits)]
+    a = fits[0].model.intercept_ms
+    b, c = fits[0].model.per_page_ms
+    if holds_table is None:
+        from slacktier.plan.tiers import _in_host_memory
+        holds_table = _in_host_memory(tier)
+    # a fit can come out slightly negative on a noisy disk; the planner's tiers take coefficients >= 0
+    spec = TierSpec(tier, max(0.0, a), max(0.0, b), max(0.0, c), holds_table=holds_table)
+    return TierReadFit(spec, fits[0], fits[1], held[0], held[1], tuple(layers))
+
+
+def _random_reads(n: int, region_pages: int, rng: np.random.Generator):
+    from slacktier.store.base import PageReads
+
+    pages = np.sort(rng.choice(region_pages, size=n, replace=False)).astype(np.int64)
+    return PageReads(region=np.zeros(n, dtype=np.int32), page=pages, buffer=np.arange(n, dtype=np.int32))
+
+
+# ---- miss-page curves from the fit half -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FitCurves:
+    """Miss-page curves of full-batch decode steps of the fit half at one B, and how they were made."""
+
+    curves: MissCurves
+    batch: int             # the B predicted for
+    replayed_batch: int    # the B the fit half was replayed at (< batch: it has too few sessions; pages scaled)
+    sessions: int          # fit-half sessions available
+    steps: int             # full-batch decode steps averaged
+
+    @property
+    def note(self) -> str:
+        """'' when the fit half filled B, else what was scaled."""
+        if self.replayed_batch == self.batch:
+            return ""
+        return (f"B={self.batch}: the fit half has {self.sessions} sessions, so its curve is replayed at "
+                f"B={self.replayed_batch} and pages scaled by {self.batch}/{self.replayed_batch}")
+
+
+def fit_miss_curves(cfg: SweepConfig, fit_sessions: Sequence, hasher, batch: int,
+                    capacities_rows: Sequence[int]) -> FitCurves:
+    """P_l(rows) of the first `cfg.decode_steps` full-batch decode steps of the fit sessions replayed as the
+    timeline replays its traffic (prefill warms, CLOCK with step pins: the served cache's policy).
+
+    Worked example: rows 0, 14, 15 missed in one decode step -> pages 0, 0, 1 -> 2 pages (15 rows a page).
+    """
+    from slacktier.workloads.characterize import decode_step_pages, prepare_layer, run_policy
+    from slacktier.workloads.replay import ReplayConfig, collect_trace, replay_steps
+
+    if not fit_sessions:
+        raise SlackTierError(ErrorKind.MISSING, "no fit-half sessions for the miss-page curves",
+                             fix="use traffic with a fit half (workloads.split)")
+    b = min(batch, len(fit_sessions))
+    rc = ReplayConfig(batch=b, decode_tokens=cfg.decode_tokens, prefill_chunk_tokens=cfg.prefill_chunk_tokens)
+    steps, full = [], 0
+    for st in replay_steps(list(fit_sessions), hasher, rc):
+        steps.append(st)
+        full += st.kind == "decode" and st.num_tokens == b
+        if full >= cfg.decode_steps:
+            break
+    if full == 0:
+        raise SlackTierError(ErrorKind.MISSING, f"the fit half ran no full B={b} decode step",
+                             fix="use more decode tokens per turn or a smaller B")
+    trace = collect_trace(iter(steps), hasher, cfg.workload, b)
+    dec_steps = np.unique(trace.token_step[trace.token_decode])
+    per_step = np.bincount(trace.token_step, minlength=int(trace.token_step.max()) + 1)
+    is_full = per_step[dec_steps] == b                        # [decode steps] bool
+    caps = sorted({int(c) for c in capacities_rows} | {0})
+    layers: dict[int, MissCurve] = {}
+    for layer in trace.layer_ids:
+        prep = prepare_layer(trace, layer)
+        pages = []
+        for c in caps:
+            hit = (np.zeros(prep.ids.shape[0], dtype=np.uint8) if c == 0
+                   else run_policy(prep, "clock", c))
+            pages.append(float(decode_step_pages(prep, hit)[is_full].mean()) * batch / b)
+        layers[int(layer)] = MissCurve(tuple(float(c) for c in caps), tuple(pages))
+    return FitCurves(MissCurves(cfg.workload, batch, layers), batch, b, len(fit_sessions), int(is_full.sum()))
+
+
+# ---- the prediction and its calibration -----------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Calibration:
+    """What the timed fit configurations set: s(B) = s0 + s1 * B and kappa."""
+
+    s0_ms: float
+    s1_ms: float         # per sequence of the batch
+    kappa_ms: float
+    runs: int
+
+    def resolve_ms(self, batch: int) -> float:
+        """Modelled resolve time s at `batch` (never below 0)."""
+        return max(0.0, self.s0_ms + self.s1_ms * batch)
+
+
+@dataclass(frozen=True)
+class PlannerInputs:
+    """Everything the planner's timeline prediction uses, all fixed before a timed run."""
+
+    profile: ComputeProfile
+    workload: str
+    tiers: Mapping[str, TierSpec]
+    curves: Mapping[int, FitCurves]   # by B
+    table_rows: Mapping[int, int]     # rows of each layer's table (this rank)
+    # per tier, the read fit's own models of the table submitted first and of the one submitted second
+    models: Mapping[str, tuple[ReadTimeModel, ReadTimeModel]] = field(default_factory=dict)
+
+    def times(self, batch: int, layers: Sequence[int]) -> StepTimes:
+        """The profile's windows and step at `batch`."""
+        return self.profile.times(batch, self.workload, layers)
+
+
+MODELS = ("readfit", "tierspec")
+
+
+@dataclass(frozen=True)
+class StepPrediction:
+    """The predicted step: each layer's window and read time (window order), pages, s, kappa and the stall."""
+
+    reads: tuple[LayerRead, ...]
+    pages: dict[int, float]
+    resolve_ms: float
+    kappa_ms: float
+    slowdown_ms: float
+
+
+def predict(inputs: PlannerInputs, placement: Placement, batch: int, cal: Calibration | None = None,
+            model: str = "readfit") -> StepPrediction:
+    """The predicted stall per step of `placement` at `batch`; `cal` None: s = 0 and kappa = 0.
+
+    model "tierspec": plan.planner.predict_fixed_placement with each tier's TierSpec (the paper's form: a table
+    pays b for its own pages and every page submitted before it on its tier, c for those after).
+    model "readfit": the read fit's own per-layer models (plan.fit.ReadTimeModel: T = a + b_own P_own +
+    b_other P_other, one for the table submitted first on a tier, one for the second; a table alone on its
+    tier uses the first model with its own pages), then plan.exposure. Pages from the fit half's curves either
+    way. Worked example: both on disk, T_first = 0.3 + 0.02 P1 + 0.01 P14, T_second = 0.4 + 0.005 P1 +
+    0.015 P14, P = (100, 200) -> T1 = 4.3, T14 = 3.9 (the tierspec form would say 0.3 + 0.02 * 300 = 6.3).
+    """
+    if model not in MODELS:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown prediction model {model!r}", fix=f"use one of {MODELS}")
+    if batch not in inputs.curves:
+        raise SlackTierError(ErrorKind.MISSING, f"no miss-page curves for B={batch}",
+                             fix="compute fit-half curves (fit_miss_curves) for every B of the sweep")
+    curves = inputs.curves[batch].curves
+    layers = sorted(curves.by_layer)
+    times = inputs.times(batch, layers)
+    have = inputs.tiers if model == "tierspec" else inputs.models
+    missing = sorted({placement.tier(l) for l in layers} - set(have))
+    if missing:
+        raise SlackTierError(ErrorKind.MISSING, f"placement {placement.name} uses tiers {missing} without a "
+                             "read-time model", fix="run the read fit (read_fit) on every tier of the sweep")
+    s = cal.resolve_ms(batch) if cal else 0.0
+    kappa = cal.kappa_ms if cal else 0.0
+    if model == "tierspec":
+        tables = [TableDemand(l, int(inputs.table_rows[l]), "", times.windows_ms[l]) for l in layers]
+        plan = predict_fixed_placement(
+            tables, {l: placement.tier(l) for l in layers}, {l: placement.share(l) for l in layers},
+            list(inputs.tiers.values()), curves.by_layer, placement.cache_rows,
+            order={l: i for i, l in enumerate(layers)},   # the engine submits in depth = window order
+            resolve_ms=s, kappa_ms=kappa)
+        return StepPrediction(tuple(LayerRead(t.layer, t.window_ms, t.read_ms) for t in plan.tables),
+                              {t.layer: t.pages_per_step for t in plan.tables}, s, kappa, plan.slowdown_ms)
+    pages = {l: float(curves.curve(l).pages_at(placement.share(l) * placement.cache_rows)) for l in layers}
+    reads = []
+    for l in layers:   # depth order = submission order
+        same = [j for j in layers if placement.tier(j) == placement.tier(l)]
+        first, second = inputs.models[placement.tier(l)]
+        m = first if same.index(l) == 0 else second
+        # the fit's page slots are (submitted first, second); this tier's tables take them in submission order
+        coef = dict(zip(m.layers, m.per_page_ms))
+        read_ms = m.intercept_ms + sum(coef[slot] * pages[j] for j, slot in zip(same, m.layers))
+        reads.append(LayerRead(l, times.windows_ms[l], max(0.0, read_ms)))
+    exp = exposure(reads, resolve_ms=s, kappa_ms=kappa)
+    return StepPrediction(tuple(reads), pages, s, kappa, exp.slowdown_ms)
+
+
+def calibrate(inputs: PlannerInputs, fit_runs: Sequence[tuple[Placement, SweepRun]],
+              model: str = "readfit") -> Calibration:
+    """s(B) by least squares over the fit runs' mean s, then kappa (plan.fit.fit_kappa) from the predicted
+    reads at those runs and their measured stall; refuses an empty fit set."""
+    if not fit_runs:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "no fit runs to calibrate s and kappa on",
+                             fix="name at least one fit configuration that ran")
+    B = np.array([r.batch for _, r in fit_runs], dtype=np.float64)
+    s = np.array([r.summary.s_ms for _, r in fit_runs], dtype=np.float64)
+    if np.unique(B).size >= 2:
+        s1, s0 = (float(x) for x in np.polyfit(B, s, 1))
+    else:
+        s1, s0 = 0.0, float(s.mean())
+    cal = Calibration(s0, s1, 0.0, len(fit_runs))
+    runs = [Run(reads=predict(inputs, p, r.batch, model=model).reads, slowdown_ms=r.summary.stall_ms,
+                resolve_ms=cal.resolve_ms(r.batch)) for p, r in fit_runs]
+    return Calibration(s0, s1, fit_kappa(runs).kappa_ms, len(fit_runs))
+
+
+# ---- injected delays -----------------------------------------------------------------------------------
+
+@dataclass
+class DelayedEngine:
+    """A timeline engine whose layer l rows are handed out no earlier than `delays_ms[l]` after the step
+    started (`t0`, set by `run_delayed_replay`); the wrapped engine still resolves, reads and gathers every row."""
+
+    inner: object
+    delays_ms: Mapping[int, float]
+    clock: Clock = field(default_factory=RealClock)
+    t0: float = 0.0
+
+    def begin_step(self, ids: np.ndarray) -> None:
+        """The wrapped engine's begin_step."""
+        self.inner.begin_step(ids)
+
+    def gather(self, layer: int) -> object:
+        """Wait until the layer's delay has passed since the step started, then the wrapped gather."""
+        self.clock.wait_until(self.t0 + self.delays_ms.get(layer, 0.0) / 1e3)
+        return self.inner.gather(layer)
+
+    def end_step(self) -> object:
+        """The wrapped engine's end_step."""
+        return self.inner.end_step()
+
+
+def run_delayed_replay(runner: TimelineRunner, engine: DelayedEngine, steps: Iterator, batch: int,
+                       decode_steps: int) -> list[TimelineStep]:
+    """serve.timeline.run_replay with the delay clock of `engine` started at each step's t0."""
+    out: list[TimelineStep] = []
+    clock = runner.clock
+    while len(out) < decode_steps:
+        t0 = clock.now()
+        st = next(steps, None)
+        if st is None:
+            break
+        engine.t0 = t0
+        if st.kind == "decode" and st.num_tokens == batch:
+            out.append(runner.step(st.ids, t0=t0))
+        else:
+            runner.warm(st.ids)
+    return out
+
+
+def delay_prediction(times: StepTimes, delays_ms: Mapping[int, float], coupled: bool = True) -> float:
+    """Eq. 1 (or the sum of excesses, coupled=False) with s + T_l = D_l and the profile's windows."""
+    return exposure([LayerRead(l, times.windows_ms[l], float(delays_ms.get(l, 0.0))) for l in sorted(times.windows_ms)],
+                    coupled=coupled).slowdown_ms
+
+
+# ---- a sweep of given jobs on one staged table ------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Job:
+    """One timed configuration: a placement at B, with optional injected delays (layer, ms from step start)."""
+
+    batch: int
+    placement: Placement
+    delays_ms: tuple[tuple[int, float], ...] = ()
+    group: str = "load"      # which report it belongs to (load, split, delays)
+
+    @property
+    def label(self) -> str:
+        """The placement's name, with its delays."""
+        if not self.delays_ms:
+            return self.placement.name
+        return self.placement.name + "+delay " + "/".join(f"{ms:g}" for _, ms in self.delays_ms)
+
+
+def run_jobs(tiers, cfg: SweepConfig, jobs: Sequence[Job], pools: Mapping[int, list], hasher,
+             times: Mapping[int, StepTimes], progress: bool = False) -> list[tuple[Job, SweepRun]]:
+    """Every job `cfg.runs` times, shuffled per repetition, on one staged TierSet (the protocol of
+    serve.timeline.run_sweep: cold cache per run, prefill warms off the timeline, the checker after)."""
+    from slacktier.serve.timeline import _checked_steps, run_replay
+    from slacktier.workloads.replay import ReplayConfig, replay_steps
+
+    rng = np.random.default_rng(cfg.seed)
+    out: list[tuple[Job, SweepRun]] = []
+    for rep in range(cfg.runs):
+        for order, k in enumerate(rng.permutation(len(jobs))):
+            job = jobs[k]
+            tiers.provider(job.placement)   # switches the one engine in place, cold cache
+            rc = ReplayConfig(batch=job.batch, decode_tokens=cfg.decode_tokens,
+                              prefill_chunk_tokens=cfg.prefill_chunk_tokens)
+            replay = iter(replay_steps(pools[job.batch], hasher, rc))
+            if job.delays_ms:
+                engine = DelayedEngine(tiers.engine, dict(job.delays_ms))
+                runner = TimelineRunner(engine, times[job.batch])
+                steps = run_delayed_replay(runner, engine, replay, job.batch, cfg.decode_steps)
+                checked, mism = 0, 0
+            else:
+                runner = TimelineRunner(tiers.engine, times[job.batch])
+                steps = run_replay(runner, replay, job.batch, cfg.decode_steps)
+                checked, mism = _checked_steps(tiers.engine, runner, replay, job.batch, cfg.check_steps)
+            run = SweepRun(job.label, job.batch, rep, order, times[job.batch].step_ms, summarize(steps),
+                           checked, mism)
+            out.append((job, run))
+            if progress:
+                print(f"  run {rep + 1}/{cfg.runs} B={job.batch} {job.label}: {run.summary.stall_ms:.2f} ms "
+                      "stall/step", flush=True)
+    return out
+
+
+# ---- the whole protocol: inputs before the runs, the runs, calibration on the fit set, predictions -----------
+
+@dataclass
+class PlannerSweep:
+    """A sweep's runs with the planner's predictions (see the module docstring) and what they came from."""
+
+    profile: ComputeProfile
+    layer_ids: tuple[int, ...]
+    table_rows: int                          # rows per layer of the scaled table
+    fits: dict[str, TierReadFit]
+    inputs: PlannerInputs
+    cal: Calibration
+    done: list[tuple[Job, SweepRun]]
+    is_fit: list[bool]                       # per entry of `done`: a fit configuration (sets s and kappa)
+    predicted_ms: dict[tuple[int, str], float]   # (B, label) -> the planner's stall per step
+    holdout_sessions: int
+    fit_sessions: int
+    cal_tierspec: Calibration | None = None                            # the same with the TierSpec form
+    predicted_tierspec_ms: dict[tuple[int, str], float] = field(default_factory=dict)
+
+    def held_out(self, group: str | None = None, held_out_sessions_only: bool = False) -> list[tuple[Job, SweepRun]]:
+        """Runs not in the fit set (of `group`; with `held_out_sessions_only`, only B the held-out half fills)."""
+        return [(j, r) for (j, r), f in zip(self.done, self.is_fit)
+                if not f and j.group != "delays" and (group is None or j.group == group)
+                and (not held_out_sessions_only or j.batch <= self.holdout_sessions)]
+
+    def quality(self, rows: Sequence[tuple[Job, SweepRun]], model: str = "readfit") -> FitQuality | None:
+        """RMSE and R^2 of the prediction against the measured stall per step over `rows` (None: under 2 runs)."""
+        if len(rows) < 2:
+            return None
+        pred = self.predicted_ms if model == "readfit" else self.predicted_tierspec_ms
+        return fit_quality([pred[(j.batch, j.label)] for j, _ in rows], [r.summary.stall_ms for _, r in rows])
+
+
+def planner_sweep(cfg: SweepConfig, jobs_of, is_fit, *, read_fit_runs: int = 30, max_cache_rows: int = 0,
+                  curve_points: int = 17, progress: bool = False) -> PlannerSweep:
+    """Stage the scaled table; fix the planner's inputs (read fits of disk and DRAM on its regions, fit-half
+    miss curves at every B the jobs use); run `jobs_of(first, second)` `cfg.runs` times shuffled; set s(B) and
+    kappa on the runs `is_fit(job)` picks; predict every job.
+
+    The traffic is serve.timeline.sweep_sessions' (held-out sessions first); a B it cannot fill is refused.
+    """
+    from slacktier.serve.runs import clip_sessions
+    from slacktier.serve.tiers import TierSet
+    from slacktier.serve.timeline import load_profile
+    from slacktier.tables.engram_hash import EngramLayout
+    from slacktier.workloads.corpus import CorpusConfig, load_workload
+    from slacktier.workloads.hashing import EngramLookupHasher
+
+    profile = load_profile(cfg.profile)
+    layout = EngramLayout.scaled(cfg.engram_vocab, (1, 14))
+    first, second = layout.layer_ids[:2]
+    hasher = EngramLookupHasher(layout)
+    jobs: list[Job] = list(jobs_of(first, second))
+    split = load_workload(cfg.workload, CorpusConfig(seed=cfg.seed, agent_sessions_per_source=1))
+    holdout = clip_sessions(split.holdout, cfg.max_session_tokens, cfg.max_turns)
+    fit = clip_sessions(split.fit, cfg.max_session_tokens, cfg.max_turns)
+    pool = holdout + fit
+    batches = sorted({j.batch for j in jobs})
+    for b in batches:
+        if len(pool) < b:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"B={b} needs {b} sessions; the {cfg.workload} traffic "
+                                 f"has {len(pool)} within {cfg.max_session_tokens} tokens",
+                                 fix="pick a smaller B or more traffic (no session is repeated to fill a batch)")
+    times = {b: profile.times(b, cfg.workload, layout.layer_ids) for b in batches}
+    cache_rows = max([cfg.cache_rows, max_cache_rows, *(j.placement.cache_rows for j in jobs)])
+    tiers = TierSet(Path(cfg.workdir) / "tables", layout, seed=cfg.seed + 1, max_cache_rows=cache_rows,
+                    max_tokens=max(cfg.prefill_chunk_tokens, *batches), devices=1, metrics=cfg.metrics)
+    try:
+        tiers.stage(device_counts=(1,), progress=progress)
+        if progress:
+            print("  read fit (disk, dram) on the staged regions; fit-half miss-page curves ...", flush=True)
+        fits = {t: read_fit(t, tiers.manifests[1], (first, second), runs=read_fit_runs, seed=cfg.seed)
+                for t in sorted({t for j in jobs for _, t in j.placement.tiers})}
+        caps = np.linspace(0, cache_rows, curve_points).astype(int).tolist()
+        curves = {b: fit_miss_curves(cfg, fit, hasher, b, caps) for b in batches}
+        inputs = PlannerInputs(profile, cfg.workload, {t: f.spec for t, f in fits.items()}, curves,
+                               {l: layout.rows(i) for i, l in enumerate(layout.layer_ids)},
+                               {t: (f.first.model, f.second.model) for t, f in fits.items()})
+        done = run_jobs(tiers, cfg, jobs, {b: pool for b in batches}, hasher, times, progress=progress)
+    finally:
+        tiers.close()
+    flags = [bool(is_fit(j)) for j, _ in done]
+    fit_runs = [(j.placement, r) for (j, r), f in zip(done, flags) if f]
+    cals = {m: calibrate(inputs, fit_runs, m) for m in MODELS}
+    pred = {m: {(j.batch, j.label): predict(inputs, j.placement, j.batch, cals[m], m).slowdown_ms
+                for j, _ in done if j.group != "delays"} for m in MODELS}
+    return PlannerSweep(profile, tuple(layout.layer_ids), layout.rows(0), fits, inputs, cals["readfit"], done, flags,
+                        pred["readfit"], len(holdout), len(fit), cals["tierspec"], pred["tierspec"])

@@ -1,0 +1,263 @@
+"""The planner's timeline prediction (serve.predict): exact numbers on hand-made inputs, injected delays on a fake
+clock, the read fit and the fit-half curves on real components, bad profiles (no wall-clock assertions)."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from slacktier.engine.counters import LayerCounters, StepCounters
+from slacktier.errors import SlackTierError
+from slacktier.plan.curves import MissCurve, MissCurves
+from slacktier.plan.fit import ReadTimeModel
+from slacktier.plan.tiers import TierSpec
+from slacktier.serve.predict import (Calibration, DelayedEngine, FitCurves, PlannerInputs, calibrate,
+                                     delay_prediction, fit_miss_curves, predict, read_fit, run_delayed_replay)
+from slacktier.serve.tiers import Placement
+from slacktier.serve.timeline import (PROFILES_DIR, StepTimes, SweepRun, TimelineRunner, TimelineSummary,
+                                      load_profile, profile_from_dict)
+
+DISK = TierSpec("disk", 0.3, 0.02, 0.01, holds_table=False)
+DRAM = TierSpec("dram", 0.05, 0.001, 0.0, holds_table=True)
+
+
+def inputs() -> PlannerInputs:
+    """B=128 agent on v41_paper (W1 0.27, W14 9.35); P1 100 -> 50 pages over 0..1000 rows, P14 200 -> 100."""
+    curves = MissCurves("agent", 128, {1: MissCurve((0.0, 1000.0), (100.0, 50.0)),
+                                       14: MissCurve((0.0, 1000.0), (200.0, 100.0))})
+    models = {"disk": (ReadTimeModel(0.3, (1, 14), (0.02, 0.01)), ReadTimeModel(0.4, (1, 14), (0.005, 0.015))),
+              "dram": (ReadTimeModel(0.05, (1, 14), (0.001, 0.0)), ReadTimeModel(0.05, (1, 14), (0.0, 0.001)))}
+    return PlannerInputs(load_profile("v41_paper"), "agent", {"disk": DISK, "dram": DRAM},
+                         {128: FitCurves(curves, 128, 128, 200, 16)}, {1: 300_000, 14: 300_000}, models)
+
+
+BOTH = ((1, "disk"), (14, "disk"))
+CAL = Calibration(s0_ms=0.5, s1_ms=0.0, kappa_ms=0.1, runs=1)
+
+
+def test_both_on_disk_uncached_is_eq1_on_the_tier_model():
+    # T1 = 0.3 + 0.02*100 + 0.01*200 = 4.3; T14 = 0.3 + 0.02*(100+200) = 6.3; s = 0.5
+    # d1 = 0.5 + 4.3 - 0.27 = 4.53; d14 = [0.5 + 6.3 - 9.35 - 4.53]+ = 0; + kappa 0.1
+    plan = predict(inputs(), Placement("disk", BOTH), 128, CAL, model="tierspec")
+    assert [r.read_ms for r in plan.reads] == pytest.approx([4.3, 6.3])
+    assert plan.slowdown_ms == pytest.approx(4.63)
+    # the read fit's own models: T14 = 0.4 + 0.005*100 + 0.015*200 = 3.9 (the second table's own fit)
+    fit = predict(inputs(), Placement("disk", BOTH), 128, CAL)
+    assert [r.read_ms for r in fit.reads] == pytest.approx([4.3, 3.9]) and fit.slowdown_ms == pytest.approx(4.63)
+    late = Calibration(s0_ms=6.0, s1_ms=0.0, kappa_ms=0.0, runs=1)
+    # s = 6: d1 = 6 + 4.3 - 0.27 = 10.03; d14 = [6 + 3.9 - 9.35 - 10.03]+ = 0 (tierspec: [6 + 6.3 - 9.35 - 10.03]+ = 0)
+    assert predict(inputs(), Placement("disk", BOTH), 128, late).slowdown_ms == pytest.approx(10.03)
+
+
+def test_layer1_in_dram_and_the_split_cache():
+    for model in ("tierspec", "readfit"):
+        plan = predict(inputs(), Placement("l1-dram", ((1, "dram"), (14, "disk"))), 128, CAL, model=model)
+        # T1 = 0.05 + 0.001*100 = 0.15 -> d1 = 0.38; layer 14 alone on disk: T14 = 0.3 + 0.02*200 = 4.3 -> d14 = 0
+        assert [r.read_ms for r in plan.reads] == pytest.approx([0.15, 4.3])
+        assert plan.slowdown_ms == pytest.approx(0.48)
+        split = predict(inputs(), Placement("split", BOTH, 1000, ((1, 0.5), (14, 0.5))), 128, CAL, model=model)
+        # P1(500) = 75, P14(500) = 150: T1 = 0.3 + 1.5 + 1.5 = 3.3 -> d1 = 3.53
+        assert [split.pages[1], split.pages[14]] == pytest.approx([75.0, 150.0])
+        assert split.slowdown_ms == pytest.approx(3.63)
+        assert predict(inputs(), Placement("split", BOTH, 1000, ((1, 0.5), (14, 0.5))), 128,
+                       model=model).slowdown_ms == pytest.approx(3.3 - 0.27)   # no calibration: s = 0, kappa = 0
+
+
+def test_prediction_refuses_a_batch_without_curves_and_a_tier_without_a_model():
+    with pytest.raises(SlackTierError, match="no miss-page curves for B=64"):
+        predict(inputs(), Placement("disk", BOTH), 64)
+    for model in ("tierspec", "readfit"):
+        with pytest.raises(SlackTierError, match="without a read-time model"):
+            predict(inputs(), Placement("remote", ((1, "redis-cluster"), (14, "disk"))), 128, model=model)
+    with pytest.raises(SlackTierError, match="unknown prediction model"):
+        predict(inputs(), Placement("disk", BOTH), 128, model="other")
+
+
+def _summary(stall: float, s: float) -> TimelineSummary:
+    z = {1: 0.0, 14: 0.0}
+    return TimelineSummary(steps=4, stall_ms=stall, predicted_ms=stall, p99_stall_ms=stall, s_ms=s, read_ms=dict(z),
+                           stall_layer_ms=dict(z), gather_ms=dict(z), pages=dict(z), hit_rate=dict(z))
+
+
+def test_calibration_fits_s_of_b_and_kappa_on_the_fit_runs():
+    inp = inputs()
+    inp = PlannerInputs(inp.profile, inp.workload, inp.tiers, {**inp.curves, 8: inp.curves[128]}, inp.table_rows,
+                        inp.models)
+    pl = Placement("disk", BOTH)
+    # s(B) = 0.2 + 0.01 B; measured = planner's stall at that s + 0.25
+    for model in ("tierspec", "readfit"):
+        runs = []
+        for b in (8, 128):
+            s = 0.2 + 0.01 * b
+            bare = predict(inp, pl, b, Calibration(s, 0.0, 0.0, 1), model=model).slowdown_ms
+            runs.append((pl, SweepRun("disk", b, 0, 0, 29.41, _summary(bare + 0.25, s))))
+        cal = calibrate(inp, runs, model=model)
+        assert (cal.s0_ms, cal.s1_ms, cal.kappa_ms) == pytest.approx((0.2, 0.01, 0.25))
+        assert predict(inp, pl, 128, cal, model=model).slowdown_ms == pytest.approx(runs[1][1].summary.stall_ms)
+    with pytest.raises(SlackTierError, match="no fit runs"):
+        calibrate(inp, [])
+
+
+# ---- injected delays -----------------------------------------------------------------------------------
+
+def test_delay_prediction_worked_example():
+    times = load_profile("v41_paper").times(8, "chat", (1, 14))
+    assert delay_prediction(times, {1: 2.5, 14: 6.0}) == pytest.approx(2.5 - 0.101 + 0.0 + (6 - 3.4971 - 2.399))
+    assert delay_prediction(times, {1: 2.5, 14: 6.0}, coupled=False) == pytest.approx(2.399 + 2.5029)
+    t128 = StepTimes("agent", 128, 29.41, {1: 0.27, 14: 9.35})
+    assert delay_prediction(t128, {1: 0.9, 14: 12.0}) == pytest.approx(2.65)   # the paper's Table 3 row
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 50.0
+
+    def now(self) -> float:
+        return self.t
+
+    def wait_until(self, deadline: float) -> None:
+        self.t = max(self.t, deadline)
+
+
+class ReadyEngine:
+    """Rows ready at once; begin_step takes 0.2 ms of host time; gathers cost nothing."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        self.clock = clock
+
+    def begin_step(self, ids) -> None:
+        self.clock.t += 0.2e-3
+
+    def gather(self, layer: int) -> None:
+        return None
+
+    def end_step(self) -> StepCounters:
+        return StepCounters(step=1, tokens=4, layers={l: LayerCounters(lookups=96) for l in (1, 14)})
+
+
+class S:
+    def __init__(self, kind: str, t: int, hash_ms: float, clock: FakeClock):
+        self.kind, self.ids, self.hash_ms, self.clock = kind, np.zeros((t, 2, 24), dtype=np.int64), hash_ms, clock
+
+    @property
+    def num_tokens(self) -> int:
+        return self.ids.shape[0]
+
+
+def _steps(clock: FakeClock, items):
+    for st in items:
+        clock.t += st.hash_ms / 1e3   # pulling a step hashes it: host time inside the step
+        yield st
+
+
+@pytest.mark.parametrize("d1, d14", [(0.4, 9.0), (0.9, 12.0), (1.5, 12.0), (2.5, 15.0)])
+def test_injected_delays_on_the_timeline_match_eq1(d1, d14):
+    clock = FakeClock()
+    times = StepTimes("agent", 128, 29.41, {1: 0.27, 14: 9.35})
+    engine = DelayedEngine(ReadyEngine(clock), {1: d1, 14: d14}, clock=clock)
+    runner = TimelineRunner(engine, times, clock=clock)
+    items = [S("prefill", 20, 0.1, clock), S("decode", 4, 0.1, clock), S("decode", 4, 0.1, clock)]
+    steps = run_delayed_replay(runner, engine, _steps(clock, items), 4, 5)
+    assert len(steps) == 2
+    # delays count from step start (before hashing), so hashing and begin_step (0.3 ms) hide inside them
+    for st in steps:
+        assert st.stall_total_ms == pytest.approx(delay_prediction(times, {1: d1, 14: d14}), abs=1e-9)
+
+
+# ---- the read fit and the fit-half curves on real components ----------------------------------------------
+
+@pytest.mark.parametrize("tier", ["dram", "disk"])
+def test_read_fit_on_a_staged_table_gives_a_tier_spec_and_both_layers_models(tmp_path, tier):
+    from slacktier.tables.stage import stage_synthetic
+
+    m = stage_synthetic([tmp_path / "t.bin"], {1: 30_000, 14: 30_000}, 1, 0, overwrite=True,
+                        manifest_path=tmp_path / "t.json")
+    fit = read_fit(tier, m, (1, 14), runs=9, max_pages=(200, 200))
+    assert fit.spec.name == tier and fit.spec.holds_table == (tier == "dram")
+    assert fit.first.model.layers == (1, 14) and fit.second.model.layers == (1, 14)
+    assert min(fit.spec.intercept_ms, fit.spec.page_ms, fit.spec.contention_page_ms) >= 0
+    assert fit.layers == (1, 14) and fit.first.quality.runs == 6 and fit.held_first.runs == 3
+    with pytest.raises(SlackTierError, match="at least 9 runs"):
+        read_fit("dram", m, (1, 14), runs=5)
+
+
+def test_fit_half_curves_fall_with_capacity_and_count_full_decode_steps():
+    from slacktier.serve.timeline import SweepConfig
+    from slacktier.tables.engram_hash import EngramLayout
+    from slacktier.workloads.hashing import EngramLookupHasher
+    from slacktier.workloads.sessions import TokenSession
+
+    layout = EngramLayout.scaled(300, (1, 14))
+    hasher = EngramLookupHasher(layout)
+    rng = np.random.default_rng(0)
+    sessions = [TokenSession(f"s{i}", "test", "chat", rng.integers(0, 5000, 60).astype(np.int32),
+                             np.array([30]), np.array([60])) for i in range(6)]
+    cfg = SweepConfig(decode_steps=5, decode_tokens=8, workload="chat")
+    fc = fit_miss_curves(cfg, sessions, hasher, 4, [0, 200, 2000])
+    assert fc.replayed_batch == 4 and fc.steps == 5 and fc.note == ""
+    for layer in (1, 14):
+        pages = fc.curves.curve(layer).pages_per_step
+        assert pages[0] > 0 and all(b <= a for a, b in zip(pages, pages[1:]))
+        assert pages[0] <= 4 * 24   # at most one page per lookup of a 4-token step
+    big = fit_miss_curves(cfg, sessions, hasher, 12, [0])   # 6 sessions cannot fill 12: replayed at 6, scaled
+    assert big.replayed_batch == 6 and "scaled by 12/6" in big.note
+
+
+# ---- bad profiles (issue 13: negative or missing layers, a lookup layer the profile lacks) -----------------
+
+GOOD = json.loads((PROFILES_DIR / "v41_paper.json").read_text())
+
+
+def bad(change) -> dict:
+    doc = copy.deepcopy(GOOD)
+    change(doc)
+    return doc
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda d: d["decode"][0]["windows_ms"].update({"-1": 0.05}), "outside the model's 40 layers"),
+    (lambda d: d.update(layers=0), "positive integer"),
+    (lambda d: d.update(layers="40"), "positive integer"),
+    (lambda d: d.update(layers=True), "positive integer"),
+    (lambda d: d["decode"][0].update(windows_ms={}), "windows_ms must map layer"),
+    (lambda d: d["decode"][0].update(windows_ms=[0.1, 3.0]), "windows_ms must map layer"),
+    (lambda d: d["decode"][0]["windows_ms"].update({"x": 1.0}), "is not layer -> ms"),
+    (lambda d: d["decode"][0].update(batch=-8), "must be > 0"),
+    (lambda d: d["decode"].append(copy.deepcopy(d["decode"][0])), "given twice"),
+])
+def test_more_bad_profiles_are_refused(change, words):
+    with pytest.raises(SlackTierError, match=words):
+        profile_from_dict(bad(change))
+
+
+def test_a_lookup_layer_missing_at_one_batch_point_is_refused():
+    doc = bad(lambda d: d["decode"][0]["windows_ms"].pop("14"))
+    p = profile_from_dict(doc)   # a point may cover fewer layers ...
+    with pytest.raises(SlackTierError, match=r"no window for lookup layers \[14\]"):
+        p.times(64, "agent", (1, 14))   # ... but not one the run looks up
+    assert p.times(64, "chat", (1, 14)).windows_ms[14] > 0
+
+
+def test_timeline_table_shows_the_planner_column():
+    from slacktier.serve.report import timeline_table
+
+    runs = [SweepRun(n, 32, r, 0, 15.54, _summary(st, 0.5)) for r in range(2) for n, st in (("a", 1.0), ("b", 4.0))]
+    table = timeline_table(load_profile("v41_paper"), runs, planner_ms={(32, "a"): 1.25})
+    head, row_a, row_b = table.split("\n")[1:4]
+    assert "planner" in head.split()
+    assert "1.25" in row_a.split() and row_b.split()[10] == "-"
+    assert "planner" not in timeline_table(load_profile("v41_paper"), runs).split("\n")[1].split()
+
+
+def test_planner_sweep_refuses_a_batch_the_traffic_cannot_fill_before_staging(tmp_path):
+    from slacktier.serve.predict import Job, planner_sweep
+    from slacktier.serve.timeline import SweepConfig
+
+    cfg = SweepConfig(workdir=str(tmp_path / "w"))
+    with pytest.raises(SlackTierError, match="B=100000 needs 100000 sessions"):
+        planner_sweep(cfg, lambda a, b: [Job(100_000, Placement("disk", ((a, "disk"), (b, "disk"))))],
+                      lambda j: True)
+    assert not (tmp_path / "w").exists()   # nothing staged
