@@ -38,7 +38,17 @@ def main(argv: list[str] | None = None) -> int:
                     help="also the remote placements, from a local Redis Cluster of this many masters")
     ap.add_argument("--append", action="store_true", help=f"append the table to {BENCHMARKS_MD.name} ({SECTION})")
     ap.add_argument("--plot", default="", help="write a PNG: measured vs predicted stall per step")
+    ap.add_argument("--full-rank", type=int, default=None, metavar="R",
+                    help="time rank R's full-size V4.1 shard (staged, ~52 GB) instead of the scaled table: "
+                         "bench_full_rank.py timeline --rank R with these options")
     args = ap.parse_args(argv)
+    if args.full_rank is not None:
+        import bench_full_rank
+
+        return bench_full_rank.main(["timeline", "--rank", str(args.full_rank), "--workload", args.workload,
+                                     "--batches", args.batches, "--runs", str(args.runs), "--decode-steps",
+                                     str(args.decode_steps), "--profile", args.profile]
+                                    + (["--append"] if args.append else []))
     cfg = SweepConfig(workdir=args.workdir, profile=args.profile, workload=args.workload,
                       batches=tuple(int(b) for b in args.batches.split(",")), runs=args.runs,
                       decode_steps=args.decode_steps, remote_nodes=args.remote_nodes)

@@ -57,6 +57,19 @@ def parse_layers(text: str) -> list[int]:
     return layers
 
 
+def parse_ranks(text: str, ranks: int) -> list[int]:
+    """'3' or '0,3' -> [3] / [0, 3], each below `ranks`; anything else is refused."""
+    fix = f"write ranks below --ranks {ranks} separated by commas, e.g. --only-ranks 3"
+    try:
+        out = [int(x) for x in text.split(",")]
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read --only-ranks {text!r}: {exc}", fix=fix) from exc
+    if len(set(out)) != len(out) or min(out) < 0 or max(out) >= ranks:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--only-ranks {text!r} lists a rank twice or one outside "
+                             f"0..{ranks - 1}", fix=fix)
+    return out
+
+
 def engram_layout(spec: str) -> EngramLayout:
     """'v41' -> DeepSeek-V4.1's EngramLayout; an integer >= 2 -> EngramLayout.scaled(that engram vocab size)."""
     from slacktier.tables.engram_hash import EngramLayout
@@ -88,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", action="append", required=True, metavar="PATH",
                    help="a file or raw block device; repeat for several (ranks map round-robin)")
     p.add_argument("--ranks", type=int, default=1, help="tensor-parallel ranks: shards per layer (default 1)")
+    p.add_argument("--only-ranks", metavar="R,R",
+                   help="write only these ranks' shards (cut for --ranks ranks), as one rank's machine holds them; "
+                        "e.g. --ranks 4 --only-ranks 3")
     p.add_argument("--manifest", metavar="PATH", help="manifest path (default <first target>.manifest.json)")
     p.add_argument("--max-bytes", type=int, metavar="N", help="refuse if a file target would exceed N bytes")
     p.add_argument("--overwrite", action="store_true", help="replace a target that holds another table")
@@ -111,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
                   buffered=args.buffered, progress=not args.no_progress)
     if args.writers is not None:
         common["writers"] = args.writers
+    if args.only_ranks:
+        common["only_ranks"] = parse_ranks(args.only_ranks, args.ranks)
     t0 = time.perf_counter()
     if args.synthetic:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,

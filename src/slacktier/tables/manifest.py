@@ -126,22 +126,32 @@ def new_stage_id() -> str:
     return uuid.uuid4().hex
 
 
-def plan_regions(layout: StagedLayout, ranks: int, targets: list[str]) -> list[StagedRegion]:
-    """Place every (layer, rank) region: rank r on target r % len(targets), packed after each header page.
+def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
+                 only_ranks: Sequence[int] | None = None) -> list[StagedRegion]:
+    """Place every (layer, rank) region: the i-th staged rank on target i % len(targets), packed after each header
+    page (all ranks staged: rank r on target r % len(targets)).
 
     Regions are ordered by (layer, rank); each target's regions follow one
-    another from byte 4096 on.
+    another from byte 4096 on. `only_ranks` stages just those ranks' shards (one
+    TP rank's machine holds only its own): the shards are still cut for `ranks`
+    ranks, so rank 3 of 4 alone holds the same rows as in the whole table.
+    Worked example: 24 columns, ranks 4, only_ranks (3,), one target -> per
+    layer one region, columns 18..23, from byte 4096 (layer 1) and right after it (layer 14).
     """
     if ranks <= 0 or not targets:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"need ranks >= 1 and at least one target, got {ranks} and "
                              f"{len(targets)}", fix="pass --ranks and --target")
+    staged = list(range(ranks)) if only_ranks is None else sorted({int(r) for r in only_ranks})
+    if not staged or staged[0] < 0 or staged[-1] >= ranks:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"ranks to stage {list(only_ranks or [])} outside 0..{ranks - 1}",
+                             fix=f"pick ranks below --ranks {ranks}")
     next_offset = [TARGET_HEADER_BYTES] * len(targets)
     regions: list[StagedRegion] = []
     crc_first = 0
     for layer in layout.layer_ids:
-        for rank in range(ranks):
+        for i, rank in enumerate(staged):
             start, end = layout.shard(layer, rank, ranks)
-            device = rank % len(targets)
+            device = i % len(targets)
             pages = pages_for_rows(end - start)
             regions.append(StagedRegion(layer, rank, device, targets[device], next_offset[device], pages, start,
                                         end - start, crc_first))
@@ -442,7 +452,9 @@ def check_tp_sharding(manifest: Manifest, tp_size: int, layers: Sequence[int] | 
                                  f"TP {tp_size} cannot split into whole heads", layer=layer,
                                  fix=f"run TP at a divisor of {cols}")
         per = cols // tp_size
-        for rank in range(tp_size):
+        # a table staged for some ranks only (`stage --only-ranks`, one rank's machine) is checked on those
+        staged = sorted({r.rank for r in manifest.regions if r.layer == layer}) or list(range(tp_size))
+        for rank in staged:
             lo, hi = bounds[rank * per], bounds[(rank + 1) * per]
             r = manifest.region(layer, rank)
             if (r.row_start, r.row_start + r.rows) != (lo, hi):

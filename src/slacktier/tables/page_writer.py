@@ -28,6 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -54,18 +55,57 @@ def _read_head(path: str) -> bytes:
         return f.read(TARGET_HEADER_BYTES)
 
 
+def filesystem_free_bytes(path: str) -> tuple[int, int]:
+    """(filesystem id, bytes free to this user) of the filesystem holding `path` (a file or one to be created)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    vfs = os.statvfs(parent)
+    return os.stat(parent).st_dev, vfs.f_bavail * vfs.f_frsize
+
+
+def check_free_space(targets: list[str], need_bytes: list[int], size_bytes: list[int],
+                     free_space: Callable[[str], tuple[int, int]] = filesystem_free_bytes) -> None:
+    """Refuse (SlackTierError TARGET) regular-file targets whose filesystem lacks the space they must grow by.
+
+    Targets on one filesystem are summed: two 30 GB files on a disk with 50 GB
+    free are refused, though each alone would fit. `free_space(path)` gives
+    (filesystem id, free bytes); tests pass a fake small figure.
+    Worked example: targets a (needs 3 GB, holds 1 GB) and b (needs 2 GB, new)
+    on one filesystem with 3.5 GB free: they grow by 4 GB -> refused.
+    """
+    grow: dict[int, int] = {}
+    free: dict[int, int] = {}
+    names: dict[int, list[str]] = {}
+    for path, need, size in zip(targets, need_bytes, size_bytes):
+        fs, avail = free_space(path)
+        grow[fs] = grow.get(fs, 0) + max(0, need - size)
+        free[fs] = avail
+        names.setdefault(fs, []).append(path)
+    for fs, more in grow.items():
+        if more > free[fs]:
+            where = ", ".join(names[fs])
+            raise SlackTierError(ErrorKind.TARGET, f"not enough disk space: the table needs {more / 1e9:.2f} GB more "
+                                 f"on the filesystem of {where}, which has {free[fs] / 1e9:.2f} GB free; nothing "
+                                 "was written", fix="free space, stage elsewhere, or stage fewer rows or ranks "
+                                 "(--only-ranks)")
+
+
 def check_targets(targets: list[str], need_bytes: list[int], source_digest: str, manifest_path: Path,
-                  overwrite: bool, max_bytes: int | None) -> list[bool]:
+                  overwrite: bool, max_bytes: int | None,
+                  free_space: Callable[[str], tuple[int, int]] = filesystem_free_bytes,
+                  side_bytes: int = 0) -> list[bool]:
     """Refuse (SlackTierError TARGET) a target too small or holding another table; returns is-block-device per target.
 
     Too small: a block device shorter than its regions; a regular file whose
-    `max_bytes` cap, or whose filesystem's free space plus its current size, is
-    below what its regions need. Another table: a header page with another source
+    `max_bytes` cap is below what its regions need; regular files whose
+    filesystem's free space is below what they must grow by, summed over the
+    targets on that filesystem (`check_free_space`), with `side_bytes` (the checksum file and manifest)
+    on the manifest's filesystem. Another table: a header page with another source
     digest, a first page of unknown non-zero data, or a manifest at
     `manifest_path` with another digest; `overwrite` accepts all three.
     """
     check_manifest_dir(manifest_path)
     is_block: list[bool] = []
+    files: list[tuple[str, int, int]] = []   # regular-file targets: path, bytes needed, bytes held now
     for path, need in zip(targets, need_bytes):
         info = probe_target(path, max_bytes)
         is_block.append(info.is_block_device)
@@ -74,9 +114,8 @@ def check_targets(targets: list[str], need_bytes: list[int], source_digest: str,
             raise SlackTierError(ErrorKind.TARGET, f"target {path} is too small: its regions need {need} bytes, the "
                                  f"{what} holds {info.capacity_bytes}",
                                  fix="use a larger target, more targets, or fewer rows")
-        if not info.is_block_device and info.free_bytes is not None and need > info.free_bytes + info.size_bytes:
-            raise SlackTierError(ErrorKind.TARGET, f"target {path} is too small: its regions need {need} bytes, its "
-                                 f"filesystem has {info.free_bytes} free", fix="free space or stage elsewhere")
+        if not info.is_block_device:
+            files.append((path, need, info.size_bytes))
         if info.exists and info.size_bytes > 0 and not overwrite:
             head = _read_head(path)
             header = parse_header(head)
@@ -86,6 +125,10 @@ def check_targets(targets: list[str], need_bytes: list[int], source_digest: str,
             if header is None and any(head):
                 raise SlackTierError(ErrorKind.TARGET, f"target {path} holds data that is not a SlackTier table",
                                      fix="pass --overwrite to replace it, or pick an empty target")
+    if side_bytes:
+        files.append((str(manifest_path), side_bytes, 0))
+    if files:
+        check_free_space([f[0] for f in files], [f[1] for f in files], [f[2] for f in files], free_space=free_space)
     if manifest_path.exists() and not overwrite:
         try:
             old = json.loads(manifest_path.read_text()).get("source", {}).get("digest")
@@ -196,10 +239,11 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                 manifest_path: str | Path | None = None, max_bytes: int | None = None, overwrite: bool = False,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffered: bool = False, progress: bool = True,
                 fillers: int = DEFAULT_FILLERS, writers: int = DEFAULT_WRITERS,
-                stats: StageStats | None = None) -> Manifest:
+                stats: StageStats | None = None, only_ranks: Sequence[int] | None = None) -> Manifest:
     """Stage `source` as `ranks` shards per layer onto `targets` (ranks round-robin); returns the saved manifest.
 
-    `stats`, if given, receives the run's bytes, time and writer busy time.
+    `stats`, if given, receives the run's bytes, time and writer busy time. `only_ranks` writes only those
+    ranks' shards (cut for `ranks` ranks; see manifest.plan_regions), as one rank's machine holds them.
     """
     t_start = time.perf_counter()
     if writers < 1 or fillers < 1:
@@ -212,7 +256,7 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     if len(set(paths)) != len(paths):
         raise SlackTierError(ErrorKind.BAD_INPUT, "a target is listed twice", fix="list each target once")
     layout = source.layout
-    regions = plan_regions(layout, ranks, paths)
+    regions = plan_regions(layout, ranks, paths, only_ranks)
     need = target_bytes(regions, len(paths))
     block_targets = [os.path.exists(p) and Path(p).is_block_device() for p in paths]
     if manifest_path is None:
@@ -222,13 +266,14 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
         manifest_path = default_manifest_path(paths[0])
     manifest_path = Path(manifest_path).absolute()
     digest = source.digest
-    is_block = check_targets(paths, need, digest, manifest_path, overwrite, max_bytes)
+    total_pages = sum(r.pages for r in regions)
+    side = 4 * total_pages + (1 << 20)   # the checksum file (4 B per page) and the manifest, beside it
+    is_block = check_targets(paths, need, digest, manifest_path, overwrite, max_bytes, side_bytes=side)
 
     if manifest_path.exists():
         manifest_path.unlink()  # checks passed: a stale manifest must not outlive the bytes it describes
     files = [DirectFile(p, write=True, create=not b, buffered=buffered) for p, b in zip(paths, is_block)]
     stage_id = new_stage_id()
-    total_pages = sum(r.pages for r in regions)
     crcs = np.zeros(total_pages, dtype=np.uint32)
     try:
         # Every target says "staging" (this run's id) before any of them changes in any other way, so a run

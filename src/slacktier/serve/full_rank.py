@@ -1,0 +1,412 @@
+"""One TP rank's view of the full-size V4.1 tables on the step timeline (issue 13, items 2-4).
+
+Under TP4 column sharding each rank's process serves only its own shard of each
+Engram layer (~96M rows, ~26 GB of pages per layer), with `owned_only` and the
+rank's regions; rows of other ranks come out as -0.0 and the all-reduce sums
+them (engine/step.py). A TP step waits for its slowest rank, so:
+
+1. `rank_page_counts` counts every rank's missed pages per full-batch decode
+   step on the traffic (workloads.rank_pages, the served CLOCK replayed), with
+   no cache and with each placement's cache: this names the slowest rank.
+2. `stage_rank_shard` stages that rank's shard of both layers, full size
+   (`stage --only-ranks`), refusing before writing when the disk lacks space.
+3. `run_full_rank` serves it on the step timeline (serve.timeline) under
+   Table 2's placements, each `runs` times in shuffled order, and checks rows
+   after the timed steps.
+
+A layer placed in host DRAM is the stock path on a GPU server: the device
+gathers it from pinned host memory inside the layer, and nothing of it is on
+the host's `begin_step` path. So its timing is the profile itself (0 stall),
+its host memory is computed (the rank's shard, in pages), and the engine serves
+only the other layer (`LayerSubset`). This also keeps the 26 GB layer out of
+this VM's 23 GB of RAM. The all-DRAM row (the baseline) is the profile itself.
+
+Uncached placements skip the prefill steps on the engine (they are hashed, as
+the replay pulls them, but not read): with no cache a prefill leaves nothing
+behind that a decode step could use, and reading ~2,000 prefill tokens per
+session on this VM's shared disk (tens of thousands of IOPS) would cost minutes per run. Cached placements
+read every prefill step, so their cache is warm as on a serving node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import resource
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
+                                      TimelineSummary, load_profile, summarize, sweep_sessions, timeline_placements)
+
+DIRECTORY_BYTES_PER_ROW = 4   # int32 row -> slot, per row of the rank's shard (DESIGN section 2)
+MAX_SESSION_TOKENS = {"agent": 4096, "chat": 1024}   # agent: 305 sessions fit 4096 tokens, 5 fit 1024
+
+
+@dataclass(frozen=True)
+class FullRankConfig:
+    """The full-size V4.1 shard of one TP rank on the step timeline."""
+
+    workdir: str = "runs/full_rank"
+    rank: int = 3
+    ranks: int = 4
+    profile: str = "v41_paper"
+    workload: str = "agent"
+    batches: tuple[int, ...] = (128,)
+    runs: int = 3
+    decode_steps: int = 64            # full-batch decode steps timed per run
+    warmup_steps: int = 8             # full-batch decode steps run before the timed ones, not recorded
+    start_spread_steps: int = 32      # the first B sessions start over this many decode steps (a node already
+                                      # serving, not B replies starting in lockstep)
+    decode_tokens: int = 128          # N tokens per assistant turn (the paper's protocol)
+    cache_rows: int = 1_000_000       # rows per rank of the split cache (half of it on layer 14 alone)
+    max_session_tokens: int = 0       # 0: MAX_SESSION_TOKENS[workload]
+    max_turns: int = 2
+    prefill_chunk_tokens: int = 4096
+    seed: int = 0
+    table_seed: int = 1               # the synthetic rows' seed
+    check_steps: int = 4              # decode steps after the timed ones, every row checked (untimed)
+    placements: tuple[str, ...] = ()  # names to run (default: all of timeline_placements)
+    engram_vocab: int = 0             # 0: the full V4.1 tables; > 0: EngramLayout.scaled (tests, CI)
+    wait_timeout_ms: float = 60_000.0  # the engine's longest wait for a layer's reads (a 4k-token prefill chunk)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.rank < self.ranks:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"rank {self.rank} of {self.ranks}",
+                                 fix=f"pick a rank in 0..{self.ranks - 1}")
+        if self.max_session_tokens == 0:
+            object.__setattr__(self, "max_session_tokens", MAX_SESSION_TOKENS.get(self.workload, 1024))
+
+    def sweep(self) -> SweepConfig:
+        """The traffic settings in the scaled sweep's terms (serve.timeline.sweep_sessions reads them)."""
+        return SweepConfig(workload=self.workload, profile=self.profile, batches=self.batches, runs=self.runs,
+                           decode_steps=self.decode_steps, decode_tokens=self.decode_tokens,
+                           cache_rows=self.cache_rows, max_session_tokens=self.max_session_tokens,
+                           max_turns=self.max_turns, prefill_chunk_tokens=self.prefill_chunk_tokens, seed=self.seed,
+                           check_steps=self.check_steps)
+
+    def layout(self):
+        """The Engram layout: V4.1's, or the same hash over scaled tables."""
+        from slacktier.tables.engram_hash import EngramLayout
+
+        return EngramLayout.scaled(self.engram_vocab) if self.engram_vocab else EngramLayout.v41()
+
+    @property
+    def table_name(self) -> str:
+        return f"v41-rank{self.rank}" if not self.engram_vocab else f"v41x{self.engram_vocab}-rank{self.rank}"
+
+    @property
+    def manifest_path(self) -> Path:
+        return Path(self.workdir) / f"{self.table_name}.manifest.json"
+
+    @property
+    def target_path(self) -> Path:
+        return Path(self.workdir) / f"{self.table_name}.bin"
+
+
+def _replay(cfg: FullRankConfig, batch: int, hasher) -> Iterator:
+    from slacktier.workloads.replay import ReplayConfig, replay_steps
+
+    pool = sweep_sessions(cfg.sweep(), batch)   # refuses a B the traffic cannot fill
+    rc = ReplayConfig(batch=batch, decode_tokens=cfg.decode_tokens, prefill_chunk_tokens=cfg.prefill_chunk_tokens,
+                      start_spread_steps=cfg.start_spread_steps, seed=cfg.seed)
+    return replay_steps(pool, hasher, rc)
+
+
+# ---- 1. every rank's pages ------------------------------------------------------------------------------
+
+def rank_page_counts(cfg: FullRankConfig, batch: int, capacities: Sequence[int] = (0, 500_000),
+                     progress: bool = False) -> list:
+    """RankPages of every rank and layer on the full replay of the traffic at `batch` (all full-batch decode
+    steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache)."""
+    from slacktier.workloads.hashing import EngramLookupHasher
+    from slacktier.workloads.rank_pages import rank_pages
+    from slacktier.workloads.replay import collect_trace
+
+    hasher = EngramLookupHasher(cfg.layout())
+    trace = collect_trace(_replay(cfg, batch, hasher), hasher, cfg.workload, batch, progress=progress)
+    return [r for layer in trace.layer_ids for rank in range(cfg.ranks)
+            for r in rank_pages(trace, layer, rank, cfg.ranks, capacities)]
+
+
+def rank_pages_table(results: Sequence) -> str:
+    """Per workload, B and cache: every rank's pages per full-batch decode step (layer 1 / layer 14) and decode
+    hit rate (layer 1), and the slowest rank (most pages over both layers)."""
+    from slacktier.workloads.rank_pages import slowest_rank
+
+    ranks = sorted({r.rank for r in results})
+    layers = sorted({r.layer for r in results})
+    lines = [f"{'workload':8} {'B':>4} {'cache/layer':>11} {'steps':>5} "
+             + " ".join(f"{f'rank {k} pages L' + '/L'.join(map(str, layers)) + ' hit':>24}" for k in ranks)
+             + f" {'slowest':>7}"]
+    owns = {r.rank: f"cols {r.columns[0]}..{r.columns[1]}, orders {','.join(map(str, r.orders))}" for r in results}
+    lines.append(f"{'':8} {'':>4} {'':>11} {'':>5} " + " ".join(f"{owns[k]:>24}" for k in ranks))
+    keys = sorted({(r.workload, r.batch, r.capacity_rows) for r in results})
+    for wl, batch, cap in keys:
+        rs = [r for r in results if (r.workload, r.batch, r.capacity_rows) == (wl, batch, cap)]
+        by = {(r.rank, r.layer): r for r in rs}
+        cells = []
+        for k in ranks:
+            pages = "/".join(f"{by[(k, l)].pages_mean:.0f}" for l in layers)
+            cells.append(f"{pages + f' {100 * by[(k, layers[0])].hit_rate:3.0f}%':>24}")
+        lines.append(f"{wl:8} {batch:>4} {cap:>11,} {rs[0].steps:>5} " + " ".join(cells)
+                     + f" {slowest_rank(rs, cap):>7}")
+    return "\n".join(lines)
+
+
+# ---- 2. the rank's shard, full size ----------------------------------------------------------------------
+
+def stage_rank_shard(cfg: FullRankConfig, progress: bool = False):
+    """The staged manifest of the rank's full-size shard (both layers): reused when its targets check out,
+    else staged (`stage_synthetic(..., only_ranks=(rank,))`, refused before writing if the disk lacks space)."""
+    from slacktier.tables.manifest import Manifest, StagedLayout
+    from slacktier.tables.stage import stage_synthetic
+
+    layout = cfg.layout()
+    if cfg.manifest_path.is_file():
+        m = Manifest.load(cfg.manifest_path)
+        if ({r.rank for r in m.regions} == {cfg.rank} and m.ranks == cfg.ranks
+                and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(layout)):
+            m.check_targets()
+            return m
+    Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
+    return stage_synthetic([cfg.target_path], layout, cfg.ranks, cfg.table_seed, overwrite=True,
+                           manifest_path=cfg.manifest_path, progress=progress, only_ranks=(cfg.rank,))
+
+
+# ---- 3. serving it on the timeline -----------------------------------------------------------------------
+
+class LayerSubset:
+    """The timeline's view of a rank's engine serving some of the hasher's layers: ids [T, L, C] -> [T, L', C].
+
+    Its step counters count only the rank's own lookups (`lookups - zero_rows`: another rank's rows are zero
+    rows here, nothing read), so hit rates are over the lookups this rank serves.
+    """
+
+    def __init__(self, engine, axes: Sequence[int]) -> None:
+        self.engine = engine
+        self.axes = list(axes)
+
+    def begin_step(self, ids: np.ndarray) -> None:
+        self.engine.begin_step(np.asarray(ids)[:, self.axes, :])
+
+    def gather(self, layer: int) -> object:
+        return self.engine.gather(layer)
+
+    def end_step(self) -> object:
+        c = self.engine.end_step()
+        return dataclasses.replace(c, layers={l: dataclasses.replace(v, lookups=v.lookups - v.zero_rows)
+                                              for l, v in c.layers.items()})
+
+
+def host_memory_bytes(manifest, rank: int, placement) -> int:
+    """Host memory of the rank's process for the tables under `placement` (computed): each DRAM layer's shard
+    in pages, plus each engine-served layer's directory (4 B per shard row). The row cache is device memory.
+
+    Worked example: rank 3 of V4.1, layer 1 in DRAM (6,400,168 pages = 26.2 GB) and layer 14 on disk
+    (96,005,118 rows -> 384 MB of directory) -> 26.6 GB.
+    """
+    total = 0
+    for layer in manifest.layout.layer_ids:
+        region = manifest.region(layer, rank)
+        if placement.tier(layer) == "dram":
+            total += region.nbytes
+        else:
+            total += DIRECTORY_BYTES_PER_ROW * region.rows
+    return total
+
+
+def all_dram_bytes(manifest, rank: int) -> int:
+    """Host memory of the all-DRAM baseline: every layer's shard in pages (the stock host table holds rows of
+    264 B; pages are what a DRAM tier of ours would hold)."""
+    return sum(manifest.region(l, rank).nbytes for l in manifest.layout.layer_ids)
+
+
+def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens: int):
+    """The control file of the rank's process for `placement`'s engine-served (non-DRAM) layers, owned_only."""
+    from slacktier.config import ControlFile, EngineConfig, TableConfig
+
+    served = [l for l in manifest.layout.layer_ids if placement.tier(l) != "dram"]
+    # a prefill chunk reads up to ~24k pages per layer, seconds on a shared disk: past the 5 s default wait
+    engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows,
+                          max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
+                          owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms)
+    tables = tuple(TableConfig(layer=l, manifest=str(manifest.path), source=placement.tier(l), rank=rank,
+                               cache_share=placement.share(l), order=order) for order, l in enumerate(served))
+    return ControlFile(engine=engine, tables=tables), served
+
+
+@dataclass(frozen=True)
+class FullRankRun:
+    """One timed run of a placement at one batch size on the rank's full-size shard."""
+
+    placement: str
+    batch: int
+    rep: int
+    order: int
+    step_ms: float                  # the profile's step at this batch
+    summary: TimelineSummary         # the timed steps (the all-DRAM row is the profile itself, not a run)
+    served: tuple[int, ...]         # layers on the host's path (the rest: DRAM, stock path)
+    host_bytes: int
+    checked_steps: int = 0
+    mismatches: int = 0
+    wall_s: float = 0.0
+    warmed: bool = True
+
+
+def replay_timeline(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int,
+                    warm: bool = True, warmup_steps: int = 0, warm_first: bool = True) -> list[TimelineStep]:
+    """serve.timeline.run_replay, plus: the first `warmup_steps` full-batch decode steps run on the timeline but
+    are not recorded (the paper's warmup before measuring: first-call costs, a cache filling); `warm=False` skips
+    the non-timed steps on the engine, all but the first with `warm_first` (an uncached placement: nothing a
+    prefill reads survives the step; the first warms the code paths)."""
+    it = iter(steps)
+    out: list[TimelineStep] = []
+    clock = runner.clock
+    warmed_once = not warm_first
+    skip = warmup_steps
+    while len(out) < decode_steps:
+        t0 = clock.now()
+        st = next(it, None)   # pulling a step hashes its tokens: host work, inside s for a decode step
+        if st is None:
+            break
+        if st.kind == "decode" and st.num_tokens == batch:
+            step = runner.step(st.ids, t0=t0)
+            if skip > 0:
+                skip -= 1
+            else:
+                out.append(step)
+        elif warm or not warmed_once:
+            runner.warm(st.ids)
+            warmed_once = True
+    return out
+
+
+def _checked(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int, warm: bool) -> tuple[int, int]:
+    """`n` more decode steps with the engine's checker on (untimed); (steps checked, mismatching rows)."""
+    if n <= 0:
+        return 0, 0
+    cfg = engine.config
+    engine.apply(cfg.replace(check=True))
+    before = sum(c.mismatches for c in engine.totals.values())
+    steps = replay_timeline(runner, replay, batch, n, warm, warm_first=False)
+    engine.apply(cfg)   # not in a `finally`: after a failed step the engine is closed, not reused
+    return len(steps), sum(c.mismatches for c in engine.totals.values()) - before
+
+
+def run_full_rank(cfg: FullRankConfig, progress: bool = False) -> tuple[ComputeProfile, object, list[FullRankRun]]:
+    """Every (batch, placement) `cfg.runs` times in shuffled order on the rank's staged full-size shard."""
+    import time
+
+    from slacktier.engine.step import StepEngine
+    from slacktier.workloads.hashing import EngramLookupHasher
+
+    profile = load_profile(cfg.profile)
+    layout = cfg.layout()
+    first, second = layout.layer_ids[:2]
+    hasher = EngramLookupHasher(layout)
+    placements = timeline_placements(first, second, cfg.cache_rows)
+    if cfg.placements:
+        unknown = sorted(set(cfg.placements) - {p.name for p in placements})
+        if unknown:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown placements {unknown}",
+                                 fix=f"pick among {', '.join(p.name for p in placements)}")
+        placements = [p for p in placements if p.name in cfg.placements]
+    for b in cfg.batches:
+        sweep_sessions(cfg.sweep(), b)   # refuse a B the traffic cannot fill before staging anything
+    times = {b: profile.times(b, cfg.workload, layout.layer_ids) for b in cfg.batches}
+    manifest = stage_rank_shard(cfg, progress=progress)
+    rng = np.random.default_rng(cfg.seed)
+    out: list[FullRankRun] = []
+    max_tokens = max(cfg.prefill_chunk_tokens, *cfg.batches)
+    for rep in range(cfg.runs):
+        jobs = [(b, p) for b in cfg.batches for p in placements]
+        for order, k in enumerate(rng.permutation(len(jobs))):
+            batch, placement = jobs[k]
+            t_run = time.perf_counter()
+            control, served = rank_control(manifest, cfg.rank, placement, cfg, max_tokens)
+            engine = StepEngine.from_config(control, ids_layers=tuple(served), columns=layout.n_columns)
+            try:
+                axes = [layout.layer_ids.index(l) for l in served]
+                st = times[batch]
+                runner = TimelineRunner(LayerSubset(engine, axes),
+                                        StepTimes(st.workload, st.batch, st.step_ms,
+                                                  {l: st.windows_ms[l] for l in served}))
+                warm = placement.cache_rows > 0
+                replay = iter(_replay(cfg, batch, hasher))
+                steps = replay_timeline(runner, replay, batch, cfg.decode_steps, warm, cfg.warmup_steps)
+                checked, bad = _checked(engine, runner, replay, batch, cfg.check_steps, warm)
+            finally:
+                engine.close()
+                del engine
+                gc.collect()
+            out.append(FullRankRun(placement.name, batch, rep, order, st.step_ms, summarize(steps), tuple(served),
+                                   host_memory_bytes(manifest, cfg.rank, placement), checked, bad,
+                                   time.perf_counter() - t_run, warm))
+            if progress:
+                s = out[-1].summary
+                print(f"  run {rep + 1}/{cfg.runs} B={batch} {placement.name}: {s.steps} steps, "
+                      f"{s.stall_ms:.2f} ms stall/step, pages {dict((l, round(v)) for l, v in s.pages.items())}, "
+                      f"{out[-1].wall_s:.0f} s, checker {checked} steps {bad} bad", flush=True)
+    return profile, manifest, out
+
+
+def peak_rss_gib() -> float:
+    """This process's peak resident memory (GiB), as the kernel counts it."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20
+
+
+def full_rank_table(profile: ComputeProfile, cfg: FullRankConfig, manifest, runs: Sequence[FullRankRun]) -> str:
+    """Table 2's rows for the rank: overhead vs the profile (mean, min..max over runs), p99 step, host memory,
+    hit rate and pages per layer, Eq. 1's prediction; the all-DRAM row first (the profile itself)."""
+    from slacktier.serve.report import fmt_pct, stat
+
+    layers = tuple(manifest.layout.layer_ids)
+    gb = 1e9
+    shard = ", ".join(f"layer {l}: {manifest.region(l, cfg.rank).rows:,} rows" for l in layers)
+    lines = [profile.header,
+             f"rank {cfg.rank} of TP{cfg.ranks}, full-size V4.1 shard ({shard}), {cfg.workload} traffic, "
+             f"{cfg.decode_tokens} decode tokens per turn",
+             f"{'B':>4} {'placement':16} {'runs':>4} {'profile':>7} {'overhead':>9} {'%':>6} {'min..max ms':>12} "
+             f"{'p99 step':>8} {'Eq.1':>5} {'host GB':>7} "
+             + " ".join(f"{f'hit L{l}':>6} {f'pg L{l}':>6} {f'read L{l}':>7}" for l in layers) + f" {'s ms':>5}"]
+    for batch in sorted({r.batch for r in runs}):
+        step = next(r.step_ms for r in runs if r.batch == batch)
+        lines.append(f"{batch:>4} {'host DRAM (all)':16} {'-':>4} {step:7.2f} {0:6.2f} ms {0:+5.1f}% {'(profile)':>12} "
+                     f"{'-':>8} {'-':>5} {all_dram_bytes(manifest, cfg.rank) / gb:7.1f} "
+                     + " ".join(f"{'dram':>6} {'-':>6} {'-':>7}" for _ in layers) + f" {'-':>5}")
+        groups: dict[str, list[FullRankRun]] = {}
+        for r in runs:
+            if r.batch == batch:
+                groups.setdefault(r.placement, []).append(r)
+        for name, rs in sorted(groups.items(), key=lambda kv: stat([r.summary.stall_ms for r in kv[1]])[0]):
+            m, lo, hi = stat([r.summary.stall_ms for r in rs])
+
+            def avg(f) -> float:
+                return stat([f(r.summary) for r in rs])[0]
+
+            cells = []
+            for l in layers:
+                if l in rs[0].served:
+                    cells.append(f"{fmt_pct(avg(lambda s: s.hit_rate[l])):>6} {avg(lambda s: s.pages[l]):6.0f} "
+                                 f"{avg(lambda s: s.read_ms[l]):7.2f}")
+                else:
+                    cells.append(f"{'dram':>6} {'-':>6} {'-':>7}")
+            lines.append(f"{batch:>4} {name:16} {len(rs):>4} {step:7.2f} {m:6.2f} ms {100 * m / step:+5.1f}% "
+                         f"{lo:5.2f}..{hi:<5.2f} {step + avg(lambda s: s.p99_stall_ms):8.2f} "
+                         f"{avg(lambda s: s.predicted_ms):5.2f} {rs[0].host_bytes / gb:7.1f} " + " ".join(cells)
+                         + f" {avg(lambda s: s.s_ms):5.2f}")
+    checked = [r for r in runs if r.checked_steps]
+    lines.append(f"checker: {sum(r.checked_steps for r in checked)} decode steps after the timed ones "
+                 f"({len(checked)} runs), every row against the table's source: "
+                 f"{sum(r.mismatches for r in checked)} mismatching rows")
+    lines.append("overhead: mean measured stall per step (wait for rows past each layer's scheduled start, plus "
+                 "begin_step overrun; dequant pass excluded); min..max over shuffled runs; p99 step = profile + p99 "
+                 "stall; Eq. 1 from the same steps' s and read times; host GB computed (DRAM shards in pages + "
+                 "4 B/row directories; the cache is device memory); hit over decode lookups; pg = pages read per "
+                 "step; s = step start to begin_step returned (hash + resolve + submit).")
+    return "\n".join(lines)
