@@ -14,7 +14,7 @@ fio is installed from Debian's packages when missing (as the tests install
 redis-server).
 
     git worktree add /tmp/hot_before <commit>
-    .venv/bin/python benchmarks/bench_hot_path.py --before /tmp/hot_before [--rounds 5] [--append]
+    .venv/bin/python benchmarks/bench_hot_path.py --before /tmp/hot_before [--after <tree>] [--rounds 5] [--append]
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ def mmm(v: list[float], spec: str = ".1f") -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--before", type=Path, required=True, help="a checkout of the earlier tree")
+    ap.add_argument("--after", type=Path, default=ROOT, help="the tree measured as 'after' (default: this one)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="fewer steps per run (a smoke test)")
     ap.add_argument("--fio-seconds", type=float, default=2.0)
@@ -64,7 +65,7 @@ def main() -> int:
     ensure_fio()
     args.workdir.mkdir(parents=True, exist_ok=True)
     os.environ["AB_DIR"] = str(args.workdir)   # the worker's disk file and sparse regions live here
-    trees = {"before": args.before.resolve(), "after": ROOT}
+    trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     rng = random.Random(args.seed)
     got: dict[tuple[str, str], list[float]] = {}
     fio_kiops: list[float] = []
@@ -120,9 +121,10 @@ def main() -> int:
     table = "\n".join(lines)
     print(table)
     if args.append:
-        commit = subprocess.run(["git", "-C", str(trees["before"]), "rev-parse", "--short", "HEAD"],
-                                capture_output=True, text=True, check=False).stdout.strip() or "unknown"
-        block = (f"#### {utc_stamp()}\n\n`{command_line(__file__)}` with `--before` a worktree of commit {commit}; "
+        commit = {name: subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                       text=True, check=False).stdout.strip() or "unknown" for name, tree in trees.items()}
+        block = (f"#### {utc_stamp()}\n\n`{command_line(__file__)}`: before is commit {commit['before']}, after is "
+                 f"commit {commit['after']}{' (working tree)' if trees['after'] == ROOT else ''}; "
                  f"{machine()}. {args.rounds} rounds, each a fresh process per tree and task, in shuffled order; "
                  f"each disk run paired back to back with an fio run (randread 4k, O_DIRECT, io_uring, iodepth "
                  f"{DEPTH}, {args.fio_seconds} s) on the same 1 GiB file.\n\n" + table + "\n")

@@ -84,6 +84,10 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=7)
     ap.add_argument("--store", default=str(ROOT / "runs" / "redknot_quality" / "store"))
     ap.add_argument("--json", default=str(ROOT / "runs" / "redknot_quality.json"))
+    ap.add_argument("--policies", default="every8",
+                    help="comma list of head policies: every8 (every 8th head Global), distance (per layer, the "
+                         "heads with the longest mean attention distance on training-split samples are Global)")
+    ap.add_argument("--calib-samples", type=int, default=4, help="training-split samples the distances come from")
     ap.add_argument("--append", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -104,6 +108,35 @@ def main() -> int:
     budgets = [float(b) for b in args.budgets.split(",")]
     task = eval_task(vocab)
     trace = LayerTrace(model)
+    policies = [p for p in args.policies.split(",") if p]
+    extra_runners: dict[str, RedKnotRunner] = {}
+    policy_lines: list[str] = []
+    if "distance" in policies:
+        from slacktier.redknot.profile import policy_from_distances
+        from slacktier.redknot.retrieval import RetrievalTask, read_split
+        from slacktier.redknot.runner import measure_head_distances
+
+        text, idents = read_split(False, 300_000)       # training split: never the evaluated documents
+        calib = RetrievalTask(vocab, text, idents)
+        crng = random.Random(args.seed - 1)
+        n_cal = max(1, min(4, int(args.lengths.split(",")[0]) // args.doc_tokens))
+        samples = []
+        for _ in range(args.calib_samples):
+            c = calib.eval_sample(crng, n_cal, args.doc_tokens, 2)
+            samples.append([t for d in c.documents for t in d] + list(c.query))
+        dist = measure_head_distances(runner, samples)     # [L, H] mean query-key distance, rows
+        pol = policy_from_distances(dist, 1 / 8)
+        extra_runners["distance"] = RedKnotRunner(model, profile, pol, chunk_rows=256)
+        trace.take()
+        policy_lines = [f"Distance-picked Global heads (mean query-key distance in rows over {len(samples)} "
+                        f"training-split samples of {n_cal} x {args.doc_tokens} tokens; every-8th policy: head 0):",
+                        "", "| layer | mean distance per head (rows) | Global head |", "|---|---|---|"]
+        for l in range(cfg.num_hidden_layers):
+            tag = "" if profile.is_reusable(l) else " (fence: all online)"
+            policy_lines.append(f"| {l}{tag} | {' '.join(f'{x:.0f}' for x in dist[l].tolist())} "
+                                f"| {', '.join(str(h) for h in pol.globals_of(l))} |")
+        policy_lines.append("")
+        print("\n".join(policy_lines))
     results: dict[str, dict[str, list]] = {}
     t_start = time.perf_counter()
 
@@ -138,6 +171,20 @@ def main() -> int:
                 assert rep.fallback_reason is None, rep.fallback_reason
                 record(length, f"reuse@{b:g}", rep.result.last_logits, full.last_logits, s.answer, trace.take(),
                        full_states, {"head_row_saving": rep.result.stats.head_row_saving})
+            for pname, prunner in extra_runners.items():   # the same budgets under another head policy
+                proot = Path(args.store) / f"{length}-{i}-{pname}"
+                shutil.rmtree(proot, ignore_errors=True)
+                psvc = RedKnotService(prunner, ArtifactStore(proot))
+                for doc_id, toks in docs:
+                    psvc.build(doc_id, toks)
+                trace.take()
+                for b in budgets:
+                    rep = psvc.prefill(docs, s.query, ProtectionPolicy(b))
+                    assert rep.fallback_reason is None, rep.fallback_reason
+                    record(length, f"reuse@{b:g} [{pname}]", rep.result.last_logits, full.last_logits, s.answer,
+                           trace.take(), full_states, {"head_row_saving": rep.result.stats.head_row_saving})
+                psvc.close()
+                shutil.rmtree(proot, ignore_errors=True)
             # control: zero artifacts, same protected rows
             has = torch.zeros(layout.rows, dtype=torch.bool)
             has[:layout.starts[-1]] = True
@@ -207,7 +254,9 @@ def main() -> int:
                  "head Global = 7 Local + 1 Global per layer); see the model card above. Held-out documents "
                  f"(files never trained on), {args.doc_tokens} tokens each, two records per document, one "
                  "question. dev Ll = relative L2 deviation from full recompute of the question row's "
-                 "hyper-connection streams after layer l (mean over samples).", "", *lines, ""]
+                 "hyper-connection streams after layer l (mean over samples). Rows without a bracket use every "
+                 "8th head Global; `[distance]` rows use the distance-picked Global heads below.", "",
+                 *policy_lines, *lines, ""]
         append_to_section(ROOT / "BENCHMARKS.md", block)
         print("appended to BENCHMARKS.md")
     return 0

@@ -139,3 +139,72 @@ def test_cli_runs_a_placement_file(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["mode"] == "reuse" and out["pages_read"] > 0
     assert out["counters"]["sources_opened"] == 4   # 2 documents x 2 tiers
+
+
+# ---- the artifact planner: tables placed by their layers' windows ---------------------------------------
+
+def _tiers():
+    from slacktier.plan.tiers import TierSpec
+    return (TierSpec("dram", 0.0, 0.001, 0.001, holds_table=True),
+            TierSpec("disk", 0.3, 0.01, 0.01, holds_table=False))
+
+
+def test_planner_puts_every_layer_on_disk_when_the_windows_allow(tmp_path):
+    """The docstring's worked example: 5 layers x 256 pages, windows 100..500 ms: all on disk, T = 13.1 ms."""
+    from slacktier.plan.artifacts import ArtifactDemand, plan_artifact_placement
+    demands = [ArtifactDemand(layer=l, pages=256, window_ms=100.0 * l) for l in range(1, 6)]
+    plan = plan_artifact_placement(tmp_path, demands, _tiers())
+    assert [t.source for t in plan.tables] == ["disk"] * 5
+    assert plan.host_bytes == 0 and plan.slowdown_ms == 0.0
+    assert plan.tables[0].read_ms == pytest.approx(0.3 + 0.01 * 256 + 0.01 * 1024)
+    assert plan.tables[-1].read_ms == pytest.approx(0.3 + 0.01 * 1280)
+
+
+def test_planner_keeps_short_window_layers_in_dram(tmp_path):
+    """Windows 5, 10, 20, 40 ms for 1000-page layers: disk needs 10.3 ms for the first layer alone, so the earliest
+    layers stay in DRAM until the disk queue fits; the control file carries the window order and is a valid
+    artifact placement for this store."""
+    from slacktier.plan.artifacts import ArtifactDemand, plan_artifact_placement
+    from slacktier.redknot.placement import check_placement
+    demands = [ArtifactDemand(layer=l, pages=1000, window_ms=w) for l, w in zip((4, 1, 2, 3), (40.0, 5.0, 10.0, 20.0))]
+    plan = plan_artifact_placement(tmp_path, demands, _tiers())
+    # disk queue for layers 3, 4: T_3 = 0.3 + 10 + 10 = 20.3 > 20, so only layer 4 fits on disk
+    assert [(t.layer, t.source) for t in plan.tables] == [(1, "dram"), (2, "dram"), (3, "dram"), (4, "disk")]
+    assert plan.slowdown_ms == 0.0 and plan.host_bytes == 3 * 1000 * 4096
+    assert [t.order for t in plan.tables] == [0, 1, 2, 3]
+    tables = check_placement(plan.control, tmp_path, (1, 2, 3, 4))
+    assert [(t.layer, t.source, t.order) for t in tables] == [(1, "dram", 0), (2, "dram", 1), (3, "dram", 2),
+                                                             (4, "disk", 3)]
+    path = tmp_path / "artifacts.toml"
+    write_control(plan.control, path)
+    from slacktier.config import load_control
+    assert load_control(path) == plan.control   # an ordinary control file
+    with pytest.raises(SlackTierError, match="no split meets"):
+        plan_artifact_placement(tmp_path, [ArtifactDemand(1, 10_000, 1.0)], _tiers())
+
+
+def test_prefill_reports_each_layers_window_and_arrival(tmp_path, runner):
+    """Per reusable layer: when the runner needed its pages, when they had landed, how long it blocked."""
+    store = _store(tmp_path, runner)
+    svc = RedKnotService(runner, store, placement=_mixed(store))
+    rep = svc.prefill(DOCS, Q, ProtectionPolicy(0.2))
+    r = rep.reads
+    assert sorted(r.need_ms) == sorted(r.ready_ms) == sorted(r.layer_wait_ms) == list(PROFILE.reusable)
+    needs = [r.need_ms[l] for l in PROFILE.reusable]
+    assert needs == sorted(needs) and needs[0] > 0          # deeper layers are needed later
+    assert all(v >= 0 for v in r.ready_ms.values())
+    assert set(r.late_layers()) <= set(PROFILE.reusable)
+    svc.close()
+
+
+def test_warm_opens_sources_before_the_first_prefill(tmp_path, runner):
+    """warm() opens each valid document's sources once per tier; the prefill then opens none and is unchanged."""
+    store = _store(tmp_path, runner)
+    cold = RedKnotService(runner, store, placement=_mixed(store)).prefill(DOCS, Q, ProtectionPolicy(0.2))
+    svc = RedKnotService(runner, store, placement=_mixed(store))
+    assert svc.warm(DOCS + [("d0", D1)]) == 2          # d0 with other tokens: its certificate does not fit
+    assert svc.counters["sources_opened"] == 2 * len(DOCS)
+    warm = svc.prefill(DOCS, Q, ProtectionPolicy(0.2))
+    assert svc.counters["sources_opened"] == 2 * len(DOCS)
+    assert torch.equal(warm.result.hidden, cold.result.hidden)
+    svc.close()

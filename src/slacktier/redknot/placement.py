@@ -25,6 +25,10 @@ apply to artifacts and must keep their defaults. Artifacts are published to
 files, so a tier that keeps pages elsewhere (Redis) is refused until
 publication writes there too.
 
+The planner for these tables, which places them by their layers' windows, is
+`slacktier.plan.artifacts.plan_artifact_placement` (plan is a room of pure
+functions; this module only builds and checks control files).
+
 Worked example: a 6-layer model with fences 1-4-1 has reusable layers 1..4;
 `artifact_placement(root, (1, 2, 3, 4), "dram", tiers={3: ("disk", None)})`
 serves layers 1, 2 and 4 from host memory and layer 3 with O_DIRECT reads.
@@ -87,3 +91,4 @@ def check_placement(placement: ControlFile, store_root: str | Path,
 
 def _bad(message: str, fix: str, **where) -> SlackTierError:
     return SlackTierError(ErrorKind.BAD_INPUT, f"artifact placement: {message}", fix=fix, **where)
+

@@ -3,8 +3,11 @@
 The runner walks `DeepseekV4ForCausalLM`'s decoder layers itself, calling the
 model's hyper-connections, norms, projections, compressor/indexer and MoE
 modules; only the attention core is ours, computed per head over segments
-(attention.py) so Local heads can be skipped row by row. In full mode with one
-frame it equals the model's forward (tests/test_redknot_exact.py).
+(attention.py) so Local heads can be skipped row by row. With
+`indexer_chunk_rows` set, CSA layers use indexer.csa_select (the same entries
+and picks, scored a chunk of rows at a time) so 64K-row prefills fit in
+memory. In full mode with one frame it equals the model's forward
+(tests/test_redknot_exact.py).
 
 Reuse mode, per reusable layer:
   z = wo_a[Global](attn_Global(all rows))                      # online
@@ -33,6 +36,7 @@ from slacktier.redknot.attention import (
     segment_partial,
     shared_keys_partial,
 )
+from slacktier.redknot.indexer import csa_select
 from slacktier.redknot.profile import HeadPolicy, RedKnotProfile
 from slacktier.redknot.protect import ProtectionPolicy, select_protected
 
@@ -175,7 +179,10 @@ class RedKnotRunner:
     """Prefill a request through a DeepseekV4ForCausalLM in full or reuse mode."""
 
     def __init__(self, model, profile: RedKnotProfile, policy: HeadPolicy | None = None, *,
-                 chunk_rows: int = 256) -> None:
+                 chunk_rows: int = 256, indexer_chunk_rows: int | None = None) -> None:
+        """`indexer_chunk_rows`: None runs the model's own CSA compressor module (it materializes
+        [S, index heads, S/4] scores); a row count runs indexer.csa_select, the same picks row-chunked
+        (needed past ~24K rows on a 24 GiB machine)."""
         cfg = model.config
         if cfg.num_hidden_layers != profile.num_layers or cfg.num_attention_heads != profile.num_heads \
                 or cfg.o_groups != profile.o_groups:
@@ -191,6 +198,7 @@ class RedKnotRunner:
         self.profile = profile
         self.policy = policy or profile.default_policy()
         self.chunk_rows = chunk_rows
+        self.indexer_chunk_rows = indexer_chunk_rows
         self.heads = cfg.num_attention_heads
         self.head_dim = cfg.head_dim
         self.window = cfg.sliding_window
@@ -344,6 +352,15 @@ class RedKnotRunner:
         cos, sin = rope_tables(self.model.model.rotary_emb, attn.rope_layer_type, rel, kv.dtype)
         kv_canon = apply_rope(kv, cos, sin)
         ckv = cbias = centry = None
+        if attn.compressor is not None and self.indexer_chunk_rows and \
+                attn.layer_type == "compressed_sparse_attention":
+            ckv, csel, csel_valid = csa_select(attn.compressor, x, q_res[None], pos_ids, self.indexer_chunk_rows)
+            if not ckv.shape[0]:
+                ckv = csel = csel_valid = None
+            else:
+                centry = (torch.arange(ckv.shape[0]) + 1) * attn.compressor.compress_rate - 1
+            return _LayerCtx(attn, q_res, kv_canon, frame_of_row, frame_offset, layout.positions,
+                             attn.rope_layer_type, ckv, None, centry, csel, csel_valid)
         if attn.compressor is not None:
             compressed, bias = attn.compressor(x, q_res[None], pos_ids, None, attn.layer_idx)
             ckv = compressed[0, 0]  # [T, d]

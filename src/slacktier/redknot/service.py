@@ -68,6 +68,16 @@ class ReadCounters:
     tickets: int = 0          # read batches: one per document and layer
     wait_s: float = 0.0
     failed_layers: int = 0
+    # per layer, ms from the first read's submission (prefill start): when the runner asked for the layer (its
+    # window), when its pages had landed (its last ticket's submission + the slowest ticket's read time), and how
+    # long the runner blocked on them
+    need_ms: dict[int, float] = field(default_factory=dict)
+    ready_ms: dict[int, float] = field(default_factory=dict)
+    layer_wait_ms: dict[int, float] = field(default_factory=dict)
+
+    def late_layers(self) -> list[int]:
+        """Layers whose pages landed after the runner needed them."""
+        return sorted(l for l, need in self.need_ms.items() if self.ready_ms.get(l, 0.0) > need)
 
 
 @dataclass(frozen=True)
@@ -97,7 +107,8 @@ class StoredLocal:
     """
 
     def __init__(self, layout: Layout, width: int, dtype: torch.dtype, reads: LayerReads, pool: PageBufferPool,
-                 slots: dict[int, list[_Slot]], has_artifact: torch.Tensor, counters: ReadCounters) -> None:
+                 slots: dict[int, list[_Slot]], has_artifact: torch.Tensor, counters: ReadCounters,
+                 submitted_at: float = 0.0, submit_ms: dict[int, float] | None = None) -> None:
         self.layout = layout
         self.width = width
         self.dtype = dtype
@@ -106,6 +117,8 @@ class StoredLocal:
         self.slots = slots
         self.has_artifact = has_artifact   # [S] bool
         self.counters = counters
+        self.submitted_at = submitted_at          # perf_counter() when the first read was submitted
+        self.submit_ms = dict(submit_ms or {})    # layer -> ms after that when its last ticket was submitted
         self.failed_layers: set[int] = set()
 
     def layer(self, layer: int) -> torch.Tensor | None:
@@ -113,6 +126,7 @@ class StoredLocal:
         if layer in self.failed_layers:
             return None
         t0 = time.perf_counter()
+        self.counters.need_ms[layer] = (t0 - self.submitted_at) * 1e3
         try:
             waited = self.reads.wait(layer)
         except SlackTierError as exc:
@@ -122,6 +136,8 @@ class StoredLocal:
             return None
         finally:
             self.counters.wait_s += time.perf_counter() - t0
+            self.counters.layer_wait_ms[layer] = (time.perf_counter() - t0) * 1e3
+        self.counters.ready_ms[layer] = self.submit_ms.get(layer, 0.0) + waited.read_us / 1e3
         self.counters.pages += waited.pages
         self.counters.bytes += waited.pages * PAGE_BYTES
         z = torch.zeros(self.layout.rows, self.width, dtype=self.dtype)
@@ -260,31 +276,21 @@ class RedKnotService:
         any read is issued (the caller then falls back to full recompute).
         """
         R = self.runner.config.o_lora_rank
-        tier_layers: dict[TierKey, list[int]] = {}
-        for t in self._tables:
-            tier_layers.setdefault((t.source, t.options), []).append(t.layer)
         opened: dict[tuple[int, TierKey], tuple[PageSource, list[Region], dict[tuple[int, int], int]]] = {}
         has_artifact = torch.zeros(layout.rows, dtype=torch.bool)
         total_pages = 0
         for seg, certs in doc_certs.items():
             has_artifact[layout.starts[seg]:layout.ends[seg]] = True
-            for key, layers in tier_layers.items():
-                regions, sums, index = [], [], {}
-                for layer in layers:
-                    for cert in certs:
-                        i = cert.covered_layers.index(layer)
-                        index[(layer, cert.rank)] = len(regions)
-                        regions.append(Region(layer=layer, rank=cert.rank, path=str(self.store.data_path(cert)),
-                                              offset_bytes=cert.region_offsets_bytes[i],
-                                              pages=cert.region_pages[i]))
-                        sums.append(np.asarray(cert.page_crc32c[i], dtype=np.uint32))
-                opened[(seg, key)] = (self._source_for(certs[0].doc_id, key, regions, sums), regions, index)
-                total_pages += sum(r.pages for r in regions)
+            for key, layers in self._tier_layers().items():
+                opened[(seg, key)] = self._open(certs, key, layers)
+                total_pages += sum(r.pages for r in opened[(seg, key)][1])
         pool = PageBufferPool(max(total_pages, 1))
         reads = LayerReads(self.placement.engine.wait_timeout_ms / 1e3)
         counters = ReadCounters()
         slots: dict[int, list[_Slot]] = collections.defaultdict(list)
         next_buffer = 0
+        submitted_at = time.perf_counter()
+        submit_ms: dict[int, float] = {}
         try:
             for t in self._tables:  # (order, layer): the earliest deadline first
                 for seg, certs in doc_certs.items():
@@ -303,12 +309,50 @@ class RedKnotService:
                                                     cert.row_format, buf))
                     batch = PageReads(np.concatenate(region_ids), np.concatenate(pages), np.concatenate(buffers))
                     reads.submit(t.layer, source, batch, pool)
+                    submit_ms[t.layer] = (time.perf_counter() - submitted_at) * 1e3
                     counters.tickets += 1
         except BaseException:
             reads.drain()  # nothing submitted may still be landing when the pool is dropped
             raise
         return StoredLocal(layout, self.tp.o_groups * R, self.dtype, reads, pool, dict(slots), has_artifact,
-                           counters)
+                           counters, submitted_at, submit_ms)
+
+    def _tier_layers(self) -> dict[TierKey, list[int]]:
+        """The placed layers of each (tier, options), in deadline order."""
+        tier_layers: dict[TierKey, list[int]] = {}
+        for t in self._tables:
+            tier_layers.setdefault((t.source, t.options), []).append(t.layer)
+        return tier_layers
+
+    def _open(self, certs: list[Certificate], key: TierKey, layers: list[int]
+              ) -> tuple[PageSource, list[Region], dict[tuple[int, int], int]]:
+        """The source of one document's `layers` on tier `key`, its regions, and (layer, rank) -> region."""
+        regions, sums, index = [], [], {}
+        for layer in layers:
+            for cert in certs:
+                i = cert.covered_layers.index(layer)
+                index[(layer, cert.rank)] = len(regions)
+                regions.append(Region(layer=layer, rank=cert.rank, path=str(self.store.data_path(cert)),
+                                      offset_bytes=cert.region_offsets_bytes[i], pages=cert.region_pages[i]))
+                sums.append(np.asarray(cert.page_crc32c[i], dtype=np.uint32))
+        return self._source_for(certs[0].doc_id, key, regions, sums), regions, index
+
+    def warm(self, docs: list[tuple[str, tuple[int, ...]]]) -> int:
+        """Open the sources of these documents' canonical artifacts on every placed tier now (a DRAM source
+        loads its pages), so the next prefill does not pay it; the number of documents warmed.
+
+        A document without a certificate valid for these tokens is skipped (its prefill validates again).
+        """
+        exp = self.expectation()
+        warmed = 0
+        for doc_id, toks in docs:
+            certs = [self.store.certificate(doc_id, r) for r in range(self.tp.tp_size)]
+            if any(c is None for c in certs) or validate(certs, exp, tuple(toks), (), self.store.floor(doc_id)):
+                continue
+            for key, layers in self._tier_layers().items():
+                self._open(certs, key, layers)
+            warmed += 1
+        return warmed
 
     def _fallback(self, layout: Layout, reason: FallbackReason, new_docs: int) -> PrefillReport:
         self.counters[f"fallback.{reason.value}"] += 1
