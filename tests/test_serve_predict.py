@@ -167,6 +167,45 @@ def test_injected_delays_on_the_timeline_match_eq1(d1, d14):
         assert st.stall_total_ms == pytest.approx(delay_prediction(times, {1: d1, 14: d14}), abs=1e-9)
 
 
+class LateWaker:
+    """The shared fake clock, but every sleep wakes 0.05 ms past its deadline (the host's wake-up)."""
+
+    def __init__(self, base: FakeClock) -> None:
+        self.base = base
+
+    def now(self) -> float:
+        return self.base.t
+
+    def wait_until(self, deadline: float) -> None:
+        if deadline > self.base.t:
+            self.base.t = deadline + 0.05e-3
+
+
+class SlowCallEngine(ReadyEngine):
+    """Rows ready at once, but each gather call spends 0.03 ms of host time (no wait, no pass counted)."""
+
+    def gather(self, layer: int) -> None:
+        self.clock.t += 0.03e-3
+
+
+@pytest.mark.parametrize("d1, d14", [(0.4, 9.0), (0.9, 12.0), (1.5, 12.0), (2.5, 15.0)])
+def test_injected_delay_wake_up_and_call_overhead_are_not_stall(d1, d14):
+    # the injected read lands at t0 + D; the hold's late wake-up and the gather call's host time come after it
+    clock = FakeClock()
+    times = StepTimes("agent", 128, 29.41, {1: 0.27, 14: 9.35})
+    engine = DelayedEngine(SlowCallEngine(clock), {1: d1, 14: d14}, clock=LateWaker(clock))
+    runner = TimelineRunner(engine, times, clock=clock)
+    items = [S("prefill", 20, 0.1, clock)] + [S("decode", 4, 0.1, clock) for _ in range(3)]
+    steps = run_delayed_replay(runner, engine, _steps(clock, items), 4, 5)
+    assert len(steps) == 3
+    held = steps[1].wait_ms[1]
+    assert held == pytest.approx(d1 - 0.3)   # called at 0.3 ms (hash + begin_step), the read lands at d1
+    # the first step has no previous one to take the 0.08 ms of non-waiting gather time out of layer 14's
+    # schedule; from the second on, measured = Eq. 1 exactly
+    for st in steps[1:]:
+        assert st.stall_total_ms == pytest.approx(delay_prediction(times, {1: d1, 14: d14}), abs=1e-9)
+
+
 # ---- the read fit and the fit-half curves on real components ----------------------------------------------
 
 @pytest.mark.parametrize("tier", ["dram", "disk"])

@@ -308,25 +308,38 @@ def calibrate(inputs: PlannerInputs, fit_runs: Sequence[tuple[Placement, SweepRu
 @dataclass
 class DelayedEngine:
     """A timeline engine whose layer l rows are handed out no earlier than `delays_ms[l]` after the step
-    started (`t0`, set by `run_delayed_replay`); the wrapped engine still resolves, reads and gathers every row."""
+    started (`t0`, set by `run_delayed_replay`); the wrapped engine still resolves, reads and gathers every row.
+
+    The hold is a read the layer waits on, so end_step adds it to the layer's `wait_us`: the time from the
+    gather call until t0 + D_l, the moment the injected read lands. The host's wake-up after that moment (the
+    sleep's overshoot, 0.002-0.06 ms on this VM) is the emulation's, not the read's, and is not added. Worked
+    example: t0 = 0, D_1 = 4 ms, gather called at 1.2 ms, the wrapped wait 0.05 ms -> wait_us 2800 + 50.
+    """
 
     inner: object
     delays_ms: Mapping[int, float]
     clock: Clock = field(default_factory=RealClock)
     t0: float = 0.0
+    _held_us: dict[int, float] = field(default_factory=dict, init=False)
 
     def begin_step(self, ids: np.ndarray) -> None:
         """The wrapped engine's begin_step."""
+        self._held_us = {}
         self.inner.begin_step(ids)
 
     def gather(self, layer: int) -> object:
         """Wait until the layer's delay has passed since the step started, then the wrapped gather."""
-        self.clock.wait_until(self.t0 + self.delays_ms.get(layer, 0.0) / 1e3)
+        ready = self.t0 + self.delays_ms.get(layer, 0.0) / 1e3
+        self._held_us[layer] = max(0.0, ready - self.clock.now()) * 1e6
+        self.clock.wait_until(ready)
         return self.inner.gather(layer)
 
     def end_step(self) -> object:
-        """The wrapped engine's end_step."""
-        return self.inner.end_step()
+        """The wrapped engine's end_step, each layer's hold added to its wait_us."""
+        counters = self.inner.end_step()
+        for layer, held_us in self._held_us.items():
+            counters.layers[layer].wait_us += held_us
+        return counters
 
 
 def run_delayed_replay(runner: TimelineRunner, engine: DelayedEngine, steps: Iterator, batch: int,

@@ -10,19 +10,26 @@ One decode step (`TimelineRunner.step`), all times from t0 = step start:
     host: pull ids (hash), engine.begin_step(ids)                -> s
     for each lookup layer l in depth order:
         sleep until sched_l = W_l + (stalls so far)  (time.sleep, spin the last ~100 us)
-        engine.gather(l)                             -> returns at g_l
-        stall_l = [g_l - sched_l - gather_pass_l]+   (wait on reads + begin_step overrun)
+        engine.gather(l), called at c_l              -> returns at g_l
+        stall_l = [c_l + wait_l - sched_l]+          (rows ready - scheduled start: wait on reads + begin_step overrun)
     step ends at total_ms + sum(stall_l)
 
-The gather's dequant pass (`gather_us` in the engine's counters) is a kernel
-inside layer l on a GPU, so it is reported apart and never counted as stall.
-The engine publishes counters only at `end_step`, so while the step runs the
-next layer's schedule is shifted by g_l - sched_l minus layer l's gather pass
-of the previous step (an estimate); the recorded stalls and the step's end use
-this step's counters. Worked example: W1 = 0.27, W14 = 9.35, total 29.41;
-begin_step takes 0.5 ms, layer 1's gather returns at 0.9 ms with a 0.1 ms pass:
-stall_1 = 0.9 - 0.27 - 0.1 = 0.53; layer 14 is scheduled at 9.88 ms; its rows
-are ready, so stall_14 = 0 and the step ends at 29.94 ms.
+The stall ends when the layer's rows are ready: when the engine's wait on its
+reads returned (`wait_us` in its counters, after the call at c_l). The rest of
+the gather is host time after the rows are ready: the dequant pass
+(`gather_us`, a kernel inside layer l on a GPU; reported apart) and the call's
+own Python around it (0.02-0.04 ms a layer on this VM), neither a stall.
+Counting g_l - sched_l - pass instead put that call overhead into every layer's
+stall, also a layer whose rows were ready before its start (BENCHMARKS.md,
+"Step timeline: the planner's predictions", Table 3 analog of 14:51 UTC). The
+engine publishes counters only at `end_step`, so while the step runs the next
+layer's schedule is shifted by g_l - sched_l minus layer l's non-waiting gather
+time of the previous step (g - c - wait; an estimate); the recorded stalls and
+the step's end use this step's counters. Worked example: W1 = 0.27, W14 = 9.35, total 29.41;
+begin_step takes 0.5 ms, layer 1's gather is called at 0.5 ms, waits 0.4 ms
+for its reads and returns at 1.0 ms after a 0.1 ms pass: stall_1 = 0.5 + 0.4 -
+0.27 = 0.63; layer 14 is scheduled at 9.98 ms; its rows are ready, so
+stall_14 = 0 and the step ends at 30.04 ms.
 
 The predicted stalls come from the exposure model (plan.exposure, Eq. 1
 generalized) with this step's measured s and read times.
@@ -231,7 +238,7 @@ class TimelineStep:
     tokens: int
     s_ms: float                     # step start -> begin_step returned (pull, hash, resolve, submit)
     step_ms: float                  # profile total + measured stalls
-    stall_ms: dict[int, float]      # measured: wait for rows + begin_step overrun, dequant pass excluded
+    stall_ms: dict[int, float]      # measured: scheduled start -> rows ready (wait for reads + begin_step overrun)
     predicted_ms: dict[int, float]  # Eq. 1 from s_ms and read_ms
     read_ms: dict[int, float]       # the engine's submit-to-completion read time
     wait_ms: dict[int, float]       # the engine's wait inside gather
@@ -258,7 +265,7 @@ class TimelineRunner:
     engine: TimelineEngine
     times: StepTimes
     clock: Clock = field(default_factory=RealClock)
-    _last_pass_s: dict[int, float] = field(default_factory=dict, init=False)
+    _last_rest_s: dict[int, float] = field(default_factory=dict, init=False)   # per layer: gather time not waiting
     _index: int = field(default=0, init=False)
 
     def __post_init__(self) -> None:
@@ -277,19 +284,23 @@ class TimelineRunner:
         t0 = clock.now() if t0 is None else t0
         self.engine.begin_step(ids)
         s = clock.now() - t0
-        late: dict[int, float] = {}
+        sched: dict[int, float] = {}
+        called: dict[int, float] = {}
+        done: dict[int, float] = {}
         shift = 0.0
         for layer in self.layers:
-            sched = t0 + self.times.windows_ms[layer] / 1e3 + shift
-            clock.wait_until(sched)
+            sched[layer] = t0 + self.times.windows_ms[layer] / 1e3 + shift
+            clock.wait_until(sched[layer])
+            called[layer] = clock.now()
             self.engine.gather(layer)
-            late[layer] = clock.now() - sched
-            shift += max(0.0, late[layer] - self._last_pass_s.get(layer, 0.0))
+            done[layer] = clock.now()
+            shift += max(0.0, done[layer] - sched[layer] - self._last_rest_s.get(layer, 0.0))
         counters = self.engine.end_step()
         c = {l: counters.layers[l] for l in self.layers}
-        stall = {l: max(0.0, late[l] - c[l].gather_us / 1e6) * 1e3 for l in self.layers}
+        ready = {l: called[l] + c[l].wait_us / 1e6 for l in self.layers}
+        stall = {l: max(0.0, ready[l] - sched[l]) * 1e3 for l in self.layers}
         for l in self.layers:
-            self._last_pass_s[l] = c[l].gather_us / 1e6
+            self._last_rest_s[l] = max(0.0, done[l] - ready[l])
         step_ms = self.times.step_ms + sum(stall.values())
         clock.wait_until(t0 + step_ms / 1e3)
         read_ms = {l: c[l].read_us / 1e3 for l in self.layers}
