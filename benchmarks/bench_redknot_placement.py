@@ -50,11 +50,11 @@ def main() -> int:
     torch.set_num_threads(1)
 
     from slacktier.errors import SlackTierError
+    from slacktier.plan.artifacts import ArtifactDemand, plan_artifact_placement
     from slacktier.plan.tiers import TierSpec
     from slacktier.redknot.artifacts import ArtifactStore
     from slacktier.redknot.corpus import documents, question_tokens
     from slacktier.redknot.model import bench_config, build_model
-    from slacktier.plan.artifacts import ArtifactDemand, plan_artifact_placement
     from slacktier.redknot.placement import artifact_placement
     from slacktier.redknot.profile import profile_for_config
     from slacktier.redknot.protect import ProtectionPolicy

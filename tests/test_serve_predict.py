@@ -20,6 +20,8 @@ from slacktier.serve.tiers import Placement
 from slacktier.serve.timeline import (PROFILES_DIR, StepTimes, SweepRun, TimelineRunner, TimelineSummary,
                                       load_profile, profile_from_dict)
 
+from test_serve_timeline import FakeClock   # time passes only when told
+
 DISK = TierSpec("disk", 0.3, 0.02, 0.01, holds_table=False)
 DRAM = TierSpec("dram", 0.05, 0.001, 0.0, holds_table=True)
 
@@ -109,17 +111,6 @@ def test_delay_prediction_worked_example():
     assert delay_prediction(times, {1: 2.5, 14: 6.0}, coupled=False) == pytest.approx(2.399 + 2.5029)
     t128 = StepTimes("agent", 128, 29.41, {1: 0.27, 14: 9.35})
     assert delay_prediction(t128, {1: 0.9, 14: 12.0}) == pytest.approx(2.65)   # the paper's Table 3 row
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 50.0
-
-    def now(self) -> float:
-        return self.t
-
-    def wait_until(self, deadline: float) -> None:
-        self.t = max(self.t, deadline)
 
 
 class ReadyEngine:

@@ -35,13 +35,14 @@ import gc
 import resource
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Iterator, Sequence
 
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
-                                      TimelineSummary, load_profile, summarize, sweep_sessions, timeline_placements)
+from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner,
+                                      TimelineSummary, load_profile, run_replay, summarize, sweep_sessions,
+                                      timeline_placements)
 
 DIRECTORY_BYTES_PER_ROW = 4   # int32 row -> slot, per row of the rank's shard (DESIGN section 2)
 MAX_SESSION_TOKENS = {"agent": 4096, "chat": 1024}   # agent: 305 sessions fit 4096 tokens, 5 fit 1024
@@ -258,34 +259,6 @@ class FullRankRun:
     warmed: bool = True
 
 
-def replay_timeline(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int,
-                    warm: bool = True, warmup_steps: int = 0, warm_first: bool = True) -> list[TimelineStep]:
-    """serve.timeline.run_replay, plus: the first `warmup_steps` full-batch decode steps run on the timeline but
-    are not recorded (the paper's warmup before measuring: first-call costs, a cache filling); `warm=False` skips
-    the non-timed steps on the engine, all but the first with `warm_first` (an uncached placement: nothing a
-    prefill reads survives the step; the first warms the code paths)."""
-    it = iter(steps)
-    out: list[TimelineStep] = []
-    clock = runner.clock
-    warmed_once = not warm_first
-    skip = warmup_steps
-    while len(out) < decode_steps:
-        t0 = clock.now()
-        st = next(it, None)   # pulling a step hashes its tokens: host work, inside s for a decode step
-        if st is None:
-            break
-        if st.kind == "decode" and st.num_tokens == batch:
-            step = runner.step(st.ids, t0=t0)
-            if skip > 0:
-                skip -= 1
-            else:
-                out.append(step)
-        elif warm or not warmed_once:
-            runner.warm(st.ids)
-            warmed_once = True
-    return out
-
-
 def _checked(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int, warm: bool) -> tuple[int, int]:
     """`n` more decode steps with the engine's checker on (untimed); (steps checked, mismatching rows)."""
     if n <= 0:
@@ -293,7 +266,7 @@ def _checked(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: in
     cfg = engine.config
     engine.apply(cfg.replace(check=True))
     before = sum(c.mismatches for c in engine.totals.values())
-    steps = replay_timeline(runner, replay, batch, n, warm, warm_first=False)
+    steps = run_replay(runner, replay, batch, n, warm, warm_first=False)
     engine.apply(cfg)   # not in a `finally`: after a failed step the engine is closed, not reused
     return len(steps), sum(c.mismatches for c in engine.totals.values()) - before
 
@@ -338,7 +311,7 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False) -> tuple[ComputeP
                                                   {l: st.windows_ms[l] for l in served}))
                 warm = placement.cache_rows > 0
                 replay = iter(_replay(cfg, batch, hasher))
-                steps = replay_timeline(runner, replay, batch, cfg.decode_steps, warm, cfg.warmup_steps)
+                steps = run_replay(runner, replay, batch, cfg.decode_steps, warm, cfg.warmup_steps)
                 checked, bad = _checked(engine, runner, replay, batch, cfg.check_steps, warm)
             finally:
                 engine.close()

@@ -316,21 +316,33 @@ class TimelineRunner:
             lookups={l: int(c[l].lookups) for l in self.layers})
 
 
-def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int) -> list[TimelineStep]:
+def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int, warm: bool = True,
+               warmup_steps: int = 0, warm_first: bool = True) -> list[TimelineStep]:
     """Replay Steps (workloads.replay): prefill warms the cache off the timeline; decode steps with `batch`
-    tokens run on it until `decode_steps` of them ran (fewer decode tokens: warmed, not timed)."""
+    tokens run on it until `decode_steps` of them ran (fewer decode tokens: warmed, not timed).
+
+    The first `warmup_steps` full-batch decode steps run on the timeline but are not recorded (first-call
+    costs, a cache filling); `warm=False` skips the non-timed steps on the engine, all but the first with
+    `warm_first` (an uncached placement: nothing a prefill reads survives the step; the first warms the code)."""
     it: Iterator = iter(steps)
     out: list[TimelineStep] = []
     clock = runner.clock
+    warmed_once = not warm_first
+    skip = warmup_steps
     while len(out) < decode_steps:
         t0 = clock.now()
         st = next(it, None)   # pulling a step hashes its tokens: host work, inside s for a decode step
         if st is None:
             break
         if st.kind == "decode" and st.num_tokens == batch:
-            out.append(runner.step(st.ids, t0=t0))
-        else:
+            step = runner.step(st.ids, t0=t0)
+            if skip > 0:
+                skip -= 1
+            else:
+                out.append(step)
+        elif warm or not warmed_once:
             runner.warm(st.ids)
+            warmed_once = True
     return out
 
 
