@@ -367,7 +367,9 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
     from slacktier.config import RedisClusterOptions
-    from slacktier.store.redis_cluster import default_prefix, load_manifest, page_key
+    from redis.crc import key_slot
+
+    from slacktier.store.redis_cluster import default_prefix, identity_key, load_manifest, page_key
     from slacktier.store.redis_local import LocalRedisCluster
 
     with LocalRedisCluster(tmp_path / "cluster", masters=3, replicas=1, node_timeout_ms=1000) as cluster:
@@ -389,7 +391,6 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
                                            password=cluster.loader.password)
 
         def node_of(layer: int, rank: int, page: int) -> int:
-            from redis.crc import key_slot
             return admin.nodes_manager.get_node_from_slot(key_slot(page_key(prefix, layer, rank, page, 64))).port
 
         def faulted_step(ids, *kinds: ErrorKind, fault=lambda: None) -> None:
@@ -442,8 +443,11 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
             assert len(run.errors) == errors, run.errors[errors:]
 
             # 4. A master and its replica die; the master comes back empty: the table is named as incomplete.
+            # Not the master of the identity key's slot: losing that one reads as "no table here" (MISSING), not
+            # as incomplete (docs/remote.md, "Not done").
             masters = cluster.masters()
-            port = next(p for p in masters if p != promoted)
+            holder = cluster.owner(key_slot(identity_key(prefix)))
+            port = next(p for p in masters if p not in (promoted, holder))
             replica = next(r for r, m in cluster.replicas().items() if m == port)
             cluster.kill(replica)
             cluster.kill(port)
