@@ -33,8 +33,6 @@ SUBSECTION = "### Hot path against issue 14's targets"
 
 def loop(seconds: float) -> None:
     """The profiled process: build the rank engine, warm it, then decode new tokens for `seconds`."""
-    import numpy as np  # noqa: F401
-
     import _ab_worker as W
     from slacktier.cache import RowCache
     from slacktier.engine.step import StepEngine

@@ -1,10 +1,8 @@
 """The planner's timeline prediction (serve.predict): exact numbers on hand-made inputs, injected delays on a fake
-clock, the read fit and the fit-half curves on real components, bad profiles (no wall-clock assertions)."""
+clock, the read fit and the fit-half curves on real components; no wall-clock assertions. Bad profiles are
+tested in test_serve_timeline.py."""
 
 from __future__ import annotations
-
-import copy
-import json
 
 import numpy as np
 import pytest
@@ -17,8 +15,7 @@ from slacktier.plan.tiers import TierSpec
 from slacktier.serve.predict import (Calibration, DelayedEngine, FitCurves, PlannerInputs, calibrate,
                                      delay_prediction, fit_miss_curves, predict, read_fit, run_delayed_replay)
 from slacktier.serve.tiers import Placement
-from slacktier.serve.timeline import (PROFILES_DIR, StepTimes, SweepRun, TimelineRunner, TimelineSummary,
-                                      load_profile, profile_from_dict)
+from slacktier.serve.timeline import StepTimes, SweepRun, TimelineRunner, TimelineSummary, load_profile
 
 from test_serve_timeline import FakeClock   # time passes only when told
 
@@ -234,41 +231,6 @@ def test_fit_half_curves_fall_with_capacity_and_count_full_decode_steps():
         assert pages[0] <= 4 * 24   # at most one page per lookup of a 4-token step
     big = fit_miss_curves(cfg, sessions, hasher, 12, [0])   # 6 sessions cannot fill 12: replayed at 6, scaled
     assert big.replayed_batch == 6 and "scaled by 12/6" in big.note
-
-
-# ---- bad profiles (issue 13: negative or missing layers, a lookup layer the profile lacks) -----------------
-
-GOOD = json.loads((PROFILES_DIR / "v41_paper.json").read_text())
-
-
-def bad(change) -> dict:
-    doc = copy.deepcopy(GOOD)
-    change(doc)
-    return doc
-
-
-@pytest.mark.parametrize("change, words", [
-    (lambda d: d["decode"][0]["windows_ms"].update({"-1": 0.05}), "outside the model's 40 layers"),
-    (lambda d: d.update(layers=0), "positive integer"),
-    (lambda d: d.update(layers="40"), "positive integer"),
-    (lambda d: d.update(layers=True), "positive integer"),
-    (lambda d: d["decode"][0].update(windows_ms={}), "windows_ms must map layer"),
-    (lambda d: d["decode"][0].update(windows_ms=[0.1, 3.0]), "windows_ms must map layer"),
-    (lambda d: d["decode"][0]["windows_ms"].update({"x": 1.0}), "is not layer -> ms"),
-    (lambda d: d["decode"][0].update(batch=-8), "must be > 0"),
-    (lambda d: d["decode"].append(copy.deepcopy(d["decode"][0])), "given twice"),
-])
-def test_more_bad_profiles_are_refused(change, words):
-    with pytest.raises(SlackTierError, match=words):
-        profile_from_dict(bad(change))
-
-
-def test_a_lookup_layer_missing_at_one_batch_point_is_refused():
-    doc = bad(lambda d: d["decode"][0]["windows_ms"].pop("14"))
-    p = profile_from_dict(doc)   # a point may cover fewer layers ...
-    with pytest.raises(SlackTierError, match=r"no window for lookup layers \[14\]"):
-        p.times(64, "agent", (1, 14))   # ... but not one the run looks up
-    assert p.times(64, "chat", (1, 14)).windows_ms[14] > 0
 
 
 def test_timeline_table_shows_the_planner_column():

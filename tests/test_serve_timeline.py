@@ -237,6 +237,15 @@ def bad(change) -> dict:
     (lambda d: d.update(decode=[]), "no decode points"),
     (lambda d: d["decode"][0].pop("step_ms"), "point needs"),
     (lambda d: d.update(format="other"), "format"),
+    (lambda d: d["decode"][0]["windows_ms"].update({"-1": 0.05}), "outside the model's 40 layers"),
+    (lambda d: d.update(layers=0), "positive integer"),
+    (lambda d: d.update(layers="40"), "positive integer"),
+    (lambda d: d.update(layers=True), "positive integer"),
+    (lambda d: d["decode"][0].update(windows_ms={}), "windows_ms must map layer"),
+    (lambda d: d["decode"][0].update(windows_ms=[0.1, 3.0]), "windows_ms must map layer"),
+    (lambda d: d["decode"][0]["windows_ms"].update({"x": 1.0}), "is not layer -> ms"),
+    (lambda d: d["decode"][0].update(batch=-8), "must be > 0"),
+    (lambda d: d["decode"].append(copy.deepcopy(d["decode"][0])), "given twice"),
 ])
 def test_bad_profiles_are_refused(change, words):
     with pytest.raises(SlackTierError, match=words):
@@ -251,6 +260,14 @@ def test_lookup_layer_the_profile_lacks_is_refused():
         p.times(256, "agent", (1, 14))
     with pytest.raises(SlackTierError, match="no decode points"):
         p.times(64, "code", (1,))
+
+
+def test_a_lookup_layer_missing_at_one_batch_point_is_refused():
+    doc = bad(lambda d: d["decode"][0]["windows_ms"].pop("14"))
+    p = profile_from_dict(doc)   # a point may cover fewer layers ...
+    with pytest.raises(SlackTierError, match=r"no window for lookup layers \[14\]"):
+        p.times(64, "agent", (1, 14))   # ... but not one the run looks up
+    assert p.times(64, "chat", (1, 14)).windows_ms[14] > 0
 
 
 def test_unknown_profile_name_is_refused():

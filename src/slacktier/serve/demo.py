@@ -131,7 +131,7 @@ def timeline_demo(workdir: str | Path, metrics: bool = False, progress: bool = F
                             for j, _ in held]))
     disk = sw.fits.get("disk")
     lines = [timeline_table(sw.profile, runs, planner_ms=sw.predicted_ms),
-             f"planner: predicted before the runs from this disk's read fit"
+             "planner: predicted before the runs from this disk's read fit"
              + (f" ({disk.first.model.per_page_ms[0] * 1e3:.1f} us per page of the first layer; the paper's NVMe "
                 "3.05)" if disk else "")
              + f" and the fit half's miss-page curves; s = {sw.cal.resolve_ms(32):.2f} ms and kappa = "

@@ -33,9 +33,6 @@ _SOURCE = Path(__file__).with_name("csrc") / "uring_read.c"
 _CFLAGS = ("-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-pthread")
 _build_lock = threading.Lock()
 
-_I32P = np.ctypeslib.ndpointer(dtype=np.int32, flags="C_CONTIGUOUS")
-_I64P = np.ctypeslib.ndpointer(dtype=np.int64, flags="C_CONTIGUOUS")
-_U64P = np.ctypeslib.ndpointer(dtype=np.uint64, flags="C_CONTIGUOUS")
 
 
 def cache_dir() -> Path:
@@ -108,32 +105,18 @@ def _submit_kernel():
 
 @functools.cache
 def load_helper() -> ctypes.CDLL:
-    """The loaded helper with its argument types declared (built on first call)."""
+    """The loaded helper with its argument types declared (built on first call); st_eng_submit is called from
+    compiled code instead (`_submit_kernel`)."""
     lib = ctypes.CDLL(str(build_helper()))
     lib.st_ring_create.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int)]
     lib.st_ring_create.restype = ctypes.c_void_p
     lib.st_ring_destroy.argtypes = [ctypes.c_void_p]
     lib.st_ring_destroy.restype = None
-    lib.st_ring_entries.argtypes = [ctypes.c_void_p]
-    lib.st_ring_entries.restype = ctypes.c_uint
-    lib.st_ring_flags.argtypes = [ctypes.c_void_p]
-    lib.st_ring_flags.restype = ctypes.c_uint
-    lib.st_ring_read.argtypes = [ctypes.c_void_p, ctypes.c_int, _I32P, _I64P, _U64P, ctypes.c_uint, ctypes.c_uint,
-                                 ctypes.c_uint, _I32P]
-    lib.st_ring_read.restype = ctypes.c_int
-    lib.st_ring_register_files.argtypes = [ctypes.c_void_p, _I32P, ctypes.c_uint]
-    lib.st_ring_register_files.restype = ctypes.c_int
-    lib.st_ring_register_buffer.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64]
-    lib.st_ring_register_buffer.restype = ctypes.c_int
     vp, i64, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint
     lib.st_eng_create.argtypes = [u32, u32, u32, u32, ctypes.c_int, vp, vp, vp, vp, u32, ctypes.POINTER(ctypes.c_int)]
     lib.st_eng_create.restype = vp
-    lib.st_eng_flags.argtypes = [vp]
-    lib.st_eng_flags.restype = u32
     lib.st_eng_hold.argtypes = [vp, ctypes.c_int]
     lib.st_eng_hold.restype = None
-    lib.st_eng_submit.argtypes = [vp, ctypes.c_int, vp, vp, vp, ctypes.c_uint64, i64, vp]
-    lib.st_eng_submit.restype = vp
     lib.st_eng_wait.argtypes = [vp, vp, i64, vp]
     lib.st_eng_wait.restype = ctypes.c_int
     lib.st_eng_reads.argtypes = [vp, vp, vp, vp, vp]
@@ -143,48 +126,6 @@ def load_helper() -> ctypes.CDLL:
     lib.st_eng_destroy.argtypes = [vp]
     lib.st_eng_destroy.restype = None
     return lib
-
-
-class Ring:
-    """One io_uring instance; use it from the thread that created it only."""
-
-    def __init__(self, entries: int) -> None:
-        self._lib = load_helper()
-        err = ctypes.c_int(0)
-        handle = self._lib.st_ring_create(entries, ctypes.byref(err))
-        if not handle:
-            raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_uring_setup failed: {os.strerror(err.value)}",
-                                 fix="use a kernel with io_uring enabled (sysctl kernel.io_uring_disabled=0) "
-                                     "or choose engine='threads'")
-        self._handle: int | None = handle
-        self.entries = int(self._lib.st_ring_entries(handle))
-        self.setup_flags = int(self._lib.st_ring_flags(handle))
-
-    def read(self, fds: np.ndarray, offsets: np.ndarray, addrs: np.ndarray, nbytes: int, depth: int,
-             wait_batch: int, res: np.ndarray) -> int:
-        """Read `nbytes` at offsets[i] of fds[i] into addrs[i]; res[i] gets bytes or -errno. 0 or -errno.
-
-        At most `depth` reads in flight; each wait for completions asks for `wait_batch` of them.
-        """
-        if self._handle is None:
-            raise SlackTierError(ErrorKind.CLOSED, "io_uring ring is closed", fix="open a new source")
-        return int(self._lib.st_ring_read(self._handle, fds.shape[0], fds, offsets, addrs, nbytes, depth,
-                                          wait_batch, res))
-
-    def register_files(self, fds: np.ndarray) -> int:
-        """Register open files (int32 [n], n <= 64) so reads of them skip a lookup; 0 or -errno."""
-        fds = np.ascontiguousarray(fds, dtype=np.int32)
-        return int(self._lib.st_ring_register_files(self._handle, fds, fds.shape[0]))
-
-    def register_buffer(self, addr: int, nbytes: int) -> int:
-        """Register one buffer range (pinned once, not per read); replaces the last one. 0 or -errno."""
-        return int(self._lib.st_ring_register_buffer(self._handle, addr, nbytes))
-
-    def close(self) -> None:
-        """Tear the ring down (idempotent)."""
-        if self._handle is not None:
-            self._lib.st_ring_destroy(self._handle)
-            self._handle = None
 
 
 #: IoEngine.wait's info fields
@@ -221,10 +162,8 @@ class IoEngine:
                                  fix="use a kernel with io_uring enabled (sysctl kernel.io_uring_disabled=0) "
                                      "or choose engine='threads'")
         self._handle: int | None = handle
-        self.setup_flags = int(self._lib.st_eng_flags(handle))
         self._err = np.zeros(1, dtype=np.int64)
         self._submit = _submit_kernel()
-        self.page_bytes = page_bytes
         # An empty batch compiles the submit kernel now (or loads it), not inside a caller's first step.
         none = np.zeros(0, dtype=np.int64)
         self.release(self.submit(none.astype(np.int32), none, none.astype(np.int32), 0, 0))
@@ -275,8 +214,12 @@ class IoEngine:
 def probe_io_uring() -> str | None:
     """None when the helper builds and a ring can be set up here, else the reason it cannot."""
     try:
-        ring = Ring(8)
+        lib = load_helper()
     except SlackTierError as exc:
         return str(exc)
-    ring.close()
+    err = ctypes.c_int(0)
+    ring = lib.st_ring_create(8, ctypes.byref(err))
+    if not ring:
+        return f"io_uring_setup failed: {os.strerror(err.value)}"
+    lib.st_ring_destroy(ring)
     return None

@@ -67,7 +67,7 @@ PREAD_THREADS_MAX = 32
 
 @dataclass(slots=True)
 class _DiskPart:
-    """A part's reads as the engines take them: file, byte offset and destination address of each."""
+    """A part's reads as the thread engine takes them: file, byte offset and destination address of each."""
 
     pool: PageBufferPool  # kept referenced until the reads land
     buffer: np.ndarray    # [n] int32
@@ -277,11 +277,10 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
         the call, so the caller may reuse its arrays at once and no read is queued from a bad batch."""
         if self.engine_name != "io_uring":
             return super().submit(reads, pool)
-        self._book.refuse_if_closed()
-        region, page, buffer = reads.region, reads.page, reads.buffer
-        n = region.shape[0]
         with self._lock:
             self._book.refuse_if_closed()
+            region, page, buffer = reads.region, reads.page, reads.buffer
+            n = region.shape[0]
             if self._abandoned:
                 self._reap_abandoned()
             if (self._single is not None and page.shape[0] == n and buffer.shape[0] == n and _native_ok(region, _I32)

@@ -4,12 +4,12 @@
  * are queued as IORING_OP_READ entries and io_uring_enter(2) submits them and
  * waits for completions. Only <linux/io_uring.h> (linux-libc-dev) is needed.
  *
- * One ring belongs to one thread (the device's I/O worker). Python calls
- * st_ring_read through ctypes, which releases the GIL for the whole batch.
- * Every read's result lands in res[i]: bytes read, or -errno.
+ * One ring belongs to one thread, the device's I/O worker, which reads a
+ * batch with st_ring_read; every read's result lands in res[i]: bytes read,
+ * or -errno.
  *
- * The I/O engine (st_eng_*, below st_ring_read) puts that worker in C: a
- * pthread owns the ring, and a caller hands it a whole batch of reads
+ * The I/O engine (st_eng_*, below st_ring_read) is that worker: a pthread
+ * owns the ring, and a caller hands it a whole batch of reads
  * (region, page, buffer arrays, checked against the region table here) in
  * one call that copies them and returns at once, then waits for the batch
  * with the GIL released. No Python runs per batch on the I/O side (issue 14).
@@ -42,7 +42,6 @@
 struct st_ring {
     int fd;
     unsigned entries;       /* submission queue size = most reads in flight */
-    unsigned setup_flags;   /* the flags the kernel accepted */
     unsigned *sq_head, *sq_tail, *sq_mask, *sq_array;
     struct io_uring_sqe *sqes;
     unsigned *cq_head, *cq_tail, *cq_mask;
@@ -85,10 +84,9 @@ struct st_ring *st_ring_create(unsigned entries, int *err) {
         0,
     };
     int fd = -1;
-    unsigned used = 0;
     for (unsigned i = 0; i < sizeof(choices) / sizeof(choices[0]); i++) {
         fd = try_setup(entries, choices[i], &p);
-        if (fd >= 0) { used = choices[i]; break; }
+        if (fd >= 0) break;
         if (errno != EINVAL) break;
     }
     if (fd < 0) { *err = errno; return NULL; }
@@ -97,7 +95,6 @@ struct st_ring *st_ring_create(unsigned entries, int *err) {
     if (!r) { *err = ENOMEM; close(fd); return NULL; }
     r->fd = fd;
     r->entries = p.sq_entries;
-    r->setup_flags = used;
     r->sq_map_bytes = p.sq_off.array + p.sq_entries * sizeof(unsigned);
     r->cq_map_bytes = p.cq_off.cqes + p.cq_entries * sizeof(struct io_uring_cqe);
     if (p.features & IORING_FEAT_SINGLE_MMAP) {
@@ -139,8 +136,6 @@ fail:
     return NULL;
 }
 
-unsigned st_ring_entries(const struct st_ring *r) { return r->entries; }
-unsigned st_ring_flags(const struct st_ring *r) { return r->setup_flags; }
 
 /* Register up to ST_MAX_FILES open files; reads of them then use IOSQE_FIXED_FILE. 0 or -errno. */
 int st_ring_register_files(struct st_ring *r, const int32_t *fds, unsigned n) {
@@ -301,7 +296,6 @@ struct st_eng {
     struct st_job *head, *tail, *all;
     int stop, started, err, held;
     unsigned entries, depth, wait_batch, len;
-    unsigned setup_flags;
     int nregions;
     int32_t *region_fd;
     int64_t *region_offset, *region_pages;
@@ -332,7 +326,6 @@ static void *eng_main(void *arg) {
     pthread_mutex_lock(&e->mu);
     e->started = 1;
     e->err = r ? 0 : err;
-    if (r) e->setup_flags = r->setup_flags;
     pthread_cond_broadcast(&e->done);
     pthread_mutex_unlock(&e->mu);
     if (!r) return NULL;
@@ -426,7 +419,6 @@ fail:
     return NULL;
 }
 
-unsigned st_eng_flags(const struct st_eng *e) { return e->setup_flags; }
 
 /* Hold (1) or release (0) the queue: a held engine starts no batch, so a test can make a batch land late
  * for real. Stopping the engine releases it. */
