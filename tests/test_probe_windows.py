@@ -145,8 +145,9 @@ def test_measured_slowdowns_of_fake_lookups_follow_eq1_with_probed_windows(one_t
     thr = sweep.noise.threshold_ms
     run = stepper(model, clock)
     rng = random.Random(1)
-    # (T1, T3): both binding, with a stall at layer 1 giving layer 3 extra time
-    for t1, t3 in [(4.0, 7.5), (4.0, 10.0), (5.0, 10.0)]:
+    # (T1, T3): both binding, with a stall at layer 1 giving layer 3 extra time; in the last, layer 1's stall
+    # covers all of layer 3's read, which the uncoupled sum would count twice
+    for t1, t3 in [(4.0, 7.5), (4.0, 10.0), (5.0, 10.0), (6.0, 10.0)]:
         with_lookups, without = [], []
         for _ in range(6):
             order = [True, False]
@@ -158,10 +159,12 @@ def test_measured_slowdowns_of_fake_lookups_follow_eq1_with_probed_windows(one_t
         measured = statistics.median(with_lookups) - statistics.median(without)
         reads = [LayerRead(1, w[1], t1), LayerRead(3, w[3], t3)]
         predicted = exposure(reads).slowdown_ms
-        assert abs(measured - predicted) <= thr, (t1, t3, measured, predicted)
+        # two errors add up here: the probed window (within thr of the truth, as the test above checks) and
+        # the median difference of two sets of noisy steps (within thr again); one thr alone failed a CI run
+        assert abs(measured - predicted) <= 2 * thr, (t1, t3, measured, predicted, thr)
         loose = exposure(reads, coupled=False).slowdown_ms
-        if loose - predicted > 3 * thr:
-            assert abs(measured - loose) > thr
+        if loose - predicted > 4 * thr:  # the uncoupled form is then told apart beyond that same tolerance
+            assert abs(measured - loose) > 2 * thr
 
 
 def test_hooks_change_nothing_and_detach_cleanly(one_thread):
