@@ -38,9 +38,9 @@ class LayerCounters:
     mismatches: int = 0
 
     def add(self, other: LayerCounters) -> None:
-        """Accumulate `other` into this one."""
-        for f in fields(self):
-            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+        """Accumulate `other` into this one (every step, per layer: the field names are looked up once)."""
+        for name in _LAYER_FIELDS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
 
     @property
     def hit_rate(self) -> float:
@@ -50,6 +50,9 @@ class LayerCounters:
     def as_dict(self) -> dict[str, float]:
         """Plain dict (for logs and JSON)."""
         return asdict(self)
+
+
+_LAYER_FIELDS = tuple(f.name for f in fields(LayerCounters))
 
 
 @dataclass

@@ -1,0 +1,242 @@
+"""Where warm begin_step's time goes: the directory pass beside ablated copies of itself, in one process.
+
+Each ablation is compiled from `cache/directory.py`'s own source with one part
+cut out (every cut is asserted, so a change to the pass stops this script
+instead of measuring something else). Each variant drives its own engine (one
+TP4 rank of the V4.1 tables, B = 128, the same cache and sparse disk regions
+as `_ab_worker.py begin_step`), and every step runs once per engine in
+shuffled order, so the machine's drift falls on all variants alike. The cuts
+are wrong on purpose (hits that do not pin, foreign lookups left without a
+descriptor) and run on warm steps only, where every lookup is a hit; what each
+saves bounds what a pass without that part could gain. Beside them, in the
+same rounds:
+- the directory floor: one numpy gather of as many random directory entries as
+  the step has owned lookups (what `bench_hot_path.py` quotes);
+- begin_step with a compiled stub in place of the pass (the pass's 32
+  arguments, returns at once): all of begin_step's Python and numba's
+  dispatch, without the pass's work (no gather follows it).
+
+    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--append]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import random
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from _common import ROOT, append_to_section, command_line, machine, utc_stamp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _ab_worker as W  # noqa: E402
+
+import slacktier.cache.rowcache as RC  # noqa: E402
+from slacktier.cache import RowCache  # noqa: E402
+from slacktier.engine.step import StepEngine  # noqa: E402
+from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
+from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds  # noqa: E402
+
+SECTION = "## The tier: page sources, cache and step engine"
+SUBSECTION = "### Hot path against issue 14's targets"
+STUB = "stub"
+SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
+
+_SECOND_WAVE = ("    # Second wave:", "    # Third wave:")
+_HIT = """        if s >= 0:
+            if filling(state, s, step):
+                desc_kind[i] = KIND_MISS
+                desc_idx[i] = fill_miss[s]
+                n_reuse += 1
+            else:
+                pinned += pin(state, s, step)
+                desc_kind[i] = KIND_SLOT
+                desc_idx[i] = s
+                n_hits += 1
+            continue"""
+_HIT_NO_STATE = """        if s >= 0:
+            desc_kind[i] = KIND_SLOT
+            desc_idx[i] = s
+            n_hits += 1
+            continue"""
+_FOREIGN = """            if owned_only:
+                desc_kind[i] = KIND_FOREIGN
+                desc_idx[i] = -1
+                n_foreign += 1
+                continue"""
+_FOREIGN_BARE = """            if owned_only:
+                n_foreign += 1
+                continue"""
+
+
+def _cut(text: str, start: str, end: str, put: str) -> str:
+    a, b = text.index(start), text.index(end)
+    return text[:a] + put + text[b:]
+
+
+def _replace(text: str, old: str, new: str) -> str:
+    if text.count(old) != 1:
+        raise SystemExit(f"the pass changed: cannot find the part to cut ({old.strip().splitlines()[0]!r})")
+    return text.replace(old, new)
+
+
+def variants() -> dict[str, str]:
+    """Name -> source of the pass with one part cut out ("as is" untouched)."""
+    src = SOURCE.read_text()
+    for marker in _SECOND_WAVE + ("    # Touch every lookup's directory entry first",):
+        if src.count(marker) != 1:
+            raise SystemExit(f"the pass changed: marker {marker!r} not found once")
+    no_state = _replace(_cut(src, *_SECOND_WAVE, "    n_absent = 0\n"), _HIT, _HIT_NO_STATE)
+    no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
+    no_waves = _cut(src, "    # Touch every lookup's directory entry first", "    # Third wave:",
+                    "    touch = np.int64(0)\n    n_absent = 1\n")
+    return {"as is": src, "hits skip the slot state": no_state, "no foreign descriptors": no_foreign,
+            "no prefetch waves": no_waves}
+
+
+def compile_pass(name: str, text: str, tmp: Path):
+    path = tmp / f"pass_{abs(hash(name))}.py"
+    path.write_text(text.replace("cache=True", "cache=False"))
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[path.stem] = mod   # its dataclasses look themselves up there
+    spec.loader.exec_module(mod)
+    return mod.resolve_layer
+
+
+@njit(nogil=True, cache=False)
+def _stub(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
+          layer_key, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, step,
+          htab, stamp, hbits, desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
+          page_region, page_no, page_buf, buf_base, pad_id, counts):   # pragma: no cover - compiled
+    counts[:] = 0   # every lookup resolved to nothing: no pages to submit
+    counts[0] = ids.shape[0]
+    counts[8] = -1   # C_BAD: no bad id
+    return 0
+
+
+def build_engine(layout: EngramLayout, tmp: Path, tag: str) -> StepEngine:
+    tables, sources = [], []
+    for i, layer in enumerate(layout.layer_ids):
+        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, W.RANKS)
+        path = tmp / f"l{layer}-{tag}.sparse"
+        pages = pages_for_rows(hi - lo)
+        with open(path, "wb") as f:
+            f.truncate(pages * PAGE_BYTES)
+        region = W._region(layer, 0, str(path), 0, pages, lo, hi - lo)
+        source = W._disk([region])
+        sources.append(source)
+        tables.append(W._table(layer, lo, hi - lo, region, source, 0.5))
+    return StepEngine(tables, RowCache(2_000_000), max_tokens=128, owned_sources=sources, owned_only=True)
+
+
+def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
+    layout = EngramLayout.v41()
+    ids = W._ids(layout, 128, warm_steps)
+    original = RC.resolve_layer
+    out: dict[str, list[float]] = {}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        passes = {name: compile_pass(name, text, tmp) for name, text in variants().items()} | {STUB: _stub}
+        engines = {name: build_engine(layout, tmp, str(k)) for k, name in enumerate(passes)}
+        out = {name: [] for name in passes} | {"floor": []}
+
+        def step(name: str, t: int) -> float:
+            RC.resolve_layer = passes[name]
+            e = engines[name]
+            c0 = time.thread_time_ns()
+            e.begin_step(ids[t])
+            cpu = (time.thread_time_ns() - c0) / 1e3
+            if name != STUB:   # the stub resolved nothing to gather
+                for layer in e.layers:
+                    e.gather(layer)
+            e.end_step()
+            return cpu
+
+        try:
+            # every engine sees the same steps: the last `span` positions are looked up again, all hits
+            for t in range(warm_steps):
+                for e in engines.values():
+                    _warm(e, ids[t])
+            for name in passes:   # compile each cut (and the stub) outside the timed rounds
+                step(name, warm_steps - 1)
+            rng = np.random.default_rng(7)
+            order = list(passes) + ["floor"]
+            for _ in range(rounds):
+                for t in range(warm_steps - span, warm_steps):
+                    random.shuffle(order)
+                    for name in order:
+                        if name == "floor":
+                            out[name].append(W._directory_floor(engines["as is"], ids[t], rng))
+                        else:
+                            out[name].append(step(name, t))
+        finally:
+            RC.resolve_layer = original
+            for e in engines.values():
+                e.close()
+    return out
+
+
+def _warm(engine: StepEngine, ids_t: np.ndarray) -> None:
+    """A warm-up step with the real pass (the ablations are only right on hits)."""
+    RC.resolve_layer = _REAL
+    engine.begin_step(ids_t)
+    for layer in engine.layers:
+        engine.gather(layer)
+    engine.end_step()
+
+
+_REAL = RC.resolve_layer
+
+
+def report(out: dict, args: argparse.Namespace) -> str:
+    base = statistics.median(out["as is"])
+    floor = statistics.median(out["floor"])
+    rows = []
+    for name, v in out.items():
+        med = statistics.median(v)
+        if name == "floor":
+            label = "directory floor (numpy gather of the owned lookups' entries)"
+        elif name == STUB:
+            label = "begin_step, pass replaced by a stub (Python + numba dispatch only)"
+        else:
+            label = f"begin_step, pass {name}"
+        saved = "" if name in ("floor", STUB, "as is") else f"{base - med:+.1f}"
+        rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
+                    f"{saved} |")
+    return "\n".join([
+        f"#### Anatomy of warm begin_step, {utc_stamp()}",
+        "",
+        f"`{command_line(__file__, sys.argv[1:])}`; {machine()}; {args.rounds} rounds x 30 warm steps per variant, "
+        "variants interleaved in shuffled order in one process; CPU time of the calling thread (us). Ablated passes "
+        "are wrong on purpose and run only where every lookup hits: \"saved\" bounds what dropping that part "
+        "could gain, not a result.",
+        "",
+        "| what ran | us (min / median / max) | vs pass as is | vs floor | saved vs as is (us, median) |",
+        "|---|---|---|---|---|",
+        *rows,
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
+    args = ap.parse_args()
+    out = measure(args.rounds)
+    block = report(out, args)
+    print(block)
+    if args.append:
+        append_to_section(block, SECTION, SUBSECTION)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
