@@ -121,13 +121,17 @@ def begin_step(quick: bool) -> dict:
             tables.append(_table(layer, lo, hi - lo, region, source, 0.5))
         engine = StepEngine(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
 
+        ends: list[float] = []   # end_step CPU of the step just run (a warm step's pins settle there)
+
         def step(t: int) -> tuple[float, int]:
             c0 = time.thread_time_ns()
             engine.begin_step(ids[t])
             cpu = (time.thread_time_ns() - c0) / 1e3
             for layer in engine.layers:
                 engine.gather(layer)
+            c0 = time.thread_time_ns()
             c = engine.end_step()
+            ends.append((time.thread_time_ns() - c0) / 1e3)
             return cpu, sum(x.pages_read for x in c.layers.values())
 
         for t in range(warm_steps):
@@ -136,14 +140,18 @@ def begin_step(quick: bool) -> dict:
         floor = []
         # Positions already looked up once: every row is cached (the pass on a warm cache).
         warm = []
+        ends.clear()
         for _ in range(2):
             for t in range(warm_steps - steps // 2, warm_steps):
                 floor.append(_directory_floor(engine, ids[t], rng))
                 warm.append(step(t)[0])
+        warm_ends = list(ends)
+        ends.clear()
         fresh = [step(t) for t in range(warm_steps, warm_steps + steps)]
         engine.close()
     return {"warm_cpu_us": statistics.median(warm), "fresh_cpu_us": statistics.median(c for c, _ in fresh),
-            "fresh_pages": statistics.median(p for _, p in fresh), "floor_us": statistics.median(floor)}
+            "fresh_pages": statistics.median(p for _, p in fresh), "floor_us": statistics.median(floor),
+            "warm_end_us": statistics.median(warm_ends), "fresh_end_us": statistics.median(ends)}
 
 
 def gather(quick: bool) -> dict:

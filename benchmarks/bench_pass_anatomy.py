@@ -6,9 +6,11 @@ instead of measuring something else). Each variant drives its own engine (one
 TP4 rank of the V4.1 tables, B = 128, the same cache and sparse disk regions
 as `_ab_worker.py begin_step`), and every step runs once per engine in
 shuffled order, so the machine's drift falls on all variants alike. The cuts
-are wrong on purpose (hits that do not pin, foreign lookups left without a
-descriptor) and run on warm steps only, where every lookup is a hit; what each
-saves bounds what a pass without that part could gain. Beside them, in the
+are wrong on purpose (foreign lookups left without a descriptor) and run on
+warm steps only, where every lookup is a hit; what each saves bounds what a
+pass without that part could gain. (A first version also cut the hits' slot
+state; the pass now leaves a warm step's pins to step end, see
+`cache.directory`.) Beside them, in the
 same rounds:
 - the directory floor: one numpy gather of as many random directory entries as
   the step has owned lookups (what `bench_hot_path.py` quotes);
@@ -49,23 +51,7 @@ SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
-_SECOND_WAVE = ("    # Second wave:", "    # Third wave:")
-_HIT = """        if s >= 0:
-            if filling(state, s, step):
-                desc_kind[i] = KIND_MISS
-                desc_idx[i] = fill_miss[s]
-                n_reuse += 1
-            else:
-                pinned += pin(state, s, step)
-                desc_kind[i] = KIND_SLOT
-                desc_idx[i] = s
-                n_hits += 1
-            continue"""
-_HIT_NO_STATE = """        if s >= 0:
-            desc_kind[i] = KIND_SLOT
-            desc_idx[i] = s
-            n_hits += 1
-            continue"""
+_WAVES_END = "    lstate[SPARE] = touch"
 _FOREIGN = """            if owned_only:
                 desc_kind[i] = KIND_FOREIGN
                 desc_idx[i] = -1
@@ -90,15 +76,13 @@ def _replace(text: str, old: str, new: str) -> str:
 def variants() -> dict[str, str]:
     """Name -> source of the pass with one part cut out ("as is" untouched)."""
     src = SOURCE.read_text()
-    for marker in _SECOND_WAVE + ("    # Touch every lookup's directory entry first",):
+    for marker in (_WAVES_END, "    # Touch every lookup's directory entry first"):
         if src.count(marker) != 1:
             raise SystemExit(f"the pass changed: marker {marker!r} not found once")
-    no_state = _replace(_cut(src, *_SECOND_WAVE, "    n_absent = 0\n"), _HIT, _HIT_NO_STATE)
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
-    no_waves = _cut(src, "    # Touch every lookup's directory entry first", "    # Third wave:",
-                    "    touch = np.int64(0)\n    n_absent = 1\n")
-    return {"as is": src, "hits skip the slot state": no_state, "no foreign descriptors": no_foreign,
-            "no prefetch waves": no_waves}
+    no_waves = _cut(src, "    # Touch every lookup's directory entry first", _WAVES_END,
+                    "    touch = np.int64(0)\n")
+    return {"as is": src, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
 def compile_pass(name: str, text: str, tmp: Path):
@@ -147,6 +131,7 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
         passes = {name: compile_pass(name, text, tmp) for name, text in variants().items()} | {STUB: _stub}
         engines = {name: build_engine(layout, tmp, str(k)) for k, name in enumerate(passes)}
         out = {name: [] for name in passes} | {"floor": []}
+        ends: dict[str, list[float]] = {name: [] for name in passes}
 
         def step(name: str, t: int) -> float:
             RC.resolve_layer = passes[name]
@@ -157,7 +142,9 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
             if name != STUB:   # the stub resolved nothing to gather
                 for layer in e.layers:
                     e.gather(layer)
+            c0 = time.thread_time_ns()
             e.end_step()
+            ends[name].append((time.thread_time_ns() - c0) / 1e3)
             return cpu
 
         try:
@@ -167,6 +154,8 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
                     _warm(e, ids[t])
             for name in passes:   # compile each cut (and the stub) outside the timed rounds
                 step(name, warm_steps - 1)
+            for v in ends.values():
+                v.clear()
             rng = np.random.default_rng(7)
             order = list(passes) + ["floor"]
             for _ in range(rounds):
@@ -181,7 +170,7 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
             RC.resolve_layer = original
             for e in engines.values():
                 e.close()
-    return out
+    return out | {f"end_step:{name}": v for name, v in ends.items()}
 
 
 def _warm(engine: StepEngine, ids_t: np.ndarray) -> None:
@@ -201,7 +190,11 @@ def report(out: dict, args: argparse.Namespace) -> str:
     floor = statistics.median(out["floor"])
     rows = []
     for name, v in out.items():
+        if name.startswith("end_step:"):
+            continue
         med = statistics.median(v)
+        end = out.get(f"end_step:{name}")
+        end_cell = f"{statistics.median(end):.1f}" if end else ""
         if name == "floor":
             label = "directory floor (numpy gather of the owned lookups' entries)"
         elif name == STUB:
@@ -210,7 +203,7 @@ def report(out: dict, args: argparse.Namespace) -> str:
             label = f"begin_step, pass {name}"
         saved = "" if name in ("floor", STUB, "as is") else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
-                    f"{saved} |")
+                    f"{saved} | {end_cell} |")
     return "\n".join([
         f"#### Anatomy of warm begin_step, {utc_stamp()}",
         "",
@@ -219,8 +212,9 @@ def report(out: dict, args: argparse.Namespace) -> str:
         "are wrong on purpose and run only where every lookup hits: \"saved\" bounds what dropping that part "
         "could gain, not a result.",
         "",
-        "| what ran | us (min / median / max) | vs pass as is | vs floor | saved vs as is (us, median) |",
-        "|---|---|---|---|---|",
+        "| what ran | us (min / median / max) | vs pass as is | vs floor | saved vs as is (us, median) | "
+        "end_step after it (us, median) |",
+        "|---|---|---|---|---|---|",
         *rows,
     ])
 

@@ -89,6 +89,28 @@ def test_row_filled_earlier_in_the_same_step_is_reused() -> None:
     assert r.hits == 3 and r.misses == 0
 
 
+def test_hits_before_any_victim_search_pin_later_and_clock_still_sees_them() -> None:
+    cache = _cache(4)
+    _step(cache, [1, 2, 3, 4])                       # the layer's four slots hold rows 1-4
+    slot = {r: int(cache.layer(1).directory[r]) for r in (1, 2, 3, 4)}
+    scratch = PassScratch(64)
+    before = cache.state.copy()
+    res = cache.resolve(1, np.array([4, 1, 2, 3]), TWO_RANKS, scratch)
+    assert res.hits == 4 and res.pending == 4        # a warm pass: no victim search, pins wait
+    assert np.array_equal(cache.state, before)       # ... and it wrote no slot state
+    assert sorted(cache.pinned().tolist()) == sorted(slot.values())   # asking settles them
+    assert cache.layer(1).lstate[1] == 4 and cache.verify() == []
+    cache.release_pins()
+    # Hits, then a miss: the miss's CLOCK search settles the hits before it, so it takes row 4's slot, the
+    # only one not hit this step (every slot is referenced; unsettled, the hand's first slot would go)
+    res = cache.resolve(1, np.array([1, 2, 3, 9]), TWO_RANKS, scratch)
+    assert (res.hits, res.misses, res.pending) == (3, 1, 0)
+    assert int(scratch.miss_slot[0]) == slot[4]
+    assert [int(cache.layer(1).directory[r]) for r in (1, 2, 3)] == [slot[1], slot[2], slot[3]]
+    assert cache.layer(1).directory[4] == -1 and cache.verify() == []
+    cache.release_pins()
+
+
 def test_slotless_read_is_reused_and_not_cached() -> None:
     cache = _cache(1)
     r, sc = _step(cache, [5, 7, 7, 5])   # 5 takes the only slot, 7 is read without one, then reused

@@ -15,6 +15,16 @@ For each lookup (global row id g, local row r = g - row_start):
    CLOCK, never a pinned slot; -1 when all the layer's slots are pinned: the row
    is served from its page buffer and not cached).
 
+Hits before the pass's first CLOCK victim search touch no slot state: their pins
+(step stamp and reference bit) are left pending, the first `counts[C_PENDING]`
+descriptors, and applied by `settle_pins` before anything next looks at this
+layer's slots (`RowCache` settles before its next victim search, pin count or
+step end). The first victim search settles the hits before it, and hits after it
+pin at once, so CLOCK sees every pin it would have seen; a warm step (all hits)
+leaves its pins to step end, off the path to the first read. Before that first
+search no slot of this pass is being filled (only a victim search claims one), so
+those hits need no `filling` test either.
+
 Outputs go to a `PassScratch`: descriptors kind [N] int8 (KIND_SLOT, KIND_MISS,
 KIND_ZERO, KIND_FOREIGN) and idx [N] int64 (slot, or miss index); misses: page
 buffer, row-in-page, slot to fill (or -1), local row; pages: region, page,
@@ -56,7 +66,8 @@ C_REUSE = 6      # lookups served by a read already requested this step
 C_FOREIGN = 7    # owned_only: lookups of rows outside this process's shard
 C_BAD = 8        # index of the first bad row id, -1 if none
 C_PADDED = 9     # lookups of the pad id (zero rows)
-N_COUNTS = 10
+C_PENDING = 10   # descriptors [0, C_PENDING) whose KIND_SLOT pins are not applied yet (settle_pins)
+N_COUNTS = 11
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 _PAGE_TAG = np.int64(1) << np.int64(62)
@@ -148,6 +159,7 @@ class PassResult(NamedTuple):
     foreign: int      # owned_only: rows another rank serves
     bad_index: int    # index of the first id outside the table, -1 if none (the pass stopped there)
     padded: int = 0   # lookups of the pad id: zero rows, nothing read or cached
+    pending: int = 0  # descriptors [0, pending) hold hits whose pins wait for settle_pins
 
 
 class StepTable:
@@ -217,23 +229,16 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     counts[C_BAD] = -1
     # Touch every lookup's directory entry first: these loads are independent, so the CPU
     # overlaps their cache misses (a V4.1 directory is 1.5 GB per layer, each lookup a random
-    # DRAM access); the main loop below then finds them in cache.
+    # DRAM access); the main loop below then finds them in cache. Count the misses on the way.
     touch = np.int64(0)
-    for i in range(ids.shape[0]):
-        r = ids[i] - row_start
-        if r >= 0 and r < rows:
-            touch += directory[r]
-    # Second wave: the state word of every hit's slot, also independent loads; count the misses.
     n_absent = 0
     for i in range(ids.shape[0]):
         r = ids[i] - row_start
         if r >= 0 and r < rows:
             s = directory[r]
-            if s >= 0:
-                touch += state[s]
-            else:
-                n_absent += 1
-    # Third wave: the rows the CLOCK hand will evict next have directory entries at random places;
+            touch += s
+            n_absent += s < 0
+    # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # touch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     n_owned = owned.shape[0]
     if n_absent > 0 and n_owned > 0:
@@ -246,6 +251,8 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 touch += directory[slot_row[s]]
     lstate[SPARE] = touch
     status = 0
+    settled = False
+    done = ids.shape[0]
     for i in range(ids.shape[0]):
         r = ids[i] - row_start
         if r < 0 or r >= rows:
@@ -261,10 +268,15 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 continue
             counts[C_BAD] = i
             status = 1
+            done = i
             break
         s = directory[r]
         if s >= 0:
-            if filling(state, s, step):
+            if not settled:   # no victim search yet: nothing is being filled, the pin can wait
+                desc_kind[i] = KIND_SLOT
+                desc_idx[i] = s
+                n_hits += 1
+            elif filling(state, s, step):
                 desc_kind[i] = KIND_MISS
                 desc_idx[i] = fill_miss[s]
                 n_reuse += 1
@@ -309,6 +321,9 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
         miss_buf[m] = b
         miss_inpage[m] = shard_row - pg * ROWS_PER_PAGE
         miss_row[m] = r
+        if not settled:   # CLOCK must see the pins of this pass's earlier hits
+            pinned += settle_pins(desc_kind, desc_idx, i, state, step)
+            settled = True
         sl, hand = victim(owned, state, hand, pinned, step)
         miss_slot[m] = sl
         if sl >= 0:
@@ -335,7 +350,18 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     counts[C_REUSE] = n_reuse
     counts[C_FOREIGN] = n_foreign
     counts[C_PADDED] = n_padded
+    counts[C_PENDING] = 0 if settled else done
     return status
+
+
+@njit(nogil=True, cache=True, inline="always")
+def settle_pins(desc_kind, desc_idx, n, state, step):
+    """Apply the pins of the KIND_SLOT descriptors among [0, n) for `step`; returns how many were new pins."""
+    added = 0
+    for i in range(n):
+        if desc_kind[i] == KIND_SLOT:
+            added += pin(state, desc_idx[i], step)
+    return added
 
 
 @njit(nogil=True, cache=True)
@@ -345,3 +371,9 @@ def fill_foreign(desc_kind, n, out):
         if desc_kind[i] == KIND_FOREIGN:
             for j in range(out.shape[1]):
                 out[i, j] = 0x8000
+
+
+@njit(nogil=True, cache=True)
+def settle_layer(desc_kind, desc_idx, n, state, step, lstate):
+    """`settle_pins` for one layer's pending hits, counted into its lstate's pinned count."""
+    lstate[PINNED] += settle_pins(desc_kind, desc_idx, n, state, step)

@@ -16,7 +16,9 @@ Per-slot state is one int64 word, `state[slot] = step << 2 | ref << 1 | fill`:
 the step that last pinned the slot, the CLOCK reference bit, and whether the
 slot is being filled by a read of that step. A slot is pinned when
 `state >> 2 == step`, so releasing every pin at step end is one increment of
-`step`, no sweep; and a hit touches one word (one cache line) of slot state.
+`step`, no sweep; and a hit touches one word (one cache line) of slot state, or
+none at all in the directory pass until its first victim search (its pins wait
+for `directory.settle_pins`).
 
 Worked example: step 5 pins slot 9 on a hit -> state[9] = 5 << 2 | 2 = 22; a miss
 claiming slot 9 in step 5 -> 5 << 2 | 2 | 1 = 23; CLOCK passing unpinned slot 9

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from slacktier.cache import kernels as K
-from slacktier.cache.directory import LayerGeometry, PassResult, PassScratch, StepTable, resolve_layer
+from slacktier.cache.directory import LayerGeometry, PassResult, PassScratch, StepTable, resolve_layer, settle_layer
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 
@@ -51,6 +51,8 @@ class CacheLayer:
     directory: np.ndarray    # [rows] int32, -1 = absent
     owned: np.ndarray        # [n] int32 slot ids
     lstate: np.ndarray = field(default_factory=K.empty_lstate)  # [hand, pinned, evictions, spare]
+    # the last pass's hits whose pins wait (directory.settle_pins): (desc_kind, desc_idx, n), or None
+    pending: tuple[np.ndarray, np.ndarray, int] | None = None
 
 
 def split_slots(slots: int, shares: dict[int, float]) -> dict[int, int]:
@@ -201,6 +203,7 @@ class RowCache:
             self._layers[layer].share = f
 
     def _refuse_if_pinned(self, state: CacheLayer, target: int) -> None:
+        self._settle(state)
         pinned = int(np.count_nonzero(self._pinned_mask(state.owned)))
         if pinned > target:
             raise SlackTierError(ErrorKind.CAPACITY, f"layer {state.layer} has {pinned} slots pinned by the "
@@ -208,6 +211,7 @@ class RowCache:
                                  fix="resize between steps (after end_step)", layer=state.layer)
 
     def _rebalance(self, counts: dict[int, int]) -> None:
+        self._settle_all()
         for layer, target in counts.items():
             state = self._layers[layer]
             if target < state.owned.shape[0]:
@@ -251,8 +255,26 @@ class RowCache:
             state.lstate[K.PINNED] = int(np.count_nonzero(self._pinned_mask(state.owned)))
 
     # ---- steps --------------------------------------------------------------------------------------
+    def _settle(self, state: CacheLayer) -> None:
+        """Apply the pins `resolve` left pending on `state`'s slots (its last pass's hits before any victim search).
+
+        Called before anything reads this layer's pins or searches its slots for a victim; other layers'
+        passes never touch these slots (each layer owns its own), so theirs can wait.
+        """
+        if state.pending is not None:
+            kind, idx, n = state.pending
+            state.pending = None
+            settle_layer(kind, idx, n, self.state, self.step, state.lstate)
+
+    def _settle_all(self) -> None:
+        for state in self._layers.values():
+            self._settle(state)
+
     def release_pins(self) -> None:
-        """End the current step: every pin is released (one increment), pinned counts reset."""
+        """End the current step: every pin is released (one increment), pinned counts reset.
+
+        The step's pending pins are applied first: their reference bits are CLOCK's memory of the hits."""
+        self._settle_all()
         self.step += 1
         for state in self._layers.values():
             state.lstate[K.PINNED] = 0
@@ -271,6 +293,7 @@ class RowCache:
                                  fix="pass local rows of the layer's shard", layer=layer)
         out_slot = np.empty(rows.shape[0], dtype=np.int32)
         out_hit = np.empty(rows.shape[0], dtype=np.uint8)
+        self._settle(state)
         K.admit_rows(state.key, rows, state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
                      self.state, self.step, out_slot, out_hit)
         return out_slot, out_hit.astype(bool)
@@ -299,6 +322,8 @@ class RowCache:
                 raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=layer,
                                      fix="give the layer's geometry a seen bitmap, or turn lossy off")
             seen = _NO_SEEN
+        if state.pending is not None:   # a second pass of this layer in one step: the first's pins first
+            self._settle(state)
         table = self._table
         bits = table.prepare(n)
         resolve_layer(ids, geometry.row_start, geometry.rows, owned_only, geometry.rank_starts,
@@ -309,7 +334,10 @@ class RowCache:
                       scratch.miss_slot, scratch.miss_row, scratch.page_region, scratch.page_no, scratch.page_buf,
                       buf_base, pad_id, scratch.counts)
         # counts holds PassResult's fields in order; tuple.__new__ skips NamedTuple's slower keyword path.
-        return tuple.__new__(PassResult, scratch.counts.tolist())
+        result = tuple.__new__(PassResult, scratch.counts.tolist())
+        if result.pending:
+            state.pending = (scratch.desc_kind, scratch.desc_idx, result.pending)
+        return result
 
     @staticmethod
     def _refuse_pass(state: CacheLayer, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch) -> None:
@@ -325,6 +353,7 @@ class RowCache:
     def forget(self, layer: int, slots: np.ndarray) -> None:
         """Drop the rows held in `slots` of `layer` (a fill that never arrived); slots < 0 are skipped."""
         state = self.layer(layer)
+        self._settle(state)
         K.forget_slots(np.ascontiguousarray(slots, dtype=np.int32), state.directory, self.slot_layer,
                        self.slot_row, self.state)
 
@@ -353,6 +382,7 @@ class RowCache:
 
     def pinned(self) -> np.ndarray:
         """Slots pinned by the current step [n] int64."""
+        self._settle_all()
         return np.flatnonzero(self._pinned_mask(np.arange(self.max_slots)))
 
     def _pinned_mask(self, slots: np.ndarray) -> np.ndarray:
@@ -365,6 +395,7 @@ class RowCache:
     def verify(self) -> list[str]:
         """Check every invariant; return the violations found (empty when consistent)."""
         problems: list[str] = []
+        self._settle_all()
         keys = {s.key: s for s in self._layers.values()}
         seen_owner = np.full(self.max_slots, -1, dtype=np.int64)
         for state in self._layers.values():

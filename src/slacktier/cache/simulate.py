@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from slacktier.cache.directory import KIND_SLOT, N_COUNTS, resolve_layer
+from slacktier.cache.directory import C_PENDING, KIND_SLOT, N_COUNTS, resolve_layer, settle_layer
 from slacktier.errors import ErrorKind, SlackTierError
 
 HIT = 0            # the row was cached when the step began (served from its slot)
@@ -72,7 +72,9 @@ def _replay(ids, step_starts, n_items, capacity, out):
                       htab, s + 1, _hash_bits(b - a),
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
                       page_region, page_no, page_buf, 0, 0, counts)
-        lstate[1] = 0   # RowCache.release_pins: the pinned count resets, the step number moves on
+        # RowCache.release_pins: the pass's pending pins are applied, the pinned count resets, the step moves on
+        settle_layer(desc_kind, desc_idx, counts[C_PENDING], state, s, lstate)
+        lstate[1] = 0
         last = -1       # miss indices are handed out in order: a new read is the first with its index
         for i in range(b - a):
             if desc_kind[i] == KIND_SLOT:
