@@ -208,3 +208,35 @@ def test_warm_opens_sources_before_the_first_prefill(tmp_path, runner):
     assert svc.counters["sources_opened"] == 2 * len(DOCS)
     assert torch.equal(warm.result.hidden, cold.result.hidden)
     svc.close()
+
+
+def test_plan_verb_places_a_built_store_and_redknot_run_reads_its_control_file(tmp_path, runner, capsys):
+    """`slacktier redknot plan`: pages from the store's certificates, windows from flags, tiers from TOML; the
+    short-window layer stays in DRAM, the control file passes the service's own placement check."""
+    from slacktier.redknot.placement import check_placement
+    store = _store(tmp_path, runner)
+    certs = [store.certificate(d, 0) for d, _ in DOCS]
+    pages = {l: sum(c.region_pages[i] for c in certs) for i, l in enumerate(certs[0].covered_layers)}
+    tiers = tmp_path / "tiers.toml"
+    tiers.write_text('[[tier]]\nname = "dram"\nintercept_ms = 0.0\npage_ms = 0.001\ncontention_page_ms = 0.001\n'
+                     'holds_table = true\n\n[[tier]]\nname = "disk"\nintercept_ms = 5.0\npage_ms = 0.01\n'
+                     'contention_page_ms = 0.01\nholds_table = false\n')
+    # layer A needs its pages before the disk's 5 ms intercept; every later layer has 100 ms
+    windows = [f"--window={l}={1.0 if l == A else 100.0}" for l in pages]
+    out = tmp_path / "placement.toml"
+    assert main(["redknot", "plan", "--store", str(store.root), "--tiers", str(tiers), *windows,
+                 "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert f"{len(DOCS)} documents, rank 0" in printed and "predicted stall 0.000 ms" in printed
+    from slacktier.config import load_control
+    control = load_control(out)
+    placed = {t.layer: t.source for t in check_placement(control, store.root, PROFILE.reusable)}
+    assert placed == {l: ("dram" if l == A else "disk") for l in pages}
+    # the same store with a window nothing meets: refused, naming the best prediction; a missing window: named
+    assert main(["redknot", "plan", "--store", str(store.root), "--tiers", str(tiers),
+                 *[f"--window={l}=0.0001" for l in pages], "--out", str(tmp_path / "x.toml")]) != 0
+    assert "no split meets" in capsys.readouterr().err
+    assert main(["redknot", "plan", "--store", str(store.root), "--tiers", str(tiers), windows[0],
+                 "--out", str(tmp_path / "y.toml")]) != 0
+    assert "no window for reusable layers" in capsys.readouterr().err
+    assert not (tmp_path / "x.toml").exists() and not (tmp_path / "y.toml").exists()

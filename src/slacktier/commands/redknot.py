@@ -1,4 +1,5 @@
-"""`slacktier redknot build | run | ledger`: RedKnot-MLA artifacts, reuse prefills and the analytic ledger."""
+"""`slacktier redknot build | run | plan | ledger`: RedKnot-MLA artifacts, reuse prefills, their placement by
+deadline and the analytic ledger."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from pathlib import Path
 
 from slacktier.errors import ErrorKind, SlackTierError
 
-HELP = "RedKnot-MLA: build Local-head artifacts, run reuse prefills against full recompute, print the ledger"
+HELP = ("RedKnot-MLA: build Local-head artifacts, run reuse prefills against full recompute, place the artifacts by "
+        "deadline, print the ledger")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -37,6 +39,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
             q.add_argument("--placement", default="",
                            help="control file placing each reusable layer's artifact pages on a tier (overrides "
                                 "--source; schema: slacktier.redknot.placement)")
+    text = ("place each reusable layer's artifact table on the tier cheapest in host memory whose predicted stall "
+            "(Eq. 1 on the layers' windows) fits the target, and write the control file `redknot run --placement` "
+            "reads")
+    q = sub.add_parser("plan", help=text, description=text)
+    q.add_argument("--store", required=True, type=Path, help="artifact directory (built by `redknot build`)")
+    q.add_argument("--docs", default="",
+                   help="comma-separated document ids one prefill reads (default: every document in the store)")
+    q.add_argument("--rank", type=int, default=0, help="the tensor-parallel rank whose pages are placed")
+    q.add_argument("--tiers", type=Path, required=True,
+                   help="tiers TOML, as `slacktier plan` reads: one [[tier]] per tier (see plan.tiers)")
+    q.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
+                   help="when the prefill needs a layer's artifacts, ms after it starts (repeat per layer)")
+    q.add_argument("--windows-json", type=Path, default=None,
+                   help="windows from `slacktier probe` JSON instead (decoder layer index = artifact layer)")
+    q.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
+    q.add_argument("--step-ms", type=float, default=None,
+                   help="scale the probe's windows (as fractions of its step) to this prefill time")
+    q.add_argument("--target-ms", type=float, default=0.0, help="largest acceptable predicted stall per prefill")
+    q.add_argument("--wait-timeout-ms", type=float, default=None, help="[engine] wait_timeout_ms of the control file")
+    q.add_argument("--out", type=Path, default=Path("runs/redknot/placement.toml"), help="the control file to write")
     q = sub.add_parser("ledger", help="head-row ceiling and per-operator arithmetic for Flash and Pro")
     q.add_argument("--profiles", default="flash,pro")
     q.add_argument("--context", type=int, default=262144, help="document tokens of the prefill")
@@ -62,8 +84,10 @@ def run(args: argparse.Namespace) -> int:
         ledger(LedgerConfig(profiles=tuple(args.profiles.split(",")), context=args.context, query=args.query,
                             budgets=_numbers(args.budgets, "--budgets"), as_json=args.json))
         return 0
+    if cmd == "plan":
+        return plan_artifacts(args)
     if cmd not in ("build", "run"):
-        print("usage: slacktier redknot {build,run,ledger} ...  (see --help)")
+        print("usage: slacktier redknot {build,run,plan,ledger} ...  (see --help)")
         return 2
     from slacktier.redknot.report import RedKnotRunConfig, build_artifacts, compare_prefill
 
@@ -80,4 +104,55 @@ def run(args: argparse.Namespace) -> int:
         build_artifacts(config)
     else:
         compare_prefill(config)
+    return 0
+
+
+def plan_artifacts(args: argparse.Namespace) -> int:
+    """`redknot plan`: demands from the store's certificates, windows and tiers from files; print, write."""
+    from slacktier.commands.plan import windows_from_args
+    from slacktier.config import write_control
+    from slacktier.plan import load_tiers
+    from slacktier.plan.artifacts import ArtifactDemand, plan_artifact_placement
+    from slacktier.redknot.artifacts import ArtifactStore
+
+    if not args.store.is_dir():
+        raise SlackTierError(ErrorKind.MISSING, f"artifact store {args.store} not found",
+                             fix="build one with `slacktier redknot build --store DIR`")
+    store = ArtifactStore(args.store)
+    docs = [d for d in args.docs.split(",") if d] if args.docs else \
+        sorted(p.name for p in args.store.iterdir() if (p / f"rank{args.rank}.cert.json").exists())
+    if not docs:
+        raise SlackTierError(ErrorKind.MISSING, f"no document of rank {args.rank} in {args.store}",
+                             fix="build the artifacts first, or pick the rank they were built for")
+    pages: dict[int, int] = {}
+    layers: tuple[int, ...] | None = None
+    for doc in docs:
+        cert = store.certificate(doc, args.rank)
+        if cert is None:
+            raise SlackTierError(ErrorKind.MISSING, f"document {doc!r} has no rank-{args.rank} artifact in "
+                                 f"{args.store}", fix="name documents the store holds (--docs), or build them")
+        if layers is not None and cert.covered_layers != layers:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"document {doc!r} covers layers {list(cert.covered_layers)}, "
+                                 f"others {list(layers)}", fix="plan documents built with one profile together")
+        layers = cert.covered_layers
+        for layer, n in zip(cert.covered_layers, cert.region_pages):
+            pages[layer] = pages.get(layer, 0) + int(n)
+    windows = windows_from_args(args)
+    missing = [layer for layer in pages if layer not in windows]
+    if missing:
+        raise SlackTierError(ErrorKind.MISSING, f"no window for reusable layers {missing}",
+                             fix="pass --window LAYER=MS for each, or a probe JSON that measured them")
+    demands = [ArtifactDemand(layer, n, windows[layer]) for layer, n in sorted(pages.items())]
+    plan = plan_artifact_placement(store.root, demands, load_tiers(args.tiers), target_ms=args.target_ms,
+                                   wait_timeout_ms=args.wait_timeout_ms)
+    print(f"{len(docs)} documents, rank {args.rank}: predicted stall {plan.slowdown_ms:.3f} ms "
+          f"(target {args.target_ms:.3f}), host memory {plan.host_bytes / 2**20:.1f} MiB")
+    print("| layer | order | window ms | pages | tier | predicted read ms | predicted stall ms |")
+    print("|---|---|---|---|---|---|---|")
+    for t in plan.tables:
+        print(f"| {t.layer} | {t.order} | {t.window_ms:.3f} | {t.pages} | {t.source} | {t.read_ms:.3f} | "
+              f"{t.stall_ms:.3f} |")
+    write_control(plan.control, args.out, comment=f"redknot plan: {len(docs)} documents of {args.store}, rank "
+                  f"{args.rank}, target {args.target_ms} ms")
+    print(f"wrote {args.out}")
     return 0
