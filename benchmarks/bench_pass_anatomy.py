@@ -14,11 +14,11 @@ state; the pass now leaves a warm step's pins to step end, see
 same rounds:
 - the directory floor: one numpy gather of as many random directory entries as
   the step has owned lookups (what `bench_hot_path.py` quotes);
-- begin_step with a compiled stub in place of the pass (the pass's 32
+- begin_step with a compiled stub in place of the pass (the pass's 33
   arguments, returns at once): all of begin_step's Python and numba's
   dispatch, without the pass's work (no gather follows it).
 
-    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--against COMMIT] [--append]
+    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--append]
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ import argparse
 import importlib.util
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -74,22 +73,16 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def variants(against: str | None = None) -> dict[str, str]:
-    """Name -> source of the pass with one part cut out ("as is" untouched); `against`: also that commit's pass
-    (same arguments; its counts leave C_PENDING at 0, so RowCache has nothing to settle after it)."""
+def variants() -> dict[str, str]:
+    """Name -> source of the pass with one part cut out ("as is" untouched)."""
     src = SOURCE.read_text()
-    extra = {}
-    if against:
-        old = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
-                             capture_output=True, text=True, check=True).stdout
-        extra = {f"of commit {against}": old}
     for marker in (_WAVES_END, "    # Touch every lookup's directory entry first"):
         if src.count(marker) != 1:
             raise SystemExit(f"the pass changed: marker {marker!r} not found once")
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
     no_waves = _cut(src, "    # Touch every lookup's directory entry first", _WAVES_END,
                     "    touch = np.int64(0)\n")
-    return {"as is": src, **extra, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
+    return {"as is": src, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
 def compile_pass(name: str, text: str, tmp: Path):
@@ -104,7 +97,7 @@ def compile_pass(name: str, text: str, tmp: Path):
 
 @njit(nogil=True, cache=False)
 def _stub(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
-          layer_key, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, step,
+          layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, step,
           htab, stamp, hbits, desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
           page_region, page_no, page_buf, buf_base, pad_id, counts):   # pragma: no cover - compiled
     counts[:] = 0   # every lookup resolved to nothing: no pages to submit
@@ -128,14 +121,14 @@ def build_engine(layout: EngramLayout, tmp: Path, tag: str) -> StepEngine:
     return StepEngine(tables, RowCache(2_000_000), max_tokens=128, owned_sources=sources, owned_only=True)
 
 
-def measure(rounds: int, against: str | None = None, warm_steps: int = 64, span: int = 30) -> dict:
+def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
     layout = EngramLayout.v41()
     ids = W._ids(layout, 128, warm_steps)
     original = RC.resolve_layer
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        passes = {name: compile_pass(name, text, tmp) for name, text in variants(against).items()} | {STUB: _stub}
+        passes = {name: compile_pass(name, text, tmp) for name, text in variants().items()} | {STUB: _stub}
         engines = {name: build_engine(layout, tmp, str(k)) for k, name in enumerate(passes)}
         out = {name: [] for name in passes} | {"floor": []}
         ends: dict[str, list[float]] = {name: [] for name in passes}
@@ -230,10 +223,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
-    ap.add_argument("--against", default=None, metavar="COMMIT",
-                    help="also run the pass of this commit (git show), e.g. the one before a change")
     args = ap.parse_args()
-    out = measure(args.rounds, args.against)
+    out = measure(args.rounds)
     block = report(out, args)
     print(block)
     if args.append:

@@ -95,12 +95,21 @@ def test_hits_before_any_victim_search_pin_later_and_clock_still_sees_them() -> 
     slot = {r: int(cache.layer(1).directory[r]) for r in (1, 2, 3, 4)}
     scratch = PassScratch(64)
     before = cache.state.copy()
+    cache.ref[:] = 0
     res = cache.resolve(1, np.array([4, 1, 2, 3]), TWO_RANKS, scratch)
     assert res.hits == 4 and res.pending == 4        # a warm pass: no victim search, pins wait
-    assert np.array_equal(cache.state, before)       # ... and it wrote no slot state
+    assert np.array_equal(cache.state, before)       # ... it wrote no pin
+    assert all(cache.ref[s] == 1 for s in slot.values())   # ... only the reference bits CLOCK reads next
     assert sorted(cache.pinned().tolist()) == sorted(slot.values())   # asking settles them
     assert cache.layer(1).lstate[1] == 4 and cache.verify() == []
     cache.release_pins()
+    # a warm step that nobody asks about: its pins are never written, its reference bits are
+    cache.ref[:] = 0
+    before = cache.state.copy()
+    cache.resolve(1, np.array([1, 2, 3, 4]), TWO_RANKS, scratch)
+    cache.release_pins()
+    assert np.array_equal(cache.state, before) and all(cache.ref[s] == 1 for s in slot.values())
+    assert cache.pinned().size == 0 and cache.verify() == []
     # Hits, then a miss: the miss's CLOCK search settles the hits before it, so it takes row 4's slot, the
     # only one not hit this step (every slot is referenced; unsettled, the hand's first slot would go)
     res = cache.resolve(1, np.array([1, 2, 3, 9]), TWO_RANKS, scratch)

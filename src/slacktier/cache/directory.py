@@ -15,15 +15,15 @@ For each lookup (global row id g, local row r = g - row_start):
    CLOCK, never a pinned slot; -1 when all the layer's slots are pinned: the row
    is served from its page buffer and not cached).
 
-Hits before the pass's first CLOCK victim search touch no slot state: their pins
-(step stamp and reference bit) are left pending, the first `counts[C_PENDING]`
-descriptors, and applied by `settle_pins` before anything next looks at this
-layer's slots (`RowCache` settles before its next victim search, pin count or
-step end). The first victim search settles the hits before it, and hits after it
-pin at once, so CLOCK sees every pin it would have seen; a warm step (all hits)
-leaves its pins to step end, off the path to the first read. Before that first
-search no slot of this pass is being filled (only a victim search claims one), so
-those hits need no `filling` test either.
+Hits before the pass's first CLOCK victim search read no slot state: each stores
+its slot's reference bit (`ref`, a byte) and leaves its pin (the step stamp)
+pending, the first `counts[C_PENDING]` descriptors. The first victim search
+applies the pins before it (`settle_pins`) and hits after it pin at once, so
+CLOCK sees every pin it would have seen; `RowCache` applies pending pins before
+anything else in the step reads this layer's pins, and drops them at step end,
+when they would be released anyway. A warm step (all hits) so never writes a
+pin. Before that first search no slot of this pass is being filled (only a
+victim search claims one), so those hits need no `filling` test either.
 
 Outputs go to a `PassScratch`: descriptors kind [N] int8 (KIND_SLOT, KIND_MISS,
 KIND_ZERO, KIND_FOREIGN) and idx [N] int64 (slot, or miss index); misses: page
@@ -203,7 +203,7 @@ def _probe(key, htab, stamp, shift, mask):
 
 @njit(nogil=True, cache=True)
 def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
-                  layer_key, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, step,
+                  layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, step,
                   htab, stamp, hbits,
                   desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
                   page_region, page_no, page_buf, buf_base, pad_id, counts):
@@ -273,6 +273,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
         s = directory[r]
         if s >= 0:
             if not settled:   # no victim search yet: nothing is being filled, the pin can wait
+                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
@@ -281,7 +282,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 desc_idx[i] = fill_miss[s]
                 n_reuse += 1
             else:
-                pinned += pin(state, s, step)
+                pinned += pin(state, ref, s, step)
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
@@ -322,12 +323,12 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
         miss_inpage[m] = shard_row - pg * ROWS_PER_PAGE
         miss_row[m] = r
         if not settled:   # CLOCK must see the pins of this pass's earlier hits
-            pinned += settle_pins(desc_kind, desc_idx, i, state, step)
+            pinned += settle_pins(desc_kind, desc_idx, i, state, ref, step)
             settled = True
-        sl, hand = victim(owned, state, hand, pinned, step)
+        sl, hand = victim(owned, state, ref, hand, pinned, step)
         miss_slot[m] = sl
         if sl >= 0:
-            evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, step)
+            evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, ref, step)
             pinned += 1
             fill_miss[sl] = m
         else:
@@ -355,12 +356,12 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
 
 
 @njit(nogil=True, cache=True, inline="always")
-def settle_pins(desc_kind, desc_idx, n, state, step):
+def settle_pins(desc_kind, desc_idx, n, state, ref, step):
     """Apply the pins of the KIND_SLOT descriptors among [0, n) for `step`; returns how many were new pins."""
     added = 0
     for i in range(n):
         if desc_kind[i] == KIND_SLOT:
-            added += pin(state, desc_idx[i], step)
+            added += pin(state, ref, desc_idx[i], step)
     return added
 
 
@@ -374,6 +375,6 @@ def fill_foreign(desc_kind, n, out):
 
 
 @njit(nogil=True, cache=True)
-def settle_layer(desc_kind, desc_idx, n, state, step, lstate):
+def settle_layer(desc_kind, desc_idx, n, state, ref, step, lstate):
     """`settle_pins` for one layer's pending hits, counted into its lstate's pinned count."""
-    lstate[PINNED] += settle_pins(desc_kind, desc_idx, n, state, step)
+    lstate[PINNED] += settle_pins(desc_kind, desc_idx, n, state, ref, step)

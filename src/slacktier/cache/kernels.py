@@ -12,17 +12,18 @@ directory pass several times slower.
 Per-layer state `lstate` is an int64 [4] array: hand position in the layer's
 owned-slot list, slots pinned in the current step, evictions so far, spare.
 
-Per-slot state is one int64 word, `state[slot] = step << 2 | ref << 1 | fill`:
-the step that last pinned the slot, the CLOCK reference bit, and whether the
-slot is being filled by a read of that step. A slot is pinned when
-`state >> 2 == step`, so releasing every pin at step end is one increment of
-`step`, no sweep; and a hit touches one word (one cache line) of slot state, or
-none at all in the directory pass until its first victim search (its pins wait
-for `directory.settle_pins`).
+Per-slot state is one int64 word, `state[slot] = step << 1 | fill`: the step
+that last pinned the slot, and whether the slot is being filled by a read of
+that step. A slot is pinned when `state >> 1 == step`, so releasing every pin at
+step end is one increment of `step`, no sweep. CLOCK's reference bit lives apart,
+one byte per slot in `ref`: a hit sets it with a store and reads nothing, which
+is all a hit whose pin may wait needs (see `cache.directory`: a pass's hits
+before its first victim search leave their pins pending, and a step that never
+searched needs none of them once it ends).
 
-Worked example: step 5 pins slot 9 on a hit -> state[9] = 5 << 2 | 2 = 22; a miss
-claiming slot 9 in step 5 -> 5 << 2 | 2 | 1 = 23; CLOCK passing unpinned slot 9
-in step 6 clears the reference bit -> 20, and takes it on the next pass.
+Worked example: step 5 pins slot 9 on a hit -> state[9] = 5 << 1 = 10, ref[9] = 1;
+a miss claiming slot 9 in step 5 -> state[9] = 5 << 1 | 1 = 11, ref[9] = 1; CLOCK
+passing unpinned slot 9 in step 6 clears ref[9], and takes the slot on its next pass.
 """
 
 from __future__ import annotations
@@ -34,29 +35,28 @@ HAND = 0
 PINNED = 1
 EVICTIONS = 2
 
-REF = 2    # state bit: referenced since CLOCK last passed
-FILL = 1   # state bit: filled by a read of the step in state >> 2
+FILL = 1   # state bit: filled by a read of the step in state >> 1
+NEVER = -2  # the state of a slot no step has pinned
 
 
 @njit(nogil=True, cache=True, inline="always")
-def pin(state, slot, step):
+def pin(state, ref, slot, step):
     """Pin `slot` for `step` and set its reference bit; returns 1 when the slot was not pinned yet, else 0."""
-    v = state[slot]
-    if (v >> 2) != step:
-        state[slot] = (step << 2) | REF
+    ref[slot] = 1
+    if (state[slot] >> 1) != step:
+        state[slot] = step << 1
         return 1
-    state[slot] = v | REF
     return 0
 
 
 @njit(nogil=True, cache=True, inline="always")
 def filling(state, slot, step):
     """True when `slot` is being filled by a read of `step` (a later lookup of its row reuses that read)."""
-    return state[slot] == (step << 2) | REF | FILL
+    return state[slot] == (step << 1) | FILL
 
 
 @njit(nogil=True, cache=True, inline="always")
-def victim(owned, state, hand, pinned, step):
+def victim(owned, state, ref, hand, pinned, step):
     """CLOCK over the layer's `owned` [n] int32 slots: (slot, new hand); slot -1 when all n are pinned.
 
     A pinned slot is skipped with its reference bit kept; an unpinned referenced
@@ -73,18 +73,17 @@ def victim(owned, state, hand, pinned, step):
         hand += 1
         if hand == n:
             hand = 0
-        v = state[s]
-        if (v >> 2) == step:
+        if (state[s] >> 1) == step:
             continue
-        if v & REF:
-            state[s] = v & ~np.int64(REF)
+        if ref[s]:
+            ref[s] = 0
             continue
         return s, hand
     return -1, hand
 
 
 @njit(nogil=True, cache=True, inline="always")
-def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, step):
+def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, ref, step):
     """Put `row` into `slot` (a victim: unpinned), pinned and marked filling; returns 1 if it evicted a row."""
     evicted = 0
     if slot_layer[slot] >= 0:
@@ -94,12 +93,14 @@ def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, step):
     slot_layer[slot] = layer_key
     slot_row[slot] = row
     directory[row] = slot
-    state[slot] = (step << 2) | REF | FILL   # a victim is never pinned: this is a new pin
+    state[slot] = (step << 1) | FILL   # a victim is never pinned: this is a new pin
+    ref[slot] = 1
     return evicted
 
 
 @njit(nogil=True, cache=True)
-def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, state, step, out_slot, out_hit):
+def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, state, ref, step, out_slot,
+               out_hit):
     """Batch lookup: hits pin their slot, misses claim one (-1 when every slot is pinned).
 
     rows: [n] int64 local rows; out_slot: [n] int32; out_hit: [n] uint8 (1 also for a row claimed
@@ -112,13 +113,13 @@ def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, 
         r = rows[i]
         s = directory[r]
         if s >= 0:
-            pinned += pin(state, s, step)
+            pinned += pin(state, ref, s, step)
             out_slot[i] = s
             out_hit[i] = 1
             continue
-        s, hand = victim(owned, state, hand, pinned, step)
+        s, hand = victim(owned, state, ref, hand, pinned, step)
         if s >= 0:
-            evictions += claim(layer_key, r, s, directory, slot_layer, slot_row, state, step)
+            evictions += claim(layer_key, r, s, directory, slot_layer, slot_row, state, ref, step)
             pinned += 1
         out_slot[i] = s
         out_hit[i] = 0
@@ -128,7 +129,7 @@ def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, 
 
 
 @njit(nogil=True, cache=True)
-def forget_slots(slots, directory, slot_layer, slot_row, state):
+def forget_slots(slots, directory, slot_layer, slot_row, state, ref):
     """Drop the rows held in `slots` (slots < 0 are skipped): directory entries cleared, slots free.
 
     The pin stamp stays (a pinned slot stays pinned until the step ends); reference and fill bits clear.
@@ -142,7 +143,8 @@ def forget_slots(slots, directory, slot_layer, slot_row, state):
             directory[r] = -1
         slot_layer[s] = -1
         slot_row[s] = -1
-        state[s] = (state[s] >> 2) << 2
+        state[s] = (state[s] >> 1) << 1
+        ref[s] = 0
 
 
 def empty_lstate() -> np.ndarray:

@@ -116,16 +116,17 @@ class RowCache:
         self.max_slots = int(max_slots)
         self.slots = self.max_slots if slots is None else int(slots)
         self._check_budget(self.slots)
-        # Per slot: 264 B on the device, 8 + 8 + 4 + 4 + 4 B of host bookkeeping.
+        # Per slot: 264 B on the device, 8 + 8 + 4 + 4 + 4 + 1 B of host bookkeeping.
         available_bytes(self.device).refuse(self.max_slots * (ROW_VALUES + ROW_SCALES), "the cache's slots")
-        available_bytes(torch.device("cpu")).refuse(self.max_slots * 28, "the cache's slot table")
+        available_bytes(torch.device("cpu")).refuse(self.max_slots * 29, "the cache's slot table")
         # Two device arrays, as in the paper: 256 B of fp8 weights and 8 B of e8m0 scales per slot.
         self.weight = torch.zeros((self.max_slots, ROW_VALUES), dtype=torch.uint8, device=self.device)
         self.scale = torch.zeros((self.max_slots, ROW_SCALES), dtype=torch.uint8, device=self.device)
         self.slot_layer = np.full(self.max_slots, -1, dtype=np.int32)   # layer key holding the slot, -1 free
         self.slot_row = np.full(self.max_slots, -1, dtype=np.int64)     # local row held
-        # step << 2 | ref << 1 | fill (see cache.kernels); -4: never pinned, unreferenced
-        self.state = np.full(self.max_slots, -4, dtype=np.int64)
+        # step << 1 | fill (see cache.kernels); NEVER: no step pinned it
+        self.state = np.full(self.max_slots, K.NEVER, dtype=np.int64)
+        self.ref = np.zeros(self.max_slots, dtype=np.uint8)              # CLOCK's reference bit, a byte
         self.fill_miss = np.full(self.max_slots, -1, dtype=np.int32)    # which read fills it (engine's index)
         self.owner = np.full(self.max_slots, -1, dtype=np.int32)        # layer key owning the slot, -1 unowned
         self.step = 0
@@ -178,7 +179,7 @@ class RowCache:
         """Drop a layer's directory and free its slots (their rows are forgotten)."""
         state = self.layer(layer)
         self._refuse_if_pinned(state, 0)
-        K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state)
+        K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state, self.ref)
         self.owner[state.owned] = -1
         del self._layers[layer]
 
@@ -186,7 +187,7 @@ class RowCache:
         """Forget every cached row of `layer` (its table changed); keeps its slots."""
         state = self.layer(layer)
         self._refuse_if_pinned(state, 0)
-        K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state)
+        K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state, self.ref)
 
     def resize(self, slots: int | None = None, shares: dict[int, float] | None = None) -> None:
         """Change the slot budget and/or the per-layer shares; cached rows that keep a slot stay valid."""
@@ -228,10 +229,10 @@ class RowCache:
                 continue
             occupied = self.slot_layer[owned] >= 0
             pinned = self._pinned_mask(owned)
-            referenced = (self.state[owned] & K.REF) != 0
+            referenced = self.ref[owned] != 0
             order = np.lexsort((referenced, occupied, pinned))   # last key sorts first
             release = owned[order[:drop]]
-            K.forget_slots(release, state.directory, self.slot_layer, self.slot_row, self.state)
+            K.forget_slots(release, state.directory, self.slot_layer, self.slot_row, self.state, self.ref)
             self.owner[release] = -1
             keep = np.sort(owned[order[drop:]]).astype(np.int32)
             state.owned = keep
@@ -248,7 +249,8 @@ class RowCache:
             self.owner[new] = state.key
             self.slot_layer[new] = -1
             self.slot_row[new] = -1
-            self.state[new] &= ~np.int64(K.REF | K.FILL)
+            self.state[new] &= ~np.int64(K.FILL)
+            self.ref[new] = 0
             state.owned = np.concatenate([state.owned, new]).astype(np.int32)
             state.lstate[K.HAND] = 0
         for state in self._layers.values():
@@ -258,13 +260,13 @@ class RowCache:
     def _settle(self, state: CacheLayer) -> None:
         """Apply the pins `resolve` left pending on `state`'s slots (its last pass's hits before any victim search).
 
-        Called before anything reads this layer's pins or searches its slots for a victim; other layers'
-        passes never touch these slots (each layer owns its own), so theirs can wait.
+        Called before anything reads this layer's pins or searches its slots for a victim within the step;
+        other layers' passes never touch these slots (each layer owns its own), so theirs can wait.
         """
         if state.pending is not None:
             kind, idx, n = state.pending
             state.pending = None
-            settle_layer(kind, idx, n, self.state, self.step, state.lstate)
+            settle_layer(kind, idx, n, self.state, self.ref, self.step, state.lstate)
 
     def _settle_all(self) -> None:
         for state in self._layers.values():
@@ -273,10 +275,11 @@ class RowCache:
     def release_pins(self) -> None:
         """End the current step: every pin is released (one increment), pinned counts reset.
 
-        The step's pending pins are applied first: their reference bits are CLOCK's memory of the hits."""
-        self._settle_all()
+        Pins still pending are dropped, not applied: they would be released now, and the pass stored
+        their hits' reference bits already."""
         self.step += 1
         for state in self._layers.values():
+            state.pending = None
             state.lstate[K.PINNED] = 0
 
     def lookup(self, layer: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -295,7 +298,7 @@ class RowCache:
         out_hit = np.empty(rows.shape[0], dtype=np.uint8)
         self._settle(state)
         K.admit_rows(state.key, rows, state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
-                     self.state, self.step, out_slot, out_hit)
+                     self.state, self.ref, self.step, out_slot, out_hit)
         return out_slot, out_hit.astype(bool)
 
     def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
@@ -328,7 +331,7 @@ class RowCache:
         bits = table.prepare(n)
         resolve_layer(ids, geometry.row_start, geometry.rows, owned_only, geometry.rank_starts,
                       geometry.rank_region, lossy, seen, state.key, state.directory, state.owned, state.lstate,
-                      self.slot_layer, self.slot_row, self.state, self.fill_miss, self.step,
+                      self.slot_layer, self.slot_row, self.state, self.ref, self.fill_miss, self.step,
                       table.table, table.stamp, bits,
                       scratch.desc_kind, scratch.desc_idx, scratch.miss_buf, scratch.miss_inpage,
                       scratch.miss_slot, scratch.miss_row, scratch.page_region, scratch.page_no, scratch.page_buf,
@@ -355,7 +358,7 @@ class RowCache:
         state = self.layer(layer)
         self._settle(state)
         K.forget_slots(np.ascontiguousarray(slots, dtype=np.int32), state.directory, self.slot_layer,
-                       self.slot_row, self.state)
+                       self.slot_row, self.state, self.ref)
 
     def write(self, slots: np.ndarray, raw: torch.Tensor) -> None:
         """Store raw rows [n, 264] uint8 into `slots` [n] (the row's two arrays)."""
@@ -386,7 +389,7 @@ class RowCache:
         return np.flatnonzero(self._pinned_mask(np.arange(self.max_slots)))
 
     def _pinned_mask(self, slots: np.ndarray) -> np.ndarray:
-        return (self.state[slots] >> 2) == self.step
+        return (self.state[slots] >> 1) == self.step
 
     def evictions(self, layer: int) -> int:
         """Rows of `layer` evicted so far."""

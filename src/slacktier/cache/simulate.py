@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from slacktier.cache.directory import C_PENDING, KIND_SLOT, N_COUNTS, resolve_layer, settle_layer
+from slacktier.cache.directory import KIND_SLOT, N_COUNTS, resolve_layer
 from slacktier.errors import ErrorKind, SlackTierError
 
 HIT = 0            # the row was cached when the step began (served from its slot)
@@ -42,7 +42,8 @@ def _replay(ids, step_starts, n_items, capacity, out):
     lstate = np.zeros(4, dtype=np.int64)
     slot_layer = np.full(capacity, -1, dtype=np.int32)
     slot_row = np.full(capacity, -1, dtype=np.int64)
-    state = np.full(capacity, -4, dtype=np.int64)         # as RowCache: never pinned, unreferenced
+    state = np.full(capacity, -2, dtype=np.int64)         # as RowCache: never pinned (kernels.NEVER)
+    ref = np.zeros(capacity, dtype=np.uint8)
     fill_miss = np.full(capacity, -1, dtype=np.int32)
     rank_starts = np.array([0, n_items], dtype=np.int64)
     rank_region = np.zeros(1, dtype=np.int32)
@@ -68,13 +69,11 @@ def _replay(ids, step_starts, n_items, capacity, out):
             continue
         # one step: stamp s + 1 invalidates the hash table, pins of step s end when step s + 1 begins
         resolve_layer(ids[a:b], 0, n_items, False, rank_starts, rank_region, False, seen,
-                      0, directory, owned, lstate, slot_layer, slot_row, state, fill_miss, s,
+                      0, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, s,
                       htab, s + 1, _hash_bits(b - a),
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
                       page_region, page_no, page_buf, 0, 0, counts)
-        # RowCache.release_pins: the pass's pending pins are applied, the pinned count resets, the step moves on
-        settle_layer(desc_kind, desc_idx, counts[C_PENDING], state, s, lstate)
-        lstate[1] = 0
+        lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         last = -1       # miss indices are handed out in order: a new read is the first with its index
         for i in range(b - a):
             if desc_kind[i] == KIND_SLOT:
