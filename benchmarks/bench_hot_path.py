@@ -100,7 +100,7 @@ def main() -> int:
          f"directory floor {mmm(a('floor_us'))} us; after / floor {med(a('warm_cpu_us')) / med(a('floor_us')):.2f}x",
          "<= 60 us and <= 1.3x floor",
          med(a("warm_cpu_us")) <= 60 and med(a("warm_cpu_us")) <= 1.3 * med(a("floor_us"))),
-        ("`end_step` CPU after the warm steps (us; no target: where a warm step's pins now settle)",
+        ("`end_step` CPU after the warm steps (us; no target)",
          b("warm_end_us"), a("warm_end_us"), "", "", None),
         (f"`begin_step` CPU, B=128, one TP4 rank, fresh tokens ({med(a('fresh_pages')):.0f} pages) (us)",
          b("fresh_cpu_us"), a("fresh_cpu_us"), "", "<= 150 us", med(a("fresh_cpu_us")) <= 150),
