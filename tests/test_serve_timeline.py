@@ -180,6 +180,30 @@ def test_run_replay_warms_prefill_and_times_full_decode_steps():
     assert summ.hit_rate[1] == pytest.approx(3 / 96)
 
 
+def test_s_splits_into_pulling_the_step_and_begin_step():
+    """s runs from the step's start, before its ids are pulled (hashed), until begin_step returns; begin_ms is
+    begin_step alone, so s - begin is the pulling."""
+    class Pulled:
+        kind, num_tokens = "decode", 4
+        ids = np.zeros((4, 2, 24), dtype=np.int64)
+
+    clock = FakeClock()
+    engine = FakeEngine(clock, 0.05, {1: 0.1, 14: 2.0}, 0.0)
+    runner = TimelineRunner(engine, TIMES, clock=clock)
+
+    def replay():
+        for _ in range(3):
+            clock.t += 0.4e-3    # 0.4 ms to pull and hash each step
+            yield Pulled()
+
+    steps = run_replay(runner, replay(), 4, 3)
+    for st in steps:
+        assert st.begin_ms == pytest.approx(0.05)
+        assert st.s_ms == pytest.approx(0.45)
+    summ = summarize(steps)
+    assert summ.begin_ms == pytest.approx(0.05) and summ.s_ms == pytest.approx(0.45)
+
+
 def test_runner_on_a_real_engine_records_counters():
     from slacktier.engine import StepEngine
     from slacktier.engine.testing import array_tables

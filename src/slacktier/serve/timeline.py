@@ -246,6 +246,7 @@ class TimelineStep:
     pages: dict[int, int]
     hits: dict[int, int]
     lookups: dict[int, int]
+    begin_ms: float = 0.0           # begin_step alone (resolve, submit); s_ms - begin_ms: pulling and hashing the step
 
     @property
     def stall_total_ms(self) -> float:
@@ -282,8 +283,10 @@ class TimelineRunner:
         """One decode step of ids [T, L, 24] int64; `t0`: when the step started (before pulling/hashing its ids)."""
         clock = self.clock
         t0 = clock.now() if t0 is None else t0
+        tb = clock.now()
         self.engine.begin_step(ids)
         s = clock.now() - t0
+        begin = clock.now() - tb
         sched: dict[int, float] = {}
         called: dict[int, float] = {}
         done: dict[int, float] = {}
@@ -313,7 +316,7 @@ class TimelineRunner:
             wait_ms={l: c[l].wait_us / 1e3 for l in self.layers},
             gather_ms={l: c[l].gather_us / 1e3 for l in self.layers},
             pages={l: int(c[l].pages_read) for l in self.layers}, hits={l: int(c[l].hits) for l in self.layers},
-            lookups={l: int(c[l].lookups) for l in self.layers})
+            lookups={l: int(c[l].lookups) for l in self.layers}, begin_ms=begin * 1e3)
 
 
 def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int, warm: bool = True,
@@ -360,6 +363,7 @@ class TimelineSummary:
     gather_ms: dict[int, float]
     pages: dict[int, float]
     hit_rate: dict[int, float]
+    begin_ms: float = float("nan")   # the part of s_ms that is begin_step itself (NaN: a run stored before it was kept)
 
 
 def summarize(steps: Sequence[TimelineStep]) -> TimelineSummary:
@@ -379,7 +383,8 @@ def summarize(steps: Sequence[TimelineStep]) -> TimelineSummary:
         stall_layer_ms={l: mean(lambda s: s.stall_ms[l]) for l in layers},
         gather_ms={l: mean(lambda s: s.gather_ms[l]) for l in layers},
         pages={l: mean(lambda s: s.pages[l]) for l in layers},
-        hit_rate={l: sum(s.hits[l] for s in steps) / max(1, sum(s.lookups[l] for s in steps)) for l in layers})
+        hit_rate={l: sum(s.hits[l] for s in steps) / max(1, sum(s.lookups[l] for s in steps)) for l in layers},
+        begin_ms=mean(lambda s: s.begin_ms))
 
 
 # ---- placements on a scaled table, shuffled runs (the demo's section and benchmarks/bench_timeline.py) ------
