@@ -103,6 +103,13 @@ def replay_steps(sessions: Sequence[TokenSession], hasher: LookupHasher, config:
                              fix="drop sessions without replies before replaying")
     rng = np.random.default_rng(config.seed)
     width = hasher.spec.history_width
+    # Every session's tokens end to end, so a decode step gathers its B tokens and their histories in one
+    # indexing each (per-slot slicing was most of a B=128 step's host time outside begin_step).
+    base = np.zeros(len(sessions) + 1, dtype=np.int64)
+    np.cumsum([len(s.tokens) for s in sessions], out=base[1:])
+    flat = np.concatenate([np.asarray(s.tokens, dtype=np.int64) for s in sessions]) if sessions else \
+        np.zeros(0, dtype=np.int64)
+    back = np.arange(-width, 0, dtype=np.int64)   # offsets of the history window, oldest first
     queue = list(range(len(sessions)))[::-1]
     slots: list[_Slot] = []
     index = 0
@@ -141,9 +148,10 @@ def replay_steps(sessions: Sequence[TokenSession], hasher: LookupHasher, config:
             sid = np.array([sl.session for sl in decoding], dtype=np.int32)
             pos = np.array([sessions[sl.session].reply_start[sl.reply] + sl.decoded for sl in decoding],
                            dtype=np.int64)
-            tok = np.array([sessions[sl.session].tokens[p] for sl, p in zip(decoding, pos)], dtype=np.int64)
-            hist = np.stack([history_before(sessions[sl.session].tokens, int(p), width)
-                             for sl, p in zip(decoding, pos)])
+            start = base[sid]
+            tok = flat[start + pos]
+            at = pos[:, None] + back                   # [B, width] positions before each token, -1 before 0
+            hist = np.where(at >= 0, flat[start[:, None] + np.maximum(at, 0)], -1)   # = history_before per slot
             ids = hasher.decode(tok, hist)
             yield Step(index, "decode", sid, tok, pos, ids, np.ones(len(sid), dtype=bool))
             index += 1
