@@ -102,26 +102,33 @@ def _directory_floor(engine: StepEngine, ids: np.ndarray, rng: np.random.Generat
     return total
 
 
+def rank_engine(layout: EngramLayout, tmp: Path, batch: int = 128, tag: str = "") -> StepEngine:
+    """Rank 0 of TP4 serving `layout`'s tables (owned_only) from sparse files in `tmp`, 2M cache rows (half per
+    layer), steps of up to `batch` tokens: the begin_step setting of this worker, bench_pass_anatomy.py and
+    profile_begin_step.py. `tag` keeps several engines' files apart in one folder."""
+    tables, sources = [], []
+    for i, layer in enumerate(layout.layer_ids):
+        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, RANKS)
+        path = tmp / f"l{layer}{tag}.sparse"
+        pages = pages_for_rows(hi - lo)
+        with open(path, "wb") as f:
+            f.truncate(pages * PAGE_BYTES)
+        region = _region(layer, 0, str(path), 0, pages, lo, hi - lo)
+        source = _disk([region])
+        sources.append(source)
+        tables.append(_table(layer, lo, hi - lo, region, source, 0.5))
+    return StepEngine(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
+
+
 def begin_step(quick: bool) -> dict:
     """One TP4 rank of the V4.1 tables (owned_only), B = 128, 1M cache rows per layer, sparse disk regions."""
     batch, warm_steps, steps = 128, (24 if quick else 64), (20 if quick else 60)
     layout = EngramLayout.v41()
     ids = _ids(layout, batch, warm_steps + steps)
-    tables, sources = [], []
     with tempfile.TemporaryDirectory(dir=os.environ.get("AB_DIR") or None) as tmp:
-        for i, layer in enumerate(layout.layer_ids):
-            lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, RANKS)
-            path = Path(tmp) / f"l{layer}.sparse"
-            pages = pages_for_rows(hi - lo)
-            with open(path, "wb") as f:
-                f.truncate(pages * PAGE_BYTES)
-            region = _region(layer, 0, str(path), 0, pages, lo, hi - lo)
-            source = _disk([region])
-            sources.append(source)
-            tables.append(_table(layer, lo, hi - lo, region, source, 0.5))
-        engine = StepEngine(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
+        engine = rank_engine(layout, Path(tmp), batch)
 
-        ends: list[float] = []   # end_step CPU of the step just run (a warm step's pins settle there)
+        ends: list[float] = []   # end_step CPU of the step just run (work moved out of begin_step shows here)
 
         def step(t: int) -> tuple[float, int]:
             c0 = time.thread_time_ns()

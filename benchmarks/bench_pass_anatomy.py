@@ -41,10 +41,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
 
 import slacktier.cache.rowcache as RC  # noqa: E402
-from slacktier.cache import RowCache  # noqa: E402
 from slacktier.engine.step import StepEngine  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
-from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds  # noqa: E402
 
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
@@ -106,21 +104,6 @@ def _stub(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, see
     return 0
 
 
-def build_engine(layout: EngramLayout, tmp: Path, tag: str) -> StepEngine:
-    tables, sources = [], []
-    for i, layer in enumerate(layout.layer_ids):
-        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, W.RANKS)
-        path = tmp / f"l{layer}-{tag}.sparse"
-        pages = pages_for_rows(hi - lo)
-        with open(path, "wb") as f:
-            f.truncate(pages * PAGE_BYTES)
-        region = W._region(layer, 0, str(path), 0, pages, lo, hi - lo)
-        source = W._disk([region])
-        sources.append(source)
-        tables.append(W._table(layer, lo, hi - lo, region, source, 0.5))
-    return StepEngine(tables, RowCache(2_000_000), max_tokens=128, owned_sources=sources, owned_only=True)
-
-
 def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
     layout = EngramLayout.v41()
     ids = W._ids(layout, 128, warm_steps)
@@ -129,7 +112,7 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         passes = {name: compile_pass(name, text, tmp) for name, text in variants().items()} | {STUB: _stub}
-        engines = {name: build_engine(layout, tmp, str(k)) for k, name in enumerate(passes)}
+        engines = {name: W.rank_engine(layout, tmp, tag=f"-{k}") for k, name in enumerate(passes)}
         out = {name: [] for name in passes} | {"floor": []}
         ends: dict[str, list[float]] = {name: [] for name in passes}
 

@@ -34,27 +34,13 @@ SUBSECTION = "### Hot path against issue 14's targets"
 def loop(seconds: float) -> None:
     """The profiled process: build the rank engine, warm it, then decode new tokens for `seconds`."""
     import _ab_worker as W
-    from slacktier.cache import RowCache
-    from slacktier.engine.step import StepEngine
     from slacktier.tables.engram_hash import EngramLayout
-    from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds
 
     batch, warm_steps, steps = 128, 64, 200
     layout = EngramLayout.v41()
     ids = W._ids(layout, batch, warm_steps + steps)
-    tables, sources = [], []
     with tempfile.TemporaryDirectory(dir=os.environ.get("AB_DIR") or None) as tmp:
-        for i, layer in enumerate(layout.layer_ids):
-            lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, W.RANKS)
-            path = Path(tmp) / f"l{layer}.sparse"
-            pages = pages_for_rows(hi - lo)
-            with open(path, "wb") as f:
-                f.truncate(pages * PAGE_BYTES)
-            region = W._region(layer, 0, str(path), 0, pages, lo, hi - lo)
-            source = W._disk([region])
-            sources.append(source)
-            tables.append(W._table(layer, lo, hi - lo, region, source, 0.5))
-        engine = StepEngine(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
+        engine = W.rank_engine(layout, Path(tmp), batch)
 
         def step(t: int) -> None:
             engine.begin_step(ids[t])

@@ -23,6 +23,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slacktier.commands.plan import add_window_arguments
+
 HELP = "describe a staged table's manifest and/or an engine control file: rows, ranks, regions, tiers, cache, memory"
 
 
@@ -34,12 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="check the rank regions against vLLM's/SGLang's head sharding at this TP size")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     pred = p.add_argument_group("predicted slowdown of the control file's placement (as `slacktier plan` takes)")
-    pred.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
-                      help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
-    pred.add_argument("--windows-json", type=Path, default=None, help="windows from `slacktier probe` JSON instead")
-    pred.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
-    pred.add_argument("--step-ms", type=float, default=None,
-                      help="scale the probe's windows (as fractions of its step) to this step time")
+    add_window_arguments(pred)
     pred.add_argument("--tiers", type=Path, default=None, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
     pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
     pred.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")

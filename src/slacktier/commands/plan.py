@@ -16,13 +16,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the plan verb."""
     p.add_argument("--table", action="append", required=True, metavar="LAYER:MANIFEST[:ROWS]",
                    help="a table to place (repeat per table); ROWS defaults to the layer's rows in the manifest")
-    p.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
-                   help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
-    p.add_argument("--windows-json", type=Path, default=None,
-                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer)")
-    p.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
-    p.add_argument("--step-ms", type=float, default=None,
-                   help="scale the probe's windows (as fractions of its step) to this step time")
+    add_window_arguments(p)
     p.add_argument("--tiers", type=Path, required=True, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
     p.add_argument("--curves", type=Path, required=True, help="miss-page curves JSON from `slacktier characterize`")
     p.add_argument("--cache-rows", type=int, required=True, help="the cache budget C in rows")
@@ -82,6 +76,18 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
             continue
         out[int(lw["layer"])] = lw["window_frac"] * step_ms if step_ms else lw["window_ms"]
     return out
+
+
+def add_window_arguments(p) -> None:
+    """--window / --windows-json / --windows-batch / --step-ms, as `windows_from_args` reads them (plan, inspect,
+    redknot plan); `p` is a parser or an argument group."""
+    p.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
+                   help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
+    p.add_argument("--windows-json", type=Path, default=None,
+                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer)")
+    p.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
+    p.add_argument("--step-ms", type=float, default=None,
+                   help="scale the probe's windows (as fractions of its step) to this step time")
 
 
 def windows_from_args(args: argparse.Namespace) -> dict[int, float]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slacktier.commands.plan import add_window_arguments
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("RedKnot-MLA: build Local-head artifacts, run reuse prefills against full recompute, place the artifacts by "
@@ -49,13 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--rank", type=int, default=0, help="the tensor-parallel rank whose pages are placed")
     q.add_argument("--tiers", type=Path, required=True,
                    help="tiers TOML, as `slacktier plan` reads: one [[tier]] per tier (see plan.tiers)")
-    q.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
-                   help="when the prefill needs a layer's artifacts, ms after it starts (repeat per layer)")
-    q.add_argument("--windows-json", type=Path, default=None,
-                   help="windows from `slacktier probe` JSON instead (decoder layer index = artifact layer)")
-    q.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
-    q.add_argument("--step-ms", type=float, default=None,
-                   help="scale the probe's windows (as fractions of its step) to this prefill time")
+    add_window_arguments(q)   # a layer's window: when the prefill needs its artifacts
     q.add_argument("--target-ms", type=float, default=0.0, help="largest acceptable predicted stall per prefill")
     q.add_argument("--wait-timeout-ms", type=float, default=None, help="[engine] wait_timeout_ms of the control file")
     q.add_argument("--out", type=Path, default=Path("runs/redknot/placement.toml"), help="the control file to write")
@@ -119,8 +114,7 @@ def plan_artifacts(args: argparse.Namespace) -> int:
         raise SlackTierError(ErrorKind.MISSING, f"artifact store {args.store} not found",
                              fix="build one with `slacktier redknot build --store DIR`")
     store = ArtifactStore(args.store)
-    docs = [d for d in args.docs.split(",") if d] if args.docs else \
-        sorted(p.name for p in args.store.iterdir() if (p / f"rank{args.rank}.cert.json").exists())
+    docs = [d for d in args.docs.split(",") if d] if args.docs else store.documents(args.rank)
     if not docs:
         raise SlackTierError(ErrorKind.MISSING, f"no document of rank {args.rank} in {args.store}",
                              fix="build the artifacts first, or pick the rank they were built for")

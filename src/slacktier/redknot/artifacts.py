@@ -246,6 +246,10 @@ class ArtifactStore:
             return None
         return Certificate.from_json(text)
 
+    def documents(self, rank: int) -> list[str]:
+        """Ids of the documents with a published certificate for `rank`, sorted."""
+        return sorted(d.name for d in self.root.iterdir() if (d / f"rank{rank}.cert.json").is_file())
+
     def data_path(self, cert: Certificate) -> Path:
         """Data file a certificate points at."""
         return self.doc_dir(cert.doc_id) / cert.data_file
