@@ -1,6 +1,6 @@
 """RedKnot-MLA quality on the trained retrieval DeepSeek-V4: reuse vs full recompute on held-out documents.
 
-The model is `data/redknot/retrieval-v4.pt` (python -m slacktier.redknot.train): a tiny
+The model is `models/redknot/retrieval-v4.pt` (python -m slacktier.redknot.train): a tiny
 CPU-trained DeepseekV4ForCausalLM. Each sample is `n` held-out real-text documents
 of 1024 tokens with two `@key:value` records each, then the question `@key:`;
 the answer is the value token. Per sample, one full recompute and, through
@@ -75,7 +75,7 @@ def _forge(store, doc_id: str, tokens) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ROOT / "data" / "redknot" / "retrieval-v4.pt"))
+    ap.add_argument("--model", default=str(ROOT / "models" / "redknot" / "retrieval-v4.pt"))
     ap.add_argument("--lengths", default="4096")
     ap.add_argument("--samples", type=int, default=30)
     ap.add_argument("--doc-tokens", type=int, default=1024)
@@ -88,6 +88,9 @@ def main() -> int:
                     help="comma list of head policies: every8 (every 8th head Global), distance (per layer, the "
                          "heads with the longest mean attention distance on training-split samples are Global)")
     ap.add_argument("--calib-samples", type=int, default=4, help="training-split samples the distances come from")
+    ap.add_argument("--fence-front", type=int, default=1,
+                    help="fence layers at the front (1: layer 0 always online, the default; 0: layer 0's Local "
+                         "heads are reused too, so the record's key-value binding lives in stored rows)")
     ap.add_argument("--append", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -103,7 +106,7 @@ def main() -> int:
 
     model, vocab, card = load_model(Path(args.model))
     cfg = model.config
-    profile = profile_for_config(cfg, name="retrieval-1F1F")
+    profile = profile_for_config(cfg, name=f"retrieval-{args.fence_front}F1F", fence_front=args.fence_front)
     runner = RedKnotRunner(model, profile, chunk_rows=256)
     budgets = [float(b) for b in args.budgets.split(",")]
     task = eval_task(vocab)
@@ -141,8 +144,10 @@ def main() -> int:
     t_start = time.perf_counter()
 
     def record(length: int, name: str, logits, full_logits, answer: int, states, full_states, extra=None) -> None:
-        r = results.setdefault(f"{length}|{name}", {"em": [], "kl": [], "top1": [], "dev": [], "extra": []})
+        r = results.setdefault(f"{length}|{name}", {"em": [], "kl": [], "top1": [], "dev": [], "extra": [],
+                                                     "p": []})
         r["em"].append(int(logits.argmax()) == answer)
+        r["p"].append(float(torch.softmax(logits.double(), -1)[answer]))
         r["kl"].append(_kl(full_logits, logits))
         r["top1"].append(int(logits.argmax()) == int(full_logits.argmax()))
         r["dev"].append(_deviation(states, full_states))
@@ -219,9 +224,9 @@ def main() -> int:
                   flush=True)
 
     n_layers = cfg.num_hidden_layers
-    lines = ["| context | config | samples | exact match | next-token KL vs full (mean / median, nats) "
+    lines = ["| context | config | samples | exact match | p(answer) mean | next-token KL vs full (mean / median, nats) "
              "| top-1 agreement | head-rows skipped | fallback | " + " | ".join(f"dev L{l}" for l in range(n_layers))
-             + " |", "|---|---|---|---|---|---|---|---|" + "---|" * n_layers]
+             + " |", "|---|---|---|---|---|---|---|---|---|" + "---|" * n_layers]
     summary = {}
     for key, r in results.items():
         length, name = key.split("|")
@@ -230,12 +235,13 @@ def main() -> int:
         saving = [e["head_row_saving"] for e in r["extra"] if "head_row_saving" in e]
         fb = [e["fallback"] for e in r["extra"] if "fallback" in e]
         fb_s = "-" if not fb else (f"{sum(x is not None for x in fb)}/{n} ({fb[0]})" if fb[0] else f"0/{n}")
-        summary[key] = {"samples": n, "em": sum(r["em"]) / n, "kl_mean": statistics.mean(r["kl"]),
+        summary[key] = {"samples": n, "em": sum(r["em"]) / n, "p_answer": statistics.mean(r["p"]), "kl_mean": statistics.mean(r["kl"]),
                         "kl_median": statistics.median(r["kl"]), "top1": sum(r["top1"]) / n, "dev": dev,
                         "head_row_saving": statistics.mean(saving) if saving else None, "fallback": fb_s}
         s = summary[key]
         hr = f"{100 * s['head_row_saving']:.1f}%" if saving else "-"
-        lines.append(f"| {length} | {name} | {n} | {s['em']:.3f} ({sum(r['em'])}/{n}) | {s['kl_mean']:.2e} / "
+        lines.append(f"| {length} | {name} | {n} | {s['em']:.3f} ({sum(r['em'])}/{n}) | {s['p_answer']:.3f} | "
+                     f"{s['kl_mean']:.2e} / "
                      f"{s['kl_median']:.2e} | {s['top1']:.3f} | {hr} | {fb_s} | "
                      + " | ".join(f"{d:.1e}" for d in dev) + " |")
     print("\n".join(lines))

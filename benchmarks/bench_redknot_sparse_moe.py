@@ -36,7 +36,7 @@ def _kl(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default=str(ROOT / "data" / "redknot" / "retrieval-v4.pt"))
+    ap.add_argument("--model", default=str(ROOT / "models" / "redknot" / "retrieval-v4.pt"))
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--samples", type=int, default=20)
     ap.add_argument("--doc-tokens", type=int, default=1024)

@@ -246,3 +246,30 @@ def test_nan_poisoned_protected_rows_are_replaced(runner):
     keep &= has
     poisoned[l0][torch.nonzero(keep).flatten()[0]] = float("nan")
     assert torch.isnan(runner.reuse(LAYOUT, InMemoryLocal(has, poisoned), policy).hidden).any()
+
+
+def test_reusable_first_layer_keeps_exactness(tmp_path):
+    """With no front fence (layer 0, a sliding layer, reused too: the quality bench's --fence-front 0 ablation),
+    every row protected and same-context artifacts both still give the full recompute."""
+    assert CFG.layer_types[0] == "sliding_attention"
+    profile = profile_for_config(CFG, name="tiny-0F", fence_front=0)
+    assert profile.reusable[0] == 0
+    r = RedKnotRunner(MODEL, profile, chunk_rows=32)
+    full = r.full(LAYOUT)
+    svc = _service(tmp_path, r, "disk")
+    rep = svc.prefill(DOCS, Q, ProtectionPolicy(0.1), dirty=torch.ones(LAYOUT.rows, dtype=torch.bool))
+    assert rep.fallback_reason is None and rep.result.stats.local_rows_reused == 0
+    torch.testing.assert_close(rep.result.hidden, full.hidden, rtol=0, atol=1e-10)
+    ctx = RedKnotService(r, ArtifactStore(tmp_path / "ctx"))
+    ctx.build("d0", D0)
+    ctx.build("d1", D1, context=D0)
+    rep = ctx.prefill(DOCS, Q, ProtectionPolicy(0.0))
+    assert rep.fallback_reason is None and rep.result.stats.local_rows_reused > 0
+    torch.testing.assert_close(rep.result.hidden, full.hidden, rtol=0, atol=1e-10)
+    torch.testing.assert_close(rep.result.last_logits, full.last_logits, rtol=0, atol=1e-10)
+    # and layer 0's stored rows matter: zeroing them moves the result
+    has = torch.zeros(LAYOUT.rows, dtype=torch.bool)
+    has[:LAYOUT.starts[-1]] = True
+    zero = InMemoryLocal(has, {l: torch.zeros(LAYOUT.rows, CFG.o_groups * CFG.o_lora_rank) for l in profile.reusable})
+    moved = r.reuse(LAYOUT, zero, ProtectionPolicy(0.0))
+    assert (moved.hidden - full.hidden).abs().max() > 1e-3

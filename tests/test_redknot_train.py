@@ -9,15 +9,18 @@ from pathlib import Path
 import pytest
 import torch
 
+from slacktier.errors import SlackTierError
 from slacktier.redknot.model import build_model, tiny_config
 from slacktier.redknot.retrieval import RetrievalTask, VocabMap, read_split
 from slacktier.redknot.train import (
     Stage,
     TrainConfig,
     band_mask,
+    binomial_tail,
     digest_tokens,
     load_model,
     logit_digest,
+    parse_stages,
     register_banded,
     train,
 )
@@ -25,8 +28,8 @@ from slacktier.redknot.train import (
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 REPO = Path(__file__).resolve().parents[1]
-SHIPPED = REPO / "data" / "redknot" / "retrieval-v4.pt"
-SHIPPED_DIGEST = "1113959916fa9013f082781583945351f57bc4969bc3f417cae08f1be36d8b9e"
+SHIPPED = REPO / "models" / "redknot" / "retrieval-v4.pt"
+SHIPPED_DIGEST = "b8a54e0f6a0be42ef30d286180b54530fe997be8daff9e4aad727bc9cf167f3a"
 TINY_DIGEST = "cd4e7672cd8397d07f8f8f1e6b5cd4a168b25c070458e93ff0fd3306faadf5c7"
 
 
@@ -83,7 +86,28 @@ def test_tiny_training_is_deterministic(tmp_path):
     assert card["logit_digest"] == TINY_DIGEST
 
 
-@pytest.mark.skipif(not SHIPPED.exists(), reason="no trained weights; run python -m slacktier.redknot.train")
 def test_shipped_weights_reproduce_their_digest():
+    """The committed weights (models/redknot/retrieval-v4.pt, rebuilt by `python -m slacktier.redknot.train`)."""
+    assert SHIPPED.exists(), f"{SHIPPED} is missing: it is committed; restore it or retrain"
     model, vocab, card = load_model(SHIPPED)
     assert logit_digest(model, digest_tokens(vocab)) == card["logit_digest"] == SHIPPED_DIGEST
+
+
+def test_stages_parse_and_refuse_bad_text():
+    assert parse_stages("128:10:10:16:150, 2048:24:12:1:80") == (Stage(128, 10, 10, 16, 150),
+                                                                 Stage(2048, 24, 12, 1, 80))
+    for bad in ("128:10:10:16", "a:1:1:1:1", ""):
+        with pytest.raises(SlackTierError, match="stage"):
+            parse_stages(bad)
+
+
+def test_binomial_tail_against_a_direct_count():
+    """P[X >= k] for X ~ Bin(n, p): enumerate every outcome of n = 6 draws to check it."""
+    import itertools
+
+    n, p = 6, 0.3
+    for k in range(n + 2):
+        direct = sum(p ** sum(o) * (1 - p) ** (n - sum(o)) for o in itertools.product((0, 1), repeat=n)
+                     if sum(o) >= k)
+        assert binomial_tail(k, n, p) == pytest.approx(direct, rel=1e-12, abs=1e-15)
+    assert binomial_tail(0, 10, 0.1) == pytest.approx(1.0)

@@ -1,6 +1,6 @@
 """Train a small DeepSeek-V4 (transformers' DeepseekV4ForCausalLM) on long-context retrieval, on one CPU thread.
 
-    .venv/bin/python -m slacktier.redknot.train --out data/redknot/retrieval-v4.pt
+    .venv/bin/python -m slacktier.redknot.train --out models/redknot/retrieval-v4.pt
 
 The model keeps V4's parts: hybrid sliding / CSA (with the Lightning Indexer) /
 HCA layers, hyper-connections, a hash-routed MoE layer then top-k routed MoE
@@ -208,8 +208,9 @@ class TrainConfig:
     sparse_frac: float = 0.15     # last share of steps with the saved index_topk instead of dense CSA
     text_tokens: int = 3_000_000  # training text read from the train split
     vocab_top: int = 4000
-    stages: tuple[Stage, ...] = (Stage(128, 10, 10, 16, 150), Stage(256, 12, 12, 8, 100),
-                                 Stage(512, 16, 12, 4, 60), Stage(1024, 16, 12, 2, 50))
+    stages: tuple[Stage, ...] = (Stage(128, 10, 10, 16, 300), Stage(256, 12, 12, 8, 200),
+                                 Stage(512, 16, 12, 4, 120), Stage(1024, 16, 12, 2, 100),
+                                 Stage(2048, 24, 12, 1, 100))
     hidden: int = 128
     log_every: int = 10
 
@@ -488,21 +489,42 @@ def evaluate(model, vocab, lengths: tuple[int, ...], samples: int, *, seed: int,
                                + [Segment("q", s.query, "query")])
             hits += int(runner.full(layout).last_logits.argmax()) == s.answer
         n_rec = n_docs * records_per_doc
-        out[str(length)] = {"samples": samples, "exact_match": hits / samples, "records": n_rec,
+        out[str(length)] = {"samples": samples, "exact_match": hits / samples, "hits": hits, "records": n_rec,
                             "chance_guess": 1 / 64, "chance_copy": 1 / n_rec,
+                            "p_vs_copy": binomial_tail(hits, samples, 1 / n_rec),
                             "seconds": round(time.perf_counter() - t0, 1)}
-        log.info("eval %d tokens: EM %.3f over %d (chance %.4f / copy %.3f)", length, hits / samples, samples,
-                 1 / 64, 1 / n_rec)
+        log.info("eval %d tokens: EM %.3f over %d (chance %.4f / copy %.3f, P[>= %d hits by copying] %.2g)", length,
+                 hits / samples, samples, 1 / 64, 1 / n_rec, hits, out[str(length)]["p_vs_copy"])
     return out
+
+
+def binomial_tail(hits: int, n: int, p: float) -> float:
+    """P[X >= hits] for X ~ Binomial(n, p): how likely a baseline that is right with chance p scores this well."""
+    return float(sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(hits, n + 1)))
+
+
+def parse_stages(text: str) -> tuple[Stage, ...]:
+    """Stages from "context:records:queries:batch:steps,..." (e.g. "128:10:10:16:150,2048:24:12:1:80")."""
+    stages = []
+    for part in text.split(","):
+        fields = part.strip().split(":")
+        try:
+            stages.append(Stage(*(int(f) for f in fields)))
+        except (TypeError, ValueError) as exc:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"stage {part.strip()!r}",
+                                 fix="write each stage as context:records:queries:batch:steps") from exc
+    return tuple(stages)
 
 
 def main(argv: list[str] | None = None) -> int:
     """CLI: train (and evaluate) the retrieval model."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="data/redknot/retrieval-v4.pt")
+    ap.add_argument("--out", default="models/redknot/retrieval-v4.pt")
     ap.add_argument("--curve", default="docs/img/redknot_train_curve", help="CSV/PNG path stem")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps-scale", type=float, default=1.0, help="multiply every stage's steps")
+    ap.add_argument("--stages", default="",
+                    help="curriculum as context:records:queries:batch:steps,... (default: the shipped recipe's)")
     ap.add_argument("--eval-lengths", default="4096,8192,16384")
     ap.add_argument("--eval-samples", type=int, default=40)
     ap.add_argument("--eval-only", action="store_true", help="evaluate the model at --out and add it to its card")
@@ -516,9 +538,9 @@ def main(argv: list[str] | None = None) -> int:
         save_model(Path(args.out), model, vocab, card)
         print(json.dumps(card, indent=1))
         return 0
-    base = TrainConfig(seed=args.seed)
+    base = TrainConfig(seed=args.seed).stages if not args.stages else parse_stages(args.stages)
     stages = tuple(Stage(s.context, s.records, s.queries, s.batch, max(1, round(s.steps * args.steps_scale)))
-                   for s in base.stages)
+                   for s in base)
     cfg = TrainConfig(seed=args.seed, stages=stages)
     _, _, card = train(cfg, Path(args.out), csv_path=Path(args.curve + ".csv"), png_path=Path(args.curve + ".png"),
                        eval_lengths=lengths, eval_samples=args.eval_samples)
