@@ -224,7 +224,8 @@ def main() -> int:
                   flush=True)
 
     n_layers = cfg.num_hidden_layers
-    lines = ["| context | config | samples | exact match | p(answer) mean | next-token KL vs full (mean / median, nats) "
+    lines = ["| context | config | samples | exact match | p(answer) mean "
+             "| next-token KL vs full (mean / median, nats) "
              "| top-1 agreement | head-rows skipped | fallback | " + " | ".join(f"dev L{l}" for l in range(n_layers))
              + " |", "|---|---|---|---|---|---|---|---|---|" + "---|" * n_layers]
     summary = {}
@@ -235,7 +236,8 @@ def main() -> int:
         saving = [e["head_row_saving"] for e in r["extra"] if "head_row_saving" in e]
         fb = [e["fallback"] for e in r["extra"] if "fallback" in e]
         fb_s = "-" if not fb else (f"{sum(x is not None for x in fb)}/{n} ({fb[0]})" if fb[0] else f"0/{n}")
-        summary[key] = {"samples": n, "em": sum(r["em"]) / n, "p_answer": statistics.mean(r["p"]), "kl_mean": statistics.mean(r["kl"]),
+        summary[key] = {"samples": n, "em": sum(r["em"]) / n, "p_answer": statistics.mean(r["p"]),
+                        "kl_mean": statistics.mean(r["kl"]),
                         "kl_median": statistics.median(r["kl"]), "top1": sum(r["top1"]) / n, "dev": dev,
                         "head_row_saving": statistics.mean(saving) if saving else None, "fallback": fb_s}
         s = summary[key]

@@ -16,12 +16,12 @@ from slacktier.redknot.train import (
     Stage,
     TrainConfig,
     band_mask,
-    binomial_tail,
     digest_tokens,
     load_model,
     logit_digest,
     parse_stages,
     register_banded,
+    tail_at_least,
     train,
 )
 
@@ -101,13 +101,15 @@ def test_stages_parse_and_refuse_bad_text():
             parse_stages(bad)
 
 
-def test_binomial_tail_against_a_direct_count():
-    """P[X >= k] for X ~ Bin(n, p): enumerate every outcome of n = 6 draws to check it."""
+def test_tail_at_least_against_a_direct_count():
+    """P[X >= k] over independent trials of unequal chances: enumerate every outcome of 6 trials to check it."""
     import itertools
+    import math
 
-    n, p = 6, 0.3
-    for k in range(n + 2):
-        direct = sum(p ** sum(o) * (1 - p) ** (n - sum(o)) for o in itertools.product((0, 1), repeat=n)
-                     if sum(o) >= k)
-        assert binomial_tail(k, n, p) == pytest.approx(direct, rel=1e-12, abs=1e-15)
-    assert binomial_tail(0, 10, 0.1) == pytest.approx(1.0)
+    probs = [0.3, 0.05, 0.5, 0.125, 0.3, 0.9]
+    for k in range(len(probs) + 2):
+        direct = sum(math.prod(p if o else 1 - p for p, o in zip(probs, out))
+                     for out in itertools.product((0, 1), repeat=len(probs)) if sum(out) >= k)
+        assert tail_at_least(k, probs) == pytest.approx(direct, rel=1e-12, abs=1e-15)
+    assert tail_at_least(0, [0.1] * 10) == pytest.approx(1.0)
+    assert tail_at_least(3, [0.25] * 4) == pytest.approx(4 * 0.25 ** 3 * 0.75 + 0.25 ** 4)   # the binomial case

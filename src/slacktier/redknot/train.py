@@ -482,25 +482,31 @@ def evaluate(model, vocab, lengths: tuple[int, ...], samples: int, *, seed: int,
         rng = random.Random(seed + length)
         n_docs = length // doc_tokens
         hits = 0
+        copy = []   # per sample: the chance that answering with a random record's value is right
         t0 = time.perf_counter()
         for _ in range(samples):
             s = task.eval_sample(rng, n_docs, doc_tokens, records_per_doc)
             layout = Layout.of([Segment(f"d{i}", d) for i, d in enumerate(s.documents)]
                                + [Segment("q", s.query, "query")])
             hits += int(runner.full(layout).last_logits.argmax()) == s.answer
+            copy.append(s.context_values.count(s.answer) / len(s.context_values))   # values repeat: drawn with replacement
         n_rec = n_docs * records_per_doc
         out[str(length)] = {"samples": samples, "exact_match": hits / samples, "hits": hits, "records": n_rec,
-                            "chance_guess": 1 / 64, "chance_copy": 1 / n_rec,
-                            "p_vs_copy": binomial_tail(hits, samples, 1 / n_rec),
+                            "chance_guess": 1 / 64, "chance_copy": sum(copy) / samples,
+                            "p_vs_copy": tail_at_least(hits, copy),
                             "seconds": round(time.perf_counter() - t0, 1)}
         log.info("eval %d tokens: EM %.3f over %d (chance %.4f / copy %.3f, P[>= %d hits by copying] %.2g)", length,
-                 hits / samples, samples, 1 / 64, 1 / n_rec, hits, out[str(length)]["p_vs_copy"])
+                 hits / samples, samples, 1 / 64, sum(copy) / samples, hits, out[str(length)]["p_vs_copy"])
     return out
 
 
-def binomial_tail(hits: int, n: int, p: float) -> float:
-    """P[X >= hits] for X ~ Binomial(n, p): how likely a baseline that is right with chance p scores this well."""
-    return float(sum(math.comb(n, k) * p ** k * (1 - p) ** (n - k) for k in range(hits, n + 1)))
+def tail_at_least(hits: int, probs: list[float]) -> float:
+    """P[X >= hits] where X counts successes of independent trials with chances `probs` (Poisson binomial):
+    how likely a baseline that is right on sample i with chance probs[i] scores this well."""
+    dist = [1.0]                       # dist[k] = P[k successes so far]
+    for p in probs:
+        dist = [a * (1 - p) + b * p for a, b in zip(dist + [0.0], [0.0] + dist)]
+    return float(sum(dist[hits:]))
 
 
 def parse_stages(text: str) -> tuple[Stage, ...]:
