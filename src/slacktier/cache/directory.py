@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from slacktier.cache.kernels import EVICTIONS, HAND, PINNED, claim, filling, pin, victim
+from slacktier.cache.kernels import EVICTIONS, HAND, PINNED, claim, filling, pin, prefetch, victim
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 
@@ -227,9 +227,16 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     evictions = lstate[EVICTIONS]
     counts[C_LOOKUPS] = ids.shape[0]
     counts[C_BAD] = -1
-    # Touch every lookup's directory entry first: these loads are independent, so the CPU
-    # overlaps their cache misses (a V4.1 directory is 1.5 GB per layer, each lookup a random
-    # DRAM access); the main loop below then finds them in cache. Count the misses on the way.
+    # First wave: every owned lookup's directory entry is a random DRAM access (a V4.1 directory
+    # is 1.5 GB per layer). Prefetches retire at once, so this sweep has all of them in flight
+    # together; a sweep of loads instead held its loads in the core's window until they landed,
+    # and with three of four lookups another rank's, only a few owned ones fit there (warm
+    # begin_step 0.6-0.8x with the prefetches, BENCHMARKS.md, issue 14). Then count the misses
+    # with loads that mostly find their line arriving; the main loop finds them in cache.
+    for i in range(ids.shape[0]):
+        r = ids[i] - row_start
+        if r >= 0 and r < rows:
+            prefetch(directory, r)
     touch = np.int64(0)
     n_absent = 0
     for i in range(ids.shape[0]):

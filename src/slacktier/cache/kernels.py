@@ -29,7 +29,10 @@ passing unpinned slot 9 in step 6 clears ref[9], and takes the slot on its next 
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from llvmlite import ir
+from numba import njit, types
+from numba.core import cgutils
+from numba.extending import intrinsic
 
 HAND = 0
 PINNED = 1
@@ -37,6 +40,30 @@ EVICTIONS = 2
 
 FILL = 1   # state bit: filled by a read of the step in state >> 1
 NEVER = -2  # the state of a slot no step has pinned
+
+
+@intrinsic
+def prefetch(typingctx, arr, idx):
+    """Hint the CPU to load the cache line of arr[idx] (1-D array, int64 index); no fault, no effect on values."""
+    sig = types.void(arr, types.int64)
+
+    def codegen(context, builder, signature, args):
+        aryty = signature.args[0]
+        ary = context.make_array(aryty)(context, builder, args[0])
+        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
+        if getattr(ptr.type, "is_opaque", False):      # LLVM >= 15: one opaque pointer type
+            name = "llvm.prefetch.p0"
+        else:                                           # older llvmlite: typed pointers, prefetch takes i8*
+            ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
+            name = "llvm.prefetch.p0i8"
+        i32 = ir.IntType(32)
+        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
+                                            name)
+        # read (0), keep in all cache levels (3), data cache (1)
+        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
 
 
 @njit(nogil=True, cache=True, inline="always")

@@ -20,11 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-from llvmlite import ir
-from numba import njit, types
-from numba.core import cgutils
-from numba.extending import intrinsic
+from numba import njit
 
+from slacktier.cache.kernels import prefetch
 from slacktier.tables.codec import DEQUANT_LUT, dequantize
 from slacktier.tables.layout import (PAGE_WORDS, ROW_BYTES, ROW_SCALES, ROW_VALUES, ROW_WORDS, ROWS_PER_PAGE,
                                      SCALE_BLOCK)
@@ -35,30 +33,6 @@ _LUT_BY_SCALE = np.ascontiguousarray(_LUT.reshape(256, 256).T).reshape(-1)   # [
 
 #: rows ahead of the copy whose lines stage_misses prefetches (8 and 16 measured alike, 4 slower; issue 14)
 PREFETCH_ROWS = 8
-
-
-@intrinsic
-def _prefetch(typingctx, arr, idx):
-    """Hint the CPU to load the cache line of arr[idx] (1-D array, int64 index); no fault, no effect on values."""
-    sig = types.void(arr, types.int64)
-
-    def codegen(context, builder, signature, args):
-        aryty = signature.args[0]
-        ary = context.make_array(aryty)(context, builder, args[0])
-        ptr = cgutils.get_item_pointer(context, builder, aryty, ary, [args[1]], wraparound=False)
-        if getattr(ptr.type, "is_opaque", False):      # LLVM >= 15: one opaque pointer type
-            name = "llvm.prefetch.p0"
-        else:                                           # older llvmlite: typed pointers, prefetch takes i8*
-            ptr = builder.bitcast(ptr, ir.IntType(8).as_pointer())
-            name = "llvm.prefetch.p0i8"
-        i32 = ir.IntType(32)
-        fn = cgutils.get_or_insert_function(builder.module, ir.FunctionType(ir.VoidType(), [ptr.type, i32, i32, i32]),
-                                            name)
-        # read (0), keep in all cache levels (3), data cache (1)
-        builder.call(fn, [ptr, ir.Constant(i32, 0), ir.Constant(i32, 3), ir.Constant(i32, 1)])
-        return context.get_dummy_value()
-
-    return sig, codegen
 
 
 @njit(nogil=True, cache=True)
@@ -80,7 +54,7 @@ def stage_misses(miss_buf, miss_inpage, n_miss, pool, staged):
         if ahead < n_miss:   # a row spans 5 cache lines (33 words): prefetch words 0, 8, 16, 24, 32
             o2 = np.int64(miss_buf[ahead]) * PAGE_WORDS + np.int64(miss_inpage[ahead]) * ROW_WORDS
             for w in range(0, ROW_WORDS, 8):
-                _prefetch(words, o2 + w)
+                prefetch(words, o2 + w)
         off = np.int64(miss_buf[m]) * PAGE_WORDS + np.int64(miss_inpage[m]) * ROW_WORDS
         for w in range(ROW_WORDS):
             staged[m, w] = words[off + w]
