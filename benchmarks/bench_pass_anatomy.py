@@ -14,6 +14,8 @@ state; the pass now leaves a warm step's pins to step end, see
 same rounds:
 - the directory floor: one numpy gather of as many random directory entries as
   the step has owned lookups (what `bench_hot_path.py` quotes);
+- the pass as it was before its first wave became a prefetch sweep (commit
+  dc3681f): the same source with that sweep cut, a right pass, not an ablation;
 - begin_step with a compiled stub in place of the pass (the pass's 33
   arguments, returns at once): all of begin_step's Python and numba's
   dispatch, without the pass's work (no gather follows it).
@@ -47,9 +49,16 @@ from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
+LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
+_FIRST_WAVE = "    # First wave:"
+_PREFETCH_SWEEP = """    for i in range(ids.shape[0]):
+        r = ids[i] - row_start
+        if r >= 0 and r < rows:
+            prefetch(directory, r)
+"""
 _FOREIGN = """            if owned_only:
                 desc_kind[i] = KIND_FOREIGN
                 desc_idx[i] = -1
@@ -74,13 +83,13 @@ def _replace(text: str, old: str, new: str) -> str:
 def variants() -> dict[str, str]:
     """Name -> source of the pass with one part cut out ("as is" untouched)."""
     src = SOURCE.read_text()
-    for marker in (_WAVES_END, "    # Touch every lookup's directory entry first"):
+    for marker in (_WAVES_END, _FIRST_WAVE):
         if src.count(marker) != 1:
             raise SystemExit(f"the pass changed: marker {marker!r} not found once")
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
-    no_waves = _cut(src, "    # Touch every lookup's directory entry first", _WAVES_END,
-                    "    touch = np.int64(0)\n")
-    return {"as is": src, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
+    by_loads = _replace(src, _PREFETCH_SWEEP, "")
+    no_waves = _cut(src, _FIRST_WAVE, _WAVES_END, "    touch = np.int64(0)\n")
+    return {"as is": src, LOADS: by_loads, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
 def compile_pass(name: str, text: str, tmp: Path):
@@ -184,7 +193,7 @@ def report(out: dict, args: argparse.Namespace) -> str:
             label = "begin_step, pass replaced by a stub (Python + numba dispatch only)"
         else:
             label = f"begin_step, pass {name}"
-        saved = "" if name in ("floor", STUB, "as is") else f"{base - med:+.1f}"
+        saved = "" if name in ("floor", STUB, "as is", LOADS) else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
                     f"{saved} | {end_cell} |")
     return "\n".join([
