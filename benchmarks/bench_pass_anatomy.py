@@ -108,7 +108,7 @@ def _stub(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, see
           htab, stamp, hbits, desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
           page_region, page_no, page_buf, buf_base, pad_id, counts):   # pragma: no cover - compiled
     counts[:] = 0   # every lookup resolved to nothing: no pages to submit
-    counts[0] = ids.shape[0]
+    counts[0] = ids.shape[0] * ids.shape[1]
     counts[8] = -1   # C_BAD: no bad id
     return 0
 

@@ -76,7 +76,7 @@ def test_row_evicted_earlier_in_the_same_step_is_read_again() -> None:
     # 20 and 500 miss first and take both slots (CLOCK clears the reference bits, then evicts 10 and
     # 400); 10 and 400 were cached when the step began, but their slots now hold 20 and 500.
     r, _ = _step(cache, [20, 500, 10, 400])
-    assert r.hits == 0 and r.misses == 4 and r.bypass == 2 and cache.evictions(1) == 2
+    assert r.hits == 0 and r.misses == 4 and r.bypass == 2 and cache.evictions(1) == 2 and r.evicted == 2
     r, _ = _step(cache, [20, 500])
     assert r.hits == 2
 
@@ -190,3 +190,30 @@ def test_pass_outputs_name_the_rows_asked_for(slots: int, steps: list[list[int]]
         assert set(cache.pinned().tolist()) == used
         assert result.bypass == 0 or len(used) == slots
         cache.release_pins()
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slots=st.integers(0, 40), tokens=st.integers(1, 6), seed=st.integers(0, 2**31 - 1))
+def test_strided_step_slice_resolves_like_its_flat_copy(slots: int, tokens: int, seed: int) -> None:
+    """The engine hands the pass one layer's [T, 24] slice of a [T, L, 24] step as a strided view: the
+    result, descriptors, misses and pages equal those of the same ids as a flat contiguous copy."""
+    rng = np.random.default_rng(seed)
+    step = rng.integers(0, 600, size=(tokens, 3, 24)).astype(np.int64)
+    step[rng.random(step.shape) < 0.1] = 700   # outside the table: foreign with owned_only
+    caches = [_cache(slots), _cache(slots)]
+    for t in range(2):   # two steps, so the second meets the first's cached rows
+        view = step[:, 1, :]
+        assert tokens == 1 or not view.flags.c_contiguous
+        outs = []
+        for cache, ids in zip(caches, (view, np.ascontiguousarray(view).reshape(-1))):
+            scratch = PassScratch(tokens * 24)
+            result = cache.resolve(1, ids, TWO_RANKS, scratch, owned_only=True)
+            outs.append((result, scratch))
+            cache.release_pins()
+        (ra, sa), (rb, sb) = outs
+        assert ra == rb and ra.lookups == tokens * 24
+        n, m, p = ra.lookups, ra.misses, ra.pages
+        for name, k in (("desc_kind", n), ("desc_idx", n), ("miss_buf", m), ("miss_inpage", m), ("miss_slot", m),
+                        ("miss_row", m), ("page_region", p), ("page_no", p), ("page_buf", p)):
+            assert np.array_equal(getattr(sa, name)[:k], getattr(sb, name)[:k]), name
+        step = np.roll(step, 1, axis=0)

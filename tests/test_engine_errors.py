@@ -229,7 +229,10 @@ def test_row_id_outside_the_table_is_refused_and_the_step_undone() -> None:
     assert all(engine.cache.cached(layer)[0].size == 0 for layer in ROWS)
     engine.begin_step(ids)
     expect_rows(engine.gather(14), raws[14], ids[:, 1])
-    engine.end_step()
+    counters = engine.end_step()
+    # The next step's counters are its own: the refused step left no hit and no count behind.
+    assert all(c.lookups == ids.shape[0] * 24 and c.hits == 0 and c.rows_read > 0 for c in counters.layers.values())
+    assert counters.layers[14].gather_us > 0 and counters.layers[1].gather_us == 0   # layer 1 never gathered
     with pytest.raises(SlackTierError):
         engine.begin_step(ids[:, :1])          # wrong layer count
 

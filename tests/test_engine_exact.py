@@ -103,6 +103,8 @@ def test_zero_mismatches(name: str, token_ids: np.ndarray, staged: dict[str, Pat
             steps += 1
             evicting_steps += all(c.evictions > 0 for c in counters.layers.values())
         totals = engine.totals
+        # Each step's evictions are its pass's; summed they are every eviction the cache made.
+        assert all(totals[layer].evictions == engine.cache.evictions(layer) for layer in (1, 14))
     checked = sum(c.checked_rows for c in totals.values())
     assert checked == ids.shape[0] * 48 >= 210_000
     assert sum(c.mismatches for c in totals.values()) == 0

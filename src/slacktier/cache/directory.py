@@ -67,7 +67,8 @@ C_FOREIGN = 7    # owned_only: lookups of rows outside this process's shard
 C_BAD = 8        # index of the first bad row id, -1 if none
 C_PADDED = 9     # lookups of the pad id (zero rows)
 C_PENDING = 10   # descriptors [0, C_PENDING) whose KIND_SLOT pins are not applied yet (settle_pins)
-N_COUNTS = 11
+C_EVICTED = 11   # rows this pass evicted from the layer's slots
+N_COUNTS = 12
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 _PAGE_TAG = np.int64(1) << np.int64(62)
@@ -160,6 +161,7 @@ class PassResult(NamedTuple):
     bad_index: int    # index of the first id outside the table, -1 if none (the pass stopped there)
     padded: int = 0   # lookups of the pad id: zero rows, nothing read or cached
     pending: int = 0  # descriptors [0, pending) hold hits whose pins wait for settle_pins
+    evicted: int = 0  # rows this pass evicted
 
 
 class StepTable:
@@ -207,7 +209,9 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                   htab, stamp, hbits,
                   desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
                   page_region, page_no, page_buf, buf_base, pad_id, counts):
-    """Resolve one layer's lookups `ids` [N] int64; returns 0, or 1 on a row id outside the table.
+    """Resolve one layer's lookups `ids` [T, C] int64 (lookup i = ids[i // C, i % C]; any strides, so the
+    engine passes its [T, L, 24] step's layer slice as is, with no copy); returns 0, or 1 on a row id
+    outside the table.
 
     owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
     pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[C_PADDED].
@@ -225,7 +229,10 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     hand = lstate[HAND]
     pinned = lstate[PINNED]
     evictions = lstate[EVICTIONS]
-    counts[C_LOOKUPS] = ids.shape[0]
+    evictions_before = evictions
+    n_t, n_c = ids.shape
+    n = n_t * n_c
+    counts[C_LOOKUPS] = n
     counts[C_BAD] = -1
     # First wave: every owned lookup's directory entry is a random DRAM access (a V4.1 directory
     # is 1.5 GB per layer). Prefetches retire at once, so this sweep has all of them in flight
@@ -233,18 +240,20 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     # and with three of four lookups another rank's, only a few owned ones fit there (warm
     # begin_step 0.6-0.8x with the prefetches, BENCHMARKS.md, issue 14). Then count the misses
     # with loads that mostly find their line arriving; the main loop finds them in cache.
-    for i in range(ids.shape[0]):
-        r = ids[i] - row_start
-        if r >= 0 and r < rows:
-            prefetch(directory, r)
+    for t in range(n_t):
+        for c in range(n_c):
+            r = ids[t, c] - row_start
+            if r >= 0 and r < rows:
+                prefetch(directory, r)
     touch = np.int64(0)
     n_absent = 0
-    for i in range(ids.shape[0]):
-        r = ids[i] - row_start
-        if r >= 0 and r < rows:
-            s = directory[r]
-            touch += s
-            n_absent += s < 0
+    for t in range(n_t):
+        for c in range(n_c):
+            r = ids[t, c] - row_start
+            if r >= 0 and r < rows:
+                s = directory[r]
+                touch += s
+                n_absent += s < 0
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # touch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     n_owned = owned.shape[0]
@@ -259,11 +268,18 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     lstate[SPARE] = touch
     status = 0
     settled = False
-    done = ids.shape[0]
-    for i in range(ids.shape[0]):
-        r = ids[i] - row_start
+    done = n
+    t = 0
+    c = 0
+    for i in range(n):   # i = t * n_c + c
+        g = ids[t, c]
+        c += 1
+        if c == n_c:
+            c = 0
+            t += 1
+        r = g - row_start
         if r < 0 or r >= rows:
-            if pad_id < 0 and ids[i] == pad_id:
+            if pad_id < 0 and g == pad_id:
                 desc_kind[i] = KIND_ZERO
                 desc_idx[i] = -1
                 n_padded += 1
@@ -359,6 +375,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     counts[C_FOREIGN] = n_foreign
     counts[C_PADDED] = n_padded
     counts[C_PENDING] = 0 if settled else done
+    counts[C_EVICTED] = evictions - evictions_before
     return status
 
 

@@ -303,7 +303,10 @@ class RowCache:
 
     def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
                 buf_base: int = 0, lossy: bool = False, owned_only: bool = False, pad_id: int = 0) -> PassResult:
-        """Run `layer`'s directory pass over this step's ids [N] int64 (global row ids), outputs in `scratch`.
+        """Run `layer`'s directory pass over this step's ids (global row ids), outputs in `scratch`.
+
+        ids: [N] int64, or [T, C] int64 with any strides (lookup i = ids[i // C, i % C]): the engine
+        passes its step's [T, L, 24] slice of one layer as is, with no copy.
 
         pad_id (negative; 0 = none): ids equal to it are padding, zero rows that touch nothing.
 
@@ -315,10 +318,13 @@ class RowCache:
         state = self._layers.get(layer)
         if state is None:
             state = self.layer(layer)   # raises MISSING
-        n = ids.shape[0]
+        n = ids.size
         # The compiled pass has no bounds checks: these guard the arrays it indexes.
-        if n > scratch.capacity or geometry.rows != state.rows or ids.dtype is not _INT64 or ids.ndim != 1:
-            self._refuse_pass(state, ids, geometry, scratch)
+        if n > scratch.capacity or geometry.rows != state.rows or ids.dtype is not _INT64 or ids.ndim != 2:
+            if ids.ndim == 1 and ids.dtype is _INT64:
+                ids = ids.reshape(1, n)
+            if n > scratch.capacity or geometry.rows != state.rows or ids.ndim != 2 or ids.dtype is not _INT64:
+                self._refuse_pass(state, ids, geometry, scratch)
         seen = geometry.seen
         if seen is None:
             if lossy:
@@ -344,11 +350,11 @@ class RowCache:
 
     @staticmethod
     def _refuse_pass(state: CacheLayer, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch) -> None:
-        if ids.ndim != 1 or ids.dtype is not _INT64:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype} {ids.shape}, want [N] int64",
-                                 layer=state.layer, fix="pass one layer's lookups as a flat int64 array")
-        if ids.shape[0] > scratch.capacity:
-            raise SlackTierError(ErrorKind.CAPACITY, f"{ids.shape[0]} lookups, scratch holds {scratch.capacity}",
+        if ids.ndim not in (1, 2) or ids.dtype is not _INT64:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype} {ids.shape}, want [N] or [T, C] int64",
+                                 layer=state.layer, fix="pass one layer's lookups as an int64 array")
+        if ids.size > scratch.capacity:
+            raise SlackTierError(ErrorKind.CAPACITY, f"{ids.size} lookups, scratch holds {scratch.capacity}",
                                  layer=state.layer, fix="allocate PassScratch for the largest step")
         raise SlackTierError(ErrorKind.BAD_INPUT, f"geometry of {geometry.rows} rows, directory of {state.rows}",
                              layer=state.layer, fix="re-add the layer with the table's row count")

@@ -68,7 +68,7 @@ def _replay(ids, step_starts, n_items, capacity, out):
         if a == b:
             continue
         # one step: stamp s + 1 invalidates the hash table, pins of step s end when step s + 1 begins
-        resolve_layer(ids[a:b], 0, n_items, False, rank_starts, rank_region, False, seen,
+        resolve_layer(ids[a:b].reshape(1, b - a), 0, n_items, False, rank_starts, rank_region, False, seen,
                       0, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, s,
                       htab, s + 1, _hash_bits(b - a),
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,

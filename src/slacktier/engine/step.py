@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import logging
 import time
+from time import perf_counter_ns
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +75,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassScratch, RowCache, fill_foreign
+from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassResult, PassScratch, RowCache, fill_foreign
 from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
 from slacktier.config import ControlFile, load_control
@@ -95,6 +96,10 @@ log = logging.getLogger(__name__)
 GATHER_IMPLS = ("auto", "numba", "torch")
 
 
+_NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
+_INT64 = np.dtype(np.int64)
+
+
 @dataclass
 class _LayerRun:
     """A layer's state within the engine and within the current step."""
@@ -102,15 +107,12 @@ class _LayerRun:
     spec: TableSpec
     axis: int                      # index in ids' layer axis
     scratch: PassScratch
-    ids: np.ndarray | None = None  # [N] int64 this step's row ids
-    n: int = 0
-    n_miss: int = 0
-    n_pages: int = 0
-    n_foreign: int = 0
+    ids: np.ndarray | None = None  # [T, 24] int64 this step's row ids (a view of begin_step's ids)
+    res: PassResult = _NO_PASS     # this step's directory pass (valid once `resolved`)
+    clock: tuple[int, int, int] = (0, 0, 0)   # perf_counter_ns before the pass, after it, after submitting
     resolved: bool = False
     gathered: bool = False
-    evictions_before: int = 0
-    counters: LayerCounters = field(default_factory=LayerCounters)
+    counters: LayerCounters = field(default_factory=LayerCounters)   # this step's, filled at end_step
     reader: object | None = None
 
 
@@ -361,7 +363,7 @@ class StepEngine:
             if ids.ndim != 3 or ids.shape[1] != len(self._layers) or ids.shape[2] != self.columns:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.shape}, want [T, {len(self._layers)}, "
                                      f"{self.columns}]", fix="pass the hasher's [T, L, 24] output")
-            if ids.dtype != np.int64:
+            if ids.dtype is not _INT64:
                 if ids.dtype.kind not in "iu":   # a float id (12.7) would be truncated into another row
                     raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want integers",
                                          fix="pass the hasher's int64 row ids")
@@ -382,57 +384,63 @@ class StepEngine:
         self._step += 1
         self._tokens = tokens
         cache = self.cache
+        lossy, owned_only, pad_id = self.lossy, self.owned_only, self.pad_id
         buf_base = 0
-        # One copy puts each layer's lookups contiguous: by_layer[axis] is layer axis's [T * 24] ids.
-        by_layer = np.ascontiguousarray(ids.transpose(1, 0, 2)).reshape(ids.shape[1], -1)   # [L, T * 24]
+        # This pass is on the step's critical path (Eq. 1's s): per layer it resolves, submits and keeps
+        # the PassResult and three clock readings; end_step turns them into the layer's counters.
         try:
             for layer in self._order:
                 run = self._layers[layer]
-                run.counters = LayerCounters()
                 run.resolved = run.gathered = False
-                flat = by_layer[run.axis]   # [N] int64, contiguous
-                run.ids = flat
+                lookups = ids[:, run.axis, :]   # [T, 24] int64, a strided view the pass reads as is
+                run.ids = lookups.copy() if self.check else lookups   # the checker reads them at gather
                 spec = run.spec
                 sc = run.scratch
-                run.evictions_before = cache.evictions(layer)
-                t0 = time.perf_counter_ns()
-                res = cache.resolve(layer, flat, spec.geometry, sc, buf_base=buf_base, lossy=self.lossy,
-                                    owned_only=self.owned_only, pad_id=self.pad_id)
-                t1 = time.perf_counter_ns()
-                run.n = res.lookups
-                run.n_miss = res.misses
-                run.n_pages = res.pages
+                t0 = perf_counter_ns()
+                res = cache.resolve(layer, lookups, spec.geometry, sc, buf_base=buf_base, lossy=lossy,
+                                    owned_only=owned_only, pad_id=pad_id)
+                t1 = perf_counter_ns()
+                run.res = res
                 run.resolved = True   # whatever it claimed must be released on abort
                 if res.bad_index >= 0:
-                    bad = res.bad_index
-                    raise SlackTierError(ErrorKind.BAD_INPUT, f"row id {int(flat[bad])} (token {bad // self.columns}"
-                                         f", column {bad % self.columns}) outside the table's rows "
-                                         f"[{spec.row_start}, {spec.row_start + spec.rows})", layer=layer,
-                                         fix="hash with the layout the table was staged for (a process serving "
-                                         "one rank's shard: StepEngine(..., owned_only=True))")
+                    self._refuse_row(run, lookups, res.bad_index)
                 if res.pages:
                     reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
                                       buffer=sc.page_buf[:res.pages])
                     self._reads.submit(layer, spec.source, reads, self._pool)
-                t2 = time.perf_counter_ns()
-                buf_base += res.pages
-                c = run.counters
-                c.lookups = res.lookups
-                c.hits = res.hits
-                c.reused = res.reused
-                c.rows_read = res.misses
-                c.pages_read = res.pages
-                run.n_foreign = res.foreign
-                c.padded = res.padded
-                c.zero_rows = res.zero + res.foreign + res.padded
-                c.bypass = res.bypass
-                c.resolve_us = (t1 - t0) / 1e3
-                c.submit_us = (t2 - t1) / 1e3
+                    buf_base += res.pages
+                run.clock = (t0, t1, perf_counter_ns())
         except BaseException as exc:
             self._abort_step()
             if self.metrics is not None:
                 self.metrics.error(exc)
             raise
+
+    def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
+        spec = run.spec
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"row id {int(lookups.reshape(-1)[bad])} (token {bad // self.columns}, column "
+                             f"{bad % self.columns}) outside the table's rows [{spec.row_start}, "
+                             f"{spec.row_start + spec.rows})", layer=spec.layer,
+                             fix="hash with the layout the table was staged for (a process serving one rank's "
+                             "shard: StepEngine(..., owned_only=True))")
+
+    @staticmethod
+    def _count(run: _LayerRun) -> LayerCounters:
+        """The step's counters of `run`: its pass's result and clock readings, and what gather added."""
+        res, c = run.res, run.counters
+        t0, t1, t2 = run.clock
+        c.lookups = res.lookups
+        c.hits = res.hits
+        c.reused = res.reused
+        c.rows_read = res.misses
+        c.pages_read = res.pages
+        c.padded = res.padded
+        c.zero_rows = res.zero + res.foreign + res.padded
+        c.bypass = res.bypass
+        c.evictions = res.evicted
+        c.resolve_us = (t1 - t0) / 1e3
+        c.submit_us = (t2 - t1) / 1e3
+        return c
 
     def _wait(self, run: _LayerRun) -> None:
         """Wait for `run`'s reads; on failure forget the slots they would have filled, then raise."""
@@ -448,8 +456,8 @@ class StepEngine:
         run.counters.read_us += waited.read_us
 
     def _forget_fills(self, run: _LayerRun) -> None:
-        if run.resolved and run.n_miss:
-            self.cache.forget(run.spec.layer, run.scratch.miss_slot[:run.n_miss])
+        if run.resolved and run.res.misses:
+            self.cache.forget(run.spec.layer, run.scratch.miss_slot[:run.res.misses])
 
     def gather(self, layer: int) -> torch.Tensor:
         """Rows of `layer` for this step: bf16 [T, 24, 256] on the engine's device (waits for its reads only)."""
@@ -460,13 +468,14 @@ class StepEngine:
         run = self._run(layer)
         self._wait(run)
         sc = run.scratch
-        t0 = time.perf_counter_ns()
+        n, n_miss, n_foreign = run.res.lookups, run.res.misses, run.res.foreign
+        t0 = perf_counter_ns()
         if self.gather_impl == "numba":
-            bits = np.empty((run.n, ROW_VALUES), dtype=np.uint16)
-            G.gather_cpu(sc.desc_kind, sc.desc_idx, run.n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, run.n_miss,
+            bits = np.empty((n, ROW_VALUES), dtype=np.uint16)
+            G.gather_cpu(sc.desc_kind, sc.desc_idx, n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, n_miss,
                          self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut_by_scale(), bits)
-            if run.n_foreign:
-                fill_foreign(sc.desc_kind, run.n, bits)
+            if n_foreign:
+                fill_foreign(sc.desc_kind, n, bits)
             out = torch.from_numpy(bits).view(torch.bfloat16)
         else:
             staging = None
@@ -475,28 +484,28 @@ class StepEngine:
                 # in flight for one layer is never overwritten by another; end_step synchronizes.
                 span = self._token_capacity * self.columns * ROW_BYTES
                 staging = self._staging[run.axis * span:(run.axis + 1) * span]
-            out = G.gather_torch(sc.desc_kind[:run.n], sc.desc_idx[:run.n], sc.miss_buf[:run.n_miss],
-                                 sc.miss_inpage[:run.n_miss], sc.miss_slot[:run.n_miss], self._pool.pages,
+            out = G.gather_torch(sc.desc_kind[:n], sc.desc_idx[:n], sc.miss_buf[:n_miss],
+                                 sc.miss_inpage[:n_miss], sc.miss_slot[:n_miss], self._pool.pages,
                                  self.cache.weight, self.cache.scale, staging)
-            if run.n_foreign:
-                foreign = np.flatnonzero(sc.desc_kind[:run.n] == KIND_FOREIGN)
+            if n_foreign:
+                foreign = np.flatnonzero(sc.desc_kind[:n] == KIND_FOREIGN)
                 out.index_fill_(0, torch.from_numpy(foreign).to(out.device, non_blocking=True), -0.0)
-        run.counters.gather_us += (time.perf_counter_ns() - t0) / 1e3
+        run.counters.gather_us += (perf_counter_ns() - t0) / 1e3
         run.gathered = True
         if self.check:
             self._check(run, out)
         return out.view(self._tokens, self.columns, ROW_VALUES)
 
     def _check(self, run: _LayerRun, out: torch.Tensor) -> None:
-        kinds = run.scratch.desc_kind[:run.n]
-        if run.counters.zero_rows:
+        kinds = run.scratch.desc_kind[:run.res.lookups]
+        if run.res.zero or run.res.foreign or run.res.padded:
             keep = np.flatnonzero(kinds <= KIND_MISS)   # zero and foreign rows are not the table's
             ours = out[torch.from_numpy(keep)]
-            local = run.ids[keep] - run.spec.row_start
+            local = run.ids.reshape(-1)[keep] - run.spec.row_start
         else:
-            keep = np.arange(run.n)
+            keep = np.arange(run.res.lookups)
             ours = out
-            local = run.ids - run.spec.row_start
+            local = run.ids.reshape(-1) - run.spec.row_start
         ref = reference_gather(self._reader(run).read(local))
         bad = int(mismatching_rows(ours, ref).sum())
         run.counters.checked_rows += int(keep.size)
@@ -528,9 +537,9 @@ class StepEngine:
         counters = StepCounters(step=self._step, tokens=self._tokens)
         for layer in self._order:
             run = self._layers[layer]
-            run.counters.evictions = self.cache.evictions(layer) - run.evictions_before
-            counters.layers[layer] = run.counters
-            self.totals[layer].add(run.counters)
+            c = self._count(run)
+            counters.layers[layer] = c
+            self.totals[layer].add(c)
             run.ids = None
         self._finish_step()
         self.last_step = counters
@@ -565,6 +574,8 @@ class StepEngine:
             self.retired_pools += 1
         self._reads = LayerReads(self.wait_timeout_s)
         self.cache.release_pins()
+        for run in self._layers.values():   # the next step's, made here rather than on its critical path
+            run.counters = LayerCounters()
         self._in_step = False
 
     @property
