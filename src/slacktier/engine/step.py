@@ -65,11 +65,10 @@ runs: begin_step and gather are unchanged, end_step tests one attribute.
 from __future__ import annotations
 
 import logging
-import time
-from time import perf_counter_ns
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -107,7 +106,7 @@ class _LayerRun:
     spec: TableSpec
     axis: int                      # index in ids' layer axis
     scratch: PassScratch
-    ids: np.ndarray | None = None  # [T, 24] int64 this step's row ids (a view of begin_step's ids)
+    ids: np.ndarray | None = None  # [T, 24] int64 this step's row ids (a view; a copy when checking)
     res: PassResult = _NO_PASS     # this step's directory pass (valid once `resolved`)
     clock: tuple[int, int, int] = (0, 0, 0)   # perf_counter_ns before the pass, after it, after submitting
     resolved: bool = False
@@ -418,8 +417,9 @@ class StepEngine:
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
         spec = run.spec
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"row id {int(lookups.reshape(-1)[bad])} (token {bad // self.columns}, column "
-                             f"{bad % self.columns}) outside the table's rows [{spec.row_start}, "
+        token, column = divmod(bad, self.columns)
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"row id {int(lookups[token, column])} (token {token}, column "
+                             f"{column}) outside the table's rows [{spec.row_start}, "
                              f"{spec.row_start + spec.rows})", layer=spec.layer,
                              fix="hash with the layout the table was staged for (a process serving one rank's "
                              "shard: StepEngine(..., owned_only=True))")
