@@ -54,10 +54,11 @@ SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
 _FIRST_WAVE = "    # First wave:"
-_PREFETCH_SWEEP = """    for i in range(ids.shape[0]):
-        r = ids[i] - row_start
-        if r >= 0 and r < rows:
-            prefetch(directory, r)
+_PREFETCH_SWEEP = """    for t in range(n_t):
+        for c in range(n_c):
+            r = ids[t, c] - row_start
+            if r >= 0 and r < rows:
+                prefetch(directory, r)
 """
 _FOREIGN = """            if owned_only:
                 desc_kind[i] = KIND_FOREIGN

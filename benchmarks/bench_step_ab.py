@@ -1,0 +1,154 @@
+"""begin_step and end_step of an earlier commit's StepEngine beside the current one, in one process.
+
+The earlier commit's `engine/step.py` is loaded from git as a module of its own
+and runs on this tree's cache, directory pass and sources (its `resolve` call
+with flat ids still works: the pass takes them as one row). Each class drives
+its own engine (one TP4 rank of the V4.1 tables, owned_only, B = 128, 2M cache
+rows, sparse disk regions: `_ab_worker.py begin_step`'s setting), and every
+step runs once on each engine in shuffled order, so the machine's drift
+between fast and slow phases falls on both alike, which separate processes
+(`bench_hot_path.py`) cannot promise. What differs is only the engine's own
+Python around the pass: where each step's work is done, not the pass itself.
+
+Warm: the last 30 positions of the warm-up looked up again, `--rounds` times
+(all hits). Fresh: 60 decode steps of new tokens (misses, pages submitted).
+Thread CPU time of begin_step and of end_step (us).
+
+    .venv/bin/python benchmarks/bench_step_ab.py --against dc3681f [--rounds 4] [--append]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+
+from _common import ROOT, append_to_section, command_line, machine, utc_stamp
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _ab_worker as W  # noqa: E402
+
+import slacktier.engine.step as S  # noqa: E402
+from slacktier.cache import RowCache  # noqa: E402
+from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
+from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds  # noqa: E402
+
+SECTION = "## The tier: page sources, cache and step engine"
+SUBSECTION = "### Hot path against issue 14's targets"
+WARM_STEPS, FRESH_STEPS, SPAN = 64, 60, 30
+
+
+def old_engine_class(commit: str) -> type:
+    """StepEngine as `commit` wrote it, loaded as the module `step_<commit>`."""
+    proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:src/slacktier/engine/step.py"],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"cannot read engine/step.py at {commit}: {proc.stderr.strip()}")
+    name = f"step_{commit}"
+    mod = types.ModuleType(name)
+    mod.__file__ = f"{name}.py"
+    sys.modules[name] = mod   # its dataclasses look themselves up there
+    exec(compile(proc.stdout, mod.__file__, "exec"), mod.__dict__)
+    return mod.StepEngine
+
+
+def rank_engine(cls: type, layout: EngramLayout, tmp: Path, tag: str):
+    """`_ab_worker.rank_engine`'s engine, built with `cls`."""
+    tables, sources = [], []
+    for i, layer in enumerate(layout.layer_ids):
+        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, W.RANKS)
+        path = tmp / f"l{layer}{tag}.sparse"
+        pages = pages_for_rows(hi - lo)
+        with open(path, "wb") as f:
+            f.truncate(pages * PAGE_BYTES)
+        region = W._region(layer, 0, str(path), 0, pages, lo, hi - lo)
+        source = W._disk([region])
+        sources.append(source)
+        tables.append(W._table(layer, lo, hi - lo, region, source, 0.5))
+    return cls(tables, RowCache(2_000_000), max_tokens=128, owned_sources=sources, owned_only=True)
+
+
+def measure(commit: str, rounds: int) -> dict[str, dict[str, list[float]]]:
+    layout = EngramLayout.v41()
+    ids = W._ids(layout, 128, WARM_STEPS + FRESH_STEPS)
+    classes = {commit: old_engine_class(commit), "current": S.StepEngine}
+    out = {name: {k: [] for k in ("warm", "warm_end", "fresh", "fresh_end")} for name in classes}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        engines = {name: rank_engine(cls, layout, tmp, f"-{k}") for k, (name, cls) in enumerate(classes.items())}
+
+        def step(name: str, t: int, kind: str | None) -> None:
+            e = engines[name]
+            c0 = time.thread_time_ns()
+            e.begin_step(ids[t])
+            begin = (time.thread_time_ns() - c0) / 1e3
+            for layer in e.layers:
+                e.gather(layer)
+            c0 = time.thread_time_ns()
+            e.end_step()
+            if kind:
+                out[name][kind].append(begin)
+                out[name][f"{kind}_end"].append((time.thread_time_ns() - c0) / 1e3)
+
+        order = list(engines)
+        try:
+            for t in range(WARM_STEPS):
+                for name in order:
+                    step(name, t, None)
+            for _ in range(rounds):
+                for t in range(WARM_STEPS - SPAN, WARM_STEPS):
+                    random.shuffle(order)
+                    for name in order:
+                        step(name, t, "warm")
+            for t in range(WARM_STEPS, WARM_STEPS + FRESH_STEPS):
+                random.shuffle(order)
+                for name in order:
+                    step(name, t, "fresh")
+        finally:
+            for e in engines.values():
+                e.close()
+    return out
+
+
+def report(out: dict, commit: str, args: argparse.Namespace) -> str:
+    med = statistics.median
+    rows = []
+    for kind, label in (("warm", "begin_step, warm cache"), ("warm_end", "end_step after the warm steps"),
+                        ("fresh", "begin_step, fresh tokens"), ("fresh_end", "end_step after the fresh steps")):
+        a, b = out[commit][kind], out["current"][kind]
+        rows.append(f"| {label} | {min(a):.1f} / {med(a):.1f} / {max(a):.1f} | {min(b):.1f} / {med(b):.1f} / "
+                    f"{max(b):.1f} | {med(b) / med(a):.2f} | {med(b) - med(a):+.1f} |")
+    return "\n".join([
+        f"#### begin_step's Python, {commit} beside the current engine in one process, {utc_stamp()}",
+        "",
+        f"`{command_line(__file__, sys.argv[1:])}`; {machine()}; {args.rounds} rounds x {SPAN} warm steps and "
+        f"{FRESH_STEPS} fresh steps per engine, the two engines' steps in shuffled order; thread CPU (us).",
+        "",
+        f"| what ran | {commit} (min / median / max) | current (min / median / max) | current / {commit} | "
+        "difference (us, median) |",
+        "|---|---|---|---|---|",
+        *rows,
+    ])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--against", required=True, help="the earlier commit whose engine/step.py runs beside")
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
+    args = ap.parse_args()
+    block = report(measure(args.against, args.rounds), args.against, args)
+    print(block)
+    if args.append:
+        append_to_section(block, SECTION, SUBSECTION)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
