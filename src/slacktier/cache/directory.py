@@ -247,6 +247,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 prefetch(directory, r)
     touch = np.int64(0)
     n_absent = 0
+    hflat = htab.reshape(-1)
     for t in range(n_t):
         for c in range(n_c):
             r = ids[t, c] - row_start
@@ -254,6 +255,8 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 s = directory[r]
                 touch += s
                 n_absent += s < 0
+                if s < 0:   # a miss probes the step's hash table for its row first: start that line too
+                    prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # touch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     n_owned = owned.shape[0]
