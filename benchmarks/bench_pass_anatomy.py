@@ -20,7 +20,12 @@ same rounds:
   arguments, returns at once): all of begin_step's Python and numba's
   dispatch, without the pass's work (no gather follows it).
 
-    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--append]
+`--fresh` runs decode steps of new tokens instead (misses, CLOCK victims, pages
+submitted), each step once per engine, with the right passes only: as is, the
+first wave by loads, without the hash-table prefetch for misses (added in
+commit 298c67d), and without any prefetch waves.
+
+    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--fresh] [--append]
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
 LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
+NO_HTAB = "no hash-table prefetch for misses (the pass before commit 298c67d)"
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
@@ -81,8 +87,14 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-def variants() -> dict[str, str]:
-    """Name -> source of the pass with one part cut out ("as is" untouched)."""
+_HTAB_PREFETCH = """                if s < 0:   # a miss probes the step's hash table for its row first: start that line too
+                    prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
+"""
+
+
+def variants(fresh: bool = False) -> dict[str, str]:
+    """Name -> source of the pass with one part cut out ("as is" untouched); fresh: only the cuts that leave a
+    right pass (prefetches), which may run on steps with misses."""
     src = SOURCE.read_text()
     for marker in (_WAVES_END, _FIRST_WAVE):
         if src.count(marker) != 1:
@@ -90,6 +102,9 @@ def variants() -> dict[str, str]:
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
     by_loads = _replace(src, _PREFETCH_SWEEP, "")
     no_waves = _cut(src, _FIRST_WAVE, _WAVES_END, "    touch = np.int64(0)\n")
+    no_htab = _replace(src, _HTAB_PREFETCH, "")
+    if fresh:
+        return {"as is": src, LOADS: by_loads, NO_HTAB: no_htab, "no prefetch waves": no_waves}
     return {"as is": src, LOADS: by_loads, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
@@ -114,14 +129,18 @@ def _stub(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, see
     return 0
 
 
-def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
+def measure(rounds: int, warm_steps: int = 64, span: int = 30, fresh: bool = False) -> dict:
+    """Warm: the last `span` warm-up positions looked up again, `rounds` times. Fresh: rounds x span steps of
+    new tokens, each once per engine."""
     layout = EngramLayout.v41()
-    ids = W._ids(layout, 128, warm_steps)
+    ids = W._ids(layout, 128, warm_steps + (rounds * span if fresh else 0))
     original = RC.resolve_layer
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        passes = {name: compile_pass(name, text, tmp) for name, text in variants().items()} | {STUB: _stub}
+        passes = {name: compile_pass(name, text, tmp) for name, text in variants(fresh).items()}
+        if not fresh:
+            passes[STUB] = _stub
         engines = {name: W.rank_engine(layout, tmp, tag=f"-{k}") for k, name in enumerate(passes)}
         out = {name: [] for name in passes} | {"floor": []}
         ends: dict[str, list[float]] = {name: [] for name in passes}
@@ -151,14 +170,17 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30) -> dict:
                 v.clear()
             rng = np.random.default_rng(7)
             order = list(passes) + ["floor"]
-            for _ in range(rounds):
-                for t in range(warm_steps - span, warm_steps):
-                    random.shuffle(order)
-                    for name in order:
-                        if name == "floor":
-                            out[name].append(W._directory_floor(engines["as is"], ids[t], rng))
-                        else:
-                            out[name].append(step(name, t))
+            if fresh:
+                steps = list(range(warm_steps, warm_steps + rounds * span))
+            else:
+                steps = [t for _ in range(rounds) for t in range(warm_steps - span, warm_steps)]
+            for t in steps:
+                random.shuffle(order)
+                for name in order:
+                    if name == "floor":
+                        out[name].append(W._directory_floor(engines["as is"], ids[t], rng))
+                    else:
+                        out[name].append(step(name, t))
         finally:
             RC.resolve_layer = original
             for e in engines.values():
@@ -194,16 +216,21 @@ def report(out: dict, args: argparse.Namespace) -> str:
             label = "begin_step, pass replaced by a stub (Python + numba dispatch only)"
         else:
             label = f"begin_step, pass {name}"
-        saved = "" if name in ("floor", STUB, "as is", LOADS) else f"{base - med:+.1f}"
+        saved = "" if name in ("floor", STUB, "as is", LOADS, NO_HTAB) else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
                     f"{saved} | {end_cell} |")
+    if args.fresh:
+        what = (f"{args.rounds * 30} steps of new tokens per variant (misses, pages submitted), variants "
+                "interleaved in shuffled order in one process; CPU time of the calling thread (us). Every pass "
+                "here is right: they differ only in prefetches.")
+    else:
+        what = (f"{args.rounds} rounds x 30 warm steps per variant, variants interleaved in shuffled order in one "
+                "process; CPU time of the calling thread (us). Ablated passes are wrong on purpose and run only "
+                "where every lookup hits: \"saved\" bounds what dropping that part could gain, not a result.")
     return "\n".join([
-        f"#### Anatomy of warm begin_step, {utc_stamp()}",
+        f"#### Anatomy of {'fresh' if args.fresh else 'warm'} begin_step, {utc_stamp()}",
         "",
-        f"`{command_line(__file__, sys.argv[1:])}`; {machine()}; {args.rounds} rounds x 30 warm steps per variant, "
-        "variants interleaved in shuffled order in one process; CPU time of the calling thread (us). Ablated passes "
-        "are wrong on purpose and run only where every lookup hits: \"saved\" bounds what dropping that part "
-        "could gain, not a result.",
+        f"`{command_line(__file__, sys.argv[1:])}`; {machine()}; {what}",
         "",
         "| what ran | us (min / median / max) | vs pass as is | vs floor | saved vs as is (us, median) | "
         "end_step after it (us, median) |",
@@ -215,9 +242,11 @@ def report(out: dict, args: argparse.Namespace) -> str:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--fresh", action="store_true", help="decode steps of new tokens instead of warm steps, "
+                    "right passes only (no stub)")
     ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
     args = ap.parse_args()
-    out = measure(args.rounds)
+    out = measure(args.rounds, fresh=args.fresh)
     block = report(out, args)
     print(block)
     if args.append:
