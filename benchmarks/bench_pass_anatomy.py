@@ -22,8 +22,9 @@ same rounds:
 
 `--fresh` runs decode steps of new tokens instead (misses, CLOCK victims, pages
 submitted), each step once per engine, with the right passes only: as is, the
-first wave by loads, without the hash-table prefetch for misses (added in
-commit 298c67d), and without any prefetch waves.
+first wave by loads, without the hash-table prefetches for misses (their
+row's and page's lines, added in commits 298c67d and the next), and without
+any prefetch waves.
 
     .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--fresh] [--append]
 """
@@ -55,7 +56,7 @@ SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
 LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
-NO_HTAB = "no hash-table prefetch for misses (the pass before commit 298c67d)"
+NO_HTAB = "no hash-table prefetches for misses (the pass before commit 298c67d)"
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
@@ -87,8 +88,14 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-_HTAB_PREFETCH = """                if s < 0:   # a miss probes the step's hash table for its row first: start that line too
+_HTAB_PREFETCH = """                if s < 0:   # a miss probes the step's hash table for its row, then its page: start both lines
                     prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
+                    k = 0
+                    while r >= rank_starts[k + 1]:
+                        k += 1
+                    pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
+                            | ((r - rank_starts[k]) // ROWS_PER_PAGE))
+                    prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
 """
 
 

@@ -255,8 +255,14 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 s = directory[r]
                 touch += s
                 n_absent += s < 0
-                if s < 0:   # a miss probes the step's hash table for its row first: start that line too
+                if s < 0:   # a miss probes the step's hash table for its row, then its page: start both lines
                     prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
+                    k = 0
+                    while r >= rank_starts[k + 1]:
+                        k += 1
+                    pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
+                            | ((r - rank_starts[k]) // ROWS_PER_PAGE))
+                    prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # touch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     n_owned = owned.shape[0]
