@@ -14,8 +14,9 @@ state; the pass now leaves a warm step's pins to step end, see
 same rounds:
 - the directory floor: one numpy gather of as many random directory entries as
   the step has owned lookups (what `bench_hot_path.py` quotes);
-- the pass as it was before its first wave became a prefetch sweep (commit
-  dc3681f): the same source with that sweep cut, a right pass, not an ablation;
+- right passes with one prefetch cut, not ablations: the first wave as loads
+  (the pass before commit dc3681f), and without the hits' reference-bit
+  prefetch;
 - begin_step with a compiled stub in place of the pass (the pass's 33
   arguments, returns at once): all of begin_step's Python and numba's
   dispatch, without the pass's work (no gather follows it).
@@ -23,8 +24,8 @@ same rounds:
 `--fresh` runs decode steps of new tokens instead (misses, CLOCK victims, pages
 submitted), each step once per engine, with the right passes only: as is, the
 first wave by loads, without the hash-table prefetches for misses (their
-row's and page's lines, added in commits 298c67d and the next), and without
-any prefetch waves.
+row's and page's lines, added in commits 298c67d and a00b770), without the
+hits' reference-bit prefetch, and without any prefetch waves.
 
     .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--fresh] [--append]
 """
@@ -57,6 +58,9 @@ SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
 LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
 NO_HTAB = "no hash-table prefetches for misses (the pass before commit 298c67d)"
+NO_REF = "no reference-bit prefetch for hits"
+_REF_PREFETCH = ("                if s >= 0:   # a hit stores its slot's reference bit: a random line of `ref`, "
+                 "start it now\n                    prefetch(ref, s)\n                else:   # a miss probes")
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
@@ -88,31 +92,26 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-_HTAB_PREFETCH = """                if s < 0:   # a miss probes the step's hash table for its row, then its page: start both lines
-                    prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
-                    k = 0
-                    while r >= rank_starts[k + 1]:
-                        k += 1
-                    pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
-                            | ((r - rank_starts[k]) // ROWS_PER_PAGE))
-                    prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
-"""
+_MISS_PREFETCH = "                else:   # a miss probes"
+_SECOND_WAVE = "    # Second wave"
 
 
 def variants(fresh: bool = False) -> dict[str, str]:
     """Name -> source of the pass with one part cut out ("as is" untouched); fresh: only the cuts that leave a
     right pass (prefetches), which may run on steps with misses."""
     src = SOURCE.read_text()
-    for marker in (_WAVES_END, _FIRST_WAVE):
+    for marker in (_WAVES_END, _FIRST_WAVE, _MISS_PREFETCH, _SECOND_WAVE):
         if src.count(marker) != 1:
             raise SystemExit(f"the pass changed: marker {marker!r} not found once")
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
     by_loads = _replace(src, _PREFETCH_SWEEP, "")
     no_waves = _cut(src, _FIRST_WAVE, _WAVES_END, "    touch = np.int64(0)\n")
-    no_htab = _replace(src, _HTAB_PREFETCH, "")
+    no_htab = _cut(src, _MISS_PREFETCH, _SECOND_WAVE, "")
+    no_ref = _replace(src, _REF_PREFETCH, "                if s < 0:   # a miss probes")
     if fresh:
-        return {"as is": src, LOADS: by_loads, NO_HTAB: no_htab, "no prefetch waves": no_waves}
-    return {"as is": src, LOADS: by_loads, "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
+        return {"as is": src, LOADS: by_loads, NO_HTAB: no_htab, NO_REF: no_ref, "no prefetch waves": no_waves}
+    return {"as is": src, LOADS: by_loads, NO_REF: no_ref, "no foreign descriptors": no_foreign,
+            "no prefetch waves": no_waves}
 
 
 def compile_pass(name: str, text: str, tmp: Path):
@@ -223,7 +222,7 @@ def report(out: dict, args: argparse.Namespace) -> str:
             label = "begin_step, pass replaced by a stub (Python + numba dispatch only)"
         else:
             label = f"begin_step, pass {name}"
-        saved = "" if name in ("floor", STUB, "as is", LOADS, NO_HTAB) else f"{base - med:+.1f}"
+        saved = "" if name in ("floor", STUB, "as is", LOADS, NO_HTAB, NO_REF) else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
                     f"{saved} | {end_cell} |")
     if args.fresh:

@@ -239,7 +239,9 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     # together; a sweep of loads instead held its loads in the core's window until they landed,
     # and with three of four lookups another rank's, only a few owned ones fit there (warm
     # begin_step 0.6-0.8x with the prefetches, BENCHMARKS.md, issue 14). Then count the misses
-    # with loads that mostly find their line arriving; the main loop finds them in cache.
+    # with loads that mostly find their line arriving; the main loop finds them in cache. On the
+    # way, start the next random line each lookup will touch: a hit's reference bit, a miss's two
+    # hash-table probes (row, then page); each was worth 5-13% of begin_step in one process.
     for t in range(n_t):
         for c in range(n_c):
             r = ids[t, c] - row_start
@@ -255,7 +257,9 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 s = directory[r]
                 touch += s
                 n_absent += s < 0
-                if s < 0:   # a miss probes the step's hash table for its row, then its page: start both lines
+                if s >= 0:   # a hit stores its slot's reference bit: a random line of `ref`, start it now
+                    prefetch(ref, s)
+                else:   # a miss probes the step's hash table for its row, then its page: start both lines
                     prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
                     k = 0
                     while r >= rank_starts[k + 1]:
