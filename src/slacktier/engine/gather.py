@@ -62,8 +62,17 @@ def stage_misses(miss_buf, miss_inpage, n_miss, pool, staged):
 
 @njit(nogil=True, cache=True)
 def fill_slots(staged_bytes, miss_slot, n_miss, weight, scale):
-    """Copy each missed row's raw bytes from the staged rows [M, 264] into its new slot (slot -1: skip)."""
+    """Copy each missed row's raw bytes from the staged rows [M, 264] into its new slot (slot -1: skip).
+
+    The slots are random rows of the cache: the lines of the slot PREFETCH_ROWS ahead are prefetched, so
+    the stores do not wait for their lines one row at a time (1.05-1.14x on 2,600 fills, issue 14).
+    """
+    wflat = weight.reshape(-1)
+    sflat = scale.reshape(-1)
     for m in range(n_miss):
+        ahead = m + PREFETCH_ROWS
+        if ahead < n_miss and miss_slot[ahead] >= 0:
+            _prefetch_slot(wflat, sflat, np.int64(miss_slot[ahead]))
         s = miss_slot[m]
         if s < 0:
             continue
@@ -71,6 +80,14 @@ def fill_slots(staged_bytes, miss_slot, n_miss, weight, scale):
             weight[s, j] = staged_bytes[m, j]
         for j in range(ROW_SCALES):
             scale[s, j] = staged_bytes[m, ROW_VALUES + j]
+
+
+@njit(nogil=True, cache=True, inline="always")
+def _prefetch_slot(wflat, sflat, s):
+    """Prefetch cache slot s's row: its 256 values (four lines of weight) and its 8 scales."""
+    for w in range(0, ROW_VALUES, 64):
+        prefetch(wflat, s * ROW_VALUES + w)
+    prefetch(sflat, s * ROW_SCALES)
 
 
 @njit(nogil=True, cache=True)
@@ -89,13 +106,20 @@ def gather_cpu(desc_kind, desc_idx, n, miss_buf, miss_inpage, miss_slot, n_miss,
 
     lut_t: `lut_by_scale()`, the codec's table with the scale byte major. A block of 32 values shares
     one scale, so it reads 256 adjacent entries (L1-resident) instead of entries 512 B apart across
-    the whole 128 KiB table; they are the same entries, so the output is bit-identical.
+    the whole 128 KiB table; they are the same entries, so the output is bit-identical. The row of the
+    hit PREFETCH_ROWS lookups ahead is prefetched (1.4-1.5x on 3,072 hits from a cold 1M-slot cache).
+    weight and scale: C-contiguous [slots, 256] and [slots, 8] uint8 (the cache's arrays).
     """
     staged = np.empty((n_miss, ROW_WORDS), dtype=np.uint64)   # [M, 33] words = [M, 264] bytes
     stage_misses(miss_buf, miss_inpage, n_miss, pool, staged)
     staged_bytes = staged.view(np.uint8)
     fill_slots(staged_bytes, miss_slot, n_miss, weight, scale)
+    wflat = weight.reshape(-1)
+    sflat = scale.reshape(-1)
     for i in range(n):
+        ahead = i + PREFETCH_ROWS
+        if ahead < n and desc_kind[ahead] == 0:   # a hit's row is a random row of the cache: start it early
+            _prefetch_slot(wflat, sflat, desc_idx[ahead])
         k = desc_kind[i]
         if k == 0:
             s = desc_idx[i]
