@@ -102,10 +102,12 @@ def _directory_floor(engine: StepEngine, ids: np.ndarray, rng: np.random.Generat
     return total
 
 
-def rank_engine(layout: EngramLayout, tmp: Path, batch: int = 128, tag: str = "") -> StepEngine:
+def rank_engine(layout: EngramLayout, tmp: Path, batch: int = 128, tag: str = "",
+                engine_cls: type = StepEngine) -> StepEngine:
     """Rank 0 of TP4 serving `layout`'s tables (owned_only) from sparse files in `tmp`, 2M cache rows (half per
-    layer), steps of up to `batch` tokens: the begin_step setting of this worker, bench_pass_anatomy.py and
-    profile_begin_step.py. `tag` keeps several engines' files apart in one folder."""
+    layer), steps of up to `batch` tokens: the begin_step setting of this worker, bench_pass_anatomy.py,
+    bench_step_ab.py (which passes another commit's `engine_cls`) and profile_begin_step.py. `tag` keeps several
+    engines' files apart in one folder."""
     tables, sources = [], []
     for i, layer in enumerate(layout.layer_ids):
         lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, RANKS)
@@ -117,7 +119,7 @@ def rank_engine(layout: EngramLayout, tmp: Path, batch: int = 128, tag: str = ""
         source = _disk([region])
         sources.append(source)
         tables.append(_table(layer, lo, hi - lo, region, source, 0.5))
-    return StepEngine(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
+    return engine_cls(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
 
 
 def begin_step(quick: bool) -> dict:

@@ -35,9 +35,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
 
 import slacktier.engine.step as S  # noqa: E402
-from slacktier.cache import RowCache  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
-from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds  # noqa: E402
 
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
@@ -58,22 +56,6 @@ def old_engine_class(commit: str) -> type:
     return mod.StepEngine
 
 
-def rank_engine(cls: type, layout: EngramLayout, tmp: Path, tag: str):
-    """`_ab_worker.rank_engine`'s engine, built with `cls`."""
-    tables, sources = [], []
-    for i, layer in enumerate(layout.layer_ids):
-        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), 0, W.RANKS)
-        path = tmp / f"l{layer}{tag}.sparse"
-        pages = pages_for_rows(hi - lo)
-        with open(path, "wb") as f:
-            f.truncate(pages * PAGE_BYTES)
-        region = W._region(layer, 0, str(path), 0, pages, lo, hi - lo)
-        source = W._disk([region])
-        sources.append(source)
-        tables.append(W._table(layer, lo, hi - lo, region, source, 0.5))
-    return cls(tables, RowCache(2_000_000), max_tokens=128, owned_sources=sources, owned_only=True)
-
-
 def measure(commit: str, rounds: int) -> dict[str, dict[str, list[float]]]:
     layout = EngramLayout.v41()
     ids = W._ids(layout, 128, WARM_STEPS + FRESH_STEPS)
@@ -81,7 +63,8 @@ def measure(commit: str, rounds: int) -> dict[str, dict[str, list[float]]]:
     out = {name: {k: [] for k in ("warm", "warm_end", "fresh", "fresh_end")} for name in classes}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        engines = {name: rank_engine(cls, layout, tmp, f"-{k}") for k, (name, cls) in enumerate(classes.items())}
+        engines = {name: W.rank_engine(layout, tmp, tag=f"-{k}", engine_cls=cls)
+                   for k, (name, cls) in enumerate(classes.items())}
 
         def step(name: str, t: int, kind: str | None) -> None:
             e = engines[name]
