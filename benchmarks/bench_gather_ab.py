@@ -55,11 +55,11 @@ def cases(rng: np.random.Generator) -> dict[str, tuple]:
     # Miss m is first asked for before miss m + 1 (the pass numbers them in lookup order); the other
     # lookups reuse a read already asked for.
     idx = np.empty(LOOKUPS, dtype=np.int64)
-    at = np.sort(rng.choice(LOOKUPS, MISSES, replace=False))
+    at = np.concatenate([[0], np.sort(rng.choice(np.arange(1, LOOKUPS), MISSES - 1, replace=False))])
     idx[at] = np.arange(MISSES)
     created = np.cumsum(np.isin(np.arange(LOOKUPS), at))
     rest = np.setdiff1d(np.arange(LOOKUPS), at)
-    idx[rest] = [rng.integers(0, max(1, created[i])) for i in rest]
+    idx[rest] = [rng.integers(0, created[i]) for i in rest]   # lookup 0 is a miss: created[i] >= 1
     misses = np.ones(LOOKUPS, dtype=np.int8)
     hits = np.zeros(LOOKUPS, dtype=np.int8)
     return {

@@ -1,4 +1,4 @@
-"""Where warm begin_step's time goes: the directory pass beside ablated copies of itself, in one process.
+"""Where begin_step's time goes: the directory pass beside cut-down copies of itself, in one process.
 
 Each ablation is compiled from `cache/directory.py`'s own source with one part
 cut out (every cut is asserted, so a change to the pass stops this script

@@ -318,13 +318,12 @@ class RowCache:
         state = self._layers.get(layer)
         if state is None:
             state = self.layer(layer)   # raises MISSING
+        if ids.ndim == 1:
+            ids = ids.reshape(1, -1)   # one row of lookups (a view)
         n = ids.size
         # The compiled pass has no bounds checks: these guard the arrays it indexes.
         if n > scratch.capacity or geometry.rows != state.rows or ids.dtype is not _INT64 or ids.ndim != 2:
-            if ids.ndim == 1 and ids.dtype is _INT64:
-                ids = ids.reshape(1, n)
-            if n > scratch.capacity or geometry.rows != state.rows or ids.ndim != 2 or ids.dtype is not _INT64:
-                self._refuse_pass(state, ids, geometry, scratch)
+            self._refuse_pass(state, ids, geometry, scratch)
         seen = geometry.seen
         if seen is None:
             if lossy:
@@ -350,7 +349,7 @@ class RowCache:
 
     @staticmethod
     def _refuse_pass(state: CacheLayer, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch) -> None:
-        if ids.ndim not in (1, 2) or ids.dtype is not _INT64:
+        if ids.ndim != 2 or ids.dtype is not _INT64:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype} {ids.shape}, want [N] or [T, C] int64",
                                  layer=state.layer, fix="pass one layer's lookups as an int64 array")
         if ids.size > scratch.capacity:
