@@ -21,6 +21,12 @@ same rounds:
   arguments, returns at once): all of begin_step's Python and numba's
   dispatch, without the pass's work (no gather follows it).
 
+These engines run begin_step one layer at a time from Python (`_one_entry`
+off), the path each cut replaces the pass of. One more engine runs the pass as
+is inside begin_step's one compiled entry (`engine.steppass`, every layer's
+pass and io_uring submission in one call): its row beside "as is" is what the
+entry saves, in warm and in `--fresh` steps.
+
 `--fresh` runs decode steps of new tokens instead (misses, CLOCK victims, pages
 submitted), each step once per engine, with the right passes only: as is, the
 first wave by loads, without the hash-table prefetches for misses (their
@@ -56,6 +62,7 @@ from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
+ENTRY = "one compiled entry"
 LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
 NO_HTAB = "no hash-table prefetches for misses (the pass before commit 298c67d)"
 NO_REF = "no reference-bit prefetch for hits"
@@ -148,6 +155,10 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30, fresh: bool = Fal
         if not fresh:
             passes[STUB] = _stub
         engines = {name: W.rank_engine(layout, tmp, tag=f"-{k}") for k, name in enumerate(passes)}
+        for e in engines.values():   # the variants replace the pass RowCache.resolve calls, one layer at a time
+            e._one_entry = False
+        engines[ENTRY] = W.rank_engine(layout, tmp, tag="-entry")   # the pass as is, inside engine.steppass
+        passes[ENTRY] = _REAL
         out = {name: [] for name in passes} | {"floor": []}
         ends: dict[str, list[float]] = {name: [] for name in passes}
 
@@ -219,10 +230,12 @@ def report(out: dict, args: argparse.Namespace) -> str:
         if name == "floor":
             label = "directory floor (numpy gather of the owned lookups' entries)"
         elif name == STUB:
-            label = "begin_step, pass replaced by a stub (Python + numba dispatch only)"
+            label = "begin_step per layer, pass replaced by a stub (Python + numba dispatch only)"
+        elif name == ENTRY:
+            label = "begin_step, all layers in one compiled entry (engine.steppass), pass as is"
         else:
-            label = f"begin_step, pass {name}"
-        saved = "" if name in ("floor", STUB, "as is", LOADS, NO_HTAB, NO_REF) else f"{base - med:+.1f}"
+            label = f"begin_step per layer, pass {name}"
+        saved = "" if name in ("floor", STUB, "as is", LOADS, NO_HTAB, NO_REF, ENTRY) else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
                     f"{saved} | {end_cell} |")
     if args.fresh:

@@ -173,19 +173,20 @@ class StepTable:
         self._lookups = -1   # the last call's lookups and bits: a step's layers ask for the same size
         self._bits = 0
 
-    def prepare(self, lookups: int) -> int:
+    def prepare(self, lookups: int, passes: int = 1) -> int:
         """Advance the stamp (invalidating every entry) and return log2 of the entries to use for `lookups`.
 
         At least 4x the lookups (load <= 1/2), sized per call so a small step probes a small, cache-resident
-        table: 3,072 lookups -> 14 (16,384 entries).
+        table: 3,072 lookups -> 14 (16,384 entries). `passes` passes of that size may follow, each with a
+        stamp of its own: `stamp - passes + 1` .. `stamp` (the step engine's compiled entry runs all layers).
         """
-        self.stamp += 1
+        self.stamp += passes
         if lookups == self._lookups:
             return self._bits
         bits = max(4, (4 * lookups - 1).bit_length())   # ceil(log2(4 n)), without numpy's scalar calls
         if (1 << bits) > self.table.shape[0]:
             self.table = np.zeros((1 << bits, 3), dtype=np.int64)
-            self.stamp = 1
+            self.stamp = passes
         self._lookups = lookups
         self._bits = bits
         return bits

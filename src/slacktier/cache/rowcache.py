@@ -133,6 +133,9 @@ class RowCache:
         self._layers: dict[int, CacheLayer] = {}
         self._next_key = 0
         self._table = StepTable()
+        # bumped whenever a layer's arrays may be replaced (layers added or dropped, slots re-partitioned):
+        # the step engine's compiled entry names them by address (engine.steppass)
+        self.generation = 0
 
     # ---- layers and sizes -------------------------------------------------------------------------
     def _check_budget(self, slots: int) -> None:
@@ -182,6 +185,7 @@ class RowCache:
         K.forget_slots(state.owned, state.directory, self.slot_layer, self.slot_row, self.state, self.ref)
         self.owner[state.owned] = -1
         del self._layers[layer]
+        self.generation += 1
 
     def invalidate_layer(self, layer: int) -> None:
         """Forget every cached row of `layer` (its table changed); keeps its slots."""
@@ -213,6 +217,7 @@ class RowCache:
 
     def _rebalance(self, counts: dict[int, int]) -> None:
         self._settle_all()
+        self.generation += 1
         for layer, target in counts.items():
             state = self._layers[layer]
             if target < state.owned.shape[0]:

@@ -62,6 +62,14 @@ class LayerReads:
         ticket = _named(layer, lambda: source.submit(reads, pool))
         entry.tickets.append((source, ticket, len(reads)))
 
+    def adopt(self, layer: int, source: PageSource, ticket: int, pages: int) -> None:
+        """Record a ticket of `layer` that was submitted to `source` elsewhere (the step's compiled entry)."""
+        entry = self._layers.setdefault(layer, _Layer())
+        if entry.waited:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "reads submitted after the layer was waited for",
+                                 layer=layer, fix="submit every read of a layer before waiting for it")
+        entry.tickets.append((source, ticket, pages))
+
     def wait(self, layer: int) -> LayerWait:
         """Block until every read of `layer` is done; raise the first error (the layer is then failed)."""
         entry = self._layers.get(layer)

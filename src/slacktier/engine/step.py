@@ -7,11 +7,14 @@ One step, as data (DESIGN.md section 3):
         rows = engine.gather(l)       # [T, 24, 256] bf16 on the engine's device
     engine.end_step()                 # pins released, counters published
 
-`begin_step` runs the cache's compiled directory pass (`RowCache.resolve`) once
-per layer in window order (the order of `tables`, short window first) and hands
-that layer's page list to its source through the step's `LayerReads` before
-resolving the next layer, so the first layer's reads are in flight while the
-second is resolved. `gather(l)` waits for layer l's reads only
+`begin_step` runs the cache's directory pass once per layer in window order
+(the order of `tables`, short window first) and hands that layer's page list
+to its source before resolving the next layer, so the first layer's reads are
+in flight while the second is resolved. All of it is one compiled call
+(`engine.steppass`): the passes and the io_uring submissions run with no
+Python between layers; a layer whose pages go to another kind of source (DRAM,
+Redis, the thread engine) returns to Python, which submits them through the
+step's `LayerReads` and resumes the call at the next layer. `gather(l)` waits for layer l's reads only
 (`LayerReads.wait`), then one pass fills the missed rows' new cache slots and
 dequantizes every lookup's row. The ids' layer axis is in ascending
 layer-id order (what `EngramHasher` returns) unless `ids_layers` says otherwise.
@@ -79,6 +82,7 @@ from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
 from slacktier.config import ControlFile, load_control
 from slacktier.engine import build as B
+from slacktier.engine import steppass as SP
 from slacktier.engine.counters import LayerCounters, StepCounters
 from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
@@ -97,6 +101,7 @@ GATHER_IMPLS = ("auto", "numba", "torch")
 
 _NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
 _INT64 = np.dtype(np.int64)
+_NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
 
 
 @dataclass
@@ -117,6 +122,10 @@ class _LayerRun:
 
 class StepEngine:
     """Serves table layers from page sources through a row cache, step by step."""
+
+    # begin_step's passes in one compiled call (engine.steppass); False runs them one layer at a time from
+    # Python, the way they ran before (tests compare the two; benchmarks measure one beside the other)
+    _one_entry = True
 
     def __init__(self, tables: Sequence[TableSpec], cache: RowCache | None = None, device: str = "cpu", *,
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
@@ -161,6 +170,7 @@ class StepEngine:
         self._applying = False                   # inside apply: metrics are labelled once it is done
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
+        self._plan: SP.StepPlan | None = None   # built on the first step after any change it depends on
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
         self._configure(list(tables), ids_layers)
@@ -198,6 +208,7 @@ class StepEngine:
         self.cache.resize(slots=cache_rows, shares={t.layer: t.cache_share for t in tables})
         old = self._layers
         self._layers = {}
+        self._plan = None
         for t in tables:
             run = _LayerRun(spec=t, axis=axis.index(t.layer), scratch=PassScratch(1))
             if t.layer in old and t.layer not in invalidate and old[t.layer].spec.regions == t.regions:
@@ -245,6 +256,7 @@ class StepEngine:
             self._owned_sources = list(owned_sources)
         if pad_id is not None:
             self.pad_id = int(pad_id)
+        self._plan = None
         if self.metrics is not None and not self._applying:
             self._bind_metrics()
 
@@ -260,6 +272,7 @@ class StepEngine:
         for layer in list(self.cache.layers):
             self.cache.remove_layer(layer)
         self.cache = cache
+        self._plan = None
         for t in (run.spec for run in self._layers.values()):
             cache.add_layer(t.layer, t.rows, 0.0)
         cache.resize(shares={run.spec.layer: run.spec.cache_share for run in self._layers.values()})
@@ -306,6 +319,7 @@ class StepEngine:
         if tokens <= self._token_capacity:
             return
         n = tokens * self.columns
+        self._plan = None
         for run in self._layers.values():
             run.scratch = PassScratch(n)
         pages = n * max(1, len(self._layers))
@@ -382,38 +396,175 @@ class StepEngine:
         self._in_step = True
         self._step += 1
         self._tokens = tokens
-        cache = self.cache
-        lossy, owned_only, pad_id = self.lossy, self.owned_only, self.pad_id
-        buf_base = 0
         # This pass is on the step's critical path (Eq. 1's s): per layer it resolves, submits and keeps
         # the PassResult and three clock readings; end_step turns them into the layer's counters.
         try:
-            for layer in self._order:
-                run = self._layers[layer]
-                run.resolved = run.gathered = False
-                lookups = ids[:, run.axis, :]   # [T, 24] int64, a strided view the pass reads as is
-                run.ids = lookups.copy() if self.check else lookups   # the checker reads them at gather
-                spec = run.spec
-                sc = run.scratch
-                t0 = perf_counter_ns()
-                res = cache.resolve(layer, lookups, spec.geometry, sc, buf_base=buf_base, lossy=lossy,
-                                    owned_only=owned_only, pad_id=pad_id)
-                t1 = perf_counter_ns()
-                run.res = res
-                run.resolved = True   # whatever it claimed must be released on abort
-                if res.bad_index >= 0:
-                    self._refuse_row(run, lookups, res.bad_index)
-                if res.pages:
-                    reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
-                                      buffer=sc.page_buf[:res.pages])
-                    self._reads.submit(layer, spec.source, reads, self._pool)
-                    buf_base += res.pages
-                run.clock = (t0, t1, perf_counter_ns())
+            if self._one_entry:
+                self._resolve_compiled(ids)
+            else:
+                self._resolve_per_layer(ids)
         except BaseException as exc:
             self._abort_step()
             if self.metrics is not None:
                 self.metrics.error(exc)
             raise
+
+    def _resolve_per_layer(self, ids: np.ndarray) -> None:
+        """begin_step's passes one layer at a time from Python (`RowCache.resolve`, then the source's submit)."""
+        cache = self.cache
+        lossy, owned_only, pad_id = self.lossy, self.owned_only, self.pad_id
+        buf_base = 0
+        for layer in self._order:
+            run = self._layers[layer]
+            run.resolved = run.gathered = False
+            lookups = ids[:, run.axis, :]   # [T, 24] int64, a strided view the pass reads as is
+            if self.check:
+                run.ids = lookups.copy()   # the checker reads them at gather
+            spec = run.spec
+            sc = run.scratch
+            t0 = perf_counter_ns()
+            res = cache.resolve(layer, lookups, spec.geometry, sc, buf_base=buf_base, lossy=lossy,
+                                owned_only=owned_only, pad_id=pad_id)
+            t1 = perf_counter_ns()
+            run.res = res
+            run.resolved = True   # whatever it claimed must be released on abort
+            if res.bad_index >= 0:
+                self._refuse_row(run, lookups, res.bad_index)
+            if res.pages:
+                reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
+                                  buffer=sc.page_buf[:res.pages])
+                self._reads.submit(layer, spec.source, reads, self._pool)
+                buf_base += res.pages
+            run.clock = (t0, t1, perf_counter_ns())
+
+    def _resolve_compiled(self, ids: np.ndarray) -> None:
+        """begin_step's passes and io_uring submissions in one compiled call (engine.steppass); Python runs
+        between layers only where a layer's pages go to a source without a C engine, or an id is bad."""
+        cache = self.cache
+        table = cache._table
+        n_layers = len(self._order)
+        bits = table.prepare(ids.shape[0] * self.columns, max(1, n_layers))
+        plan = self._plan
+        if plan is None or plan.generation != cache.generation or plan.htab is not table.table:
+            plan = self._plan = self._build_plan()
+        if not ids.flags.c_contiguous:
+            ids = np.ascontiguousarray(ids)   # one layout of the compiled entry, compiled once
+        a = plan.arr
+        a[SP.H_STEP] = cache.step
+        a[SP.H_STAMP] = table.stamp - max(1, n_layers) + 1
+        a[SP.H_HBITS] = bits
+        pool = self._pool
+        a[SP.H_POOL_ADDR] = pool.base
+        a[SP.H_POOL_CAP] = pool.capacity
+        a[SP.H_BUF_BASE] = 0
+        runs = plan.runs
+        for run in runs:
+            run.resolved = run.gathered = False
+        for state in plan.states:   # pins an earlier pass left pending (none between steps), as resolve does
+            if state.pending is not None:
+                cache._settle(state)
+        start = 0
+        while True:
+            a[SP.H_START] = start
+            held = []
+            try:
+                for source, at in plan.natives:
+                    handle = source.native_begin()
+                    if handle:
+                        held.append(source)
+                    for i in at:
+                        a[SP.HEADER + i * SP.RECORD + SP.R_ENGINE] = handle
+                SP.run_layers(ids, a)
+                stop = int(a[SP.H_STOP])
+                for i in range(start, min(stop + 1, n_layers)):
+                    run = runs[i]
+                    sc = run.scratch
+                    res = tuple.__new__(PassResult, sc.counts.tolist())
+                    run.res = res
+                    run.resolved = True   # whatever it claimed must be released on abort
+                    if res.pending:
+                        plan.states[i].pending = (sc.desc_kind, sc.desc_idx, res.pending)
+                    r = SP.HEADER + i * SP.RECORD
+                    job, t0, t1, t2 = a[r + SP.R_JOB:r + SP.R_T2 + 1].tolist()
+                    run.clock = (t0, t1, t2)
+                    if job:
+                        source = run.spec.source
+                        ticket = source.native_adopt(job, res.pages, pool, t1)
+                        self._reads.adopt(run.spec.layer, source, ticket, res.pages)
+                    if self.check:
+                        run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
+            finally:
+                for source in held:
+                    source.native_end()
+            if stop == n_layers:
+                return
+            # Layer `stop` is resolved: an id outside its table, or pages for Python to submit.
+            run = runs[stop]
+            res = run.res
+            if int(a[SP.H_WHY]) == SP.WHY_BAD:
+                self._refuse_row(run, ids[:, run.axis, :], res.bad_index)
+            sc = run.scratch
+            reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
+                              buffer=sc.page_buf[:res.pages])
+            self._reads.submit(run.spec.layer, run.spec.source, reads, pool)
+            run.clock = (run.clock[0], run.clock[1], perf_counter_ns())
+            start = stop + 1
+
+    def _build_plan(self) -> SP.StepPlan:
+        """The compiled entry's plan for the engine's layers, cache and scratch as they are now."""
+        cache = self.cache
+        plan = SP.StepPlan(len(self._order), cache.generation, cache._table.table)
+        a = plan.arr
+        plan.put(SP.H_SLOT_LAYER, cache.slot_layer, SP.H_SLOTS)
+        for at, arr in ((SP.H_SLOT_ROW, cache.slot_row), (SP.H_STATE, cache.state), (SP.H_REF, cache.ref),
+                        (SP.H_FILL_MISS, cache.fill_miss)):
+            _same_length(arr, cache.slot_layer, "the cache's slot arrays")
+            plan.put(at, arr)
+        plan.put(SP.H_HTAB, cache._table.table, SP.H_HROWS)
+        a[SP.H_OWNED_ONLY] = self.owned_only
+        a[SP.H_LOSSY] = self.lossy
+        a[SP.H_PAD_ID] = self.pad_id
+        a[SP.H_CLOCK_FN] = SP.clock_gettime_address()
+        natives: dict[int, tuple[PageSource, list[int]]] = {}
+        for i, layer in enumerate(self._order):
+            run = self._layers[layer]
+            spec = run.spec
+            geo = spec.geometry
+            state = cache.layer(layer)
+            sc = run.scratch
+            if geo.rows != state.rows:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"geometry of {geo.rows} rows, directory of {state.rows}",
+                                     layer=layer, fix="re-add the layer with the table's row count")
+            if self.lossy and geo.seen is None:
+                raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=layer,
+                                     fix="give the layer's geometry a seen bitmap, or turn lossy off")
+            r = SP.StepPlan.record(i)
+            a[r + SP.R_AXIS] = run.axis
+            a[r + SP.R_ROW_START] = geo.row_start
+            a[r + SP.R_ROWS] = geo.rows
+            plan.put(r + SP.R_RANK_STARTS, geo.rank_starts)
+            plan.put(r + SP.R_RANK_REGION, geo.rank_region, r + SP.R_RANKS)
+            plan.put(r + SP.R_SEEN, geo.seen if geo.seen is not None else _NO_SEEN, r + SP.R_SEEN_LEN)
+            a[r + SP.R_KEY] = state.key
+            plan.put(r + SP.R_DIRECTORY, state.directory)
+            plan.put(r + SP.R_OWNED, state.owned, r + SP.R_OWNED_LEN)
+            plan.put(r + SP.R_LSTATE, state.lstate)
+            plan.put(r + SP.R_DESC_KIND, sc.desc_kind, r + SP.R_CAPACITY)
+            for at, arr in ((SP.R_DESC_IDX, sc.desc_idx), (SP.R_MISS_BUF, sc.miss_buf),
+                            (SP.R_MISS_INPAGE, sc.miss_inpage), (SP.R_MISS_SLOT, sc.miss_slot),
+                            (SP.R_MISS_ROW, sc.miss_row), (SP.R_PAGE_REGION, sc.page_region),
+                            (SP.R_PAGE_NO, sc.page_no), (SP.R_PAGE_BUF, sc.page_buf)):
+                _same_length(arr, sc.desc_kind, "a pass scratch's arrays")
+                plan.put(r + at, arr)
+            plan.put(r + SP.R_COUNTS, sc.counts)
+            plan.runs.append(run)
+            plan.states.append(state)
+            if callable(getattr(spec.source, "native_begin", None)):
+                natives.setdefault(id(spec.source), (spec.source, []))[1].append(i)
+        plan.natives = list(natives.values())
+        if plan.natives:
+            a[SP.H_SUBMIT_FN] = plan.natives[0][0].native_submit_address()
+        return plan
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
         spec = run.spec
@@ -737,3 +888,10 @@ def _check_rank_sharding(resolved: dict[int, B.Resolved]) -> None:
     for layer, r in resolved.items():
         if r.config.rank >= 0 and layer in r.manifest.layout.column_bounds:
             check_tp_sharding(r.manifest, r.manifest.ranks, [layer])
+
+
+def _same_length(a: np.ndarray, like: np.ndarray, what: str) -> None:
+    """The compiled entry indexes without bounds checks: arrays it takes as one length must be one length."""
+    if a.shape[0] != like.shape[0]:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{what} differ in length ({a.shape[0]} != {like.shape[0]})",
+                             fix="a bug: report it with the control file")

@@ -104,6 +104,12 @@ def _submit_kernel():
 
 
 @functools.cache
+def submit_address() -> int:
+    """Address of st_eng_submit, for compiled code that calls it by address (engine.steppass)."""
+    return ctypes.cast(ctypes.CDLL(str(build_helper())).st_eng_submit, ctypes.c_void_p).value
+
+
+@functools.cache
 def load_helper() -> ctypes.CDLL:
     """The loaded helper with its argument types declared (built on first call); st_eng_submit is called from
     compiled code instead (`_submit_kernel`)."""
@@ -183,6 +189,11 @@ class IoEngine:
         if err == -errno.ESHUTDOWN:
             raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is stopping", fix="open a new source")
         raise SlackTierError(ErrorKind.IO, f"cannot queue reads: {os.strerror(-err)}", fix="free memory")
+
+    @property
+    def handle(self) -> int:
+        """The C engine's address (0 once closed): what st_eng_submit takes from compiled code."""
+        return self._handle or 0
 
     def wait(self, job: int, timeout_ns: int, info: np.ndarray) -> bool:
         """Block until `job` is done, at most `timeout_ns` (< 0: no limit); True and `info` filled when done."""

@@ -45,7 +45,7 @@ from slacktier.config import DiskOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import NOT_DONE, check_file_targets, timeout_error
 from slacktier.store._native import (INFO_BUFFERS_REFUSED, INFO_CPU_NS, INFO_END_NS, INFO_FILES_REFUSED,
-                                     INFO_FIRST_BAD, INFO_SUBMIT_NS, IoEngine, probe_io_uring)
+                                     INFO_FIRST_BAD, INFO_SUBMIT_NS, IoEngine, probe_io_uring, submit_address)
 from slacktier.store.base import PageBufferPool, PageReads, ReadStats
 from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
 from slacktier.store.registry import register_tier
@@ -307,6 +307,42 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
             self._next_ticket += 1
             self._tickets[ticket] = _Ticket(jobs, pool, n, time.perf_counter_ns())
         return ticket
+
+    # -- compiled submission (engine.steppass): a batch handed to the C engine from begin_step's compiled code
+
+    def native_begin(self) -> int:
+        """Lock the source for compiled submission and return its C engine's handle; or 0, unlocked, when
+        batches must go through `submit` (thread engine, several engines, closed, timed-out jobs to reap, or
+        a subclass that overrides `submit`, such as a test's fault injector, which must see every batch).
+
+        While locked, compiled code may call st_eng_submit on the handle; book each job it got with
+        `native_adopt`, then `native_end`."""
+        if self.engine_name != "io_uring" or self._single is None or type(self).submit is not DiskSource.submit:
+            return 0
+        self._lock.acquire()
+        handle = self._single.state.engine.handle
+        if self._book.closed or self._abandoned or not handle:
+            self._lock.release()
+            return 0
+        return handle
+
+    @staticmethod
+    def native_submit_address() -> int:
+        """Address of the C function compiled code calls with `native_begin`'s handle (st_eng_submit)."""
+        return submit_address()
+
+    def native_adopt(self, job: int, pages: int, pool: PageBufferPool, submit_ns: int) -> int:
+        """Book a job compiled code queued on the engine of `native_begin` (lock held); its ticket."""
+        lane = self._single
+        ticket = self._next_ticket
+        self._next_ticket += 1
+        self._tickets[ticket] = _Ticket([_Job(lane, job, pages, lane.state.note_submit(pool))], pool, pages,
+                                        submit_ns)
+        return ticket
+
+    def native_end(self) -> None:
+        """Unlock after `native_begin` returned a handle."""
+        self._lock.release()
 
     def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
         """Block until the batch landed in the pool (GIL released); raise naming layer/rank/page on a bad read."""

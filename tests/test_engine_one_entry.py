@@ -1,0 +1,200 @@
+"""begin_step's one compiled entry (engine.steppass) against the per-layer path it replaced.
+
+Two engines over the same tables take the same steps, one with `_one_entry` off:
+the rows, the counters and every cache array must come out the same, step by
+step, with io_uring disk layers (submitted from compiled code), a DRAM-like
+layer between them (submitted from Python, the entry resumes after it), pad
+ids, steps larger than the engine was sized for and cache resizes between steps
+(each makes the engine build a new plan).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slacktier.cache import RowCache
+from slacktier.config import DiskOptions
+from slacktier.engine.checker import ArrayRowReader
+from slacktier.engine.step import StepEngine
+from slacktier.engine.tables import TableSpec
+from slacktier.engine.testing import ArraySource, pack_pages
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store import _native
+from slacktier.store.disk import DiskSource
+from slacktier.tables.codec import dequantize_bits, synthetic_rows
+from slacktier.tables.layout import pages_for_rows, shard_bounds
+from slacktier.tables.regions import Region
+
+ROWS = {1: 700, 3: 400, 14: 500}
+URING_MISSING = _native.probe_io_uring()
+COUNTED = ("lookups", "hits", "reused", "rows_read", "pages_read", "padded", "zero_rows", "bypass", "evictions")
+
+
+@pytest.fixture(scope="module")
+def files(o_direct_module_dir: Path) -> dict:
+    """Each layer's rows, staged as one file per rank for 1..3 ranks: {(layer, ranks): [Region]}, and the raw rows."""
+    raws = {layer: synthetic_rows(40 + layer, 0, n) for layer, n in ROWS.items()}
+    out: dict = {"raws": raws}
+    for ranks in (1, 2, 3):
+        for layer, n in ROWS.items():
+            regions = []
+            for rank in range(ranks):
+                lo, hi = shard_bounds(n, None, rank, ranks)
+                path = o_direct_module_dir / f"l{layer}-r{rank}-of{ranks}.pages"
+                pages = pack_pages(raws[layer][lo:hi])
+                path.write_bytes(pages.tobytes())
+                regions.append(Region(layer=layer, rank=rank, path=str(path), offset_bytes=0,
+                                      pages=pages_for_rows(hi - lo), row_start=lo, rows=hi - lo))
+            out[(layer, ranks)] = regions
+    return out
+
+
+def _tables(files: dict, ranks: int, kinds: dict[int, str], shares: dict[int, float]) -> tuple[list, list]:
+    """TableSpecs and their sources: layer l read by a DiskSource ("disk", io_uring when the kernel has it,
+    "threads") or an ArraySource ("array", submitted from Python)."""
+    tables, sources = [], []
+    for layer in ROWS:
+        regions = tuple(files[(layer, ranks)])
+        kind = kinds[layer]
+        if kind == "array":
+            raws = files["raws"][layer]
+            source = ArraySource(regions, [pack_pages(raws[r.row_start:r.row_start + r.rows]) for r in regions])
+        else:
+            source = DiskSource(regions, DiskOptions(engine="auto" if kind == "disk" else "threads", queue_depth=32))
+        sources.append(source)
+        tables.append(TableSpec(layer=layer, row_start=0, rows=ROWS[layer], regions=regions, source=source,
+                                cache_share=shares[layer], reference=ArrayRowReader(files["raws"][layer])))
+    return tables, sources
+
+
+def _cache_state(engine: StepEngine) -> list[np.ndarray]:
+    cache = engine.cache
+    cache.pinned()   # applies pins a pass left pending, so both engines' arrays hold the same pins
+    out = [cache.slot_layer, cache.slot_row, cache.state, cache.ref]
+    for layer in ROWS:
+        state = cache.layer(layer)
+        out += [state.directory, state.owned, state.lstate[:3]]
+    return out
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cache_rows=st.integers(0, 400), share=st.floats(0.05, 0.9), ranks=st.integers(1, 3),
+       kinds=st.sampled_from([("disk", "disk", "disk"), ("disk", "array", "disk"), ("array", "disk", "threads"),
+                              ("array", "array", "array")]),
+       steps=st.lists(st.tuples(st.integers(1, 12), st.integers(0, 2**31), st.sampled_from([None, 0, 150, 400])),
+                      min_size=1, max_size=7))
+def test_the_compiled_entry_matches_the_per_layer_path(files, cache_rows, share, ranks, kinds, steps) -> None:
+    """Same rows, counters and cache arrays after every step; resizes and larger steps rebuild the plan."""
+    kind = dict(zip(ROWS, kinds, strict=True))
+    shares = {1: share, 3: (1.0 - share) / 2, 14: (1.0 - share) / 2}
+    engines, owned = [], []
+    for one_entry in (True, False):
+        tables, sources = _tables(files, ranks, kind, shares)
+        engine = StepEngine(tables, RowCache(400, slots=cache_rows), max_tokens=4, owned_sources=sources)
+        engine._one_entry = one_entry
+        engines.append(engine)
+        owned += sources
+    raws = files["raws"]
+    try:
+        for tokens, seed, resize in steps:
+            rng = np.random.default_rng(seed)
+            # a small hot set, so rows and pages repeat within and across steps; some pad ids
+            ids = np.stack([rng.integers(0, 50, (tokens, 24)) * (n // 50) for n in ROWS.values()], axis=1)
+            ids[rng.random(ids.shape) < 0.05] = -1
+            counters, outs = [], []
+            for engine in engines:
+                if resize is not None:
+                    engine.cache.resize(slots=resize)
+                engine.begin_step(ids)
+                outs.append([engine.gather(layer) for layer in (14, 1, 3)])   # not in window order
+                counters.append(engine.end_step())
+            for j, layer in enumerate((14, 1, 3)):
+                axis = list(ROWS).index(layer)
+                flat = ids[:, axis].reshape(-1)
+                want = dequantize_bits(raws[layer][np.maximum(flat, 0)])
+                want[flat < 0] = 0
+                got = [out[j].reshape(-1, 256).view(torch.int16).numpy() for out in outs]
+                assert np.array_equal(got[0], want.view(np.int16))
+                assert np.array_equal(got[0], got[1])
+            for layer in ROWS:
+                a, b = (c.layers[layer] for c in counters)
+                assert [getattr(a, f) for f in COUNTED] == [getattr(b, f) for f in COUNTED]
+            for x, y in zip(*(_cache_state(e) for e in engines), strict=True):
+                assert np.array_equal(x, y)
+            assert engines[0].cache.verify() == []
+    finally:
+        for engine in engines:
+            engine.close()
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"io_uring unavailable: {URING_MISSING}")
+def test_io_uring_layers_are_submitted_from_compiled_code(files, monkeypatch) -> None:
+    """With every layer on an io_uring disk, no page list goes through Python's submit; the DRAM-like layer's
+    does, once per step with misses, and the step's rows are exact."""
+    calls = {"disk": 0, "array": 0}
+    disk_submit, array_submit = DiskSource.submit, ArraySource.submit
+
+    def counted(kind, real):
+        def submit(self, reads, pool):
+            calls[kind] += 1
+            return real(self, reads, pool)
+        return submit
+
+    monkeypatch.setattr(DiskSource, "submit", counted("disk", disk_submit))
+    monkeypatch.setattr(ArraySource, "submit", counted("array", array_submit))
+    tables, sources = _tables(files, 2, {1: "disk", 3: "array", 14: "disk"}, {1: 0.4, 3: 0.3, 14: 0.3})
+    with StepEngine(tables, RowCache(300), max_tokens=8, owned_sources=sources) as engine:
+        rng = np.random.default_rng(3)
+        for _ in range(4):
+            ids = np.stack([rng.integers(0, n, (8, 24)) for n in ROWS.values()], axis=1)
+            engine.begin_step(ids)
+            for axis, layer in enumerate(ROWS):
+                out = engine.gather(layer).reshape(-1, 256).view(torch.int16).numpy()
+                want = dequantize_bits(files["raws"][layer][ids[:, axis].reshape(-1)])
+                assert np.array_equal(out, want.view(np.int16))
+            c = engine.end_step()
+            assert c.layers[1].pages_read > 0 and c.layers[14].pages_read > 0
+    assert calls == {"disk": 0, "array": 4}
+
+
+def test_a_closed_disk_source_is_a_clear_error_not_a_call_into_a_freed_engine(files) -> None:
+    """A source closed under the engine: its C engine is gone, so the entry leaves the pages to Python's submit,
+    which refuses them (CLOSED); the step is undone."""
+    tables, sources = _tables(files, 1, {1: "disk", 3: "disk", 14: "disk"}, {1: 0.4, 3: 0.3, 14: 0.3})
+    engine = StepEngine(tables, RowCache(300), max_tokens=2, owned_sources=sources)
+    ids = np.stack([np.arange(48).reshape(2, 24) * 7 % n for n in ROWS.values()], axis=1).astype(np.int64)
+    engine.begin_step(ids)
+    engine.end_step()
+    sources[1].close()   # layer 3's
+    fresh = ids + 1
+    with pytest.raises(SlackTierError) as exc:
+        engine.begin_step(fresh)
+    assert exc.value.kind is ErrorKind.CLOSED and exc.value.layer == 3
+    assert not engine.in_step and engine.cache.pinned().size == 0 and engine.cache.verify() == []
+    engine.close()
+
+
+def test_an_id_outside_the_table_stops_the_entry_at_its_layer(files) -> None:
+    """A bad id in the second layer: the first layer's reads were already submitted, the error names the
+    second layer, and the step is undone (no pins, nothing cached from half-read rows)."""
+    tables, sources = _tables(files, 1, {1: "disk", 3: "disk", 14: "disk"}, {1: 0.4, 3: 0.3, 14: 0.3})
+    with StepEngine(tables, RowCache(300), max_tokens=2, owned_sources=sources) as engine:
+        ids = np.zeros((2, 3, 24), dtype=np.int64)
+        ids[:, 0] = np.arange(48).reshape(2, 24)
+        ids[1, 1, 5] = ROWS[3]   # one past layer 3's last row
+        with pytest.raises(SlackTierError) as exc:
+            engine.begin_step(ids)
+        assert exc.value.kind is ErrorKind.BAD_INPUT and exc.value.layer == 3 and "token 1, column 5" in str(exc.value)
+        assert not engine.in_step and engine.cache.pinned().size == 0
+        assert engine.cache.cached(1)[0].size == 0 and engine.cache.verify() == []
+        ids[1, 1, 5] = 0
+        engine.begin_step(ids)
+        assert np.array_equal(engine.gather(1).reshape(-1, 256).view(torch.int16).numpy(),
+                              dequantize_bits(files["raws"][1][np.arange(48)]).view(np.int16))
+        engine.end_step()
