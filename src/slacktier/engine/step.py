@@ -101,6 +101,7 @@ GATHER_IMPLS = ("auto", "numba", "torch")
 
 _NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
 _INT64 = np.dtype(np.int64)
+_N_COUNTS = len(PassResult._fields)
 _NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
 
 
@@ -468,24 +469,25 @@ class StepEngine:
             a[SP.H_START] = start
             held = []
             try:
-                for source, at in plan.natives:
+                for source, fields in plan.natives:
                     handle = source.native_begin()
                     if handle:
                         held.append(source)
-                    for i in at:
-                        a[SP.HEADER + i * SP.RECORD + SP.R_ENGINE] = handle
+                    for at in fields:
+                        a[at] = handle
                 SP.run_layers(ids, a)
                 stop = int(a[SP.H_STOP])
+                rows = plan.out.tolist()   # per layer: the pass's counts, then job and clock readings
                 for i in range(start, min(stop + 1, n_layers)):
                     run = runs[i]
-                    sc = run.scratch
-                    res = tuple.__new__(PassResult, sc.counts.tolist())
+                    row = rows[i]
+                    res = tuple.__new__(PassResult, row[:_N_COUNTS])
                     run.res = res
                     run.resolved = True   # whatever it claimed must be released on abort
                     if res.pending:
+                        sc = run.scratch
                         plan.states[i].pending = (sc.desc_kind, sc.desc_idx, res.pending)
-                    r = SP.HEADER + i * SP.RECORD
-                    job, t0, t1, t2 = a[r + SP.R_JOB:r + SP.R_T2 + 1].tolist()
+                    job, t0, t1, t2 = row[_N_COUNTS:]
                     run.clock = (t0, t1, t2)
                     if job:
                         source = run.spec.source
@@ -556,11 +558,10 @@ class StepEngine:
                             (SP.R_PAGE_NO, sc.page_no), (SP.R_PAGE_BUF, sc.page_buf)):
                 _same_length(arr, sc.desc_kind, "a pass scratch's arrays")
                 plan.put(r + at, arr)
-            plan.put(r + SP.R_COUNTS, sc.counts)
             plan.runs.append(run)
             plan.states.append(state)
             if callable(getattr(spec.source, "native_begin", None)):
-                natives.setdefault(id(spec.source), (spec.source, []))[1].append(i)
+                natives.setdefault(id(spec.source), (spec.source, []))[1].append(r + SP.R_ENGINE)
         plan.natives = list(natives.values())
         if plan.natives:
             a[SP.H_SUBMIT_FN] = plan.natives[0][0].native_submit_address()

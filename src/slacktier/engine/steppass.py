@@ -76,7 +76,8 @@ H_POOL_CAP = 20
 H_SUBMIT_FN = 21  # address of st_eng_submit (0: no helper, every layer submits from Python)
 H_CLOCK_FN = 22   # address of clock_gettime
 H_TS = 23         # two words: clock_gettime's timespec
-HEADER = 25
+H_OUT = 25        # the results [layers, OUT] int64 (StepPlan.out)
+HEADER = 26
 
 # a layer's record, at HEADER + i * RECORD
 R_AXIS = 0         # its index in the ids' layer axis
@@ -102,15 +103,16 @@ R_MISS_ROW = 19
 R_PAGE_REGION = 20
 R_PAGE_NO = 21
 R_PAGE_BUF = 22
-R_COUNTS = 23
-R_ENGINE = 24      # per step: the C engine handle its pages go to, 0 = Python submits them
-R_ERR = 25         # st_eng_submit's error word
-R_JOB = 26         # out: the C job of its pages, 0 none
-R_T0 = 27          # out: CLOCK_MONOTONIC ns (perf_counter_ns's clock) before the pass, after it, after submitting
-R_T1 = 28
-R_T2 = 29
-R_BUF_BASE = 30    # out: the first page buffer of its pages
+R_ENGINE = 23      # per step: the C engine handle its pages go to, 0 = Python submits them
+R_ERR = 24         # st_eng_submit's error word
 RECORD = 32
+
+# a layer's row of results (StepPlan.out), read by Python with one tolist() for all layers
+O_JOB = N_COUNTS       # after the pass's counts (PassResult's fields): the C job of its pages, 0 none
+O_T0 = N_COUNTS + 1    # CLOCK_MONOTONIC ns (perf_counter_ns's clock) before the pass, after it, after submitting
+O_T1 = N_COUNTS + 2
+O_T2 = N_COUNTS + 3
+OUT = N_COUNTS + 4
 
 WHY_DONE = 0
 WHY_BAD = 1
@@ -193,14 +195,16 @@ def run_layers(ids, plan):
     clock_fn = plan[H_CLOCK_FN]
     base = plan.ctypes.data
     ts = base + 8 * H_TS
+    out = carray(_p_i64(plan[H_OUT]), (n_layers, OUT))
     buf_base = plan[H_BUF_BASE]
     li = plan[H_START]
     while li < n_layers:
         r = HEADER + li * RECORD
-        plan[r + R_T0] = _clock_ns(clock_fn, ts)
+        res = out[li]
+        res[O_T0] = _clock_ns(clock_fn, ts)
         cap = plan[r + R_CAPACITY]
         ranks = plan[r + R_RANKS]
-        counts = carray(_p_i64(plan[r + R_COUNTS]), N_COUNTS)
+        counts = res[:N_COUNTS]
         status = resolve_layer(
             ids[:, plan[r + R_AXIS], :], plan[r + R_ROW_START], plan[r + R_ROWS], owned_only,
             carray(_p_i64(plan[r + R_RANK_STARTS]), ranks + 1), carray(_p_i32(plan[r + R_RANK_REGION]), ranks),
@@ -214,10 +218,9 @@ def run_layers(ids, plan):
             carray(_p_i32(plan[r + R_PAGE_REGION]), cap), carray(_p_i64(plan[r + R_PAGE_NO]), cap),
             carray(_p_i32(plan[r + R_PAGE_BUF]), cap), buf_base, pad_id, counts)
         t1 = _clock_ns(clock_fn, ts)
-        plan[r + R_T1] = t1
-        plan[r + R_T2] = t1
-        plan[r + R_JOB] = 0
-        plan[r + R_BUF_BASE] = buf_base
+        res[O_T1] = t1
+        res[O_T2] = t1
+        res[O_JOB] = 0
         pages = counts[C_PAGES]
         if status != 0:
             plan[H_STOP] = li
@@ -235,8 +238,8 @@ def run_layers(ids, plan):
                 plan[H_WHY] = WHY_SUBMIT
                 plan[H_BUF_BASE] = buf_base + pages
                 return
-            plan[r + R_JOB] = job
-            plan[r + R_T2] = _clock_ns(clock_fn, ts)
+            res[O_JOB] = job
+            res[O_T2] = _clock_ns(clock_fn, ts)
         buf_base += pages
         li += 1
     plan[H_STOP] = n_layers
@@ -259,12 +262,14 @@ class StepPlan:
     def __init__(self, layers: int, generation: int, htab: np.ndarray) -> None:
         self.arr = np.zeros(HEADER + layers * RECORD, dtype=np.int64)
         self.arr[H_LAYERS] = layers
+        self.out = np.zeros((layers, OUT), dtype=np.int64)   # per layer: the pass's counts, job, clock readings
+        self.arr[H_OUT] = _address(self.out)
         self.generation = generation   # the cache's, when built
         self.htab = htab               # the step hash table it names
         self.keep: list[np.ndarray] = [htab]
         self.runs: list = []     # the engine's layer runs, in window order
         self.states: list = []   # their cache layers (CacheLayer), in the same order
-        # (source, [layer index, ...]) for sources whose C engine may take pages from compiled code
+        # (source, [its layers' R_ENGINE fields]) for sources whose C engine may take pages from compiled code
         self.natives: list[tuple[object, list[int]]] = []
 
     def put(self, at: int, a: np.ndarray, length_at: int | None = None) -> None:

@@ -187,6 +187,7 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
         self._tickets: dict[int, _Ticket] = {}
         self._next_ticket = 1
         self._abandoned: list[_Ticket] = []   # timed out: their jobs are released once they finish
+        self._native_handle = 0                 # the C engine compiled code may submit to (native_begin)
         if self.engine_name == "io_uring":
             self._start_engines(opts.io_threads)
         else:
@@ -264,6 +265,9 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
             raise
         self._lock = threading.Lock()
         self._single = next(iter(self._lanes.values()))[0] if len(self._lanes) == 1 and per_device == 1 else None
+        # compiled submission (native_begin): one C engine, and a submit no subclass overrides
+        self._native_handle = (self._single.state.engine.handle
+                               if self._single is not None and type(self).submit is DiskSource.submit else 0)
 
     def _close_engines(self) -> None:
         for lanes in self._lanes.values():
@@ -317,11 +321,11 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
 
         While locked, compiled code may call st_eng_submit on the handle; book each job it got with
         `native_adopt`, then `native_end`."""
-        if self.engine_name != "io_uring" or self._single is None or type(self).submit is not DiskSource.submit:
+        handle = self._native_handle
+        if not handle:
             return 0
         self._lock.acquire()
-        handle = self._single.state.engine.handle
-        if self._book.closed or self._abandoned or not handle:
+        if self._book.closed or self._abandoned:   # closed: the handle is freed; abandoned: submit reaps them
             self._lock.release()
             return 0
         return handle
