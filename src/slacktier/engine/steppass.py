@@ -14,7 +14,14 @@ cache's slot arrays, the step hash table and what changes per step (cache
 step, stamp, page pool); each layer's record holds the addresses and lengths
 of its directory, owned slots, CLOCK state, geometry and scratch, and its C
 engine handle. The compiled code rebuilds arrays from those addresses
-(`numba.carray`), so the call unboxes two arrays instead of 33 per layer.
+(`numba.carray`), so the call unboxes two arrays instead of 33 per layer. Each
+pass writes its counts (PassResult's fields), its C job and three clock
+readings into its row of `StepPlan.out`, which Python reads with one
+`tolist()` for all layers.
+
+Cost (BENCHMARKS.md, issue 14): fresh steps 0.78-0.87x the per-layer path's
+begin_step; warm steps level. What Python is left runs after the pass has
+evicted its working set from the core's caches, at 1-3 us a line.
 
 Stops: `run_layers` starts at plan[H_START] and returns after the last layer
 (H_STOP = layers), or early at layer i (H_STOP = i, its pass done) when
