@@ -17,6 +17,9 @@ same rounds:
 - right passes with one prefetch cut, not ablations: the first wave as loads
   (the pass before commit dc3681f), and without the hits' reference-bit
   prefetch;
+- an ablation without the hits' reference bit at all (no prefetch, no store):
+  CLOCK would lose recency, but it shows what the second random line of each
+  hit (a byte of `ref`; the directory floor counts only the first) costs;
 - begin_step with a compiled stub in place of the pass (the pass's 33
   arguments, returns at once): all of begin_step's Python and numba's
   dispatch, without the pass's work (no gather follows it).
@@ -66,6 +69,9 @@ ENTRY = "one compiled entry"
 LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
 NO_HTAB = "no hash-table prefetches for misses (the pass before commit 298c67d)"
 NO_REF = "no reference-bit prefetch for hits"
+NO_REF_LINE = "no reference bit for hits at all (neither its prefetch nor its store)"
+_REF_STORE = ("                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters "
+              "within the step\n")
 _REF_PREFETCH = ("                if s >= 0:   # a hit stores its slot's reference bit: a random line of `ref`, "
                  "start it now\n                    prefetch(ref, s)\n                else:   # a miss probes")
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
@@ -115,10 +121,11 @@ def variants(fresh: bool = False) -> dict[str, str]:
     no_waves = _cut(src, _FIRST_WAVE, _WAVES_END, "    touch = np.int64(0)\n")
     no_htab = _cut(src, _MISS_PREFETCH, _SECOND_WAVE, "")
     no_ref = _replace(src, _REF_PREFETCH, "                if s < 0:   # a miss probes")
+    no_ref_line = _replace(no_ref, _REF_STORE, "")
     if fresh:
         return {"as is": src, LOADS: by_loads, NO_HTAB: no_htab, NO_REF: no_ref, "no prefetch waves": no_waves}
-    return {"as is": src, LOADS: by_loads, NO_REF: no_ref, "no foreign descriptors": no_foreign,
-            "no prefetch waves": no_waves}
+    return {"as is": src, LOADS: by_loads, NO_REF: no_ref, NO_REF_LINE: no_ref_line,
+            "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
 def compile_pass(name: str, text: str, tmp: Path):

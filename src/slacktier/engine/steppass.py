@@ -19,7 +19,7 @@ pass writes its counts (PassResult's fields), its C job and three clock
 readings into its row of `StepPlan.out`, which Python reads with one
 `tolist()` for all layers.
 
-Cost (BENCHMARKS.md, issue 14): fresh steps 0.78-0.87x the per-layer path's
+Cost (BENCHMARKS.md, issue 14): fresh steps 0.78-0.84x the per-layer path's
 begin_step; warm steps level. What Python is left runs after the pass has
 evicted its working set from the core's caches, at 1-3 us a line.
 
