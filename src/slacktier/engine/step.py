@@ -112,7 +112,7 @@ class _LayerRun:
     spec: TableSpec
     axis: int                      # index in ids' layer axis
     scratch: PassScratch
-    ids: np.ndarray | None = None  # [T, 24] int64 this step's row ids (a view; a copy when checking)
+    ids: np.ndarray | None = None  # [T, 24] int64 this step's row ids, copied only when checking
     res: PassResult = _NO_PASS     # this step's directory pass (valid once `resolved`)
     clock: tuple[int, int, int] = (0, 0, 0)   # perf_counter_ns before the pass, after it, after submitting
     resolved: bool = False
