@@ -59,6 +59,7 @@ class HeldDisk(DiskSource):
 
     @classmethod
     def release(cls) -> None:
+        cls.held = None   # a hold no batch took yet must not catch a later test's batch
         cls.gate.set()
         for source in cls.holding:
             for lanes in source._lanes.values():
@@ -196,10 +197,12 @@ def test_disk_tier_survives_corruption_truncation_and_late_reads(staged, tmp_pat
     run.steps(STEPS // 3)
     # 2. A late read: layer 1's batch is held past the wait limit, then lands while later steps run.
     HeldDisk.hold()
-    run.step()
-    assert run.errors and run.errors[-1].kind is ErrorKind.TIMEOUT
-    engine.wait_timeout_s = 30.0
-    HeldDisk.release()
+    try:
+        run.step()
+        assert run.errors and run.errors[-1].kind is ErrorKind.TIMEOUT
+        engine.wait_timeout_s = 30.0
+    finally:   # released even when the assertion fails: a batch left held would hang every later test
+        HeldDisk.release()
     run.steps(10)
     assert engine.retired_pools == 1
     # 3. The file is truncated under the running engine: short reads are errors, never rows.
