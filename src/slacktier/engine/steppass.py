@@ -36,9 +36,9 @@ array it names, and the engine builds a new plan whenever anything it names
 may have been replaced: the engine's tables, scratch or settings change
 (`StepEngine._plan = None`), the cache re-partitions slots or adds or drops a
 layer (`RowCache.generation`), or the step hash table grows. The C engine
-handles are read per step, under the source's lock (`DiskSource.native_begin`),
-which is held until the jobs are booked (`native_adopt`), so a concurrent
-submit or close cannot interleave.
+handles are read per step under the source's lock (`store.disk.NativeLane`),
+which is held until the jobs are booked as tickets, so a concurrent submit or
+close cannot interleave.
 
 Worked example: two layers on io_uring disks, a fresh step: one call resolves
 layer 1, submits its 170 pages, resolves layer 14, submits its 160, returns
@@ -276,7 +276,8 @@ class StepPlan:
         self.keep: list[np.ndarray] = [htab]
         self.runs: list = []     # the engine's layer runs, in window order
         self.states: list = []   # their cache layers (CacheLayer), in the same order
-        # (source, [its layers' R_ENGINE fields]) for sources whose C engine may take pages from compiled code
+        self.lanes: list = []    # their sources' NativeLane (store.disk), None where Python submits, same order
+        # (NativeLane, [its layers' R_ENGINE fields]), one per source whose C engine takes pages from compiled code
         self.natives: list[tuple[object, list[int]]] = []
 
     def put(self, at: int, a: np.ndarray, length_at: int | None = None) -> None:

@@ -118,6 +118,37 @@ class _EngineState:
         self.held = [h for h in self.held if h[1] >= seq or h[0] is pool]
 
 
+class NativeLane:
+    """A DiskSource's one C engine, for compiled code that queues batches on it (`DiskSource.native_lane`).
+
+    Hold `lock` (the source's) around the compiled call: `handle()` is then the engine's address, or 0 when
+    batches must go through `submit` (the source is closed and its engine freed, or timed-out jobs wait to be
+    reaped), and `adopt` books each job the call queued as a ticket of the source. Holding the lock until then
+    keeps a concurrent submit or close from interleaving with the call.
+    """
+
+    def __init__(self, source: DiskSource, lock: threading.Lock, submit_address: int, engine: int) -> None:
+        self.source = source
+        self.lock = lock
+        self.submit_address = submit_address   # st_eng_submit's, called by address
+        self._engine = engine
+
+    def handle(self) -> int:
+        """The engine's address, or 0 when the caller must use `submit` (lock held)."""
+        src = self.source
+        return 0 if src._book.closed or src._abandoned else self._engine
+
+    def adopt(self, job: int, pages: int, pool: PageBufferPool, submit_ns: int) -> int:
+        """Book a job compiled code queued on this engine (lock held); its ticket for `DiskSource.wait`."""
+        src = self.source
+        lane = src._single
+        ticket = src._next_ticket
+        src._next_ticket += 1
+        src._tickets[ticket] = _Ticket([_Job(lane, job, pages, lane.state.note_submit(pool))], pool, pages,
+                                       submit_ns)
+        return ticket
+
+
 class _ThreadEngine:
     """Reads with `threads` threads, each issuing blocking os.preadv calls (GIL released in the call)."""
 
@@ -187,7 +218,6 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
         self._tickets: dict[int, _Ticket] = {}
         self._next_ticket = 1
         self._abandoned: list[_Ticket] = []   # timed out: their jobs are released once they finish
-        self._native_handle = 0                 # the C engine compiled code may submit to (native_begin)
         if self.engine_name == "io_uring":
             self._start_engines(opts.io_threads)
         else:
@@ -265,9 +295,6 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
             raise
         self._lock = threading.Lock()
         self._single = next(iter(self._lanes.values()))[0] if len(self._lanes) == 1 and per_device == 1 else None
-        # compiled submission (native_begin): one C engine, and a submit no subclass overrides
-        self._native_handle = (self._single.state.engine.handle
-                               if self._single is not None and type(self).submit is DiskSource.submit else 0)
 
     def _close_engines(self) -> None:
         for lanes in self._lanes.values():
@@ -312,41 +339,13 @@ class DiskSource(QueuedSource[_EngineState | _ThreadEngine]):
             self._tickets[ticket] = _Ticket(jobs, pool, n, time.perf_counter_ns())
         return ticket
 
-    # -- compiled submission (engine.steppass): a batch handed to the C engine from begin_step's compiled code
-
-    def native_begin(self) -> int:
-        """Lock the source for compiled submission and return its C engine's handle; or 0, unlocked, when
-        batches must go through `submit` (thread engine, several engines, closed, timed-out jobs to reap, or
-        a subclass that overrides `submit`, such as a test's fault injector, which must see every batch).
-
-        While locked, compiled code may call st_eng_submit on the handle; book each job it got with
-        `native_adopt`, then `native_end`."""
-        handle = self._native_handle
-        if not handle:
-            return 0
-        self._lock.acquire()
-        if self._book.closed or self._abandoned:   # closed: the handle is freed; abandoned: submit reaps them
-            self._lock.release()
-            return 0
-        return handle
-
-    @staticmethod
-    def native_submit_address() -> int:
-        """Address of the C function compiled code calls with `native_begin`'s handle (st_eng_submit)."""
-        return submit_address()
-
-    def native_adopt(self, job: int, pages: int, pool: PageBufferPool, submit_ns: int) -> int:
-        """Book a job compiled code queued on the engine of `native_begin` (lock held); its ticket."""
-        lane = self._single
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        self._tickets[ticket] = _Ticket([_Job(lane, job, pages, lane.state.note_submit(pool))], pool, pages,
-                                        submit_ns)
-        return ticket
-
-    def native_end(self) -> None:
-        """Unlock after `native_begin` returned a handle."""
-        self._lock.release()
+    def native_lane(self) -> NativeLane | None:
+        """Capability: compiled code may queue batches straight on this source's C engine (engine.steppass);
+        None when every batch must go through `submit` (the thread engine, several engines per device, or a
+        subclass that overrides `submit`, such as a test's fault injector, which must see every batch)."""
+        if self.engine_name != "io_uring" or self._single is None or type(self).submit is not DiskSource.submit:
+            return None
+        return NativeLane(self, self._lock, submit_address(), self._single.state.engine.handle)
 
     def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
         """Block until the batch landed in the pool (GIL released); raise naming layer/rank/page on a bad read."""
