@@ -122,6 +122,20 @@ def rank_engine(layout: EngramLayout, tmp: Path, batch: int = 128, tag: str = ""
     return engine_cls(tables, RowCache(2_000_000), max_tokens=batch, owned_sources=sources, owned_only=True)
 
 
+def timed_step(engine: StepEngine, ids_t: np.ndarray, gather: bool = True) -> tuple[float, float, object]:
+    """One step through `engine`: (begin_step us, end_step us, its StepCounters), thread CPU time; `gather`
+    False skips the layers' gathers (a pass that resolved nothing to gather)."""
+    c0 = time.thread_time_ns()
+    engine.begin_step(ids_t)
+    begin = (time.thread_time_ns() - c0) / 1e3
+    if gather:
+        for layer in engine.layers:
+            engine.gather(layer)
+    c0 = time.thread_time_ns()
+    counters = engine.end_step()
+    return begin, (time.thread_time_ns() - c0) / 1e3, counters
+
+
 def begin_step(quick: bool) -> dict:
     """One TP4 rank of the V4.1 tables (owned_only), B = 128, 1M cache rows per layer, sparse disk regions."""
     batch, warm_steps, steps = 128, (24 if quick else 64), (20 if quick else 60)
@@ -133,14 +147,8 @@ def begin_step(quick: bool) -> dict:
         ends: list[float] = []   # end_step CPU of the step just run (work moved out of begin_step shows here)
 
         def step(t: int) -> tuple[float, int]:
-            c0 = time.thread_time_ns()
-            engine.begin_step(ids[t])
-            cpu = (time.thread_time_ns() - c0) / 1e3
-            for layer in engine.layers:
-                engine.gather(layer)
-            c0 = time.thread_time_ns()
-            c = engine.end_step()
-            ends.append((time.thread_time_ns() - c0) / 1e3)
+            cpu, end, c = timed_step(engine, ids[t])
+            ends.append(end)
             return cpu, sum(x.pages_read for x in c.layers.values())
 
         for t in range(warm_steps):

@@ -47,7 +47,6 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -171,16 +170,8 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30, fresh: bool = Fal
 
         def step(name: str, t: int) -> float:
             RC.resolve_layer = passes[name]
-            e = engines[name]
-            c0 = time.thread_time_ns()
-            e.begin_step(ids[t])
-            cpu = (time.thread_time_ns() - c0) / 1e3
-            if name != STUB:   # the stub resolved nothing to gather
-                for layer in e.layers:
-                    e.gather(layer)
-            c0 = time.thread_time_ns()
-            e.end_step()
-            ends[name].append((time.thread_time_ns() - c0) / 1e3)
+            cpu, end, _ = W.timed_step(engines[name], ids[t], gather=name != STUB)   # the stub resolved nothing
+            ends[name].append(end)
             return cpu
 
         try:

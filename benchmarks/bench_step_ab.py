@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 
@@ -67,17 +66,10 @@ def measure(commit: str, rounds: int) -> dict[str, dict[str, list[float]]]:
                    for k, (name, cls) in enumerate(classes.items())}
 
         def step(name: str, t: int, kind: str | None) -> None:
-            e = engines[name]
-            c0 = time.thread_time_ns()
-            e.begin_step(ids[t])
-            begin = (time.thread_time_ns() - c0) / 1e3
-            for layer in e.layers:
-                e.gather(layer)
-            c0 = time.thread_time_ns()
-            e.end_step()
+            begin, end, _ = W.timed_step(engines[name], ids[t])
             if kind:
                 out[name][kind].append(begin)
-                out[name][f"{kind}_end"].append((time.thread_time_ns() - c0) / 1e3)
+                out[name][f"{kind}_end"].append(end)
 
         order = list(engines)
         try:

@@ -71,6 +71,8 @@ C_EVICTED = 11   # rows this pass evicted from the layer's slots
 N_COUNTS = 12
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
+NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
+
 _PAGE_TAG = np.int64(1) << np.int64(62)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 

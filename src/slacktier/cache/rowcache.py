@@ -30,13 +30,13 @@ import numpy as np
 import torch
 
 from slacktier.cache import kernels as K
-from slacktier.cache.directory import LayerGeometry, PassResult, PassScratch, StepTable, resolve_layer, settle_layer
+from slacktier.cache.directory import (NO_SEEN, LayerGeometry, PassResult, PassScratch, StepTable, resolve_layer,
+                                       settle_layer)
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 
 log = logging.getLogger(__name__)
 
-_NO_SEEN = np.zeros(1, dtype=np.uint8)   # the pass's seen argument when not lossy (never read)
 _INT64 = np.dtype(np.int64)              # dtype identity test: a third of the cost of dtype != np.int64
 
 
@@ -334,7 +334,7 @@ class RowCache:
             if lossy:
                 raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=layer,
                                      fix="give the layer's geometry a seen bitmap, or turn lossy off")
-            seen = _NO_SEEN
+            seen = NO_SEEN
         if state.pending is not None:   # a second pass of this layer in one step: the first's pins first
             self._settle(state)
         table = self._table

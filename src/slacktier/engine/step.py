@@ -77,7 +77,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassResult, PassScratch, RowCache, fill_foreign
+from slacktier.cache import KIND_FOREIGN, KIND_MISS, NO_SEEN, PassResult, PassScratch, RowCache, fill_foreign
 from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
 from slacktier.config import ControlFile, load_control
@@ -102,7 +102,6 @@ GATHER_IMPLS = ("auto", "numba", "torch")
 _NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
 _INT64 = np.dtype(np.int64)
 _N_COUNTS = len(PassResult._fields)
-_NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
 
 
 @dataclass
@@ -444,7 +443,8 @@ class StepEngine:
         cache = self.cache
         table = cache._table
         n_layers = len(self._order)
-        bits = table.prepare(ids.shape[0] * self.columns, max(1, n_layers))
+        passes = max(1, n_layers)   # stamps the step's passes use: one per layer
+        bits = table.prepare(ids.shape[0] * self.columns, passes)
         plan = self._plan
         if plan is None or plan.generation != cache.generation or plan.htab is not table.table:
             plan = self._plan = self._build_plan()
@@ -452,7 +452,7 @@ class StepEngine:
             ids = np.ascontiguousarray(ids)   # one layout of the compiled entry, compiled once
         a = plan.arr
         a[SP.H_STEP] = cache.step
-        a[SP.H_STAMP] = table.stamp - max(1, n_layers) + 1
+        a[SP.H_STAMP] = table.stamp - passes + 1
         a[SP.H_HBITS] = bits
         pool = self._pool
         a[SP.H_POOL_ADDR] = pool.base
@@ -528,7 +528,7 @@ class StepEngine:
         a[SP.H_LOSSY] = self.lossy
         a[SP.H_PAD_ID] = self.pad_id
         a[SP.H_CLOCK_FN] = SP.clock_gettime_address()
-        natives: dict[int, tuple[object, list[int]]] = {}   # per source: its NativeLane, its layers' R_ENGINE
+        natives: dict[int, tuple[object, list[int]]] = {}   # per source: its NativeLane or None, its layers' R_ENGINE
         for i, layer in enumerate(self._order):
             run = self._layers[layer]
             spec = run.spec
@@ -547,7 +547,7 @@ class StepEngine:
             a[r + SP.R_ROWS] = geo.rows
             plan.put(r + SP.R_RANK_STARTS, geo.rank_starts)
             plan.put(r + SP.R_RANK_REGION, geo.rank_region, r + SP.R_RANKS)
-            plan.put(r + SP.R_SEEN, geo.seen if geo.seen is not None else _NO_SEEN, r + SP.R_SEEN_LEN)
+            plan.put(r + SP.R_SEEN, geo.seen if geo.seen is not None else NO_SEEN, r + SP.R_SEEN_LEN)
             a[r + SP.R_KEY] = state.key
             plan.put(r + SP.R_DIRECTORY, state.directory)
             plan.put(r + SP.R_OWNED, state.owned, r + SP.R_OWNED_LEN)
@@ -561,18 +561,16 @@ class StepEngine:
                 plan.put(r + at, arr)
             plan.runs.append(run)
             plan.states.append(state)
-            lane = None
-            if callable(getattr(spec.source, "native_lane", None)):   # a capability of io_uring disk sources
-                if id(spec.source) not in natives:
-                    lane = spec.source.native_lane()
-                    if lane is not None:
-                        natives[id(spec.source)] = (lane, [])
-                if id(spec.source) in natives:
-                    lane = natives[id(spec.source)][0]
-                    natives[id(spec.source)][1].append(r + SP.R_ENGINE)
-                    a[SP.H_SUBMIT_FN] = lane.submit_address
+            source = spec.source
+            if id(source) not in natives:   # native_lane: a capability of io_uring disk sources
+                make = getattr(source, "native_lane", None)
+                natives[id(source)] = (make() if callable(make) else None, [])
+            lane, fields = natives[id(source)]
+            if lane is not None:
+                fields.append(r + SP.R_ENGINE)
+                a[SP.H_SUBMIT_FN] = lane.submit_address
             plan.lanes.append(lane)
-        plan.natives = list(natives.values())
+        plan.natives = [(lane, fields) for lane, fields in natives.values() if lane is not None]
         return plan
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:

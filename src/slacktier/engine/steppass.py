@@ -19,9 +19,9 @@ pass writes its counts (PassResult's fields), its C job and three clock
 readings into its row of `StepPlan.out`, which Python reads with one
 `tolist()` for all layers.
 
-Cost (BENCHMARKS.md, issue 14): fresh steps 0.78-0.84x the per-layer path's
-begin_step; warm steps level. What Python is left runs after the pass has
-evicted its working set from the core's caches, at 1-3 us a line.
+Cost (BENCHMARKS.md, issue 14, `bench_entry_ab.py`): begin_step 0.83x the
+per-layer path's on fresh steps, 0.88x on warm ones. The Python left around
+the call (~40 us on warm steps) costs as much as the per-layer path's.
 
 Stops: `run_layers` starts at plan[H_START] and returns after the last layer
 (H_STOP = layers), or early at layer i (H_STOP = i, its pass done) when
