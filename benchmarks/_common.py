@@ -77,3 +77,11 @@ def append_to_section(block: str, section: str, subsection: str | None = None, p
     rest = "\n".join(lines[end:]).lstrip("\n")
     body = block.strip("\n")
     path.write_text(f"{head}\n\n{body}\n" + (f"\n{rest}" if rest else ""))
+
+
+def publish(block: str, append: bool, section: str, subsection: str | None = None) -> int:
+    """Print a benchmark's block; with `append`, also add it to BENCHMARKS.md (`append_to_section`). Returns 0."""
+    print(block)
+    if append:
+        append_to_section(block, section, subsection)
+    return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import append_to_section, command_line, machine, utc_stamp
+from _common import command_line, machine, publish, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -123,10 +123,7 @@ def main() -> int:
     ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
     args = ap.parse_args()
     block = report(measure(args.rounds), args)
-    print(block)
-    if args.append:
-        append_to_section(block, SECTION, SUBSECTION)
-    return 0
+    return publish(block, args.append, SECTION, SUBSECTION)
 
 
 if __name__ == "__main__":

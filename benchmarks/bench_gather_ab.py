@@ -25,7 +25,7 @@ import types
 
 import numpy as np
 
-from _common import ROOT, append_to_section, command_line, machine, utc_stamp
+from _common import ROOT, command_line, machine, publish, utc_stamp
 
 from slacktier.engine import gather as G  # noqa: E402
 from slacktier.tables.codec import synthetic_rows  # noqa: E402
@@ -121,10 +121,7 @@ def main() -> int:
         "|---|---|---|---|",
         *rows,
     ])
-    print(block)
-    if args.append:
-        append_to_section(block, SECTION, SUBSECTION)
-    return 0
+    return publish(block, args.append, SECTION, SUBSECTION)
 
 
 if __name__ == "__main__":

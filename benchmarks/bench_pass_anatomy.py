@@ -52,7 +52,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from _common import ROOT, append_to_section, command_line, machine, utc_stamp
+from _common import ROOT, command_line, machine, publish, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -265,10 +265,7 @@ def main() -> int:
     args = ap.parse_args()
     out = measure(args.rounds, fresh=args.fresh)
     block = report(out, args)
-    print(block)
-    if args.append:
-        append_to_section(block, SECTION, SUBSECTION)
-    return 0
+    return publish(block, args.append, SECTION, SUBSECTION)
 
 
 if __name__ == "__main__":

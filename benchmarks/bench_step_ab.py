@@ -28,7 +28,7 @@ import tempfile
 import types
 from pathlib import Path
 
-from _common import ROOT, append_to_section, command_line, machine, utc_stamp
+from _common import ROOT, command_line, machine, publish, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -119,10 +119,7 @@ def main() -> int:
     ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
     args = ap.parse_args()
     block = report(measure(args.against, args.rounds), args.against, args)
-    print(block)
-    if args.append:
-        append_to_section(block, SECTION, SUBSECTION)
-    return 0
+    return publish(block, args.append, SECTION, SUBSECTION)
 
 
 if __name__ == "__main__":
