@@ -14,15 +14,20 @@ state; the pass now leaves a warm step's pins to step end, see
 same rounds:
 - the directory floor: one numpy gather of as many random directory entries as
   the step has owned lookups (what `bench_hot_path.py` quotes);
-- right passes with one prefetch cut, not ablations: the first wave as loads
-  (the pass before commit dc3681f), and without the hits' reference-bit
-  prefetch;
+- right passes with one part changed, not ablations: the first wave without
+  its directory prefetch (the loads of the counting sweep come first; the pass
+  before commit dc3681f did the same), without the hits' reference-bit
+  prefetch, and without the leading hits' loop of their own (the full loop
+  takes them, as before this round's commit);
 - an ablation without the hits' reference bit at all (no prefetch, no store):
   CLOCK would lose recency, but it shows what the second random line of each
   hit (a byte of `ref`; the directory floor counts only the first) costs;
-- begin_step with a compiled stub in place of the pass (the pass's 33
+- begin_step with a compiled stub in place of the pass (the pass's 35
   arguments, returns at once): all of begin_step's Python and numba's
-  dispatch, without the pass's work (no gather follows it).
+  dispatch, without the pass's work (no gather follows it);
+- with `--against COMMIT`, that commit's pass, read from git and compiled
+  beside the current one (a pass from before the own_pos / own_row scratch is
+  called through a wrapper that drops them).
 
 These engines run begin_step one layer at a time from Python (`_one_entry`
 off), the path each cut replaces the pass of. One more engine runs the pass as
@@ -32,11 +37,12 @@ entry saves, in warm and in `--fresh` steps.
 
 `--fresh` runs decode steps of new tokens instead (misses, CLOCK victims, pages
 submitted), each step once per engine, with the right passes only: as is, the
-first wave by loads, without the hash-table prefetches for misses (their
-row's and page's lines, added in commits 298c67d and a00b770), without the
-hits' reference-bit prefetch, and without any prefetch waves.
+first wave without its prefetch, without the hash-table prefetches for misses
+(their row's and page's lines, added in commits 298c67d and a00b770), without
+the hits' reference-bit prefetch, without the slot-state prefetch of hits after
+a miss, without the leading hits' loop, and without any prefetch waves.
 
-    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--fresh] [--append]
+    .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--fresh] [--against COMMIT] [--append]
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import argparse
 import importlib.util
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -65,32 +72,48 @@ SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
 STUB = "stub"
 ENTRY = "one compiled entry"
-LOADS = "first wave by loads, no prefetch sweep (the pass before commit dc3681f)"
+LOADS = "first wave without its directory prefetch (loads first, as before commit dc3681f)"
 NO_HTAB = "no hash-table prefetches for misses (the pass before commit 298c67d)"
 NO_REF = "no reference-bit prefetch for hits"
 NO_REF_LINE = "no reference bit for hits at all (neither its prefetch nor its store)"
-_REF_STORE = ("                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters "
-              "within the step\n")
-_REF_PREFETCH = ("                if s >= 0:   # a hit stores its slot's reference bit: a random line of `ref`, "
-                 "start it now\n                    prefetch(ref, s)\n                else:   # a miss probes")
+NO_STATE = "no slot-state prefetch for hits after a miss"
+NO_RUN = "no loop of its own for the leading hits (the full loop takes them)"
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
-_FIRST_WAVE = "    # First wave:"
-_PREFETCH_SWEEP = """    for t in range(n_t):
-        for c in range(n_c):
-            r = ids[t, c] - row_start
-            if r >= 0 and r < rows:
-                prefetch(directory, r)
-"""
-_FOREIGN = """            if owned_only:
+_COUNT_SWEEP = "    # Count the misses"
+_DIR_PREFETCH = "                prefetch(directory, r)\n"
+_FOREIGN = """            elif owned_only:
                 desc_kind[i] = KIND_FOREIGN
                 desc_idx[i] = -1
-                n_foreign += 1
-                continue"""
-_FOREIGN_BARE = """            if owned_only:
-                n_foreign += 1
-                continue"""
+"""
+_FOREIGN_BARE = """            elif owned_only:
+                pass
+"""
+_REF_PREFETCH = """        if s >= 0:
+            prefetch(ref, s)
+"""
+_STATE_PREFETCH = """            if n_absent > 0:
+                prefetch(state, s)
+"""
+_REF_STORE = ("        ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the "
+              "step\n")
+_MISS_PREFETCH = """        else:
+            prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
+            k = 0
+            while r >= rank_starts[k + 1]:
+                k += 1
+            pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
+                    | ((r - rank_starts[k]) // ROWS_PER_PAGE))
+            prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
+            n_absent += 1
+"""
+_HIT_RUN = """    first = 0
+    while first < n_own:
+"""
+_HIT_RUN_NONE = """    first = 0
+    while False:
+"""
 
 
 def _cut(text: str, start: str, end: str, put: str) -> str:
@@ -104,26 +127,30 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
-_MISS_PREFETCH = "                else:   # a miss probes"
-_SECOND_WAVE = "    # Second wave"
-
-
-def variants(fresh: bool = False) -> dict[str, str]:
+def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:
     """Name -> source of the pass with one part cut out ("as is" untouched); fresh: only the cuts that leave a
-    right pass (prefetches), which may run on steps with misses."""
+    right pass (prefetches), which may run on steps with misses; `against`: also that commit's pass."""
     src = SOURCE.read_text()
-    for marker in (_WAVES_END, _FIRST_WAVE, _MISS_PREFETCH, _SECOND_WAVE):
+    for marker in (_WAVES_END, _COUNT_SWEEP):
         if src.count(marker) != 1:
             raise SystemExit(f"the pass changed: marker {marker!r} not found once")
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
-    by_loads = _replace(src, _PREFETCH_SWEEP, "")
-    no_waves = _cut(src, _FIRST_WAVE, _WAVES_END, "    touch = np.int64(0)\n")
-    no_htab = _cut(src, _MISS_PREFETCH, _SECOND_WAVE, "")
-    no_ref = _replace(src, _REF_PREFETCH, "                if s < 0:   # a miss probes")
+    by_loads = _replace(src, _DIR_PREFETCH, "")
+    no_waves = _cut(by_loads, _COUNT_SWEEP, _WAVES_END, "    touch = np.int64(0)\n")
+    no_htab = _replace(src, _MISS_PREFETCH, "        else:\n            n_absent += 1\n")
+    no_ref = _replace(src, _REF_PREFETCH, "        if s >= 0:\n")
     no_ref_line = _replace(no_ref, _REF_STORE, "")
+    no_state = _replace(src, _STATE_PREFETCH, "")
+    no_run = _replace(src, _HIT_RUN, _HIT_RUN_NONE)
+    old = {}
+    if against:
+        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
+                              check=True, capture_output=True, text=True).stdout
+        old = {f"of commit {against}": text}
     if fresh:
-        return {"as is": src, LOADS: by_loads, NO_HTAB: no_htab, NO_REF: no_ref, "no prefetch waves": no_waves}
-    return {"as is": src, LOADS: by_loads, NO_REF: no_ref, NO_REF_LINE: no_ref_line,
+        return {"as is": src, **old, LOADS: by_loads, NO_HTAB: no_htab, NO_REF: no_ref, NO_STATE: no_state,
+                NO_RUN: no_run, "no prefetch waves": no_waves}
+    return {"as is": src, **old, LOADS: by_loads, NO_REF: no_ref, NO_RUN: no_run, NO_REF_LINE: no_ref_line,
             "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
@@ -134,21 +161,37 @@ def compile_pass(name: str, text: str, tmp: Path):
     mod = importlib.util.module_from_spec(spec)
     sys.modules[path.stem] = mod   # its dataclasses look themselves up there
     spec.loader.exec_module(mod)
-    return mod.resolve_layer
+    fn = mod.resolve_layer
+    if fn.py_func.__code__.co_argcount == _ARGS_BEFORE_OWN:   # before commit <this round>: no own_pos / own_row
+        return _without_own(fn)
+    return fn
+
+
+_ARGS_BEFORE_OWN = 33
+
+
+def _without_own(fn):
+    """A pass of the current signature that calls `fn`, an earlier pass without the own_pos / own_row scratch."""
+    args = ", ".join(fn.py_func.__code__.co_varnames[:30])
+    space: dict = {"fn": fn}
+    exec(f"def call({args}, own_pos, own_row, buf_base, pad_id, counts):\n"
+         f"    return fn({args}, buf_base, pad_id, counts)\n", space)
+    return njit(nogil=True, cache=False)(space["call"])
 
 
 @njit(nogil=True, cache=False)
 def _stub(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
           layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, step,
           htab, stamp, hbits, desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-          page_region, page_no, page_buf, buf_base, pad_id, counts):   # pragma: no cover - compiled
+          page_region, page_no, page_buf, own_pos, own_row, buf_base, pad_id, counts):   # pragma: no cover
     counts[:] = 0   # every lookup resolved to nothing: no pages to submit
     counts[0] = ids.shape[0] * ids.shape[1]
     counts[8] = -1   # C_BAD: no bad id
     return 0
 
 
-def measure(rounds: int, warm_steps: int = 64, span: int = 30, fresh: bool = False) -> dict:
+def measure(rounds: int, warm_steps: int = 64, span: int = 30, fresh: bool = False,
+            against: str | None = None) -> dict:
     """Warm: the last `span` warm-up positions looked up again, `rounds` times. Fresh: rounds x span steps of
     new tokens, each once per engine."""
     layout = EngramLayout.v41()
@@ -157,7 +200,7 @@ def measure(rounds: int, warm_steps: int = 64, span: int = 30, fresh: bool = Fal
     out: dict[str, list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        passes = {name: compile_pass(name, text, tmp) for name, text in variants(fresh).items()}
+        passes = {name: compile_pass(name, text, tmp) for name, text in variants(fresh, against).items()}
         if not fresh:
             passes[STUB] = _stub
         engines = {name: W.rank_engine(layout, tmp, tag=f"-{k}") for k, name in enumerate(passes)}
@@ -233,13 +276,14 @@ def report(out: dict, args: argparse.Namespace) -> str:
             label = "begin_step, all layers in one compiled entry (engine.steppass), pass as is"
         else:
             label = f"begin_step per layer, pass {name}"
-        saved = "" if name in ("floor", STUB, "as is", LOADS, NO_HTAB, NO_REF, ENTRY) else f"{base - med:+.1f}"
+        right = name in (LOADS, NO_HTAB, NO_REF, NO_STATE, NO_RUN, ENTRY) or name.startswith("of commit ")
+        saved = "" if right or name in ("floor", STUB, "as is") else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
                     f"{saved} | {end_cell} |")
     if args.fresh:
         what = (f"{args.rounds * 30} steps of new tokens per variant (misses, pages submitted), variants "
                 "interleaved in shuffled order in one process; CPU time of the calling thread (us). Every pass "
-                "here is right: they differ only in prefetches.")
+                "here is right: they differ in prefetches and loops, not in what they resolve.")
     else:
         what = (f"{args.rounds} rounds x 30 warm steps per variant, variants interleaved in shuffled order in one "
                 "process; CPU time of the calling thread (us). Ablated passes are wrong on purpose and run only "
@@ -261,9 +305,11 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--fresh", action="store_true", help="decode steps of new tokens instead of warm steps, "
                     "right passes only (no stub)")
+    ap.add_argument("--against", default=None, metavar="COMMIT",
+                    help="also run that commit's pass (from git) beside the current one")
     ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
     args = ap.parse_args()
-    out = measure(args.rounds, fresh=args.fresh)
+    out = measure(args.rounds, fresh=args.fresh, against=args.against)
     block = report(out, args)
     return publish(block, args.append, SECTION, SUBSECTION)
 

@@ -29,6 +29,9 @@ Outputs go to a `PassScratch`: descriptors kind [N] int8 (KIND_SLOT, KIND_MISS,
 KIND_ZERO, KIND_FOREIGN) and idx [N] int64 (slot, or miss index); misses: page
 buffer, row-in-page, slot to fill (or -1), local row; pages: region, page,
 buffer, exactly the PageReads to submit. Counts come back as a `PassResult`.
+The scratch also holds the pass's own list of in-table lookups (own_pos,
+own_row): only the first sweep reads all T x 24 ids; the counting sweep and the
+resolving loops walk that list (one lookup in four on a TP4 rank).
 
 Pages and slot-less rows of this step are found in one open-addressing hash
 table whose entries are valid only when their stamp equals this call's stamp,
@@ -132,6 +135,8 @@ class PassScratch:
     page_region: np.ndarray = field(init=False)  # [cap] int32
     page_no: np.ndarray = field(init=False)      # [cap] int64
     page_buf: np.ndarray = field(init=False)     # [cap] int32
+    own_pos: np.ndarray = field(init=False)      # [cap] int32, the pass's list of in-table lookups: positions
+    own_row: np.ndarray = field(init=False)      # [cap] int64, and local rows
     counts: np.ndarray = field(init=False)       # [N_COUNTS] int64, written by the pass
 
     def __post_init__(self) -> None:
@@ -145,6 +150,8 @@ class PassScratch:
         self.page_region = np.zeros(n, dtype=np.int32)
         self.page_no = np.zeros(n, dtype=np.int64)
         self.page_buf = np.zeros(n, dtype=np.int32)
+        self.own_pos = np.zeros(n, dtype=np.int32)
+        self.own_row = np.zeros(n, dtype=np.int64)
         self.counts = np.zeros(N_COUNTS, dtype=np.int64)
 
 
@@ -211,13 +218,14 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                   layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, step,
                   htab, stamp, hbits,
                   desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                  page_region, page_no, page_buf, buf_base, pad_id, counts):
+                  page_region, page_no, page_buf, own_pos, own_row, buf_base, pad_id, counts):
     """Resolve one layer's lookups `ids` [T, C] int64 (lookup i = ids[i // C, i % C]; any strides, so the
     engine passes its [T, L, 24] step's layer slice as is, with no copy); returns 0, or 1 on a row id
     outside the table.
 
     owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
     pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[C_PADDED].
+    own_pos [N] int32, own_row [N] int64: scratch, where the in-table lookups are listed (position, local row).
     """
     shift = 64 - hbits
     mask = (np.int64(1) << hbits) - 1
@@ -227,7 +235,6 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     n_zero = 0
     n_bypass = 0
     n_reuse = 0
-    n_foreign = 0
     n_padded = 0
     hand = lstate[HAND]
     pinned = lstate[PINNED]
@@ -237,39 +244,66 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     n = n_t * n_c
     counts[C_LOOKUPS] = n
     counts[C_BAD] = -1
-    # First wave: every owned lookup's directory entry is a random DRAM access (a V4.1 directory
-    # is 1.5 GB per layer). Prefetches retire at once, so this sweep has all of them in flight
-    # together; a sweep of loads instead held its loads in the core's window until they landed,
-    # and with three of four lookups another rank's, only a few owned ones fit there (warm
-    # begin_step 0.6-0.8x with the prefetches, BENCHMARKS.md, issue 14). Then count the misses
-    # with loads that mostly find their line arriving; the main loop finds them in cache. On the
-    # way, start the next random line each lookup will touch: a hit's reference bit, a miss's two
-    # hash-table probes (row, then page); each was worth 5-13% of begin_step in one process.
+    status = 0
+    done = n
+    # First wave, the only sweep over every lookup: an out-of-table one gets its descriptor (pad or
+    # foreign) or stops the pass (a bad id); an in-table one is listed in own_pos / own_row, which
+    # the later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4
+    # rank), and its directory entry is prefetched: a random DRAM access (a V4.1 directory is 1.5 GB
+    # per layer). Prefetches retire at once, so this sweep has all of them in flight together; a
+    # sweep of loads instead held its loads in the core's window until they landed (warm begin_step
+    # 0.6-0.8x with the prefetches, BENCHMARKS.md, issue 14).
+    n_own = 0
+    i = 0
     for t in range(n_t):
         for c in range(n_c):
-            r = ids[t, c] - row_start
+            g = ids[t, c]
+            r = g - row_start
             if r >= 0 and r < rows:
                 prefetch(directory, r)
+                own_pos[n_own] = i
+                own_row[n_own] = r
+                n_own += 1
+            elif pad_id < 0 and g == pad_id:
+                desc_kind[i] = KIND_ZERO
+                desc_idx[i] = -1
+                n_padded += 1
+            elif owned_only:
+                desc_kind[i] = KIND_FOREIGN
+                desc_idx[i] = -1
+            else:
+                counts[C_BAD] = i
+                status = 1
+                done = i
+                break
+            i += 1
+        if status:
+            break
+    n_foreign = done - n_own - n_padded   # the rest of the lookups before `done`
+    # Count the misses with loads that mostly find their line arriving; the loops below find them in
+    # cache. On the way, start the next random line each lookup will touch: a hit's reference bit
+    # (and, after a miss, when its pin is taken at once, its state word), a miss's two hash-table
+    # probes (row, then page); each was worth 5-13% of begin_step in one process.
     touch = np.int64(0)
     n_absent = 0
     hflat = htab.reshape(-1)
-    for t in range(n_t):
-        for c in range(n_c):
-            r = ids[t, c] - row_start
-            if r >= 0 and r < rows:
-                s = directory[r]
-                touch += s
-                n_absent += s < 0
-                if s >= 0:   # a hit stores its slot's reference bit: a random line of `ref`, start it now
-                    prefetch(ref, s)
-                else:   # a miss probes the step's hash table for its row, then its page: start both lines
-                    prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
-                    k = 0
-                    while r >= rank_starts[k + 1]:
-                        k += 1
-                    pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
-                            | ((r - rank_starts[k]) // ROWS_PER_PAGE))
-                    prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
+    for j in range(n_own):
+        r = own_row[j]
+        s = directory[r]
+        touch += s
+        if s >= 0:
+            prefetch(ref, s)
+            if n_absent > 0:
+                prefetch(state, s)
+        else:
+            prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
+            k = 0
+            while r >= rank_starts[k + 1]:
+                k += 1
+            pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
+                    | ((r - rank_starts[k]) // ROWS_PER_PAGE))
+            prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
+            n_absent += 1
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # touch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     n_owned = owned.shape[0]
@@ -282,37 +316,29 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
             if slot_layer[s] >= 0:
                 touch += directory[slot_row[s]]
     lstate[SPARE] = touch
-    status = 0
-    settled = False
-    done = n
-    t = 0
-    c = 0
-    for i in range(n):   # i = t * n_c + c
-        g = ids[t, c]
-        c += 1
-        if c == n_c:
-            c = 0
-            t += 1
-        r = g - row_start
-        if r < 0 or r >= rows:
-            if pad_id < 0 and g == pad_id:
-                desc_kind[i] = KIND_ZERO
-                desc_idx[i] = -1
-                n_padded += 1
-                continue
-            if owned_only:
-                desc_kind[i] = KIND_FOREIGN
-                desc_idx[i] = -1
-                n_foreign += 1
-                continue
-            counts[C_BAD] = i
-            status = 1
-            done = i
+    # Hits up to the first lookup that is not one (a warm step: all of them), in a loop of their own
+    # that keeps its few values in registers; the full loop below, with CLOCK's victim search and the
+    # hash table inlined, spilled its cursors and counters to the stack. No victim search has run
+    # yet, so nothing is being filled and these pins can wait (see the module doc).
+    first = 0
+    while first < n_own:
+        s = directory[own_row[first]]
+        if s < 0:
             break
+        ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step
+        i = own_pos[first]
+        desc_kind[i] = KIND_SLOT
+        desc_idx[i] = s
+        first += 1
+    n_hits = first
+    settled = False
+    for j in range(first, n_own):
+        i = own_pos[j]
+        r = own_row[j]
         s = directory[r]
         if s >= 0:
             if not settled:   # no victim search yet: nothing is being filled, the pin can wait
-                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step
+                ref[s] = 1
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1

@@ -345,7 +345,7 @@ class RowCache:
                       table.table, table.stamp, bits,
                       scratch.desc_kind, scratch.desc_idx, scratch.miss_buf, scratch.miss_inpage,
                       scratch.miss_slot, scratch.miss_row, scratch.page_region, scratch.page_no, scratch.page_buf,
-                      buf_base, pad_id, scratch.counts)
+                      scratch.own_pos, scratch.own_row, buf_base, pad_id, scratch.counts)
         # counts holds PassResult's fields in order; tuple.__new__ skips NamedTuple's slower keyword path.
         result = tuple.__new__(PassResult, scratch.counts.tolist())
         if result.pending:

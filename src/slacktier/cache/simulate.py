@@ -61,6 +61,8 @@ def _replay(ids, step_starts, n_items, capacity, out):
     page_region = np.empty(longest, dtype=np.int32)
     page_no = np.empty(longest, dtype=np.int64)
     page_buf = np.empty(longest, dtype=np.int32)
+    own_pos = np.empty(longest, dtype=np.int32)
+    own_row = np.empty(longest, dtype=np.int64)
     counts = np.zeros(N_COUNTS, dtype=np.int64)
     for s in range(step_starts.shape[0] - 1):
         a = step_starts[s]
@@ -72,7 +74,7 @@ def _replay(ids, step_starts, n_items, capacity, out):
                       0, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, s,
                       htab, s + 1, _hash_bits(b - a),
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                      page_region, page_no, page_buf, 0, 0, counts)
+                      page_region, page_no, page_buf, own_pos, own_row, 0, 0, counts)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         last = -1       # miss indices are handed out in order: a new read is the first with its index
         for i in range(b - a):

@@ -556,7 +556,8 @@ class StepEngine:
             for at, arr in ((SP.R_DESC_IDX, sc.desc_idx), (SP.R_MISS_BUF, sc.miss_buf),
                             (SP.R_MISS_INPAGE, sc.miss_inpage), (SP.R_MISS_SLOT, sc.miss_slot),
                             (SP.R_MISS_ROW, sc.miss_row), (SP.R_PAGE_REGION, sc.page_region),
-                            (SP.R_PAGE_NO, sc.page_no), (SP.R_PAGE_BUF, sc.page_buf)):
+                            (SP.R_PAGE_NO, sc.page_no), (SP.R_PAGE_BUF, sc.page_buf),
+                            (SP.R_OWN_POS, sc.own_pos), (SP.R_OWN_ROW, sc.own_row)):
                 _same_length(arr, sc.desc_kind, "a pass scratch's arrays")
                 plan.put(r + at, arr)
             plan.runs.append(run)

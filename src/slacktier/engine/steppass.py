@@ -112,6 +112,8 @@ R_PAGE_NO = 21
 R_PAGE_BUF = 22
 R_ENGINE = 23      # per step: the C engine handle its pages go to, 0 = Python submits them
 R_ERR = 24         # st_eng_submit's error word
+R_OWN_POS = 25     # the pass's list of in-table lookups (PassScratch.own_pos, own_row)
+R_OWN_ROW = 26
 RECORD = 32
 
 # a layer's row of results (StepPlan.out), read by Python with one tolist() for all layers
@@ -223,7 +225,8 @@ def run_layers(ids, plan):
             carray(_p_i32(plan[r + R_MISS_BUF]), cap), carray(_p_i32(plan[r + R_MISS_INPAGE]), cap),
             carray(_p_i32(plan[r + R_MISS_SLOT]), cap), carray(_p_i64(plan[r + R_MISS_ROW]), cap),
             carray(_p_i32(plan[r + R_PAGE_REGION]), cap), carray(_p_i64(plan[r + R_PAGE_NO]), cap),
-            carray(_p_i32(plan[r + R_PAGE_BUF]), cap), buf_base, pad_id, counts)
+            carray(_p_i32(plan[r + R_PAGE_BUF]), cap), carray(_p_i32(plan[r + R_OWN_POS]), cap),
+            carray(_p_i64(plan[r + R_OWN_ROW]), cap), buf_base, pad_id, counts)
         t1 = _clock_ns(clock_fn, ts)
         res[O_T1] = t1
         res[O_T2] = t1
