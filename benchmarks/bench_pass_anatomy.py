@@ -16,9 +16,8 @@ same rounds:
   the step has owned lookups (what `bench_hot_path.py` quotes);
 - right passes with one part changed, not ablations: the first wave without
   its directory prefetch (the loads of the counting sweep come first; the pass
-  before commit dc3681f did the same), without the hits' reference-bit
-  prefetch, and without the leading hits' loop of their own (the full loop
-  takes them, as before this round's commit);
+  before commit dc3681f did the same), and without the hits' reference-bit
+  prefetch;
 - an ablation without the hits' reference bit at all (no prefetch, no store):
   CLOCK would lose recency, but it shows what the second random line of each
   hit (a byte of `ref`; the directory floor counts only the first) costs;
@@ -40,7 +39,7 @@ submitted), each step once per engine, with the right passes only: as is, the
 first wave without its prefetch, without the hash-table prefetches for misses
 (their row's and page's lines, added in commits 298c67d and a00b770), without
 the hits' reference-bit prefetch, without the slot-state prefetch of hits after
-a miss, without the leading hits' loop, and without any prefetch waves.
+a miss, and without any prefetch waves.
 
     .venv/bin/python benchmarks/bench_pass_anatomy.py [--rounds 4] [--fresh] [--against COMMIT] [--append]
 """
@@ -77,7 +76,6 @@ NO_HTAB = "no hash-table prefetches for misses (the pass before commit 298c67d)"
 NO_REF = "no reference-bit prefetch for hits"
 NO_REF_LINE = "no reference bit for hits at all (neither its prefetch nor its store)"
 NO_STATE = "no slot-state prefetch for hits after a miss"
-NO_RUN = "no loop of its own for the leading hits (the full loop takes them)"
 SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 
 _WAVES_END = "    lstate[SPARE] = touch"
@@ -96,8 +94,8 @@ _REF_PREFETCH = """        if s >= 0:
 _STATE_PREFETCH = """            if n_absent > 0:
                 prefetch(state, s)
 """
-_REF_STORE = ("        ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the "
-              "step\n")
+_REF_STORE = ("                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters "
+              "within the step\n")
 _MISS_PREFETCH = """        else:
             prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
             k = 0
@@ -107,12 +105,6 @@ _MISS_PREFETCH = """        else:
                     | ((r - rank_starts[k]) // ROWS_PER_PAGE))
             prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
             n_absent += 1
-"""
-_HIT_RUN = """    first = 0
-    while first < n_own:
-"""
-_HIT_RUN_NONE = """    first = 0
-    while False:
 """
 
 
@@ -141,7 +133,6 @@ def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:
     no_ref = _replace(src, _REF_PREFETCH, "        if s >= 0:\n")
     no_ref_line = _replace(no_ref, _REF_STORE, "")
     no_state = _replace(src, _STATE_PREFETCH, "")
-    no_run = _replace(src, _HIT_RUN, _HIT_RUN_NONE)
     old = {}
     if against:
         text = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
@@ -149,8 +140,8 @@ def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:
         old = {f"of commit {against}": text}
     if fresh:
         return {"as is": src, **old, LOADS: by_loads, NO_HTAB: no_htab, NO_REF: no_ref, NO_STATE: no_state,
-                NO_RUN: no_run, "no prefetch waves": no_waves}
-    return {"as is": src, **old, LOADS: by_loads, NO_REF: no_ref, NO_RUN: no_run, NO_REF_LINE: no_ref_line,
+                "no prefetch waves": no_waves}
+    return {"as is": src, **old, LOADS: by_loads, NO_REF: no_ref, NO_REF_LINE: no_ref_line,
             "no foreign descriptors": no_foreign, "no prefetch waves": no_waves}
 
 
@@ -276,7 +267,7 @@ def report(out: dict, args: argparse.Namespace) -> str:
             label = "begin_step, all layers in one compiled entry (engine.steppass), pass as is"
         else:
             label = f"begin_step per layer, pass {name}"
-        right = name in (LOADS, NO_HTAB, NO_REF, NO_STATE, NO_RUN, ENTRY) or name.startswith("of commit ")
+        right = name in (LOADS, NO_HTAB, NO_REF, NO_STATE, ENTRY) or name.startswith("of commit ")
         saved = "" if right or name in ("floor", STUB, "as is") else f"{base - med:+.1f}"
         rows.append(f"| {label} | {min(v):.1f} / {med:.1f} / {max(v):.1f} | {med / base:.2f} | {med / floor:.2f} | "
                     f"{saved} | {end_cell} |")

@@ -316,29 +316,14 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
             if slot_layer[s] >= 0:
                 touch += directory[slot_row[s]]
     lstate[SPARE] = touch
-    # Hits up to the first lookup that is not one (a warm step: all of them), in a loop of their own
-    # that keeps its few values in registers; the full loop below, with CLOCK's victim search and the
-    # hash table inlined, spilled its cursors and counters to the stack. No victim search has run
-    # yet, so nothing is being filled and these pins can wait (see the module doc).
-    first = 0
-    while first < n_own:
-        s = directory[own_row[first]]
-        if s < 0:
-            break
-        ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step
-        i = own_pos[first]
-        desc_kind[i] = KIND_SLOT
-        desc_idx[i] = s
-        first += 1
-    n_hits = first
     settled = False
-    for j in range(first, n_own):
+    for j in range(n_own):
         i = own_pos[j]
         r = own_row[j]
         s = directory[r]
         if s >= 0:
             if not settled:   # no victim search yet: nothing is being filled, the pin can wait
-                ref[s] = 1
+                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
