@@ -6,7 +6,7 @@ instead of measuring something else). Each variant drives its own engine (one
 TP4 rank of the V4.1 tables, B = 128, the same cache and sparse disk regions
 as `_ab_worker.py begin_step`), and every step runs once per engine in
 shuffled order, so the machine's drift falls on all variants alike. The cuts
-are wrong on purpose (foreign lookups left without a descriptor) and run on
+are wrong on purpose (descriptors not filled as foreign first) and run on
 warm steps only, where every lookup is a hit; what each saves bounds what a
 pass without that part could gain. (A first version also cut the hits' slot
 state; the pass now leaves a warm step's pins to step end, see
@@ -81,13 +81,10 @@ SOURCE = ROOT / "src" / "slacktier" / "cache" / "directory.py"
 _WAVES_END = "    lstate[SPARE] = touch"
 _COUNT_SWEEP = "    # Count the misses"
 _DIR_PREFETCH = "                prefetch(directory, r)\n"
-_FOREIGN = """            elif owned_only:
-                desc_kind[i] = KIND_FOREIGN
-                desc_idx[i] = -1
+_FOREIGN = """    desc_kind[:n] = KIND_FOREIGN
+    desc_idx[:n] = -1
 """
-_FOREIGN_BARE = """            elif owned_only:
-                pass
-"""
+_FOREIGN_BARE = ""
 _REF_PREFETCH = """        if s >= 0:
             prefetch(ref, s)
 """

@@ -246,15 +246,18 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     counts[C_BAD] = -1
     status = 0
     done = n
-    # First wave, the only sweep over every lookup: an out-of-table one gets its descriptor (pad or
-    # foreign) or stops the pass (a bad id); an in-table one is listed in own_pos / own_row, which
-    # the later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4
-    # rank), and its directory entry is prefetched: a random DRAM access (a V4.1 directory is 1.5 GB
-    # per layer). Prefetches retire at once, so this sweep has all of them in flight together; a
-    # sweep of loads instead held its loads in the core's window until they landed (warm begin_step
-    # 0.6-0.8x with the prefetches, BENCHMARKS.md, issue 14).
+    # First wave, the only sweep over every lookup. Every descriptor starts out foreign (two fills,
+    # which the loops below overwrite for in-table lookups; cheaper than a store per foreign lookup
+    # inside the sweep: 0.86x of the pass on warm steps, BENCHMARKS.md, issue 14). A pad id gets its
+    # zero row, a bad id stops the pass; an in-table lookup is listed in own_pos / own_row, which the
+    # later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4 rank),
+    # and its directory entry is prefetched: a random DRAM access (a V4.1 directory is 1.5 GB per
+    # layer). Prefetches retire at once, so this sweep has all of them in flight together; a sweep of
+    # loads instead held its loads in the core's window until they landed.
     n_own = 0
     i = 0
+    desc_kind[:n] = KIND_FOREIGN
+    desc_idx[:n] = -1
     for t in range(n_t):
         for c in range(n_c):
             g = ids[t, c]
@@ -266,12 +269,8 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 n_own += 1
             elif pad_id < 0 and g == pad_id:
                 desc_kind[i] = KIND_ZERO
-                desc_idx[i] = -1
                 n_padded += 1
-            elif owned_only:
-                desc_kind[i] = KIND_FOREIGN
-                desc_idx[i] = -1
-            else:
+            elif not owned_only:
                 counts[C_BAD] = i
                 status = 1
                 done = i
