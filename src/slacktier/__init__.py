@@ -82,3 +82,9 @@ def _numba_cache_fallback() -> str:
 
 
 NUMBA_CACHE_FALLBACK = _numba_cache_fallback()
+
+# Every kernel's cache stamped with all of the package's numba sources, not only its own file (a kernel that
+# compiles in another file's kernel ran the old one from the cache after that file changed: see _kernel_cache).
+from slacktier import _kernel_cache  # noqa: E402
+
+KERNEL_CACHE_STAMPED = _kernel_cache.install(os.path.dirname(os.path.abspath(__file__)))
