@@ -65,7 +65,8 @@ def _tsc(typingctx):
 '''
 _POINTS = (  # (text, text with its mark): start, after the first sweep, the counting sweep, the second wave, the end
     ("    shift = 64 - hbits\n", f"    counts[{MARKS}] = _tsc()\n    shift = 64 - hbits\n"),
-    ("    touch = np.int64(0)\n    n_absent = 0\n", f"    counts[{MARKS + 1}] = _tsc()\n    touch = np.int64(0)\n    n_absent = 0\n"),
+    ("    touch = np.int64(0)\n    n_absent = 0\n",
+     f"    counts[{MARKS + 1}] = _tsc()\n    touch = np.int64(0)\n    n_absent = 0\n"),
     ("    # Second wave:", f"    counts[{MARKS + 2}] = _tsc()\n    # Second wave:"),
     ("    lstate[SPARE] = touch\n", f"    lstate[SPARE] = touch\n    counts[{MARKS + 3}] = _tsc()\n"),
     ("    lstate[HAND] = hand\n", f"    counts[{MARKS + 4}] = _tsc()\n    lstate[HAND] = hand\n"),
