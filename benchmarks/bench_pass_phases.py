@@ -1,9 +1,10 @@
 """The directory pass's phases, an earlier commit's pass beside the current one, on one engine.
 
 `bench_pass_anatomy.py` gives every variant an engine of its own, and engines
-differ: where their 1.5 GB of directories landed in memory moved a variant's
-median by 10-40% between runs, more than the changes it was meant to show.
-Here both passes run on one engine, so they read the same memory:
+differ: in one ad-hoc run the counting sweep, the same code in two variants,
+took a median of 33 us on one engine and 147 us on another (where their 768 MB
+of directories landed in memory), more than the changes being measured. Here
+both passes run on one engine, so they read the same memory:
 - warm: the last 30 warm-up positions are looked up again (all hits), the
   pass called directly per layer; position t of round k runs pass (t + k) mod 2,
   so each pass sees each position equally often and the two alternate step by
@@ -11,7 +12,12 @@ Here both passes run on one engine, so they read the same memory:
 - fresh: decode steps of new tokens through `begin_step` (one layer at a time,
   `_one_entry` off, so the pass called is the one under test), the pass chosen
   at random per step; both are right passes, so the cache state they leave is
-  the same.
+  the same;
+- then the same engine through begin_step's one compiled entry (the path a
+  server runs), each pass compiled into its own copy of `steppass.run_layers`
+  (the copy's import of the pass pointed at it), warm as above and 240 more
+  fresh steps: begin_step's thread CPU only (the entry's results row has no
+  room for the marks).
 
 Both passes are compiled from source with cycle-counter marks at the same four
 points (after the first sweep over the ids, after the counting sweep, after the
@@ -26,12 +32,14 @@ entries as the step has owned lookups).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -44,10 +52,12 @@ import _ab_worker as W  # noqa: E402
 from bench_pass_anatomy import SECTION, SOURCE, SUBSECTION, compile_pass  # noqa: E402
 
 import slacktier.cache.rowcache as RC  # noqa: E402
-from slacktier.cache.directory import N_COUNTS, NO_SEEN, PassScratch  # noqa: E402
+import slacktier.engine.steppass as SP  # noqa: E402
+from slacktier.cache.directory import C_PAGES, N_COUNTS, NO_SEEN, PassScratch  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 
 MARKS = N_COUNTS   # counts[MARKS:MARKS + 5]: cycle counter at the start and after each phase
+ENTRY = "begin_step, one compiled entry (thread CPU)"
 PHASES = ("first sweep over the ids", "counting sweep (loads, second lines' prefetches)",
           "second wave (CLOCK's next victims)", "resolving loop (hits, misses, victims)", "whole pass")
 _TSC = '''
@@ -89,6 +99,32 @@ def sources(against: str) -> dict[str, str]:
     return {f"commit {against}": instrumented(old), "current": instrumented(SOURCE.read_text())}
 
 
+def entries(against: str, tmp: Path) -> dict[str, object]:
+    """Name -> `steppass.run_layers` compiled around that pass (no marks: the entry's results row holds the
+    counts only), for the compiled-entry rows."""
+    old = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
+                         check=True, capture_output=True, text=True).stdout
+    text = (ROOT / "src" / "slacktier" / "engine" / "steppass.py").read_text()
+    line = "from slacktier.cache.directory import C_PAGES, N_COUNTS, resolve_layer\n"
+    if text.count(line) != 1:
+        raise SystemExit("steppass changed: cannot point its entry at another pass")
+    out = {}
+    for k, (name, source) in enumerate(((f"commit {against}", old), ("current", SOURCE.read_text()))):
+        holder = types.ModuleType(f"_phases_pass_{k}")
+        holder.C_PAGES, holder.N_COUNTS = C_PAGES, N_COUNTS
+        holder.resolve_layer = compile_pass(f"entry {name}", source, tmp)
+        sys.modules[holder.__name__] = holder
+        path = tmp / f"_phases_entry_{k}.py"
+        path.write_text(text.replace(line, f"from {holder.__name__} import C_PAGES, N_COUNTS, resolve_layer\n")
+                        .replace("cache=True", "cache=False"))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = mod
+        spec.loader.exec_module(mod)
+        out[name] = mod.run_layers
+    return out
+
+
 def cycles_per_us() -> float:
     """The cycle counter's rate, from 0.2 s of wall time (the counter ticks at a constant rate on this CPU)."""
     space: dict = {}
@@ -107,13 +143,14 @@ def _phases(counts: np.ndarray, rate: float) -> list[float]:
 
 def measure(against: str, rounds: int, warm_steps: int = 64, span: int = 30, fresh_steps: int = 240) -> dict:
     layout = EngramLayout.v41()
-    ids = W._ids(layout, 128, warm_steps + fresh_steps)
+    ids = W._ids(layout, 128, warm_steps + 2 * fresh_steps)
     rate = cycles_per_us()
     out: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         passes = {name: compile_pass(name, text, tmp) for name, text in sources(against).items()}
         names = list(passes)
+        entry = entries(against, tmp)
         engine = W.rank_engine(layout, tmp)
         engine._one_entry = False   # begin_step calls RC.resolve_layer, the pass under test, per layer
         engine._ensure_capacity(128)
@@ -165,6 +202,26 @@ def measure(against: str, rounds: int, warm_steps: int = 64, span: int = 30, fre
                 for phase, v in zip(PHASES, sums):
                     out.setdefault(("fresh", f"{name}: {phase}"), []).append(v)
                 out.setdefault(("fresh", f"{name}: begin_step"), []).append(begin)
+            # The same engine through begin_step's compiled entry, each pass compiled into its own copy of
+            # steppass.run_layers (the rows are already cached: warm positions are all hits again).
+            engine._one_entry = True
+            real_entry = SP.run_layers
+            try:
+                def entry_step(t: int, name: str) -> float:
+                    SP.run_layers = entry[name]
+                    return W.timed_step(engine, ids[t])[0]
+
+                for name in names:   # compile both outside the timed steps
+                    entry_step(warm_steps - 1, name)
+                for k in range(rounds):
+                    for t in range(warm_steps - span, warm_steps):
+                        name = names[(t + k) % 2]
+                        out.setdefault(("warm", f"{name}: {ENTRY}"), []).append(entry_step(t, name))
+                for t in range(warm_steps + fresh_steps, warm_steps + 2 * fresh_steps):
+                    name = random.choice(names)
+                    out.setdefault(("fresh", f"{name}: {ENTRY}"), []).append(entry_step(t, name))
+            finally:
+                SP.run_layers = real_entry
         finally:
             RC.resolve_layer = original
             engine.close()
@@ -180,13 +237,15 @@ def report(out: dict, args: argparse.Namespace) -> str:
         f"`{command_line(__file__, sys.argv[1:])}`; {machine()}; one TP4 rank of the V4.1 tables, B = 128; warm: "
         f"{args.rounds} rounds x 30 positions, the two passes alternating step by step, the pass called directly "
         f"per layer; fresh: 240 decode steps of new tokens through begin_step (per layer), the pass chosen at "
-        f"random per step. Per step (both layers), from the cycle counter (us); begin_step in thread CPU (us).",
+        f"random per step; then the same engine through begin_step's compiled entry, warm and 240 more fresh "
+        f"steps, each pass compiled into a copy of `steppass.run_layers`. Per step (both layers), from the cycle "
+        f"counter (us); begin_step in thread CPU (us).",
         "",
         f"| steps | phase | {old} (min / median / max) | current (min / median / max) | current / {old} |",
         "|---|---|---|---|---|",
     ]
     for kind in ("warm", "fresh"):
-        phases = PHASES + (("begin_step",) if kind == "fresh" else ())
+        phases = PHASES + (("begin_step",) if kind == "fresh" else ()) + (ENTRY,)
         for phase in phases:
             a, b = out[(kind, f"{old}: {phase}")], out[(kind, f"{new}: {phase}")]
             ma, mb = statistics.median(a), statistics.median(b)
