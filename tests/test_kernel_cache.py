@@ -13,7 +13,6 @@ from slacktier.engine import steppass
 
 
 def test_the_package_kernels_use_the_stamped_locator() -> None:
-    assert slacktier.KERNEL_CACHE_STAMPED
     root = str(Path(slacktier.__file__).parent)
     for kernel in (steppass.run_layers, steppass.resolve_layer):
         locator = kernel._cache._impl._locator
@@ -61,3 +60,12 @@ def test_a_kernel_recompiles_when_the_kernel_it_calls_changes(tmp_path: Path) ->
     assert g("plain") == "1"      # numba's own stamp: b.py did not change, so g's cache is still "valid"
     assert g("stamped") == "2"    # a.py is part of the stamp: g compiled again
     assert g("stamped") == "2"    # and cached again under the new stamp
+
+
+def test_importing_slacktier_does_not_import_numba() -> None:
+    """`slacktier --help` stays quick: the stamp is installed when numba is first imported, not before."""
+    code = ("import sys, slacktier; assert 'numba' not in sys.modules; import numba.core.caching as c; "
+            "impl = getattr(c, 'CacheImpl', None) or c._CacheImpl; "
+            "print(any(getattr(k, 'root', None) for k in impl._locator_classes))")
+    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
+    assert out.strip() == "True"

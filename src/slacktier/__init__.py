@@ -84,7 +84,8 @@ def _numba_cache_fallback() -> str:
 NUMBA_CACHE_FALLBACK = _numba_cache_fallback()
 
 # Every kernel's cache stamped with all of the package's numba sources, not only its own file (a kernel that
-# compiles in another file's kernel ran the old one from the cache after that file changed: see _kernel_cache).
+# compiles in another file's kernel ran the old one from the cache after that file changed: see _kernel_cache),
+# from the moment numba is imported.
 from slacktier import _kernel_cache  # noqa: E402
 
-KERNEL_CACHE_STAMPED = _kernel_cache.install(os.path.dirname(os.path.abspath(__file__)))
+_kernel_cache.install_when_imported(os.path.dirname(os.path.abspath(__file__)))

@@ -16,6 +16,10 @@ digest of the contents of every file under `root` that imports numba. An edit
 to any of those files recompiles every kernel of the package on first use;
 files without numba code do not count.
 
+`install_when_imported(root)` does it as soon as numba is imported (at once
+when it already is), so `import slacktier` itself does not import numba (half a
+second, which `slacktier --help` would pay).
+
 Worked example: edit `cache/directory.py`; the next process finds the stamp of
 `steppass.run_layers`'s cache index changed, ignores the index and compiles
 `run_layers` again, with the new pass inlined.
@@ -25,7 +29,10 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import importlib.abc
+import importlib.machinery
 import os
+import sys
 
 
 @functools.lru_cache(maxsize=None)
@@ -82,3 +89,38 @@ def install(root: str) -> bool:
         return False
     impl._locator_classes = [_stamped(c, root) for c in backed] + classes
     return True
+
+
+class _AfterNumba(importlib.abc.MetaPathFinder):
+    """Finds numba as the path finder does, and runs `install(root)` right after numba's module has run."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "numba":
+            return None
+        sys.meta_path.remove(self)   # once; numba's own import below must not find this finder again
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, root = spec.loader, self.root
+
+        class Loader(importlib.abc.Loader):
+            def create_module(self, spec):
+                return loader.create_module(spec)
+
+            def exec_module(self, module):
+                loader.exec_module(module)
+                install(root)
+
+        spec.loader = Loader()
+        return spec
+
+
+def install_when_imported(root: str) -> None:
+    """`install(root)` now if numba is imported, else right after it is (the first `import numba`)."""
+    if "numba" in sys.modules:
+        install(root)
+    elif not any(isinstance(f, _AfterNumba) and f.root == root for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterNumba(root))

@@ -19,9 +19,10 @@ pass writes its counts (PassResult's fields), its C job and three clock
 readings into its row of `StepPlan.out`, which Python reads with one
 `tolist()` for all layers.
 
-Cost (BENCHMARKS.md, issue 14, `bench_entry_ab.py`): begin_step 0.83x the
-per-layer path's on fresh steps, 0.88x on warm ones. The Python left around
-the call (~40 us on warm steps) costs as much as the per-layer path's.
+Cost (BENCHMARKS.md, issue 14, `bench_entry_ab.py`, with the pass that walks
+a list of its in-table lookups): begin_step 0.75x the per-layer path's on
+fresh steps, level (0.99x) on warm ones, where the Python around the call
+(~41 us) costs more than the per-layer path's (~32 us).
 
 Stops: `run_layers` starts at plan[H_START] and returns after the last layer
 (H_STOP = layers), or early at layer i (H_STOP = i, its pass done) when
