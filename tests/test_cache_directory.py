@@ -56,7 +56,8 @@ def _check_outputs(cache: RowCache, ids: np.ndarray, geometry: LayerGeometry, sc
             region, page = by_buf[int(scratch.miss_buf[idx])]
             assert region == geometry.rank_region[rank]
             assert page * ROWS_PER_PAGE + scratch.miss_inpage[idx] == r - geometry.rank_starts[rank]
-    assert result.hits + result.misses + result.reused + result.zero + result.foreign == result.lookups
+    assert (result.hits + result.misses + result.reused + result.zero + result.foreign + result.padded
+            == result.lookups)
     assert cache.verify() == []
 
 
@@ -217,3 +218,37 @@ def test_strided_step_slice_resolves_like_its_flat_copy(slots: int, tokens: int,
                         ("miss_row", m), ("page_region", p), ("page_no", p), ("page_buf", p)):
             assert np.array_equal(getattr(sa, name)[:k], getattr(sb, name)[:k]), name
         step = np.roll(step, 1, axis=0)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(slots=st.integers(0, 12), owned_only=st.booleans(),
+       steps=st.lists(st.lists(st.one_of(st.integers(0, 59), st.sampled_from([-3, -1, 60, 75, 10_000])),
+                               min_size=0, max_size=30), min_size=1, max_size=8))
+def test_every_lookup_gets_its_kind_in_a_reused_scratch(slots: int, owned_only: bool, steps: list[list[int]]) -> None:
+    """In-table, pad (-3), other negative and out-of-table ids mixed, one scratch reused across steps (so a
+    descriptor left from an earlier step would show): a pad id is a zero row, an id outside the table foreign
+    (owned_only) or the pass's stop, and every lookup before the stop is resolved and counted."""
+    geo = LayerGeometry(0, 60, np.array([0, 17, 60]), np.array([1, 0], dtype=np.int32))
+    cache = _cache(slots, geo)
+    scratch = PassScratch(30)
+    for rows in steps:
+        ids = np.array(rows, dtype=np.int64)
+        result = cache.resolve(1, ids, geo, scratch, owned_only=owned_only, pad_id=-3)
+        outside = [i for i, g in enumerate(rows) if (g < 0 or g >= 60) and g != -3]
+        done = len(rows) if owned_only or not outside else outside[0]
+        assert result.bad_index == (-1 if done == len(rows) else done)
+        kinds = scratch.desc_kind[:done].tolist()
+        for g, kind in zip(rows, kinds):
+            if g == -3:
+                assert kind == KIND_ZERO
+            elif g < 0 or g >= 60:
+                assert kind == KIND_FOREIGN
+            else:
+                assert kind in (KIND_SLOT, KIND_MISS)
+        assert result.padded == rows[:done].count(-3)
+        assert result.foreign == sum(1 for g in rows[:done] if (g < 0 or g >= 60) and g != -3)
+        inside = np.array([g for g in rows[:done] if 0 <= g < 60], dtype=np.int64)
+        assert result.hits + result.misses + result.reused == inside.size
+        if done == len(rows):
+            _check_outputs(cache, ids, geo, scratch, result)
+        cache.release_pins()
