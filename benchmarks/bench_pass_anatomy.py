@@ -93,16 +93,9 @@ _STATE_PREFETCH = """            if n_absent > 0:
 """
 _REF_STORE = ("                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters "
               "within the step\n")
-_MISS_PREFETCH = """        else:
-            prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN) >> np.uint64(shift)) * 3)
-            k = 0
-            while r >= rank_starts[k + 1]:
-                k += 1
-            pkey = (_PAGE_TAG | (np.int64(rank_region[k]) << np.int64(40))
-                    | ((r - rank_starts[k]) // ROWS_PER_PAGE))
-            prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
-            n_absent += 1
-"""
+# a miss's prefetches of its two probes' lines: from the first line to the count after them
+_MISS_PREFETCH = "            prefetch(hflat, np.int64((np.uint64(r) * _GOLDEN)"
+_MISS_COUNTED = "            n_absent += 1\n"
 
 
 def _cut(text: str, start: str, end: str, put: str) -> str:
@@ -120,13 +113,13 @@ def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:
     """Name -> source of the pass with one part cut out ("as is" untouched); fresh: only the cuts that leave a
     right pass (prefetches), which may run on steps with misses; `against`: also that commit's pass."""
     src = SOURCE.read_text()
-    for marker in (_WAVES_END, _COUNT_SWEEP):
+    for marker in (_WAVES_END, _COUNT_SWEEP, _MISS_PREFETCH, _MISS_COUNTED):
         if src.count(marker) != 1:
             raise SystemExit(f"the pass changed: marker {marker!r} not found once")
     no_foreign = _replace(src, _FOREIGN, _FOREIGN_BARE)
     by_loads = _replace(src, _DIR_PREFETCH, "")
     no_waves = _cut(by_loads, _COUNT_SWEEP, _WAVES_END, "    touch = np.int64(0)\n")
-    no_htab = _replace(src, _MISS_PREFETCH, "        else:\n            n_absent += 1\n")
+    no_htab = _cut(src, _MISS_PREFETCH, _MISS_COUNTED, "")
     no_ref = _replace(src, _REF_PREFETCH, "        if s >= 0:\n")
     no_ref_line = _replace(no_ref, _REF_STORE, "")
     no_state = _replace(src, _STATE_PREFETCH, "")
