@@ -17,6 +17,7 @@ PKG_DIR = Path(__file__).resolve().parents[1] / "src" / "slacktier"
 MAY_USE: dict[str, set[str]] = {
     "errors": set(),
     "config": set(),
+    "_kernel_cache": set(),
     "tables": {"config"},
     "cache": {"tables"},
     "store": {"tables", "config"},
