@@ -96,11 +96,12 @@ class _AfterNumba(importlib.abc.MetaPathFinder):
 
     def __init__(self, root: str) -> None:
         self.root = root
+        self.done = False   # one use; it stays in sys.meta_path (removing it there mid-import skips a finder)
 
     def find_spec(self, name, path=None, target=None):
-        if name != "numba":
+        if name != "numba" or self.done:
             return None
-        sys.meta_path.remove(self)   # once; numba's own import below must not find this finder again
+        self.done = True
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
             return spec
@@ -122,5 +123,5 @@ def install_when_imported(root: str) -> None:
     """`install(root)` now if numba is imported, else right after it is (the first `import numba`)."""
     if "numba" in sys.modules:
         install(root)
-    elif not any(isinstance(f, _AfterNumba) and f.root == root for f in sys.meta_path):
+    elif not any(isinstance(f, _AfterNumba) and f.root == root and not f.done for f in sys.meta_path):
         sys.meta_path.insert(0, _AfterNumba(root))
