@@ -250,3 +250,29 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
         assert np.array_equal(pool.pages[0], staged.pages[0][5])
     finally:
         src.close()
+
+
+def _worker_threads() -> dict[int, int]:
+    """This process's C engine worker threads (named st-uring): thread id -> scheduling class."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if f.read().strip() == "st-uring":
+                    out[int(tid)] = os.sched_getscheduler(int(tid))
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
+
+
+@pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
+def test_the_c_worker_runs_in_the_batch_class_so_its_wakeup_does_not_preempt_the_caller(o_direct_dir):
+    staged = stage_synthetic(o_direct_dir, layers=(1,), ranks=1)
+    before = set(_worker_threads())
+    src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
+    try:
+        src.wait(src.submit(_reads([(0, 1)]), PageBufferPool(1)))
+        ours = {tid: cls for tid, cls in _worker_threads().items() if tid not in before}
+        assert list(ours.values()) == [os.SCHED_BATCH]
+    finally:
+        src.close()

@@ -17,6 +17,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <linux/io_uring.h>
 #include <stdint.h>
@@ -320,6 +321,14 @@ static int64_t thread_cpu_ns(void) {
 static void *eng_main(void *arg) {
     struct st_eng *e = arg;
     int err = 0;
+    /* A batch-class thread: CFS does not let a woken SCHED_BATCH thread preempt the running one, so the
+     * thread that queued a batch (begin_step, inside st_eng_submit) is not descheduled by this worker
+     * waking on its core; the worker runs on an idle core, or when the caller's slice ends. Without it,
+     * on 2 cores, a third of begin_steps ran 300-600 us longer in wall time than in CPU time
+     * (bench_step_wall.py, BENCHMARKS.md, issue 14). Best effort: a refusal leaves the thread as it was. */
+    struct sched_param batch = {0};
+    pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
+    pthread_setname_np(pthread_self(), "st-uring");
     /* Created here: with IORING_SETUP_SINGLE_ISSUER only this thread may submit or register. */
     struct st_ring *r = st_ring_create(e->entries, &err);
     if (r && e->nfiles && st_ring_register_files(r, e->files, e->nfiles) != 0) e->files_refused = 1;
