@@ -109,6 +109,12 @@ def _replace(text: str, old: str, new: str) -> str:
     return text.replace(old, new)
 
 
+def pass_source(commit: str) -> str:
+    """The directory pass's source (`cache/directory.py`) at `commit`, from git."""
+    return subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:src/slacktier/cache/directory.py"],
+                          check=True, capture_output=True, text=True).stdout
+
+
 def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:
     """Name -> source of the pass with one part cut out ("as is" untouched); fresh: only the cuts that leave a
     right pass (prefetches), which may run on steps with misses; `against`: also that commit's pass."""
@@ -123,11 +129,7 @@ def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:
     no_ref = _replace(src, _REF_PREFETCH, "        if s >= 0:\n")
     no_ref_line = _replace(no_ref, _REF_STORE, "")
     no_state = _replace(src, _STATE_PREFETCH, "")
-    old = {}
-    if against:
-        text = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
-                              check=True, capture_output=True, text=True).stdout
-        old = {f"of commit {against}": text}
+    old = {f"of commit {against}": pass_source(against)} if against else {}
     if fresh:
         return {"as is": src, **old, LOADS: by_loads, NO_HTAB: no_htab, NO_REF: no_ref, NO_STATE: no_state,
                 "no prefetch waves": no_waves}

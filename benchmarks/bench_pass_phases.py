@@ -35,7 +35,6 @@ import argparse
 import importlib.util
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,7 +48,7 @@ from _common import ROOT, command_line, machine, publish, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
-from bench_pass_anatomy import SECTION, SOURCE, SUBSECTION, compile_pass  # noqa: E402
+from bench_pass_anatomy import SECTION, SOURCE, SUBSECTION, compile_pass, pass_source  # noqa: E402
 
 import slacktier.cache.rowcache as RC  # noqa: E402
 import slacktier.engine.steppass as SP  # noqa: E402
@@ -94,22 +93,19 @@ def instrumented(text: str) -> str:
 
 
 def sources(against: str) -> dict[str, str]:
-    old = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
-                         check=True, capture_output=True, text=True).stdout
-    return {f"commit {against}": instrumented(old), "current": instrumented(SOURCE.read_text())}
+    """Name -> source of the pass: the earlier commit's, then the current one."""
+    return {f"commit {against}": pass_source(against), "current": SOURCE.read_text()}
 
 
-def entries(against: str, tmp: Path) -> dict[str, object]:
+def entries(texts: dict[str, str], tmp: Path) -> dict[str, object]:
     """Name -> `steppass.run_layers` compiled around that pass (no marks: the entry's results row holds the
     counts only), for the compiled-entry rows."""
-    old = subprocess.run(["git", "-C", str(ROOT), "show", f"{against}:src/slacktier/cache/directory.py"],
-                         check=True, capture_output=True, text=True).stdout
     text = (ROOT / "src" / "slacktier" / "engine" / "steppass.py").read_text()
     line = "from slacktier.cache.directory import C_PAGES, N_COUNTS, resolve_layer\n"
     if text.count(line) != 1:
         raise SystemExit("steppass changed: cannot point its entry at another pass")
     out = {}
-    for k, (name, source) in enumerate(((f"commit {against}", old), ("current", SOURCE.read_text()))):
+    for k, (name, source) in enumerate(texts.items()):
         holder = types.ModuleType(f"_phases_pass_{k}")
         holder.C_PAGES, holder.N_COUNTS = C_PAGES, N_COUNTS
         holder.resolve_layer = compile_pass(f"entry {name}", source, tmp)
@@ -148,9 +144,10 @@ def measure(against: str, rounds: int, warm_steps: int = 64, span: int = 30, fre
     out: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        passes = {name: compile_pass(name, text, tmp) for name, text in sources(against).items()}
+        texts = sources(against)
+        passes = {name: compile_pass(name, instrumented(text), tmp) for name, text in texts.items()}
         names = list(passes)
-        entry = entries(against, tmp)
+        entry = entries(texts, tmp)
         engine = W.rank_engine(layout, tmp)
         engine._one_entry = False   # begin_step calls RC.resolve_layer, the pass under test, per layer
         engine._ensure_capacity(128)

@@ -248,7 +248,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     done = n
     # First wave, the only sweep over every lookup. Every descriptor starts out foreign (two fills,
     # which the loops below overwrite for in-table lookups; cheaper than a store per foreign lookup
-    # inside the sweep: 0.86x of the pass on warm steps, BENCHMARKS.md, issue 14). A pad id gets its
+    # inside the sweep: 0.78x of the pass on warm steps, BENCHMARKS.md, issue 14). A pad id gets its
     # zero row, a bad id stops the pass; an in-table lookup is listed in own_pos / own_row, which the
     # later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4 rank),
     # and its directory entry is prefetched: a random DRAM access (a V4.1 directory is 1.5 GB per
