@@ -198,3 +198,78 @@ def test_an_id_outside_the_table_stops_the_entry_at_its_layer(files) -> None:
         assert np.array_equal(engine.gather(1).reshape(-1, 256).view(torch.int16).numpy(),
                               dequantize_bits(files["raws"][1][np.arange(48)]).view(np.int16))
         engine.end_step()
+
+
+def _exact(engine: StepEngine, files: dict, ids: np.ndarray) -> None:
+    """Every layer's gathered rows of the open step equal the table's rows of `ids` bit for bit."""
+    for axis, layer in enumerate(ROWS):
+        out = engine.gather(layer).reshape(-1, 256).view(torch.int16).numpy()
+        want = dequantize_bits(files["raws"][layer][np.asarray(ids)[:, axis].reshape(-1)])
+        assert np.array_equal(out, want.view(np.int16))
+
+
+def test_every_check_holds_once_the_plan_is_built(files) -> None:
+    """After a first step the usual begin_step skips the general checks; anything unusual still takes them:
+    a step still open, float ids, a wrong shape, ids of another layout or dtype, more tokens than sized for,
+    a closed engine."""
+    tables, sources = _tables(files, 1, {1: "disk", 3: "array", 14: "disk"}, {1: 0.4, 3: 0.3, 14: 0.3})
+    engine = StepEngine(tables, RowCache(300), max_tokens=4, owned_sources=sources)
+    rng = np.random.default_rng(11)
+
+    def ids_of(tokens: int) -> np.ndarray:
+        return np.stack([rng.integers(0, n, (tokens, 24)) for n in ROWS.values()], axis=1)
+
+    ids = ids_of(4)
+    engine.begin_step(ids)
+    with pytest.raises(SlackTierError) as exc:
+        engine.begin_step(ids)
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "step is open" in str(exc.value)
+    _exact(engine, files, ids)
+    engine.end_step()
+    for bad in (ids.astype(np.float64), ids[:, :2], ids[..., :12], ids[None]):
+        with pytest.raises(SlackTierError) as exc:
+            engine.begin_step(bad)
+        assert exc.value.kind is ErrorKind.BAD_INPUT and not engine.in_step
+    for ids in (ids_of(4)[::-1], np.asfortranarray(ids_of(4)), ids_of(3).astype(np.int32), ids_of(9),
+                ids_of(4).tolist()):
+        engine.begin_step(ids)
+        _exact(engine, files, ids)
+        engine.end_step()
+    engine.close()
+    with pytest.raises(SlackTierError) as exc:
+        engine.begin_step(ids_of(4))
+    assert exc.value.kind is ErrorKind.CLOSED
+
+
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"io_uring unavailable: {URING_MISSING}")
+def test_after_a_read_times_out_the_entry_reads_into_the_new_pool(files) -> None:
+    """A read that times out retires the page pool; the compiled entry's later submissions must go to the new
+    pool (the one gather reads), not the retired one its plan named."""
+    tables, sources = _tables(files, 1, {1: "disk", 3: "disk", 14: "disk"}, {1: 0.1, 3: 0.1, 14: 0.1})
+    engine = StepEngine(tables, RowCache(60), max_tokens=16, owned_sources=sources, wait_timeout_s=1e-7)
+    rng = np.random.default_rng(5)
+
+    def ids_of(tokens: int) -> np.ndarray:
+        return np.stack([rng.integers(0, n, (tokens, 24)) for n in ROWS.values()], axis=1)
+
+    for _ in range(50):   # ~45 pages a layer; a wait of 0.1 us nearly always finds them still in flight
+        engine.begin_step(ids_of(16))
+        try:
+            engine.gather(1)
+        except SlackTierError as exc:
+            assert exc.kind is ErrorKind.TIMEOUT
+            engine.wait_timeout_s = 30.0   # from the next step on
+            try:
+                engine.end_step()   # waits for the other layers with this step's 0.1 us: may time out too
+            except SlackTierError as late:
+                assert late.kind is ErrorKind.TIMEOUT
+            break
+        engine.end_step()
+    assert engine.retired_pools == 1
+    for _ in range(4):   # the first reaps the timed-out jobs through Python's submit; the rest go from compiled code
+        ids = ids_of(16)
+        engine.begin_step(ids)
+        _exact(engine, files, ids)
+        c = engine.end_step()
+        assert c.layers[1].pages_read > 0
+    engine.close()

@@ -389,10 +389,18 @@ class StepEngine:
 
     def begin_step(self, ids: np.ndarray) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order)."""
-        self._refuse_if_closed()
-        ids = self._checked_ids(ids)
+        # The usual step (a plan built, the hasher's C-contiguous int64 ids of a known shape and size) takes
+        # the checks below inline rather than through _refuse_if_closed, _checked_ids and _ensure_capacity:
+        # the last step left the interpreter's memory out of cache, so each call and attribute here costs
+        # misses (bench_begin_ab.py: the Python around the compiled call 0.90-0.92x on warm steps).
+        plan = self._plan
+        if (plan is None or self._in_step or self._closed or type(ids) is not np.ndarray or ids.dtype is not _INT64
+                or ids.shape[1:] != plan.ids_shape or ids.shape[0] > self._token_capacity
+                or not ids.flags.c_contiguous):
+            self._refuse_if_closed()
+            ids = self._checked_ids(ids)
+            self._ensure_capacity(ids.shape[0])
         tokens = ids.shape[0]
-        self._ensure_capacity(tokens)
         self._in_step = True
         self._step += 1
         self._tokens = tokens
@@ -446,7 +454,9 @@ class StepEngine:
         passes = max(1, n_layers)   # stamps the step's passes use: one per layer
         bits = table.prepare(ids.shape[0] * self.columns, passes)
         plan = self._plan
-        if plan is None or plan.generation != cache.generation or plan.htab is not table.table:
+        pool = self._pool
+        if (plan is None or plan.generation != cache.generation or plan.htab is not table.table
+                or plan.pool is not pool):
             plan = self._plan = self._build_plan()
         if not ids.flags.c_contiguous:
             ids = np.ascontiguousarray(ids)   # one layout of the compiled entry, compiled once
@@ -454,51 +464,45 @@ class StepEngine:
         a[SP.H_STEP] = cache.step
         a[SP.H_STAMP] = table.stamp - passes + 1
         a[SP.H_HBITS] = bits
-        pool = self._pool
-        a[SP.H_POOL_ADDR] = pool.base
-        a[SP.H_POOL_CAP] = pool.capacity
-        a[SP.H_BUF_BASE] = 0
-        runs = plan.runs
-        for run in runs:
-            run.resolved = run.gathered = False
         for state in plan.states:   # pins an earlier pass left pending (none between steps), as resolve does
             if state.pending is not None:
                 cache._settle(state)
+        runs, states, lanes = plan.runs, plan.states, plan.lanes
         start = 0
         while True:
             a[SP.H_START] = start
             # The sources' locks are held around the call (see store.disk.NativeLane). A `with` per lock does not
             # fit a set of locks that varies per plan, and ExitStack costs microseconds on this path.
-            held = []
+            held = 0
             try:
                 for lane, fields in plan.natives:
                     lane.lock.acquire()
-                    held.append(lane.lock)
+                    held += 1
                     handle = lane.handle()
                     for at in fields:
                         a[at] = handle
-                SP.run_layers(ids, a)
+                SP.run_layers(ids, a)   # starts at layer `start`; the first call also at page buffer 0
                 stop = int(a[SP.H_STOP])
                 rows = plan.out.tolist()   # per layer: the pass's counts, then job and clock readings
                 for i in range(start, min(stop + 1, n_layers)):
                     run = runs[i]
                     row = rows[i]
-                    res = tuple.__new__(PassResult, row[:_N_COUNTS])
-                    run.res = res
+                    res = run.res = tuple.__new__(PassResult, row[:_N_COUNTS])
                     run.resolved = True   # whatever it claimed must be released on abort
                     if res.pending:
                         sc = run.scratch
-                        plan.states[i].pending = (sc.desc_kind, sc.desc_idx, res.pending)
-                    job, t0, t1, t2 = row[_N_COUNTS:]
-                    run.clock = (t0, t1, t2)
+                        states[i].pending = (sc.desc_kind, sc.desc_idx, res.pending)
+                    run.clock = row[_N_COUNTS + 1:]   # its three clock readings, as a list
+                    job = row[_N_COUNTS]
                     if job:
-                        lane = plan.lanes[i]
-                        self._reads.adopt(run.spec.layer, lane.source, lane.adopt(job, res.pages, pool, t1), res.pages)
+                        lane = lanes[i]
+                        self._reads.adopt(run.spec.layer, lane.source, lane.adopt(job, res.pages, pool, run.clock[1]),
+                                          res.pages)
                     if self.check:
                         run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
             finally:
-                for lock in held:
-                    lock.release()
+                for lane, _ in plan.natives[:held]:
+                    lane.lock.release()
             if stop == n_layers:
                 return
             # Layer `stop` is resolved: an id outside its table, or pages for Python to submit.
@@ -516,7 +520,7 @@ class StepEngine:
     def _build_plan(self) -> SP.StepPlan:
         """The compiled entry's plan for the engine's layers, cache and scratch as they are now."""
         cache = self.cache
-        plan = SP.StepPlan(len(self._order), cache.generation, cache._table.table)
+        plan = SP.StepPlan(len(self._order), cache.generation, cache._table.table, self._pool, self.columns)
         a = plan.arr
         plan.put(SP.H_SLOT_LAYER, cache.slot_layer, SP.H_SLOTS)
         for at, arr in ((SP.H_SLOT_ROW, cache.slot_row), (SP.H_STATE, cache.state), (SP.H_REF, cache.ref),
@@ -735,6 +739,7 @@ class StepEngine:
         self.cache.release_pins()
         for run in self._layers.values():   # the next step's, made here rather than on its critical path
             run.counters = LayerCounters()
+            run.resolved = run.gathered = False
         self._in_step = False
 
     @property

@@ -51,6 +51,7 @@ the DRAM source and is done (there is no layer after it).
 from __future__ import annotations
 
 import ctypes
+from typing import TYPE_CHECKING
 
 import numpy as np
 from llvmlite import ir
@@ -59,12 +60,15 @@ from numba.extending import intrinsic
 
 from slacktier.cache.directory import C_PAGES, N_COUNTS, resolve_layer
 
+if TYPE_CHECKING:
+    from slacktier.store.base import PageBufferPool
+
 # header fields of the plan
 H_LAYERS = 0      # layers in window order
 H_START = 1       # in: the first layer this call resolves
 H_STOP = 2        # out: the layer it stopped at (its pass done), or H_LAYERS when it ran them all
 H_WHY = 3         # out: WHY_* for a stop before the end
-H_BUF_BASE = 4    # in/out: the first page buffer the next layer's pages take
+H_BUF_BASE = 4    # out: the first page buffer the next layer's pages take (in, when H_START > 0; else 0)
 H_SLOTS = 5       # the cache's slot arrays: length, then addresses
 H_SLOT_LAYER = 6
 H_SLOT_ROW = 7
@@ -79,7 +83,7 @@ H_HBITS = 15      # per step
 H_OWNED_ONLY = 16
 H_LOSSY = 17
 H_PAD_ID = 18
-H_POOL_ADDR = 19  # per step: the page pool's first buffer and buffer count
+H_POOL_ADDR = 19  # the page pool's first buffer and buffer count (StepPlan.pool)
 H_POOL_CAP = 20
 H_SUBMIT_FN = 21  # address of st_eng_submit (0: no helper, every layer submits from Python)
 H_CLOCK_FN = 22   # address of clock_gettime
@@ -206,8 +210,8 @@ def run_layers(ids, plan):
     base = plan.ctypes.data
     ts = base + 8 * H_TS
     out = carray(_p_i64(plan[H_OUT]), (n_layers, OUT))
-    buf_base = plan[H_BUF_BASE]
     li = plan[H_START]
+    buf_base = plan[H_BUF_BASE] if li > 0 else 0   # a resumed call goes on where the last stopped
     while li < n_layers:
         r = HEADER + li * RECORD
         res = out[li]
@@ -270,9 +274,13 @@ def clock_gettime_address() -> int:
 class StepPlan:
     """The plan array of one engine configuration, and every array it names (kept alive here)."""
 
-    def __init__(self, layers: int, generation: int, htab: np.ndarray) -> None:
+    def __init__(self, layers: int, generation: int, htab: np.ndarray, pool: PageBufferPool, columns: int) -> None:
         self.arr = np.zeros(HEADER + layers * RECORD, dtype=np.int64)
         self.arr[H_LAYERS] = layers
+        self.ids_shape = (layers, columns)   # ids[T, L, C] of the steps it serves, less T
+        self.pool = pool   # the page pool it names; a new pool needs a new plan
+        self.arr[H_POOL_ADDR] = pool.base
+        self.arr[H_POOL_CAP] = pool.capacity
         self.out = np.zeros((layers, OUT), dtype=np.int64)   # per layer: the pass's counts, job, clock readings
         self.arr[H_OUT] = _address(self.out)
         self.generation = generation   # the cache's, when built
