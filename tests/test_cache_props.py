@@ -187,3 +187,37 @@ def test_lookup_and_directory_pass_run_one_clock(slots: int, steps: list) -> Non
         assert a.evictions(1) == b.evictions(1)
         a.release_pins()
         b.release_pins()
+
+
+def _thp_mode() -> str | None:
+    """The kernel's transparent huge page mode ("always", "madvise", "never"), None where it does not say."""
+    try:
+        text = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+    except OSError:
+        return None
+    chosen = [w for w in text.split() if w.startswith("[")]
+    return chosen[0].strip("[]") if chosen else None
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "never"), reason="needs THP in madvise or never mode: "
+                    "there a large array gets no huge pages without numpy's advice")
+def test_a_large_directory_without_huge_pages_is_warned_about_and_counted(caplog) -> None:
+    """numpy's huge-page advice off, as on a kernel without THP: add_layer says so, with the fix, and counts it;
+    a small directory is not checked."""
+    from numpy._core import multiarray
+    from slacktier.cache.rowcache import HUGE_PAGE_CHECK_BYTES, huge_page_share
+    was = multiarray._get_madvise_hugepage()
+    multiarray._set_madvise_hugepage(False)
+    try:
+        cache = RowCache(16)
+        with caplog.at_level("WARNING", logger="slacktier.cache.rowcache"):
+            cache.add_layer(1, 1000, 0.5)
+            cache.add_layer(14, HUGE_PAGE_CHECK_BYTES // 4, 0.5)
+    finally:
+        multiarray._set_madvise_hugepage(was)
+    assert huge_page_share(cache.layer(14).directory) == 0.0
+    assert cache.small_page_directories == 1
+    warned = [r.getMessage() for r in caplog.records if "huge pages" in r.getMessage()]
+    assert len(warned) == 1 and "layer 14's directory (64 MiB)" in warned[0] and "transparent_hugepage" in warned[0]
+    assert cache.layer(14).directory.min() == -1 == cache.layer(14).directory.max()   # still a whole directory
+

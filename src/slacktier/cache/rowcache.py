@@ -18,6 +18,15 @@ slots first, then unpinned rows (evicted), never a pinned row.
 Worked example: 1,000 slots, shares {1: 0.75, 14: 0.25} -> layer 1 owns 750
 slots, layer 14 owns 250; resize(slots=400) -> 300 and 100, layer 1 keeps its
 300 most useful slots (free first released, then unreferenced rows).
+
+Huge pages: a directory's random reads are begin_step's floor, and their cost
+grows with the directory's size through address translation. On the project's
+machine (BENCHMARKS.md, `bench_directory_floor.py`) a random read from a 1.5 GB
+directory cost 1.9x one from 16 MiB in huge pages, and 3.1x in 4 KiB pages.
+numpy asks the kernel for transparent huge pages for large arrays; where the
+kernel gives a directory of 64 MiB or more less than half of them (THP off, or
+memory too fragmented), `add_layer` logs a warning with the fix and counts it
+in `small_page_directories`.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 log = logging.getLogger(__name__)
 
 _INT64 = np.dtype(np.int64)              # dtype identity test: a third of the cost of dtype != np.int64
+HUGE_PAGE_CHECK_BYTES = 64 * 2**20       # directories from this size on are checked for huge pages
 
 
 @dataclass
@@ -105,6 +115,29 @@ def available_bytes(device: torch.device) -> Available:
     return Available(device, int(pages), "free physical pages")
 
 
+def huge_page_share(a: np.ndarray) -> float | None:
+    """Share of `a`'s bytes in transparent huge pages, from /proc/self/smaps; None where there is no such file.
+
+    numpy's huge-page advice splits a large array over several mappings (its unaligned ends and the aligned
+    middle), so every mapping overlapping the array counts.
+    """
+    lo_a = a.__array_interface__["data"][0]
+    hi_a = lo_a + a.nbytes
+    huge = 0
+    try:
+        with open("/proc/self/smaps") as f:
+            inside = False
+            for line in f:
+                if not line[:1].isupper():   # a mapping's first line, "7f4364600000-7f43a4600000 rw-p ..."
+                    lo, hi = (int(x, 16) for x in line.split(" ", 1)[0].split("-"))
+                    inside = lo < hi_a and hi > lo_a
+                elif inside and line.startswith("AnonHugePages:"):
+                    huge += int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return None
+    return huge / a.nbytes if a.nbytes else 1.0
+
+
 class RowCache:
     """Row slots on `device` with per-layer directories, CLOCK replacement, step pins and shares."""
 
@@ -136,6 +169,7 @@ class RowCache:
         # bumped whenever a layer's arrays may be replaced (layers added or dropped, slots re-partitioned):
         # the step engine's compiled entry names them by address (engine.steppass)
         self.generation = 0
+        self.small_page_directories = 0   # directories add_layer warned about (see the module doc)
 
     # ---- layers and sizes -------------------------------------------------------------------------
     def _check_budget(self, slots: int) -> None:
@@ -167,6 +201,7 @@ class RowCache:
         available_bytes(torch.device("cpu")).refuse(4 * int(rows), f"layer {layer}'s directory (4 B per row)")
         state = CacheLayer(layer=layer, key=self._next_key, rows=int(rows), share=float(share),
                            directory=np.full(int(rows), -1, dtype=np.int32), owned=np.zeros(0, dtype=np.int32))
+        self._check_huge_pages(state)
         self._next_key += 1
         shares = {k: v.share for k, v in self._layers.items()} | {layer: float(share)}
         counts = split_slots(self.slots, shares)   # validate before mutating
@@ -177,6 +212,20 @@ class RowCache:
             del self._layers[layer]
             raise
         return state
+
+    def _check_huge_pages(self, state: CacheLayer) -> None:
+        """Warn (and count) when a large directory did not get huge pages: its reads then cost more."""
+        nbytes = state.directory.nbytes
+        if nbytes < HUGE_PAGE_CHECK_BYTES:
+            return
+        share = huge_page_share(state.directory)
+        if share is None or share >= 0.5:
+            return
+        self.small_page_directories += 1
+        log.warning("layer %d's directory (%d MiB) is %.0f%% in huge pages: begin_step's random reads of it cost "
+                    "more (1.6x on the project's machine, BENCHMARKS.md); fix: set "
+                    "/sys/kernel/mm/transparent_hugepage/enabled to madvise or always, with memory free for "
+                    "2 MiB pages, before the engine starts", state.layer, nbytes >> 20, 100 * share)
 
     def remove_layer(self, layer: int) -> None:
         """Drop a layer's directory and free its slots (their rows are forgotten)."""
