@@ -7,11 +7,13 @@ before the edit and touches nothing outside the named section.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import os
 import platform
 import re
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,3 +87,24 @@ def publish(block: str, append: bool, section: str, subsection: str | None = Non
     if append:
         append_to_section(block, section, subsection)
     return 0
+
+
+def against_main(doc: str, what: str, rounds: int, section: str, subsection: str, measure, report) -> int:
+    """main() of a bench that runs an earlier commit's `what` beside this tree's: parses --against COMMIT,
+    --rounds and --append, then publishes `report(measure(commit, rounds), commit, args)` (to `subsection`)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--against", required=True, help=f"the earlier commit whose {what} runs beside")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({subsection})")
+    args = ap.parse_args()
+    return publish(report(measure(args.against, args.rounds), args.against, args), args.append, section, subsection)
+
+
+def thread_timed(fn, into: list[int]):
+    """`fn`, wrapped to append the thread CPU ns of each call to `into` (each call adds two clock reads)."""
+    def call(*args):
+        c0 = time.thread_time_ns()
+        r = fn(*args)
+        into.append(time.thread_time_ns() - c0)
+        return r
+    return call

@@ -30,13 +30,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import types
 from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, command_line, machine, publish, utc_stamp
+from _common import ROOT, against_main, command_line, machine, thread_timed, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -79,15 +78,6 @@ def measure(commit: str, rounds: int) -> dict:
     layout = EngramLayout.v41()
     ids = W._ids(layout, 128, WARM_STEPS + rounds * SPAN)
     inside: list[int] = []   # ns of compiled entry in the current begin_step
-
-    def timed(fn):
-        def call(*args):
-            c0 = time.thread_time_ns()
-            r = fn(*args)
-            inside.append(time.thread_time_ns() - c0)
-            return r
-        return call
-
     out = {(kind, name, what): [] for kind in ("warm", "fresh") for name in (commit, "current")
            for what in ("begin", "compiled", "python")} | {("warm", "floor"): [], ("fresh", "floor"): []}
     rng = random.Random(7)
@@ -117,7 +107,7 @@ def measure(commit: str, rounds: int) -> dict:
             for name in classes:   # each side's compiled entry compiled (or loaded) outside the timed steps
                 step(name, WARM_STEPS - 1)
             for name, sp in entries.items():
-                sp.run_layers = timed(real[name])
+                sp.run_layers = thread_timed(real[name], inside)
             steps = [("warm", t) for _ in range(rounds) for t in range(WARM_STEPS - SPAN, WARM_STEPS)]
             steps += [("fresh", t) for t in range(WARM_STEPS, WARM_STEPS + rounds * SPAN)]
             for kind, t in steps:
@@ -169,13 +159,7 @@ def report(out: dict, commit: str, args: argparse.Namespace) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--against", required=True, help="the earlier commit whose engine code runs beside")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
-    args = ap.parse_args()
-    block = report(measure(args.against, args.rounds), args.against, args)
-    return publish(block, args.append, SECTION, SUBSECTION)
+    return against_main(__doc__, "engine code", 8, SECTION, SUBSECTION, measure, report)
 
 
 if __name__ == "__main__":

@@ -26,12 +26,11 @@ import random
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
-from _common import command_line, machine, publish, utc_stamp
+from _common import command_line, machine, publish, thread_timed, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -50,15 +49,6 @@ def measure(rounds: int) -> dict:
     layout = EngramLayout.v41()
     ids = W._ids(layout, 128, WARM_STEPS + rounds * SPAN)
     inside: list[int] = []   # ns of compiled code in the current begin_step
-
-    def timed(fn):
-        def call(*args):
-            c0 = time.thread_time_ns()
-            r = fn(*args)
-            inside.append(time.thread_time_ns() - c0)
-            return r
-        return call
-
     real_entry, real_pass = SP.run_layers, RC.resolve_layer
     out = {(kind, path, what): [] for kind in ("warm", "fresh") for path in PATHS
            for what in ("begin", "compiled", "python")} | {("warm", "floor"): [], ("fresh", "floor"): []}
@@ -71,7 +61,7 @@ def measure(rounds: int) -> dict:
             for path in PATHS:   # each path's compiled code loaded (or compiled) outside the timed steps
                 engine._one_entry = path
                 W.timed_step(engine, ids[WARM_STEPS - 1])
-            SP.run_layers, RC.resolve_layer = timed(real_entry), timed(real_pass)
+            SP.run_layers, RC.resolve_layer = thread_timed(real_entry, inside), thread_timed(real_pass, inside)
             steps = [("warm", t) for _ in range(rounds) for t in range(WARM_STEPS - SPAN, WARM_STEPS)]
             steps += [("fresh", t) for t in range(WARM_STEPS, WARM_STEPS + rounds * SPAN)]
             for kind, t in steps:

@@ -28,7 +28,7 @@ import tempfile
 import types
 from pathlib import Path
 
-from _common import ROOT, command_line, machine, publish, utc_stamp
+from _common import ROOT, against_main, command_line, machine, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -113,13 +113,7 @@ def report(out: dict, commit: str, args: argparse.Namespace) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--against", required=True, help="the earlier commit whose engine/step.py runs beside")
-    ap.add_argument("--rounds", type=int, default=4)
-    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
-    args = ap.parse_args()
-    block = report(measure(args.against, args.rounds), args.against, args)
-    return publish(block, args.append, SECTION, SUBSECTION)
+    return against_main(__doc__, "engine/step.py", 4, SECTION, SUBSECTION, measure, report)
 
 
 if __name__ == "__main__":
