@@ -210,8 +210,8 @@ def gather(quick: bool) -> dict:
     return out
 
 
-def disk(quick: bool) -> dict:
-    """io_uring, random 4 KiB O_DIRECT reads in 700-page batches from a 1 GiB file: CPU per page and IOPS."""
+def disk_file() -> Path:
+    """The 1 GiB file of random bytes the disk task reads (in AB_DIR, else the temp folder), written if missing."""
     file_pages = (1 << 30) // PAGE_BYTES
     path = Path(os.environ.get("AB_DIR") or tempfile.gettempdir()) / "ab_disk.bin"
     if not path.exists() or path.stat().st_size != file_pages * PAGE_BYTES:
@@ -219,11 +219,21 @@ def disk(quick: bool) -> dict:
             chunk = np.random.default_rng(0).integers(0, 255, 16 << 20, dtype=np.uint8).tobytes()
             for _ in range(file_pages * PAGE_BYTES // len(chunk)):
                 f.write(chunk)
+    return path
+
+
+def disk_run(path: Path, batches: int, seed: int | None = None) -> dict:
+    """`batches` batches of 700 random 4 KiB O_DIRECT reads through io_uring: median CPU per page and kIOPS.
+
+    `seed` None draws new pages every run, as fio does beside it (randrepeat=0); up to commit 44b8be3 the disk
+    task read the same pages (seed 1) in every run, which the host behind this VM's disk might have kept from the
+    last run. bench_disk_repeat.py compares the two."""
+    file_pages = path.stat().st_size // PAGE_BYTES
     region = _region(1, 0, str(path), 0, file_pages, 0, 0)
     source = _disk([region], engine="io_uring")
-    batch, batches = 700, (40 if quick else 150)
+    batch = 700
     pool = PageBufferPool(batch)
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     cpu, iops = [], []
     for i in range(batches + 5):
         reads = PageReads(np.zeros(batch, np.int32), rng.integers(0, file_pages, batch).astype(np.int64),
@@ -236,6 +246,11 @@ def disk(quick: bool) -> dict:
             iops.append(batch / ((t1 - t0) / 1e9))
     source.close()
     return {"disk_cpu_us_per_page": statistics.median(cpu), "disk_kiops": statistics.median(iops) / 1e3}
+
+
+def disk(quick: bool) -> dict:
+    """io_uring, random 4 KiB O_DIRECT reads in 700-page batches from a 1 GiB file: CPU per page and IOPS."""
+    return disk_run(disk_file(), 40 if quick else 150)
 
 
 def main() -> int:
