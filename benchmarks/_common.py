@@ -89,6 +89,16 @@ def publish(block: str, append: bool, section: str, subsection: str | None = Non
     return 0
 
 
+def count_main(doc: str, option: str, default: int, section: str, subsection: str, measure, report) -> int:
+    """main() of a bench with one count (`--rounds`, `--steps`, ...) and --append: publishes
+    `report(measure(count), args)` (to `subsection` of BENCHMARKS.md)."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument(f"--{option}", type=int, default=default)
+    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({subsection})")
+    args = ap.parse_args()
+    return publish(report(measure(getattr(args, option)), args), args.append, section, subsection)
+
+
 def against_main(doc: str, what: str, rounds: int, section: str, subsection: str, measure, report) -> int:
     """main() of a bench that runs an earlier commit's `what` beside this tree's: parses --against COMMIT,
     --rounds and --append, then publishes `report(measure(commit, rounds), commit, args)` (to `subsection`)."""

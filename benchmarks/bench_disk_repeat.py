@@ -24,7 +24,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import ROOT, command_line, machine, publish, utc_stamp
+from _common import ROOT, command_line, count_main, machine, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("AB_DIR", str(ROOT / "runs" / "bench_hot_path"))   # the hot path's file
@@ -80,11 +80,7 @@ def report(out: dict[str, list[float]], args: argparse.Namespace) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
-    args = ap.parse_args()
-    return publish(report(measure(args.rounds), args), args.append, SECTION, SUBSECTION)
+    return count_main(__doc__, "rounds", 8, SECTION, SUBSECTION, measure, report)
 
 
 if __name__ == "__main__":

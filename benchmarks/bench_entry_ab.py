@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import command_line, machine, publish, thread_timed, utc_stamp
+from _common import command_line, count_main, machine, thread_timed, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -108,12 +108,7 @@ def report(out: dict, args: argparse.Namespace) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=10)
-    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
-    args = ap.parse_args()
-    block = report(measure(args.rounds), args)
-    return publish(block, args.append, SECTION, SUBSECTION)
+    return count_main(__doc__, "rounds", 10, SECTION, SUBSECTION, measure, report)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import command_line, machine, publish, utc_stamp
+from _common import command_line, count_main, machine, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -125,11 +125,7 @@ def report(out: dict[str, list[float]], args: argparse.Namespace) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--append", action="store_true", help=f"append the table to BENCHMARKS.md ({SUBSECTION})")
-    args = ap.parse_args()
-    return publish(report(measure(args.steps), args), args.append, SECTION, SUBSECTION)
+    return count_main(__doc__, "steps", 300, SECTION, SUBSECTION, measure, report)
 
 
 if __name__ == "__main__":
