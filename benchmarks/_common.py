@@ -12,6 +12,7 @@ import datetime
 import os
 import platform
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -87,6 +88,19 @@ def publish(block: str, append: bool, section: str, subsection: str | None = Non
     if append:
         append_to_section(block, section, subsection)
     return 0
+
+
+def git_show(commit: str, path: str, missing_ok: bool = False) -> str | None:
+    """The text of `path` (from the repository root) at `commit`; when it has none, None with `missing_ok`, else
+    exit with git's message."""
+    proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, text=True,
+                          check=False)
+    if proc.returncode == 0:
+        return proc.stdout
+    if missing_ok and subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet",
+                                      f"{commit}^{{commit}}"], capture_output=True, check=False).returncode == 0:
+        return None
+    raise SystemExit(f"cannot read {path} at {commit}: {proc.stderr.strip()}")
 
 
 def count_main(doc: str, option: str, default: int, section: str, subsection: str, measure, report) -> int:

@@ -1,8 +1,8 @@
 """begin_step's Python: an earlier commit's engine code beside the current one, on one engine, step by step.
 
 The earlier commit's `engine/step.py` and `engine/steppass.py` are loaded from
-git as modules of their own (its compiled entry compiled afresh, uncached; the
-directory pass is this tree's). One engine (one TP4 rank of the V4.1 tables,
+git as modules of their own (`bench_step_ab.old_engine_class`: its compiled
+entry compiled afresh, uncached; the directory pass is this tree's). One engine (one TP4 rank of the V4.1 tables,
 owned_only, B = 128, 2M cache rows, sparse disk regions: `_ab_worker.py
 begin_step`'s setting) runs each step as one commit's StepEngine or the other,
 chosen at random per step: the instance's class is switched between steps and
@@ -24,21 +24,19 @@ submitted).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import types
 from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, against_main, command_line, machine, thread_timed, utc_stamp
+from _common import against_main, command_line, machine, thread_timed, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
+from bench_step_ab import old_engine_class  # noqa: E402
 
 import slacktier.engine.step as S  # noqa: E402
 import slacktier.engine.steppass as SP  # noqa: E402
@@ -47,31 +45,6 @@ from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Hot path against issue 14's targets"
 WARM_STEPS, SPAN = 64, 30
-
-
-def _git_show(commit: str, path: str) -> str:
-    proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:{path}"], capture_output=True, text=True,
-                          check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"cannot read {path} at {commit}: {proc.stderr.strip()}")
-    return proc.stdout
-
-
-def old_engine_class(commit: str, tmp: Path) -> tuple[type, types.ModuleType]:
-    """StepEngine and steppass as `commit` wrote them (modules `step_<commit>`, `steppass_<commit>`)."""
-    path = tmp / f"steppass_{commit}.py"   # numba compiles from a file; uncached, so nothing stale is loaded
-    path.write_text(_git_show(commit, "src/slacktier/engine/steppass.py").replace("cache=True", "cache=False"))
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    sp = importlib.util.module_from_spec(spec)
-    sys.modules[path.stem] = sp
-    spec.loader.exec_module(sp)
-    name = f"step_{commit}"
-    mod = types.ModuleType(name)
-    mod.__file__ = f"{name}.py"
-    sys.modules[name] = mod   # its dataclasses look themselves up there
-    exec(compile(_git_show(commit, "src/slacktier/engine/step.py"), mod.__file__, "exec"), mod.__dict__)
-    mod.SP = sp   # its begin_step calls its own compiled entry
-    return mod.StepEngine, sp
 
 
 def measure(commit: str, rounds: int) -> dict:
@@ -85,6 +58,8 @@ def measure(commit: str, rounds: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         old_cls, old_sp = old_engine_class(commit, tmp)
+        if old_sp is None:
+            raise SystemExit(f"{commit} has no compiled entry (engine/steppass.py) to time: use bench_step_ab.py")
         classes = {commit: old_cls, "current": S.StepEngine}
         entries = {commit: old_sp, "current": SP}
         engine = W.rank_engine(layout, tmp)

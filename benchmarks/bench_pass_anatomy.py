@@ -50,7 +50,6 @@ import argparse
 import importlib.util
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -58,7 +57,7 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
-from _common import ROOT, command_line, machine, publish, utc_stamp
+from _common import ROOT, command_line, git_show, machine, publish, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -111,8 +110,7 @@ def _replace(text: str, old: str, new: str) -> str:
 
 def pass_source(commit: str) -> str:
     """The directory pass's source (`cache/directory.py`) at `commit`, from git."""
-    return subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:src/slacktier/cache/directory.py"],
-                          check=True, capture_output=True, text=True).stdout
+    return git_show(commit, "src/slacktier/cache/directory.py")
 
 
 def variants(fresh: bool = False, against: str | None = None) -> dict[str, str]:

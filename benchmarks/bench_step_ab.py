@@ -1,6 +1,7 @@
 """begin_step and end_step of an earlier commit's StepEngine beside the current one, in one process.
 
-The earlier commit's `engine/step.py` is loaded from git as a module of its own
+The earlier commit's `engine/step.py` (and its `engine/steppass.py`, the compiled
+entry whose plan it fills, where it has one) is loaded from git as a module of its own
 and runs on this tree's cache, directory pass and sources (its `resolve` call
 with flat ids still works: the pass takes them as one row). Each class drives
 its own engine (one TP4 rank of the V4.1 tables, owned_only, B = 128, 2M cache
@@ -20,15 +21,15 @@ Thread CPU time of begin_step and of end_step (us).
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
 import types
 from pathlib import Path
 
-from _common import ROOT, against_main, command_line, machine, utc_stamp
+from _common import against_main, command_line, git_show, machine, utc_stamp
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ab_worker as W  # noqa: E402
@@ -41,27 +42,36 @@ SUBSECTION = "### Hot path against issue 14's targets"
 WARM_STEPS, FRESH_STEPS, SPAN = 64, 60, 30
 
 
-def old_engine_class(commit: str) -> type:
-    """StepEngine as `commit` wrote it, loaded as the module `step_<commit>`."""
-    proc = subprocess.run(["git", "-C", str(ROOT), "show", f"{commit}:src/slacktier/engine/step.py"],
-                          capture_output=True, text=True, check=False)
-    if proc.returncode != 0:
-        raise SystemExit(f"cannot read engine/step.py at {commit}: {proc.stderr.strip()}")
+def old_engine_class(commit: str, tmp: Path) -> tuple[type, types.ModuleType | None]:
+    """StepEngine as `commit` wrote it (module `step_<commit>`), with that commit's compiled entry where it has
+    one (`engine/steppass.py` as module `steppass_<commit>`, compiled afresh in `tmp`, uncached): the plan's
+    layout goes with the engine code that fills it. Commits before the entry run on this tree's modules."""
+    sp = None
+    text = git_show(commit, "src/slacktier/engine/steppass.py", missing_ok=True)
+    if text is not None:
+        path = tmp / f"steppass_{commit}.py"   # numba compiles from a file; uncached, so nothing stale is loaded
+        path.write_text(text.replace("cache=True", "cache=False"))
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        sp = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = sp
+        spec.loader.exec_module(sp)
     name = f"step_{commit}"
     mod = types.ModuleType(name)
     mod.__file__ = f"{name}.py"
     sys.modules[name] = mod   # its dataclasses look themselves up there
-    exec(compile(proc.stdout, mod.__file__, "exec"), mod.__dict__)
-    return mod.StepEngine
+    exec(compile(git_show(commit, "src/slacktier/engine/step.py"), mod.__file__, "exec"), mod.__dict__)
+    if sp is not None:
+        mod.SP = sp   # its begin_step calls its own compiled entry
+    return mod.StepEngine, sp
 
 
 def measure(commit: str, rounds: int) -> dict[str, dict[str, list[float]]]:
     layout = EngramLayout.v41()
     ids = W._ids(layout, 128, WARM_STEPS + FRESH_STEPS)
-    classes = {commit: old_engine_class(commit), "current": S.StepEngine}
-    out = {name: {k: [] for k in ("warm", "warm_end", "fresh", "fresh_end")} for name in classes}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
+        classes = {commit: old_engine_class(commit, tmp)[0], "current": S.StepEngine}
+        out = {name: {k: [] for k in ("warm", "warm_end", "fresh", "fresh_end")} for name in classes}
         engines = {name: W.rank_engine(layout, tmp, tag=f"-{k}", engine_cls=cls)
                    for k, (name, cls) in enumerate(classes.items())}
 
