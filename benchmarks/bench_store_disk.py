@@ -39,7 +39,8 @@ import numpy as np
 
 from slacktier.config import DiskOptions
 from slacktier.store import PageBufferPool, PageReads
-from slacktier.store.disk import PREAD_THREADS_MAX, DiskSource
+from slacktier.store.disk import DiskSource
+from slacktier.store.pread_queue import PREAD_THREADS_MAX
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import threading
 import time
 from pathlib import Path
 
@@ -43,44 +42,29 @@ STEPS = 330                       # > 1M lookups per tier
 
 
 class HeldDisk(DiskSource):
-    """The disk tier with one real late completion on demand: `hold()` parks the next batch until `release()`.
+    """The disk tier with one real late completion on demand: `hold()` holds the device queue when the next
+    batch is submitted, so that batch (and every read on the device) waits until `release()`."""
 
-    io_uring: the next submitting source's C workers start no batch until released; threads: the lane waits.
-    """
-
-    gate = threading.Event()
-    held: threading.Event | None = None
-    holding: list = []   # io_uring sources whose workers are held
+    armed = False
+    holding: list = []   # sources whose device queues are held
 
     @classmethod
     def hold(cls) -> None:
-        cls.gate.clear()
-        cls.held = cls.gate
+        cls.armed = True
 
     @classmethod
     def release(cls) -> None:
-        cls.held = None   # a hold no batch took yet must not catch a later test's batch
-        cls.gate.set()
+        cls.armed = False   # a hold no batch took yet must not catch a later test's batch
         for source in cls.holding:
-            for lanes in source._lanes.values():
-                for lane in lanes:
-                    lane.state.engine.hold(False)
+            DiskSource.hold(source, False)
         cls.holding.clear()
 
     def submit(self, reads, pool):
-        if self.engine_name == "io_uring" and HeldDisk.held is not None:
-            HeldDisk.held = None
+        if HeldDisk.armed:
+            HeldDisk.armed = False
             HeldDisk.holding.append(self)
-            for lanes in self._lanes.values():
-                for lane in lanes:
-                    lane.state.engine.hold(True)
+            DiskSource.hold(self, True)
         return super().submit(reads, pool)
-
-    def _read(self, lane, part):
-        held, HeldDisk.held = HeldDisk.held, None
-        if held is not None:
-            held.wait()
-        return super()._read(lane, part)
 
 
 register_tier("held_disk", HeldDisk, DiskOptions)

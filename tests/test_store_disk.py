@@ -8,6 +8,7 @@ import mmap
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -17,6 +18,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads
 from slacktier.store import _native
 from slacktier.store._common import page_crc32c
+from slacktier.store.devqueue import open_queues
 from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
 from slacktier.store.testing import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
@@ -43,7 +45,8 @@ def test_four_devices_many_workers_read_every_page_exactly(o_direct_dir, engine)
     assert len({s.path for s in staged.specs}) == 4
     src = DiskSource(staged.specs, DiskOptions(engine=engine, queue_depth=16, io_threads=2))
     try:
-        assert src.engine_name == engine and src.devices == [0, 1, 2, 3]
+        # four target files on one filesystem are one physical device: one device queue serves them
+        assert src.engine_name == engine and len(src.devices) == 1
         pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
         order = np.random.default_rng(1).permutation(len(pairs))
         reads = _reads([pairs[i] for i in order])
@@ -204,14 +207,14 @@ def test_the_helper_is_built_once_per_source_hash(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
 def test_a_batch_that_times_out_lands_later_in_its_own_pool_and_is_released(o_direct_dir):
-    # A held C worker makes a real late completion: the wait times out, the batch lands later into the pool
-    # it was given (kept mapped meanwhile), and the next batch, into a new pool, is exact.
+    # A held device queue makes a real late completion: the wait times out, the batch lands later into the
+    # pool it was given (kept mapped meanwhile), and the next batch, into a new pool, is exact.
     staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2)
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
-    engine = src._single.state.engine
+    [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
     old, new = PageBufferPool(4), PageBufferPool(4)
     try:
-        engine.hold(True)
+        src.hold(True)
         late = src.submit(_reads([(0, 3), (2, 7)]), old)
         with pytest.raises(SlackTierError) as info:
             src.wait(late, timeout_s=0.05)
@@ -220,15 +223,25 @@ def test_a_batch_that_times_out_lands_later_in_its_own_pool_and_is_released(o_di
         with pytest.raises(SlackTierError) as info:   # a timed-out ticket is not waited twice
             src.wait(late)
         assert info.value.kind is ErrorKind.BAD_INPUT
-        engine.hold(False)
-        src.wait(src.submit(_reads([(1, 2), (3, 4)]), new))   # queued behind the late batch: it has landed
-        assert np.array_equal(old.pages[0], staged.pages[0][3]) and np.array_equal(old.pages[1], staged.pages[2][7])
+        assert src.busy_or_closed()                   # compiled code must not queue past a ticket set aside
+        src.hold(False)
+        src.wait(src.submit(_reads([(1, 2), (3, 4)]), new))
         assert np.array_equal(new.pages[0], staged.pages[1][2]) and np.array_equal(new.pages[1], staged.pages[3][4])
-        src.wait(src.submit(_reads([(0, 1)]), new))
-        assert src._abandoned == []                   # the late ticket was released once done
-        assert [h[0] for h in src._single.state.held] == [new]   # only the pool still registered is kept
+        _wait_until(lambda: np.array_equal(old.pages[1], staged.pages[2][7]))   # the late batch lands for real
+        assert np.array_equal(old.pages[0], staged.pages[0][3])
+        src.wait(src.submit(_reads([(0, 1)]), new))   # reaps the late ticket
+        assert not src.busy_or_closed()
+        assert queue.pools_held() == 1                # only the pool a ring still has registered is kept
     finally:
         src.close()
+
+
+def _wait_until(done, limit_s: float = 30.0) -> None:
+    """Poll `done` until true (a bound on a hang, not a timing assertion)."""
+    end = time.monotonic() + limit_s
+    while not done():
+        assert time.monotonic() < end, "the late batch never landed"
+        time.sleep(0.001)
 
 
 @pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
@@ -237,9 +250,10 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
     pool = PageBufferPool(2)
     try:
-        engine = src._single.state.engine
+        lane = src.native_lane()   # compiled code's way in: C checks the reads itself
         bad = _reads([(0, 1), (0, staged.specs[0].pages)])
-        assert engine.submit(bad.region, bad.page, bad.buffer, pool.base, pool.capacity) == -2
+        [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
+        assert queue.submit(lane.handle(), bad.region, bad.page, bad.buffer, pool) == -2
         with pytest.raises(SlackTierError) as info:
             src.submit(bad, pool)
         assert info.value.kind is ErrorKind.BAD_INPUT and info.value.page == staged.specs[0].pages
@@ -247,7 +261,7 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
         with pytest.raises(SlackTierError) as info:
             src.submit(over, pool)
         assert info.value.kind is ErrorKind.BAD_INPUT and "buffer 2" in str(info.value)
-        assert not pool.pages.any() and src._tickets == {}
+        assert not pool.pages.any() and not src.busy_or_closed()
         src.wait(src.submit(_reads([(0, 5)]), pool))
         assert np.array_equal(pool.pages[0], staged.pages[0][5])
     finally:

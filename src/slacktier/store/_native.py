@@ -96,8 +96,8 @@ def _submit_kernel():
     fn.restype = u64
 
     @njit(nogil=True)
-    def submit(engine, region, page, buffer, pool_addr, pool_buffers, err):   # pragma: no cover - compiled
-        return fn(engine, region.shape[0], region.ctypes.data, page.ctypes.data, buffer.ctypes.data, pool_addr,
+    def submit(client, region, page, buffer, pool_addr, pool_buffers, err):   # pragma: no cover - compiled
+        return fn(client, region.shape[0], region.ctypes.data, page.ctypes.data, buffer.ctypes.data, pool_addr,
                   pool_buffers, err.ctypes.data)
 
     return submit
@@ -118,69 +118,92 @@ def load_helper() -> ctypes.CDLL:
     lib.st_ring_create.restype = ctypes.c_void_p
     lib.st_ring_destroy.argtypes = [ctypes.c_void_p]
     lib.st_ring_destroy.restype = None
-    vp, i64, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint
-    lib.st_eng_create.argtypes = [u32, u32, u32, u32, ctypes.c_int, vp, vp, vp, vp, u32, ctypes.POINTER(ctypes.c_int)]
+    vp, i64, u32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint, ctypes.c_int
+    lib.st_eng_create.argtypes = [u32, u32, u32, u32, i32, ctypes.POINTER(ctypes.c_int)]
     lib.st_eng_create.restype = vp
-    lib.st_eng_hold.argtypes = [vp, ctypes.c_int]
+    lib.st_eng_attach.argtypes = [vp, i32, vp, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_int)]
+    lib.st_eng_attach.restype = vp
+    lib.st_eng_detach.argtypes = [vp, vp]
+    lib.st_eng_detach.restype = i32
+    lib.st_eng_hold.argtypes = [vp, i32]
     lib.st_eng_hold.restype = None
     lib.st_eng_wait.argtypes = [vp, vp, i64, vp]
-    lib.st_eng_wait.restype = ctypes.c_int
+    lib.st_eng_wait.restype = i32
     lib.st_eng_reads.argtypes = [vp, vp, vp, vp, vp]
     lib.st_eng_reads.restype = None
     lib.st_eng_release.argtypes = [vp, vp]
     lib.st_eng_release.restype = None
+    lib.st_eng_registered.argtypes = [vp, vp]
+    lib.st_eng_registered.restype = i32
+    lib.st_eng_trace.argtypes = [vp, i64]
+    lib.st_eng_trace.restype = i32
+    lib.st_eng_trace_read.argtypes = [vp, vp, vp, vp, i64]
+    lib.st_eng_trace_read.restype = i64
     lib.st_eng_destroy.argtypes = [vp]
     lib.st_eng_destroy.restype = None
     return lib
 
 
 #: IoEngine.wait's info fields
-INFO_FIRST_BAD, INFO_SUBMIT_NS, INFO_END_NS, INFO_CPU_NS, INFO_BUFFERS_REFUSED, INFO_FILES_REFUSED = range(6)
+(INFO_FIRST_BAD, INFO_SUBMIT_NS, INFO_END_NS, INFO_CPU_NS, INFO_BUFFERS_REFUSED, INFO_FILES_REFUSED,
+ INFO_FIRST_NS) = range(7)
+INFO_FIELDS = 7
 
 
 class IoEngine:
-    """A C I/O worker (a pthread owning one io_uring ring, csrc/uring_read.c `st_eng_*`).
+    """A C device queue (csrc/uring_read.c `st_eng_*`): worker pthreads owning one io_uring ring each, taking
+    reads from one queue kept in (priority, arrival) order.
 
-    A batch goes over in one call: `submit` passes the addresses of the region,
-    page and buffer arrays; C checks every read against the region table,
-    copies the batch and queues it, and returns a job handle at once. `wait`
+    Clients attach their regions (`attach`: region i is region_pages[i] pages of `page_bytes` at byte
+    region_offset[i] of file region_fd[i], admitted in region_prio[i] order). A batch of one client goes
+    over in one call: `submit` passes the addresses of the region, page and buffer arrays; C checks every
+    read against the client's regions and copies the batch, and returns a job handle at once. `wait`
     blocks with the GIL released. No Python runs on the I/O side.
-
-    Region i is region_pages[i] pages of `page_bytes` at byte region_offset[i] of
-    file region_fd[i]; `files` (at most 64) are registered with the ring.
     """
 
-    def __init__(self, entries: int, depth: int, wait_batch: int, page_bytes: int, region_fd: np.ndarray,
-                 region_offset: np.ndarray, region_pages: np.ndarray, files: np.ndarray) -> None:
+    def __init__(self, entries: int, depth: int, wait_batch: int, page_bytes: int, threads: int) -> None:
         self._lib = load_helper()
-        # kept: C copies them, but the arrays must live through the call
-        fd = np.ascontiguousarray(region_fd, dtype=np.int32)
-        off = np.ascontiguousarray(region_offset, dtype=np.int64)
-        pages = np.ascontiguousarray(region_pages, dtype=np.int64)
-        files = np.ascontiguousarray(files, dtype=np.int32)
         err = ctypes.c_int(0)
-        handle = self._lib.st_eng_create(entries, depth, wait_batch, page_bytes, fd.shape[0], fd.ctypes.data,
-                                         off.ctypes.data, pages.ctypes.data, files.ctypes.data, files.shape[0],
-                                         ctypes.byref(err))
+        handle = self._lib.st_eng_create(entries, depth, wait_batch, page_bytes, threads, ctypes.byref(err))
         if not handle:
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot start the io_uring I/O engine: "
                                  f"{os.strerror(err.value)}",
                                  fix="use a kernel with io_uring enabled (sysctl kernel.io_uring_disabled=0) "
                                      "or choose engine='threads'")
         self._handle: int | None = handle
+        self.threads = threads
         self._err = np.zeros(1, dtype=np.int64)
         self._submit = _submit_kernel()
+
+    def attach(self, region_fd: np.ndarray, region_offset: np.ndarray, region_pages: np.ndarray,
+               region_prio: np.ndarray, region_ioprio: np.ndarray) -> int:
+        """Attach a client's regions; its handle (what `submit` and compiled code take)."""
+        if self._handle is None:
+            raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is closed", fix="open a new source")
+        arrays = [np.ascontiguousarray(region_fd, dtype=np.int32), np.ascontiguousarray(region_offset, np.int64),
+                  np.ascontiguousarray(region_pages, np.int64), np.ascontiguousarray(region_prio, np.int32),
+                  np.ascontiguousarray(region_ioprio, np.int32)]
+        err = ctypes.c_int(0)
+        client = self._lib.st_eng_attach(self._handle, arrays[0].shape[0], *(a.ctypes.data for a in arrays),
+                                         ctypes.byref(err))
+        if not client:
+            raise SlackTierError(ErrorKind.IO, f"cannot attach regions: {os.strerror(err.value)}", fix="free memory")
         # An empty batch compiles the submit kernel now (or loads it), not inside a caller's first step.
         none = np.zeros(0, dtype=np.int64)
-        self.release(self.submit(none.astype(np.int32), none, none.astype(np.int32), 0, 0))
+        self.release(self.submit(client, none.astype(np.int32), none, none.astype(np.int32), 0, 0))
+        return client
 
-    def submit(self, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool_addr: int,
+    def detach(self, client: int) -> bool:
+        """Forget a client whose every job was released; False while one is not."""
+        return self._handle is None or self._lib.st_eng_detach(self._handle, client) == 0
+
+    def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool_addr: int,
                pool_buffers: int) -> int:
         """Queue reads (int32, int64, int32 C-contiguous arrays of one length); the job handle (> 0), or
         -(i + 1) for read i naming a region, page or buffer out of range (nothing queued). CLOSED once closed."""
         if self._handle is None:
             raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is closed", fix="open a new source")
-        job = self._submit(self._handle, region, page, buffer, pool_addr, pool_buffers, self._err)
+        job = self._submit(client, region, page, buffer, pool_addr, pool_buffers, self._err)
         if job:
             return job
         err = int(self._err[0])
@@ -189,11 +212,6 @@ class IoEngine:
         if err == -errno.ESHUTDOWN:
             raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is stopping", fix="open a new source")
         raise SlackTierError(ErrorKind.IO, f"cannot queue reads: {os.strerror(-err)}", fix="free memory")
-
-    @property
-    def handle(self) -> int:
-        """The C engine's address (0 once closed): what st_eng_submit takes from compiled code."""
-        return self._handle or 0
 
     def wait(self, job: int, timeout_ns: int, info: np.ndarray) -> bool:
         """Block until `job` is done, at most `timeout_ns` (< 0: no limit); True and `info` filled when done."""
@@ -207,7 +225,7 @@ class IoEngine:
         return region, page, buffer, res
 
     def hold(self, on: bool) -> None:
-        """Start no batch while held (tests: a batch that lands late for real); close releases it."""
+        """Admit no read while held (tests: a batch that lands late for real); close releases it."""
         self._lib.st_eng_hold(self._handle, int(on))
 
     def release(self, job: int) -> None:
@@ -215,8 +233,26 @@ class IoEngine:
         if self._handle is not None:
             self._lib.st_eng_release(self._handle, job)
 
+    def registered(self) -> set[int]:
+        """Addresses of the pools the rings have registered now (they must stay mapped)."""
+        out = np.zeros(64, dtype=np.uint64)
+        n = self._lib.st_eng_registered(self._handle, out.ctypes.data)
+        return {int(a) for a in out[:n] if a}
+
+    def trace(self, cap: int) -> None:
+        """Record the next `cap` admitted reads (0: stop and forget)."""
+        if self._lib.st_eng_trace(self._handle, cap) != 0:
+            raise SlackTierError(ErrorKind.IO, "cannot allocate the admission trace", fix="ask for fewer reads")
+
+    def traced(self, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reads admitted since `trace`, in admission order: client id, region, page."""
+        client, region, page = np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.int64)
+        n = self._lib.st_eng_trace_read(self._handle, client.ctypes.data, region.ctypes.data, page.ctypes.data,
+                                        cap)
+        return client[:n], region[:n], page[:n]
+
     def close(self) -> None:
-        """Finish queued batches, stop the thread, free the ring and every job (idempotent)."""
+        """Finish queued batches, stop the threads, free the rings and every job (idempotent)."""
         if self._handle is not None:
             self._lib.st_eng_destroy(self._handle)
             self._handle = None

@@ -83,8 +83,10 @@ def typed_options(options: Options | None, kind: type[O]) -> O:
     return options
 
 
-class QueuedSource(PageSource, Generic[S]):
-    """A page source whose reads run on worker lanes; subclasses implement `_read` (see the module docstring)."""
+class RegionSource(PageSource):
+    """What every source over staged regions shares: the regions checked, the manifest's checksums, the ticket
+    book, and the checks and errors that name layer, rank and page. `QueuedSource` adds worker lanes; the
+    disk tier (store/disk.py) submits to device queues instead."""
 
     #: names the tier's reads in error messages ("disk read: short read, ...")
     read_what: ClassVar[str] = "read"
@@ -113,9 +115,6 @@ class QueuedSource(PageSource, Generic[S]):
         #: check each read page against `_expected` (a tier that checked its pages once, at load, turns it off)
         self._check_each_read = self._expected is not None
         self._book = TicketBook(type(self).__name__)
-        self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
-        self._lanes: dict[int, list[Lane[S]]] = {}  # device (or ANY_DEVICE) -> its lanes
-        self._threads: list[threading.Thread] = []
 
     @property
     def verifies_reads(self) -> bool:
@@ -135,138 +134,12 @@ class QueuedSource(PageSource, Generic[S]):
                                      fix="pass the manifest's checksums for this region")
         return np.concatenate([np.asarray(s, dtype=np.uint32) for s in page_crc32c])
 
-    # -- lanes ----------------------------------------------------------------------------------
-
-    def _start_lanes(self, lanes: int = 1, *, per_device: bool = False) -> None:
-        """Start `lanes` workers (for each device of the regions when `per_device`); raise the first setup error.
-
-        Compiled kernels the lanes use are compiled (or loaded from numba's cache) first, by `_warm`, so that
-        no first read pays a compile inside a caller's bounded wait."""
-        self._warm()
-        devices = sorted({int(d) for d in self._region_device}) if per_device else [ANY_DEVICE]
-        name = type(self).__name__.removesuffix("Source").lower()
-        ready: list[tuple[threading.Event, list[BaseException]]] = []
-        for device in devices:
-            self._lanes[device] = []
-            for w in range(lanes):
-                lane: Lane[S] = Lane(sum(len(v) for v in self._lanes.values()), device, queue.SimpleQueue())
-                started: tuple[threading.Event, list[BaseException]] = (threading.Event(), [])
-                label = f"d{device}-w{w}" if per_device else f"w{w}"
-                thread = threading.Thread(target=self._lane_main, args=(lane, started), daemon=True,
-                                          name=f"slacktier-{name}-{label}")
-                thread.start()
-                self._lanes[device].append(lane)
-                self._threads.append(thread)
-                ready.append(started)
-        failures = []
-        for event, errors in ready:
-            event.wait()
-            failures.extend(errors)
-        if failures:
-            self.close()
-            raise failures[0]
-
-    def _lane_main(self, lane: Lane[S], started: tuple[threading.Event, list[BaseException]]) -> None:
-        try:
-            self._open_lane(lane)
-        except BaseException as exc:  # reported to _start_lanes, which raises it
-            started[1].append(exc)
-            started[0].set()
-            return
-        started[0].set()
-        try:
-            while True:
-                part = lane.queue.get()
-                if part is None:
-                    return
-                self._run_part(lane, part)
-        finally:
-            self._close_lane(lane)
-
-    def _run_part(self, lane: Lane[S], part: Part) -> None:
-        t0 = time.thread_time_ns()
-        error: BaseException | None
-        try:
-            error = self._read(lane, part)
-            if error is None and self._check_each_read:
-                error = self._checksum_error(part)
-        except BaseException as exc:  # never leave a ticket hanging; wait() re-raises it
-            error = exc
-        assert part.pending is not None
-        self._book.finish_part(part.pending, time.thread_time_ns() - t0 + part.cpu_ns, error)
-
-    # -- what a tier implements -----------------------------------------------------------------
+    # -- helpers --------------------------------------------------------------------------------
 
     def _warm(self) -> None:
         """Compile the kernels the lanes will call; the checksum pass by default (a tier adds its own)."""
         if self._expected is not None:
             pool_page_crcs(np.zeros((1, PAGE_BYTES), np.uint8), np.zeros(1, np.int32))
-
-    def _open_lane(self, lane: Lane[S]) -> None:
-        """Per-worker setup, on the lane's thread (set `lane.state`); nothing by default."""
-
-    def _close_lane(self, lane: Lane[S]) -> None:
-        """Per-worker teardown, on the lane's thread, after its last batch; nothing by default."""
-
-    @abc.abstractmethod
-    def _read(self, lane: Lane[S], part: Part) -> SlackTierError | None:
-        """Read the part's pages into `part.pool`; the first bad read's error, else None."""
-
-    # -- the interface --------------------------------------------------------------------------
-
-    def submit(self, reads: PageReads, pool: PageBufferPool) -> int:
-        """Check and copy the batch, queue it on the lanes; returns a ticket at once."""
-        self._book.refuse_if_closed()
-        reads = PageReads(np.array(reads.region, dtype=np.int32), np.array(reads.page, dtype=np.int64),
-                          np.array(reads.buffer, dtype=np.int32))  # ours: callers may reuse theirs at once
-        self._check_reads(reads, pool)
-        n = len(reads)
-        parts = self._split(reads, pool) if n else []
-        with self._submit_lock:
-            ticket, pending = self._book.open(len(parts), n)
-            for lane, part in parts:
-                part.pending = pending
-                lane.queue.put(part)
-        return ticket
-
-    def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
-        """Block until the batch landed in the pool; raise SlackTierError naming layer/rank/page on a bad read."""
-        return self._book.wait(ticket, timeout_s)
-
-    def close(self) -> None:
-        """Finish queued batches, stop the lanes (running their teardown); later calls raise CLOSED. Idempotent."""
-        with self._submit_lock:
-            first = not self._book.closed
-            self._book.close()
-            if first:
-                for lanes in self._lanes.values():
-                    for lane in lanes:
-                        lane.queue.put(None)
-        for thread in self._threads:
-            thread.join()
-
-    # -- helpers --------------------------------------------------------------------------------
-
-    def _split(self, reads: PageReads, pool: PageBufferPool) -> list[tuple[Lane[S], Part]]:
-        """One part per lane that gets reads: by device (per-device lanes), then evenly over its lanes."""
-        region, page, buffer = reads.region, reads.page, reads.buffer
-        if len(self._lanes) == 1:
-            groups: list[tuple[list[Lane[S]], np.ndarray | None]] = [(next(iter(self._lanes.values())), None)]
-        else:
-            device = self._region_device[region]
-            groups = [(lanes, np.flatnonzero(device == d)) for d, lanes in self._lanes.items()]
-            groups = [(lanes, idx) for lanes, idx in groups if idx is not None and idx.size]
-        out = []
-        for lanes, idx in groups:
-            n = region.shape[0] if idx is None else idx.shape[0]
-            k = min(len(lanes), n)
-            if k <= 1 and idx is None:
-                out.append((lanes[0], Part(pool, region, page, buffer)))
-                continue
-            whole = np.arange(n) if idx is None else idx
-            chunks = [whole] if k <= 1 else np.array_split(whole, k)
-            out.extend((lanes[w], Part(pool, region[c], page[c], buffer[c])) for w, c in enumerate(chunks))
-        return out
 
     def _check_reads(self, reads: PageReads, pool: PageBufferPool) -> None:
         """Refuse a batch whose regions, pages or buffers are out of range (nothing is read)."""
@@ -331,3 +204,139 @@ class QueuedSource(PageSource, Generic[S]):
                               f"says {int(want[i]):#010x}{others}",
                               **self._where(int(part.region[i]), int(part.page[i])),
                               fix="the stored page is corrupt; stage the region again")
+
+
+class QueuedSource(RegionSource, Generic[S]):
+    """A page source whose reads run on worker lanes; subclasses implement `_read` (see the module docstring)."""
+
+    def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None) -> None:
+        super().__init__(regions, page_crc32c=page_crc32c)
+        self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
+        self._lanes: dict[int, list[Lane[S]]] = {}  # device (or ANY_DEVICE) -> its lanes
+        self._threads: list[threading.Thread] = []
+
+    # -- lanes ----------------------------------------------------------------------------------
+
+    def _start_lanes(self, lanes: int = 1, *, per_device: bool = False) -> None:
+        """Start `lanes` workers (for each device of the regions when `per_device`); raise the first setup error.
+
+        Compiled kernels the lanes use are compiled (or loaded from numba's cache) first, by `_warm`, so that
+        no first read pays a compile inside a caller's bounded wait."""
+        self._warm()
+        devices = sorted({int(d) for d in self._region_device}) if per_device else [ANY_DEVICE]
+        name = type(self).__name__.removesuffix("Source").lower()
+        ready: list[tuple[threading.Event, list[BaseException]]] = []
+        for device in devices:
+            self._lanes[device] = []
+            for w in range(lanes):
+                lane: Lane[S] = Lane(sum(len(v) for v in self._lanes.values()), device, queue.SimpleQueue())
+                started: tuple[threading.Event, list[BaseException]] = (threading.Event(), [])
+                label = f"d{device}-w{w}" if per_device else f"w{w}"
+                thread = threading.Thread(target=self._lane_main, args=(lane, started), daemon=True,
+                                          name=f"slacktier-{name}-{label}")
+                thread.start()
+                self._lanes[device].append(lane)
+                self._threads.append(thread)
+                ready.append(started)
+        failures = []
+        for event, errors in ready:
+            event.wait()
+            failures.extend(errors)
+        if failures:
+            self.close()
+            raise failures[0]
+
+    def _lane_main(self, lane: Lane[S], started: tuple[threading.Event, list[BaseException]]) -> None:
+        try:
+            self._open_lane(lane)
+        except BaseException as exc:  # reported to _start_lanes, which raises it
+            started[1].append(exc)
+            started[0].set()
+            return
+        started[0].set()
+        try:
+            while True:
+                part = lane.queue.get()
+                if part is None:
+                    return
+                self._run_part(lane, part)
+        finally:
+            self._close_lane(lane)
+
+    def _run_part(self, lane: Lane[S], part: Part) -> None:
+        t0 = time.thread_time_ns()
+        error: BaseException | None
+        try:
+            error = self._read(lane, part)
+            if error is None and self._check_each_read:
+                error = self._checksum_error(part)
+        except BaseException as exc:  # never leave a ticket hanging; wait() re-raises it
+            error = exc
+        assert part.pending is not None
+        self._book.finish_part(part.pending, time.thread_time_ns() - t0 + part.cpu_ns, error)
+
+    # -- what a tier implements -----------------------------------------------------------------
+
+    def _open_lane(self, lane: Lane[S]) -> None:
+        """Per-worker setup, on the lane's thread (set `lane.state`); nothing by default."""
+
+    def _close_lane(self, lane: Lane[S]) -> None:
+        """Per-worker teardown, on the lane's thread, after its last batch; nothing by default."""
+
+    @abc.abstractmethod
+    def _read(self, lane: Lane[S], part: Part) -> SlackTierError | None:
+        """Read the part's pages into `part.pool`; the first bad read's error, else None."""
+
+    # -- the interface --------------------------------------------------------------------------
+
+    def submit(self, reads: PageReads, pool: PageBufferPool) -> int:
+        """Check and copy the batch, queue it on the lanes; returns a ticket at once."""
+        self._book.refuse_if_closed()
+        reads = PageReads(np.array(reads.region, dtype=np.int32), np.array(reads.page, dtype=np.int64),
+                          np.array(reads.buffer, dtype=np.int32))  # ours: callers may reuse theirs at once
+        self._check_reads(reads, pool)
+        n = len(reads)
+        parts = self._split(reads, pool) if n else []
+        with self._submit_lock:
+            ticket, pending = self._book.open(len(parts), n)
+            for lane, part in parts:
+                part.pending = pending
+                lane.queue.put(part)
+        return ticket
+
+    def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
+        """Block until the batch landed in the pool; raise SlackTierError naming layer/rank/page on a bad read."""
+        return self._book.wait(ticket, timeout_s)
+
+    def close(self) -> None:
+        """Finish queued batches, stop the lanes (running their teardown); later calls raise CLOSED. Idempotent."""
+        with self._submit_lock:
+            first = not self._book.closed
+            self._book.close()
+            if first:
+                for lanes in self._lanes.values():
+                    for lane in lanes:
+                        lane.queue.put(None)
+        for thread in self._threads:
+            thread.join()
+
+    def _split(self, reads: PageReads, pool: PageBufferPool) -> list[tuple[Lane[S], Part]]:
+        """One part per lane that gets reads: by device (per-device lanes), then evenly over its lanes."""
+        region, page, buffer = reads.region, reads.page, reads.buffer
+        if len(self._lanes) == 1:
+            groups: list[tuple[list[Lane[S]], np.ndarray | None]] = [(next(iter(self._lanes.values())), None)]
+        else:
+            device = self._region_device[region]
+            groups = [(lanes, np.flatnonzero(device == d)) for d, lanes in self._lanes.items()]
+            groups = [(lanes, idx) for lanes, idx in groups if idx is not None and idx.size]
+        out = []
+        for lanes, idx in groups:
+            n = region.shape[0] if idx is None else idx.shape[0]
+            k = min(len(lanes), n)
+            if k <= 1 and idx is None:
+                out.append((lanes[0], Part(pool, region, page, buffer)))
+                continue
+            whole = np.arange(n) if idx is None else idx
+            chunks = [whole] if k <= 1 else np.array_split(whole, k)
+            out.extend((lanes[w], Part(pool, region[c], page[c], buffer[c])) for w, c in enumerate(chunks))
+        return out

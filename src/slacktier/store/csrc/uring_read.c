@@ -4,15 +4,20 @@
  * are queued as IORING_OP_READ entries and io_uring_enter(2) submits them and
  * waits for completions. Only <linux/io_uring.h> (linux-libc-dev) is needed.
  *
- * One ring belongs to one thread, the device's I/O worker, which reads a
- * batch with st_ring_read; every read's result lands in res[i]: bytes read,
- * or -errno.
+ * The device queue (st_eng_*) serves one physical device for every table of
+ * the process that reads from it (issue 27). Each table attaches its regions
+ * as a client; a caller hands a whole batch of one client's reads (region,
+ * page, buffer arrays, checked against the client's region table here) in one
+ * call that copies them and returns at once, then waits for the batch with
+ * the GIL released. No Python runs per batch on the I/O side (issue 14).
  *
- * The I/O engine (st_eng_*, below st_ring_read) is that worker: a pthread
- * owns the ring, and a caller hands it a whole batch of reads
- * (region, page, buffer arrays, checked against the region table here) in
- * one call that copies them and returns at once, then waits for the batch
- * with the GIL released. No Python runs per batch on the I/O side (issue 14).
+ * Admission order is the point: queued batches are kept in (priority,
+ * arrival) order, a batch's priority being the lowest of its regions' (the
+ * layer's window rank: layer 1 before layer 14). Each worker thread owns one
+ * ring and keeps it `depth` deep, taking reads from the head of that order,
+ * so a later layer's reads only fill the depth an earlier layer's leave, and a
+ * short-window batch that arrives later still goes ahead of every read of a
+ * longer-window batch not yet handed to the kernel.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -174,136 +179,66 @@ void st_ring_destroy(struct st_ring *r) {
     free(r);
 }
 
-/* Read n pages: read i is `len` bytes of fds[i] at offsets[i] into addrs[i].
- * At most `depth` reads are in flight (capped at the ring size). The caller
- * fills res with INT32_MIN. Returns 0 when every read completed (res[i] is the
- * byte count or -errno), or -errno when io_uring_enter itself failed: then
- * reads never submitted get that -errno in res, and the function returns only
- * after every submitted read was reaped, so no buffer is written afterwards.
- * Each io_uring_enter waits for `wait_batch` completions (fewer if fewer are
- * outstanding): fewer syscalls and wake-ups per page, while the queue stays
- * at least depth - wait_batch deep. */
-int st_ring_read(struct st_ring *r, int n, const int32_t *fds, const int64_t *offsets, const uint64_t *addrs,
-                 unsigned len, unsigned depth, unsigned wait_batch, int32_t *res) {
-    if (depth == 0 || depth > r->entries) depth = r->entries;
-    if (wait_batch == 0) wait_batch = 1;
-    int next = 0, done = 0;
-    unsigned inflight = 0, queued = 0; /* queued: in the SQ ring, not yet taken by the kernel */
-    int fatal = 0, dead_enters = 0;
-    unsigned mask = *r->sq_mask, cmask = *r->cq_mask;
-    while (done < n) {
-        unsigned tail = *r->sq_tail;
-        unsigned added = 0;
-        while (!fatal && next < n && inflight + queued + added < depth) {
-            unsigned idx = tail & mask;
-            struct io_uring_sqe *sqe = &r->sqes[idx];
-            memset(sqe, 0, sizeof(*sqe));
-            sqe->opcode = IORING_OP_READ;
-            sqe->fd = fds[next];
-            for (unsigned f = 0; f < r->nfiles; f++) {
-                if (r->files[f] == fds[next]) {
-                    sqe->fd = (int)f;
-                    sqe->flags = IOSQE_FIXED_FILE;
-                    break;
-                }
-            }
-            if (addrs[next] >= r->buf_addr && addrs[next] + len <= r->buf_addr + r->buf_len) {
-                sqe->opcode = IORING_OP_READ_FIXED;
-                sqe->buf_index = 0;
-            }
-            sqe->off = (uint64_t)offsets[next];
-            sqe->addr = addrs[next];
-            sqe->len = len;
-            sqe->user_data = (uint64_t)next;
-            r->sq_array[idx] = idx;
-            tail++;
-            added++;
-            next++;
-        }
-        if (added) __atomic_store_n(r->sq_tail, tail, __ATOMIC_RELEASE);
-        queued += added;
+/* ---- the device queue: worker threads with a ring each, batches admitted in priority order ---------- */
 
-        unsigned cq_ready = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
-        if (queued || (inflight && !cq_ready)) {
-            unsigned want = 0;
-            if (!cq_ready) {
-                want = wait_batch;
-                if (want > inflight + queued) want = inflight + queued;
-            }
-            /* After a failure nothing more is submitted; we only wait for what is in flight. */
-            int ret = sys_enter(r->fd, fatal ? 0 : queued, want, IORING_ENTER_GETEVENTS);
-            if (ret < 0) {
-                int e = errno;
-                /* Transient: nothing was taken; reap what is there and try again. */
-                if (e == EINTR || e == EAGAIN || e == EBUSY) goto reap;
-                /* The kernel refused work: stop queueing, drain what is in flight. */
-                if (!fatal) fatal = -e;
-                /* A ring that keeps refusing even waits is dead; its reads are cancelled when it closes. */
-                if (++dead_enters > 1000) inflight = 0;
-                if (inflight == 0) {
-                    /* Entries still queued in the SQ ring were never taken; retract them. */
-                    __atomic_store_n(r->sq_tail, *r->sq_tail - queued, __ATOMIC_RELEASE);
-                    for (int i = 0; i < n; i++) if (res[i] == INT32_MIN) res[i] = -e;
-                    return fatal;
-                }
-            } else {
-                inflight += (unsigned)ret;
-                queued -= (unsigned)ret;
-            }
-        }
-    reap:;
-        unsigned head = *r->cq_head;
-        unsigned ctail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
-        while (head != ctail) {
-            struct io_uring_cqe *cqe = &r->cqes[head & cmask];
-            res[cqe->user_data] = cqe->res;
-            head++;
-            done++;
-            inflight--;
-        }
-        __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
-        if (fatal && inflight == 0) {
-            __atomic_store_n(r->sq_tail, *r->sq_tail - queued, __ATOMIC_RELEASE);
-            for (int i = 0; i < n; i++) if (res[i] == INT32_MIN) res[i] = fatal;
-            return fatal;
-        }
-    }
-    return 0;
-}
+#define ST_MAX_THREADS 64
 
+struct st_eng;
 
-/* ---- the I/O engine: a C worker thread per ring, batches handed over in one call ---------------- */
+/* One table's regions on this device (a DiskSource attaches one client per device it reads from). */
+struct st_client {
+    struct st_eng *eng;
+    struct st_client *prev, *next;
+    int id;                              /* attach order, for the admission trace */
+    int nregions;
+    int live;                            /* jobs not yet released: detach refuses while any is */
+    int32_t *region_fd;
+    int64_t *region_offset, *region_pages;
+    int32_t *region_prio;                /* admission order of its reads: lower first */
+    int32_t *region_ioprio;              /* the sqe's ioprio for its reads (0: the thread's own) */
+};
 
 struct st_job {
-    struct st_job *next;                 /* queue link */
+    struct st_job *next;                 /* admission queue link, ordered by (prio, seq) */
     struct st_job *prev_all, *next_all;  /* every job not yet released (destroy frees them) */
-    int n;
+    struct st_client *client;
+    int n, admitted, landed;
+    int prio;
+    uint64_t seq;
     int64_t *page;                       /* the batch as given (kept to name a failed read) */
     int32_t *region, *buffer;
-    int32_t *fds;                        /* the batch as the ring takes it, made by the engine's thread */
-    int64_t *offsets;
-    uint64_t *addrs;
-    int32_t *res;                        /* the seven arrays share one allocation */
+    int32_t *res;                        /* bytes read or -errno per read; the four arrays share one allocation */
     uint64_t pool_addr, pool_len;
     int done;
     int first_bad;                       /* index of the first read that is not a whole page, -1 none */
-    int64_t submit_ns, end_ns, cpu_ns;
+    int64_t submit_ns, first_ns, end_ns, cpu_ns;
+};
+
+struct st_worker {
+    struct st_eng *e;
+    pthread_t thread;
+    int started, err;
+    uint64_t registered_addr;            /* the pool its ring has registered (read under e->mu) */
 };
 
 struct st_eng {
-    pthread_t thread;
     pthread_mutex_t mu;
     pthread_cond_t work, done;
-    struct st_job *head, *tail, *all;
-    int stop, started, err, held;
+    struct st_job *queue;                /* jobs with reads not yet admitted, in (prio, seq) order */
+    struct st_job *all;
+    struct st_client *clients;
+    int next_client;
+    int stop, held, nthreads;
     unsigned entries, depth, wait_batch, len;
-    int nregions;
-    int32_t *region_fd;
-    int64_t *region_offset, *region_pages;
-    int32_t files[ST_MAX_FILES];
-    unsigned nfiles;
+    uint64_t seq;
+    int32_t files[ST_MAX_FILES];         /* attached clients' files, registered with each ring when idle */
+    int file_refs[ST_MAX_FILES];
+    unsigned nfiles, files_gen;
     int files_refused, buffers_refused;  /* registrations the kernel refused (reads then run unregistered) */
-    uint64_t refused_addr;               /* a pool whose registration was refused: not asked again */
+    int64_t trace_cap, trace_len;        /* admission trace (tests, benchmarks): client, region, page */
+    int32_t *trace_client, *trace_region;
+    int64_t *trace_page;
+    struct st_worker workers[ST_MAX_THREADS];
 };
 
 static int64_t mono_ns(void) {
@@ -318,90 +253,243 @@ static int64_t thread_cpu_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* A job whose every read landed (e->mu held). */
+static void finish_job(struct st_job *j) {
+    int bad = -1;
+    for (int i = 0; i < j->n; i++) if (j->res[i] != (int32_t)j->client->eng->len) { bad = i; break; }
+    j->first_bad = bad;
+    j->end_ns = mono_ns();
+    j->done = 1;
+}
+
+/* Take up to `room` reads from the head of the queue into `slots` (e->mu held); how many. */
+static unsigned admit(struct st_eng *e, struct st_job **slot_job, int *slot_read, unsigned *free_slots,
+                      unsigned *nfree, unsigned room, unsigned *taken) {
+    unsigned k = 0;
+    while (room && e->queue && !e->held) {
+        struct st_job *j = e->queue;
+        if (j->admitted == 0) j->first_ns = mono_ns();
+        while (room && j->admitted < j->n) {
+            unsigned s = free_slots[--*nfree];
+            slot_job[s] = j;
+            slot_read[s] = j->admitted;
+            if (e->trace_len < e->trace_cap) {
+                e->trace_client[e->trace_len] = j->client->id;
+                e->trace_region[e->trace_len] = j->region[j->admitted];
+                e->trace_page[e->trace_len] = j->page[j->admitted];
+                e->trace_len++;
+            }
+            j->admitted++;
+            taken[k++] = s;
+            room--;
+        }
+        if (j->admitted == j->n) e->queue = j->next;
+    }
+    return k;
+}
+
 static void *eng_main(void *arg) {
-    struct st_eng *e = arg;
+    struct st_worker *w = arg;
+    struct st_eng *e = w->e;
     int err = 0;
     /* A batch-class thread: CFS does not let a woken SCHED_BATCH thread preempt the running one, so the
      * thread that queued a batch (begin_step, inside st_eng_submit) is not descheduled by this worker
      * waking on its core; the worker runs on an idle core, or when the caller's slice ends. Without it,
      * on 2 cores, a third of begin_steps ran 300-600 us longer in wall time than in CPU time
-     * (bench_step_wall.py, BENCHMARKS.md, issue 14). Best effort: a refusal leaves the thread as it was. */
+     * (bench_step_wall.py, docs/bench-log, issue 14). Best effort: a refusal leaves the thread as it was. */
     struct sched_param batch = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     pthread_setname_np(pthread_self(), "st-uring");
     /* Created here: with IORING_SETUP_SINGLE_ISSUER only this thread may submit or register. */
     struct st_ring *r = st_ring_create(e->entries, &err);
-    if (r && e->nfiles && st_ring_register_files(r, e->files, e->nfiles) != 0) e->files_refused = 1;
+    unsigned depth = e->depth;
+    if (r && (depth == 0 || depth > r->entries)) depth = r->entries;
+    struct st_job **slot_job = NULL;
+    int *slot_read = NULL;
+    unsigned *free_slots = NULL, *taken = NULL;
+    if (r) {
+        slot_job = calloc(depth, sizeof(*slot_job));
+        slot_read = calloc(depth, sizeof(*slot_read));
+        free_slots = calloc(depth, sizeof(*free_slots));
+        taken = calloc(depth, sizeof(*taken));
+        if (!slot_job || !slot_read || !free_slots || !taken) { err = ENOMEM; st_ring_destroy(r); r = NULL; }
+    }
     pthread_mutex_lock(&e->mu);
-    e->started = 1;
-    e->err = r ? 0 : err;
+    w->started = 1;
+    w->err = r ? 0 : err;
     pthread_cond_broadcast(&e->done);
     pthread_mutex_unlock(&e->mu);
-    if (!r) return NULL;
+    if (!r) {
+        free(slot_job); free(slot_read); free(free_slots); free(taken);
+        return NULL;
+    }
+    unsigned nfree = depth;
+    for (unsigned s = 0; s < depth; s++) free_slots[s] = depth - 1 - s;
+    unsigned inflight = 0, queued = 0;   /* queued: in the SQ ring, not yet taken by the kernel */
+    unsigned files_gen = (unsigned)-1;   /* the attached set this ring has registered; -1: none yet */
+    int dead_enters = 0;
+    uint64_t refused_addr = 0;           /* a pool whose registration was refused: not asked again */
+    unsigned mask = *r->sq_mask, cmask = *r->cq_mask;
+    int32_t files[ST_MAX_FILES];
     for (;;) {
         pthread_mutex_lock(&e->mu);
-        while ((!e->head || e->held) && !e->stop) pthread_cond_wait(&e->work, &e->mu);
-        struct st_job *j = e->head;
-        if (!j) { pthread_mutex_unlock(&e->mu); break; }   /* stopping, and every queued batch is done */
-        e->head = j->next;
-        if (!e->head) e->tail = NULL;
-        pthread_mutex_unlock(&e->mu);
-        /* The caller keeps every pool that may be registered mapped (disk.py), so an address seen
-         * again is the same pool, never a new mapping at a reused address. */
-        if (j->pool_addr != r->buf_addr && j->pool_addr != e->refused_addr) {
-            if (st_ring_register_buffer(r, j->pool_addr, j->pool_len) != 0) {
-                e->refused_addr = j->pool_addr;
-                e->buffers_refused++;
+        while (!e->stop && inflight + queued == 0 && (!e->queue || e->held) && files_gen == e->files_gen)
+            pthread_cond_wait(&e->work, &e->mu);
+        if (inflight + queued == 0 && e->stop && !e->queue) { pthread_mutex_unlock(&e->mu); break; }
+        /* Registrations change only while the ring is idle: no read of ours is then in flight. */
+        if (inflight + queued == 0 && files_gen != e->files_gen) {
+            unsigned n = e->nfiles;
+            memcpy(files, e->files, n * sizeof(int32_t));
+            files_gen = e->files_gen;
+            if (n) {
+                if (st_ring_register_files(r, files, n) != 0) { e->files_refused = 1; r->nfiles = 0; }
+            } else if (r->nfiles) {
+                sys_register(r->fd, IORING_UNREGISTER_FILES, NULL, 0);
+                r->nfiles = 0;
             }
         }
-        int64_t c0 = thread_cpu_ns();
-        for (int i = 0; i < j->n; i++) {
-            int32_t g = j->region[i];
-            j->fds[i] = e->region_fd[g];
-            j->offsets[i] = e->region_offset[g] + j->page[i] * (int64_t)e->len;
-            j->addrs[i] = j->pool_addr + (uint64_t)j->buffer[i] * e->len;
+        if (inflight + queued == 0 && e->queue && !e->held) {
+            /* The caller keeps every pool that may be registered mapped (disk.py, st_eng_registered), so an
+             * address seen again is the same pool, never a new mapping at a reused address. */
+            struct st_job *h = e->queue;
+            if (h->pool_addr != r->buf_addr && h->pool_addr != refused_addr && h->pool_len) {
+                if (st_ring_register_buffer(r, h->pool_addr, h->pool_len) != 0) {
+                    refused_addr = h->pool_addr;
+                    e->buffers_refused++;
+                }
+                w->registered_addr = r->buf_addr;
+            }
         }
-        st_ring_read(r, j->n, j->fds, j->offsets, j->addrs, e->len, e->depth, e->wait_batch, j->res);
-        int64_t c1 = thread_cpu_ns();
-        int bad = -1;
-        for (int i = 0; i < j->n; i++) if (j->res[i] != (int32_t)e->len) { bad = i; break; }
-        pthread_mutex_lock(&e->mu);
-        j->first_bad = bad;
-        j->cpu_ns = c1 - c0;
-        j->end_ns = mono_ns();
-        j->done = 1;
-        pthread_cond_broadcast(&e->done);
+        /* A file set that changed while reads were in flight is not ours yet: no fixed file until it is. */
+        int fixed_files = files_gen == e->files_gen;
+        unsigned k = admit(e, slot_job, slot_read, free_slots, &nfree, depth - inflight - queued, taken);
         pthread_mutex_unlock(&e->mu);
+
+        int64_t c0 = thread_cpu_ns();
+        unsigned tail = *r->sq_tail;
+        for (unsigned q = 0; q < k; q++) {
+            unsigned s = taken[q];
+            struct st_job *j = slot_job[s];
+            int i = slot_read[s];
+            struct st_client *c = j->client;
+            int32_t g = j->region[i];
+            int fd = c->region_fd[g];
+            uint64_t addr = j->pool_addr + (uint64_t)j->buffer[i] * e->len;
+            struct io_uring_sqe *sqe = &r->sqes[tail & mask];
+            memset(sqe, 0, sizeof(*sqe));
+            sqe->opcode = IORING_OP_READ;
+            sqe->fd = fd;
+            if (fixed_files) {
+                for (unsigned f = 0; f < r->nfiles; f++) {
+                    if (r->files[f] == fd) { sqe->fd = (int)f; sqe->flags = IOSQE_FIXED_FILE; break; }
+                }
+            }
+            if (r->buf_len && addr >= r->buf_addr && addr + e->len <= r->buf_addr + r->buf_len) {
+                sqe->opcode = IORING_OP_READ_FIXED;
+                sqe->buf_index = 0;
+            }
+            sqe->ioprio = (uint16_t)c->region_ioprio[g];
+            sqe->off = (uint64_t)(c->region_offset[g] + j->page[i] * (int64_t)e->len);
+            sqe->addr = addr;
+            sqe->len = e->len;
+            sqe->user_data = s;
+            r->sq_array[tail & mask] = tail & mask;
+            tail++;
+        }
+        if (k) __atomic_store_n(r->sq_tail, tail, __ATOMIC_RELEASE);
+        queued += k;
+
+        unsigned nreaped = 0;
+        int fatal = 0;
+        unsigned cq_ready = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
+        if (queued || (inflight && !cq_ready)) {
+            unsigned want = 0;
+            if (!cq_ready) {
+                want = e->wait_batch;
+                if (want > inflight + queued) want = inflight + queued;
+            }
+            int ret = sys_enter(r->fd, queued, want, IORING_ENTER_GETEVENTS);
+            if (ret < 0) {
+                int en = errno;
+                if (en != EINTR && en != EAGAIN && en != EBUSY) {
+                    fatal = -en;
+                    dead_enters++;
+                }
+            } else {
+                inflight += (unsigned)ret;
+                queued -= (unsigned)ret;
+                dead_enters = 0;
+            }
+        }
+        /* Reap: each completion lands one read of its job. */
+        unsigned head = *r->cq_head;
+        unsigned ctail = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE);
+        while (head != ctail) {
+            struct io_uring_cqe *cqe = &r->cqes[head & cmask];
+            unsigned s = (unsigned)cqe->user_data;
+            slot_job[s]->res[slot_read[s]] = cqe->res;
+            taken[nreaped++] = s;
+            head++;
+            inflight--;
+        }
+        __atomic_store_n(r->cq_head, head, __ATOMIC_RELEASE);
+        if (fatal && queued) {
+            /* The kernel refused the entries still in the SQ ring: take them back, failing their reads. */
+            unsigned t = *r->sq_tail;
+            for (unsigned q = 0; q < queued; q++) {
+                unsigned s = (unsigned)r->sqes[(t - 1 - q) & mask].user_data;
+                slot_job[s]->res[slot_read[s]] = fatal;
+                taken[nreaped++] = s;
+            }
+            __atomic_store_n(r->sq_tail, t - queued, __ATOMIC_RELEASE);
+            queued = 0;
+        }
+        if (fatal && dead_enters > 1000 && inflight) {
+            /* A ring that keeps refusing even waits is dead; its reads are cancelled when it closes. */
+            for (unsigned s = 0; s < depth; s++) {
+                int used = 1;
+                for (unsigned f = 0; f < nfree; f++) if (free_slots[f] == s) { used = 0; break; }
+                int listed = 0;
+                for (unsigned q = 0; q < nreaped; q++) if (taken[q] == s) { listed = 1; break; }
+                if (used && !listed) { slot_job[s]->res[slot_read[s]] = fatal; taken[nreaped++] = s; }
+            }
+            inflight = 0;
+        }
+        int64_t spent = thread_cpu_ns() - c0;
+        if (nreaped) {
+            int64_t each = spent / nreaped;
+            int finished = 0;
+            pthread_mutex_lock(&e->mu);
+            for (unsigned q = 0; q < nreaped; q++) {
+                unsigned s = taken[q];
+                struct st_job *j = slot_job[s];
+                j->cpu_ns += each;
+                if (++j->landed == j->n) { finish_job(j); finished = 1; }
+                slot_job[s] = NULL;
+                free_slots[nfree++] = s;
+            }
+            if (finished) pthread_cond_broadcast(&e->done);
+            pthread_mutex_unlock(&e->mu);
+        }
     }
+    free(slot_job); free(slot_read); free(free_slots); free(taken);
     st_ring_destroy(r);
     return NULL;
 }
 
-/* Start an engine: a thread with a ring of `entries` slots reading `len` bytes per read, at most
- * `depth` in flight, each wait asking for `wait_batch` completions. Region i is `region_pages[i]`
- * pages at byte `region_offset[i]` of file `region_fd[i]`; `files` (n <= 64, else none) are
- * registered. NULL and *err = errno on failure. */
-struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_batch, unsigned len, int nregions,
-                             const int32_t *region_fd, const int64_t *region_offset, const int64_t *region_pages,
-                             const int32_t *files, unsigned nfiles, int *err) {
+/* Start a device queue: `nthreads` workers, each owning a ring of `entries` slots, reading `len` bytes per
+ * read, at most `depth` in flight per ring, each wait asking for `wait_batch` completions. NULL and
+ * *err = errno on failure. */
+struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_batch, unsigned len, int nthreads,
+                             int *err) {
+    if (nthreads < 1 || nthreads > ST_MAX_THREADS) { *err = EINVAL; return NULL; }
     struct st_eng *e = calloc(1, sizeof(*e));
     if (!e) { *err = ENOMEM; return NULL; }
     e->entries = entries;
     e->depth = depth;
     e->wait_batch = wait_batch ? wait_batch : 1;
     e->len = len;
-    e->nregions = nregions;
-    e->region_fd = malloc(sizeof(int32_t) * (nregions ? nregions : 1));
-    e->region_offset = malloc(sizeof(int64_t) * (nregions ? nregions : 1));
-    e->region_pages = malloc(sizeof(int64_t) * (nregions ? nregions : 1));
-    if (!e->region_fd || !e->region_offset || !e->region_pages) { *err = ENOMEM; goto fail; }
-    memcpy(e->region_fd, region_fd, sizeof(int32_t) * nregions);
-    memcpy(e->region_offset, region_offset, sizeof(int64_t) * nregions);
-    memcpy(e->region_pages, region_pages, sizeof(int64_t) * nregions);
-    if (nfiles <= ST_MAX_FILES) {
-        memcpy(e->files, files, sizeof(int32_t) * nfiles);
-        e->nfiles = nfiles;
-    }
+    e->files_gen = 0;
     pthread_mutex_init(&e->mu, NULL);
     pthread_condattr_t ca;
     pthread_condattr_init(&ca);
@@ -409,72 +497,171 @@ struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_bat
     pthread_cond_init(&e->work, NULL);
     pthread_cond_init(&e->done, &ca);
     pthread_condattr_destroy(&ca);
-    int rc = pthread_create(&e->thread, NULL, eng_main, e);
-    if (rc != 0) { *err = rc; goto fail; }
-    pthread_mutex_lock(&e->mu);
-    while (!e->started) pthread_cond_wait(&e->done, &e->mu);
-    pthread_mutex_unlock(&e->mu);
-    if (e->err) {
-        *err = e->err;
-        pthread_join(e->thread, NULL);
-        goto fail;
+    int failed = 0;
+    for (int t = 0; t < nthreads; t++) {
+        struct st_worker *w = &e->workers[t];
+        w->e = e;
+        int rc = pthread_create(&w->thread, NULL, eng_main, w);
+        if (rc != 0) { failed = rc; break; }
+        e->nthreads++;
+        pthread_mutex_lock(&e->mu);
+        while (!w->started) pthread_cond_wait(&e->done, &e->mu);
+        pthread_mutex_unlock(&e->mu);
+        if (w->err) { failed = w->err; pthread_join(w->thread, NULL); e->nthreads--; break; }
+    }
+    if (failed) {
+        pthread_mutex_lock(&e->mu);
+        e->stop = 1;
+        pthread_cond_broadcast(&e->work);
+        pthread_mutex_unlock(&e->mu);
+        for (int t = 0; t < e->nthreads; t++) pthread_join(e->workers[t].thread, NULL);
+        pthread_mutex_destroy(&e->mu);
+        pthread_cond_destroy(&e->work);
+        pthread_cond_destroy(&e->done);
+        free(e);
+        *err = failed;
+        return NULL;
     }
     return e;
-fail:
-    free(e->region_fd);
-    free(e->region_offset);
-    free(e->region_pages);
-    free(e);
-    return NULL;
 }
 
+/* Attach a client: region i is region_pages[i] pages of `len` bytes at byte region_offset[i] of file
+ * region_fd[i], admitted in region_prio[i] order, read with sqe ioprio region_ioprio[i]. Its files join
+ * the set each ring registers when idle (the first ST_MAX_FILES distinct files of all clients). NULL and
+ * *err = errno on failure. */
+struct st_client *st_eng_attach(struct st_eng *e, int nregions, const int32_t *region_fd,
+                                const int64_t *region_offset, const int64_t *region_pages,
+                                const int32_t *region_prio, const int32_t *region_ioprio, int *err) {
+    struct st_client *c = calloc(1, sizeof(*c));
+    size_t n = nregions ? (size_t)nregions : 1;
+    if (c) {
+        c->region_fd = malloc(sizeof(int32_t) * n);
+        c->region_offset = malloc(sizeof(int64_t) * n);
+        c->region_pages = malloc(sizeof(int64_t) * n);
+        c->region_prio = malloc(sizeof(int32_t) * n);
+        c->region_ioprio = malloc(sizeof(int32_t) * n);
+    }
+    if (!c || !c->region_fd || !c->region_offset || !c->region_pages || !c->region_prio || !c->region_ioprio) {
+        if (c) { free(c->region_fd); free(c->region_offset); free(c->region_pages); free(c->region_prio);
+                 free(c->region_ioprio); free(c); }
+        *err = ENOMEM;
+        return NULL;
+    }
+    c->eng = e;
+    c->nregions = nregions;
+    memcpy(c->region_fd, region_fd, sizeof(int32_t) * nregions);
+    memcpy(c->region_offset, region_offset, sizeof(int64_t) * nregions);
+    memcpy(c->region_pages, region_pages, sizeof(int64_t) * nregions);
+    memcpy(c->region_prio, region_prio, sizeof(int32_t) * nregions);
+    memcpy(c->region_ioprio, region_ioprio, sizeof(int32_t) * nregions);
+    pthread_mutex_lock(&e->mu);
+    c->id = e->next_client++;
+    c->next = e->clients;
+    if (e->clients) e->clients->prev = c;
+    e->clients = c;
+    int changed = 0;
+    for (int i = 0; i < nregions; i++) {
+        unsigned f = 0;
+        while (f < e->nfiles && e->files[f] != region_fd[i]) f++;
+        if (f < e->nfiles) { e->file_refs[f]++; continue; }
+        if (e->nfiles < ST_MAX_FILES) {
+            e->files[e->nfiles] = region_fd[i];
+            e->file_refs[e->nfiles++] = 1;
+            changed = 1;
+        }
+    }
+    if (changed) {
+        e->files_gen++;
+        pthread_cond_broadcast(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    *err = 0;
+    return c;
+}
 
-/* Hold (1) or release (0) the queue: a held engine starts no batch, so a test can make a batch land late
- * for real. Stopping the engine releases it. */
+/* Detach a client with no job left (released): 0, or EBUSY while one is. Its files leave the set. */
+int st_eng_detach(struct st_eng *e, struct st_client *c) {
+    pthread_mutex_lock(&e->mu);
+    if (c->live) { pthread_mutex_unlock(&e->mu); return EBUSY; }
+    if (c->prev) c->prev->next = c->next; else e->clients = c->next;
+    if (c->next) c->next->prev = c->prev;
+    int changed = 0;
+    for (int i = 0; i < c->nregions; i++) {
+        for (unsigned f = 0; f < e->nfiles; f++) {
+            if (e->files[f] != c->region_fd[i]) continue;
+            if (--e->file_refs[f] == 0) {
+                e->nfiles--;
+                e->files[f] = e->files[e->nfiles];
+                e->file_refs[f] = e->file_refs[e->nfiles];
+                changed = 1;
+            }
+            break;
+        }
+    }
+    if (changed) {
+        /* The rings drop the closed files when idle; a new file opened under the same number is never
+         * read through a stale registration, since no fixed file is used until the set is re-registered. */
+        e->files_gen++;
+        pthread_cond_broadcast(&e->work);
+    }
+    pthread_mutex_unlock(&e->mu);
+    free(c->region_fd);
+    free(c->region_offset);
+    free(c->region_pages);
+    free(c->region_prio);
+    free(c->region_ioprio);
+    free(c);
+    return 0;
+}
+
+/* Hold (1) or release (0) the queue: a held queue admits no read, so a test can make a batch land late
+ * for real. Stopping the queue releases it. */
 void st_eng_hold(struct st_eng *e, int on) {
     pthread_mutex_lock(&e->mu);
     e->held = on;
-    pthread_cond_signal(&e->work);
+    pthread_cond_broadcast(&e->work);
     pthread_mutex_unlock(&e->mu);
 }
 
-/* Queue reads i < n: page page[i] of region region[i] into buffer buffer[i] of the pool of
- * `pool_buffers` buffers of `len` bytes at `pool_addr`. The arrays are copied; returns the job,
- * or NULL with *err = i + 1 for the first read naming a region, page or buffer out of range
- * (nothing queued), -ENOMEM, or -ESHUTDOWN once the engine is stopping. */
-struct st_job *st_eng_submit(struct st_eng *e, int n, const int32_t *region, const int64_t *page,
+/* Queue reads i < n of client c: page page[i] of region region[i] into buffer buffer[i] of the pool of
+ * `pool_buffers` buffers of `len` bytes at `pool_addr`. The arrays are copied; returns the job, or NULL
+ * with *err = i + 1 for the first read naming a region, page or buffer out of range (nothing queued),
+ * -ENOMEM, or -ESHUTDOWN once the queue is stopping. */
+struct st_job *st_eng_submit(struct st_client *c, int n, const int32_t *region, const int64_t *page,
                              const int32_t *buffer, uint64_t pool_addr, int64_t pool_buffers, int64_t *err) {
+    struct st_eng *e = c->eng;
+    int prio = INT32_MAX;
     for (int i = 0; i < n; i++) {
         int32_t g = region[i];
-        if (g < 0 || g >= e->nregions || page[i] < 0 || page[i] >= e->region_pages[g] || buffer[i] < 0 ||
+        if (g < 0 || g >= c->nregions || page[i] < 0 || page[i] >= c->region_pages[g] || buffer[i] < 0 ||
             buffer[i] >= pool_buffers) {
             *err = (int64_t)i + 1;
             return NULL;
         }
+        if (c->region_prio[g] < prio) prio = c->region_prio[g];
     }
-    size_t each = 3 * sizeof(int64_t) + 4 * sizeof(int32_t);
+    size_t each = sizeof(int64_t) + 3 * sizeof(int32_t);
     struct st_job *j = malloc(sizeof(*j) + each * (size_t)(n ? n : 1));
     if (!j) { *err = -ENOMEM; return NULL; }
-    int64_t *w = (int64_t *)(j + 1);   /* 8-byte arrays first, then the 4-byte ones */
-    j->page = w;
-    j->offsets = w + n;
-    j->addrs = (uint64_t *)(w + 2 * n);
-    j->region = (int32_t *)(w + 3 * n);
+    j->page = (int64_t *)(j + 1);        /* the 8-byte array first, then the 4-byte ones */
+    j->region = (int32_t *)(j->page + n);
     j->buffer = j->region + n;
-    j->fds = j->buffer + n;
-    j->res = j->fds + n;
+    j->res = j->buffer + n;
     memcpy(j->page, page, sizeof(int64_t) * n);
     memcpy(j->region, region, sizeof(int32_t) * n);
     memcpy(j->buffer, buffer, sizeof(int32_t) * n);
     for (int i = 0; i < n; i++) j->res[i] = INT32_MIN;
+    j->client = c;
     j->n = n;
+    j->admitted = j->landed = 0;
+    j->prio = prio;
     j->next = NULL;
     j->pool_addr = pool_addr;
     j->pool_len = (uint64_t)pool_buffers * e->len;
     j->done = 0;
     j->first_bad = -1;
     j->end_ns = j->cpu_ns = 0;
-    j->submit_ns = mono_ns();
+    j->submit_ns = j->first_ns = mono_ns();
     pthread_mutex_lock(&e->mu);
     if (e->stop) {
         pthread_mutex_unlock(&e->mu);
@@ -482,6 +669,8 @@ struct st_job *st_eng_submit(struct st_eng *e, int n, const int32_t *region, con
         *err = -ESHUTDOWN;
         return NULL;
     }
+    j->seq = ++e->seq;
+    c->live++;
     j->prev_all = NULL;
     j->next_all = e->all;
     if (e->all) e->all->prev_all = j;
@@ -490,9 +679,11 @@ struct st_job *st_eng_submit(struct st_eng *e, int n, const int32_t *region, con
         j->done = 1;
         j->end_ns = j->submit_ns;
     } else {
-        if (e->tail) e->tail->next = j; else e->head = j;
-        e->tail = j;
-        pthread_cond_signal(&e->work);
+        struct st_job **at = &e->queue;
+        while (*at && (*at)->prio <= prio) at = &(*at)->next;
+        j->next = *at;
+        *at = j;
+        pthread_cond_broadcast(&e->work);
     }
     pthread_mutex_unlock(&e->mu);
     *err = 0;
@@ -501,7 +692,7 @@ struct st_job *st_eng_submit(struct st_eng *e, int n, const int32_t *region, con
 
 /* Block until job j is done, at most timeout_ns (< 0: no limit). 0 done, ETIMEDOUT not yet.
  * On done, info = [first bad read or -1, submit_ns, end_ns, cpu_ns, buffer registrations refused,
- * file registration refused (0/1)]. */
+ * file registration refused (0/1), first read admitted ns]. */
 int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t *info) {
     pthread_mutex_lock(&e->mu);
     if (!j->done && timeout_ns != 0) {
@@ -524,6 +715,7 @@ int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t 
         info[3] = j->cpu_ns;
         info[4] = e->buffers_refused;
         info[5] = e->files_refused;
+        info[6] = j->first_ns;
     }
     pthread_mutex_unlock(&e->mu);
     return done ? 0 : ETIMEDOUT;
@@ -543,28 +735,74 @@ void st_eng_release(struct st_eng *e, struct st_job *j) {
     pthread_mutex_lock(&e->mu);
     if (j->prev_all) j->prev_all->next_all = j->next_all; else e->all = j->next_all;
     if (j->next_all) j->next_all->prev_all = j->prev_all;
+    j->client->live--;
     pthread_mutex_unlock(&e->mu);
     free(j);
 }
 
-/* Finish every queued batch, stop the thread, free the ring and every job not released. */
+/* The pool address each worker's ring has registered (0: none), into out[nthreads]; returns nthreads. */
+int st_eng_registered(struct st_eng *e, uint64_t *out) {
+    pthread_mutex_lock(&e->mu);
+    for (int t = 0; t < e->nthreads; t++) out[t] = e->workers[t].registered_addr;
+    pthread_mutex_unlock(&e->mu);
+    return e->nthreads;
+}
+
+/* Record the next `cap` admitted reads (0: stop recording and forget them). */
+int st_eng_trace(struct st_eng *e, int64_t cap) {
+    pthread_mutex_lock(&e->mu);
+    free(e->trace_client); free(e->trace_region); free(e->trace_page);
+    e->trace_client = e->trace_region = NULL;
+    e->trace_page = NULL;
+    e->trace_cap = e->trace_len = 0;
+    int rc = 0;
+    if (cap > 0) {
+        e->trace_client = malloc(sizeof(int32_t) * cap);
+        e->trace_region = malloc(sizeof(int32_t) * cap);
+        e->trace_page = malloc(sizeof(int64_t) * cap);
+        if (e->trace_client && e->trace_region && e->trace_page) e->trace_cap = cap;
+        else rc = ENOMEM;
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+/* Copy the reads admitted so far (at most cap): client id, region, page, in admission order; how many. */
+int64_t st_eng_trace_read(struct st_eng *e, int32_t *client, int32_t *region, int64_t *page, int64_t cap) {
+    pthread_mutex_lock(&e->mu);
+    int64_t n = e->trace_len < cap ? e->trace_len : cap;
+    if (n > 0) {
+        memcpy(client, e->trace_client, sizeof(int32_t) * n);
+        memcpy(region, e->trace_region, sizeof(int32_t) * n);
+        memcpy(page, e->trace_page, sizeof(int64_t) * n);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+/* Finish every queued batch, stop the threads, free the rings, every job not released and every client. */
 void st_eng_destroy(struct st_eng *e) {
     if (!e) return;
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
-    pthread_cond_signal(&e->work);
+    e->held = 0;
+    pthread_cond_broadcast(&e->work);
     pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+    for (int t = 0; t < e->nthreads; t++) pthread_join(e->workers[t].thread, NULL);
     while (e->all) {
         struct st_job *j = e->all;
         e->all = j->next_all;
         free(j);
     }
+    while (e->clients) {
+        struct st_client *c = e->clients;
+        e->clients = c->next;
+        free(c->region_fd); free(c->region_offset); free(c->region_pages); free(c->region_prio);
+        free(c->region_ioprio); free(c);
+    }
+    st_eng_trace(e, 0);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->work);
     pthread_cond_destroy(&e->done);
-    free(e->region_fd);
-    free(e->region_offset);
-    free(e->region_pages);
     free(e);
 }

@@ -1,0 +1,201 @@
+"""The thread device queue: Python threads issuing os.preadv, fed from one (priority, arrival) queue.
+
+The fallback where io_uring cannot be set up (no compiler, a kernel without
+io_uring). min(queue_depth, PREAD_THREADS_MAX) threads per `io_threads` each
+take up to `CHUNK_READS` reads at a time from the head of the queue, so at
+most that many reads per thread run out of window order.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store._common import NOT_DONE
+from slacktier.store.base import PageBufferPool
+from slacktier.store.devqueue import Device, DeviceQueue, Landed
+from slacktier.tables.layout import PAGE_BYTES
+
+#: most threads per io_thread: 32 threads measured 9-11 us CPU per page against 20-30 us for 128, at no lower
+#: IOPS (docs/bench-log/disk.md, "Disk engine: random 4 KiB reads vs fio")
+PREAD_THREADS_MAX = 32
+#: reads one thread takes from the queue at a time: fewer lock round trips, little reordering
+CHUNK_READS = 4
+
+
+@dataclass(eq=False)
+class _Client:
+    fd: np.ndarray          # [R] int32
+    offset_bytes: np.ndarray  # [R] int64
+    pages: np.ndarray       # [R] int64
+    priority: np.ndarray    # [R] int32
+    live: int = 0
+
+
+@dataclass(eq=False)
+class _Job:
+    client: int
+    region: np.ndarray
+    page: np.ndarray
+    buffer: np.ndarray
+    pool: PageBufferPool
+    res: np.ndarray
+    submit_ns: int
+    admitted: int = 0
+    landed: int = 0
+    first_ns: int = 0
+    end_ns: int = 0
+    cpu_ns: int = 0
+    done: bool = False
+
+
+class PreadQueue(DeviceQueue):
+    """A device's reads through os.preadv threads, one admission order."""
+
+    engine_name: ClassVar[str] = "threads"
+
+    def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
+        super().__init__(device, queue_depth, io_threads)
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)
+        self._done = threading.Condition(lock)
+        self._queue: list[tuple[int, int, _Job]] = []   # heap of (priority, arrival, job)
+        self._jobs: dict[int, _Job] = {}
+        self._clients: dict[int, _Client] = {}
+        self._next = 1
+        self._stop = False
+        self._held = False
+        self._trace_cap = 0
+        self._trace: list[tuple[int, int, int]] = []
+        n = min(queue_depth, PREAD_THREADS_MAX) * io_threads
+        self._threads = [threading.Thread(target=self._worker, daemon=True, name=f"slacktier-pread-{device.name}-{i}")
+                         for i in range(n)]
+        for t in self._threads:
+            t.start()
+
+    def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray) -> int:
+        with self._work:
+            client = self._next
+            self._next += 1
+            self._clients[client] = _Client(np.array(fd, np.int32), np.array(offset_bytes, np.int64),
+                                            np.array(pages, np.int64), np.array(priority, np.int32))
+        return client
+
+    def detach(self, client: int) -> None:
+        with self._work:
+            if self._clients[client].live:
+                raise SlackTierError(ErrorKind.BAD_INPUT, "a client with jobs not yet released cannot detach",
+                                     fix="wait for and release every job first")
+            del self._clients[client]
+
+    def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray,
+               pool: PageBufferPool) -> int:
+        region, page, buffer = (np.array(region, np.int32), np.array(page, np.int64), np.array(buffer, np.int32))
+        with self._work:
+            if self._stop:
+                raise SlackTierError(ErrorKind.CLOSED, "the device queue is closed", fix="open a new source")
+            c = self._clients[client]
+            n = region.shape[0]
+            if n:
+                bad = np.flatnonzero((region < 0) | (region >= c.pages.shape[0]))
+                if not bad.size:
+                    bad = np.flatnonzero((page < 0) | (page >= c.pages[region]) | (buffer < 0) |
+                                         (buffer >= pool.capacity))
+                if bad.size:
+                    return -(int(bad[0]) + 1)
+            job = _Job(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32), time.perf_counter_ns())
+            handle = self._next
+            self._next += 1
+            self._jobs[handle] = job
+            c.live += 1
+            if n == 0:
+                job.done = True
+                job.first_ns = job.end_ns = job.submit_ns
+            else:
+                heapq.heappush(self._queue, (int(c.priority[region].min()), handle, job))
+                self._work.notify_all()
+        return handle
+
+    def _worker(self) -> None:
+        while True:
+            with self._work:
+                while not self._queue and not self._stop or (self._held and not self._stop):
+                    self._work.wait()
+                if not self._queue:
+                    return
+                job = self._queue[0][2]
+                lo = job.admitted
+                hi = min(job.region.shape[0], lo + CHUNK_READS)
+                job.admitted = hi
+                if lo == 0:
+                    job.first_ns = time.perf_counter_ns()
+                if hi == job.region.shape[0]:
+                    heapq.heappop(self._queue)
+                c = self._clients[job.client]
+                if len(self._trace) < self._trace_cap:
+                    self._trace.extend((job.client, int(job.region[i]), int(job.page[i])) for i in range(lo, hi))
+            t0 = time.thread_time_ns()
+            pages = job.pool.pages
+            for i in range(lo, hi):
+                g = job.region[i]
+                try:
+                    job.res[i] = os.preadv(int(c.fd[g]), [pages[job.buffer[i]]],
+                                           int(c.offset_bytes[g] + job.page[i] * PAGE_BYTES))
+                except OSError as exc:
+                    job.res[i] = -(exc.errno or 5)
+            spent = time.thread_time_ns() - t0
+            with self._work:
+                job.cpu_ns += spent
+                job.landed += hi - lo
+                if job.landed == job.region.shape[0]:
+                    job.end_ns = time.perf_counter_ns()
+                    job.done = True
+                    self._done.notify_all()
+
+    def wait(self, job: int, timeout_s: float | None) -> Landed | None:
+        with self._done:
+            j = self._jobs[job]
+            if not self._done.wait_for(lambda: j.done, timeout_s):
+                return None
+        bad = np.flatnonzero(j.res != PAGE_BYTES)
+        return Landed(j.submit_ns, j.first_ns, j.end_ns, j.cpu_ns, int(bad[0]) if bad.size else -1)
+
+    def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        j = self._jobs[job]
+        return j.region.copy(), j.page.copy(), j.buffer.copy(), j.res.copy()
+
+    def release(self, job: int, pool: PageBufferPool | None = None) -> None:
+        with self._work:
+            j = self._jobs.pop(job)
+            self._clients[j.client].live -= 1
+
+    def close(self) -> None:
+        with self._work:
+            self._stop = True
+            self._held = False
+            self._work.notify_all()
+        for t in self._threads:
+            t.join()
+
+    def hold(self, on: bool) -> None:
+        with self._work:
+            self._held = on
+            self._work.notify_all()
+
+    def trace(self, reads: int) -> None:
+        with self._work:
+            self._trace_cap = reads
+            self._trace = []
+
+    def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        with self._work:
+            t = list(self._trace)
+        arr = np.array(t, dtype=np.int64).reshape(-1, 3)
+        return arr[:, 0], arr[:, 1].astype(np.int32), arr[:, 2]

@@ -1,0 +1,127 @@
+"""The io_uring device queue: C worker threads with a ring each, fed from one (priority, arrival) queue.
+
+The C side (csrc/uring_read.c, `st_eng_*`) keeps the queue, the rings and
+the jobs; Python attaches clients, books jobs and keeps page pools mapped
+while a ring may have them registered: the kernel pins a registered pool's
+pages, and a new pool mapped at a freed pool's address would otherwise be
+written through the old registration.
+
+Compiled code (engine/steppass.py) queues a batch straight on a client with
+`st_eng_submit`, by address: `submit_address()` and the client handle.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import ClassVar
+
+import numpy as np
+
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.store._native import (INFO_BUFFERS_REFUSED, INFO_CPU_NS, INFO_END_NS, INFO_FIELDS, INFO_FILES_REFUSED,
+                                     INFO_FIRST_BAD, INFO_FIRST_NS, INFO_SUBMIT_NS, IoEngine, submit_address)
+from slacktier.store.base import PageBufferPool
+from slacktier.store.devqueue import Device, DeviceQueue, Landed
+from slacktier.tables.layout import PAGE_BYTES
+
+
+class UringQueue(DeviceQueue):
+    """A device's reads through io_uring: `io_threads` rings of `queue_depth` each, one admission order."""
+
+    engine_name: ClassVar[str] = "io_uring"
+
+    def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
+        super().__init__(device, queue_depth, io_threads)
+        self.engine = IoEngine(queue_depth, queue_depth, max(1, queue_depth // 8), PAGE_BYTES, io_threads)
+        self._lock = threading.Lock()
+        self._pools: dict[int, list] = {}   # pool address -> [pool, live jobs into it]
+        self._info = np.empty(INFO_FIELDS, dtype=np.int64)
+        #: (buffer, file) registrations the kernel refused, as last counted (reads then run unregistered)
+        self.refusals = (0, 0)
+        self._traced = 0
+        self._client_of_id: list[int] = []
+        self.submit_address = submit_address()   # st_eng_submit's, for compiled code
+
+    def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray) -> int:
+        with self._lock:   # the C side numbers clients in attach order; the trace names them by that number
+            client = self.engine.attach(fd, offset_bytes, pages, priority, np.zeros(len(fd), np.int32))
+            self._client_of_id.append(client)
+        return client
+
+    def detach(self, client: int) -> None:
+        if not self.engine.detach(client):
+            raise SlackTierError(ErrorKind.BAD_INPUT, "a client with jobs not yet released cannot detach",
+                                 fix="wait for and release every job first")
+
+    def book(self, pool: PageBufferPool) -> None:
+        """Count a job queued into `pool` (by `submit`, or by compiled code through `st_eng_submit`)."""
+        with self._lock:
+            held = self._pools.get(pool.base)
+            if held is None or held[0] is not pool:
+                # a new pool at an address still held would be a mapping over a registered one: never, since
+                # a held pool is referenced here and so not unmapped
+                self._pools[pool.base] = [pool, 1]
+            else:
+                held[1] += 1
+
+    def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray,
+               pool: PageBufferPool) -> int:
+        job = self.engine.submit(client, region, page, buffer, pool.base, pool.capacity)
+        if job > 0:
+            self.book(pool)
+        return job
+
+    def wait(self, job: int, timeout_s: float | None) -> Landed | None:
+        info = np.empty(INFO_FIELDS, dtype=np.int64)
+        timeout_ns = -1 if timeout_s is None else max(0, int(timeout_s * 1e9))
+        if not self.engine.wait(job, timeout_ns, info):
+            return None
+        now = (int(info[INFO_BUFFERS_REFUSED]), int(info[INFO_FILES_REFUSED]))
+        if now != self.refusals:
+            from slacktier.store.disk import note_refusals   # the disk tier counts them
+            note_refusals(self.refusals, now)
+            self.refusals = now
+        return Landed(int(info[INFO_SUBMIT_NS]), int(info[INFO_FIRST_NS]), int(info[INFO_END_NS]),
+                      int(info[INFO_CPU_NS]), int(info[INFO_FIRST_BAD]))
+
+    def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        return self.engine.reads(job, n)
+
+    def release(self, job: int, pool: PageBufferPool | None = None) -> None:
+        self.engine.release(job)
+        if pool is None:
+            return
+        with self._lock:
+            held = self._pools.get(pool.base)
+            if held is None:
+                return
+            held[1] -= 1
+            if held[1] > 0:
+                return
+            # No job of ours reads into it any more: drop every idle pool no ring has registered now.
+            registered = self.engine.registered()
+            for addr in [a for a, (p, live) in self._pools.items() if live <= 0 and a not in registered]:
+                del self._pools[addr]
+
+    def pools_held(self) -> int:
+        """Page pools kept mapped for this queue's jobs or ring registrations."""
+        with self._lock:
+            return len(self._pools)
+
+    def close(self) -> None:
+        self.engine.close()
+        with self._lock:
+            self._pools.clear()
+
+    def hold(self, on: bool) -> None:
+        self.engine.hold(on)
+
+    def trace(self, reads: int) -> None:
+        self.engine.trace(reads)
+        self._traced = reads
+
+    def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        ids, region, page = self.engine.traced(self._traced)
+        with self._lock:
+            handles = np.array(self._client_of_id, dtype=np.int64)
+        return handles[ids], region, page
