@@ -50,7 +50,7 @@ from slacktier.store.devqueue import DeviceQueue, acquire_queue, physical_device
 from slacktier.store.pread_queue import PreadQueue
 from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
-from slacktier.store.uring_queue import UringQueue
+from slacktier.store.uring_queue import REGISTRATION_SKIPS, UringQueue  # noqa: F401 (counted there, read here)
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TableIdentity
 from slacktier.tables.regions import Region
@@ -60,17 +60,7 @@ log = logging.getLogger(__name__)
 ENGINES = ("auto", "io_uring", "threads")
 #: how often `engine="auto"` fell back to the thread pool in this process, by reason
 ENGINE_FALLBACKS: Counter[str] = Counter()
-#: io_uring file/buffer registrations the kernel refused (reads then run unregistered), by kind
-REGISTRATION_SKIPS: Counter[str] = Counter()
 _QUEUES: dict[str, type[DeviceQueue]] = {"io_uring": UringQueue, "threads": PreadQueue}
-
-
-def note_refusals(seen: tuple[int, int], now: tuple[int, int]) -> None:
-    """Count and log registrations a device queue's rings were refused since `seen`."""
-    REGISTRATION_SKIPS["buffers"] += now[0] - seen[0]
-    REGISTRATION_SKIPS["files"] += now[1] - seen[1]
-    log.info("io_uring: the kernel refused to register %s; reads of them run unregistered",
-             "the page buffer pool" if now[0] != seen[0] else "the region files")
 
 
 @dataclass(eq=False)

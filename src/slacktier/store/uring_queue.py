@@ -12,7 +12,9 @@ Compiled code (engine/steppass.py) queues a batch straight on a client with
 
 from __future__ import annotations
 
+import logging
 import threading
+from collections import Counter
 from typing import ClassVar
 
 import numpy as np
@@ -23,6 +25,11 @@ from slacktier.store._native import (INFO_BUFFERS_REFUSED, INFO_CPU_NS, INFO_END
 from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import Device, DeviceQueue, Landed
 from slacktier.tables.layout import PAGE_BYTES
+
+log = logging.getLogger(__name__)
+
+#: io_uring file/buffer registrations the kernel refused (reads then run unregistered), by kind
+REGISTRATION_SKIPS: Counter[str] = Counter()
 
 
 class UringQueue(DeviceQueue):
@@ -78,8 +85,10 @@ class UringQueue(DeviceQueue):
             return None
         now = (int(info[INFO_BUFFERS_REFUSED]), int(info[INFO_FILES_REFUSED]))
         if now != self.refusals:
-            from slacktier.store.disk import note_refusals   # the disk tier counts them
-            note_refusals(self.refusals, now)
+            REGISTRATION_SKIPS["buffers"] += now[0] - self.refusals[0]
+            REGISTRATION_SKIPS["files"] += now[1] - self.refusals[1]
+            log.info("io_uring: the kernel refused to register %s; reads of them run unregistered",
+                     "the page buffer pool" if now[0] != self.refusals[0] else "the region files")
             self.refusals = now
         return Landed(int(info[INFO_SUBMIT_NS]), int(info[INFO_FIRST_NS]), int(info[INFO_END_NS]),
                       int(info[INFO_CPU_NS]), int(info[INFO_FIRST_BAD]))
