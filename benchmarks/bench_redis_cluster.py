@@ -29,7 +29,7 @@ from _common import append_to_section, command_line, machine, utc_stamp  # noqa:
 from raw_page_server import RawPageClient, RawPageServer  # noqa: E402
 
 from slacktier.config import RedisClusterOptions  # noqa: E402
-from slacktier.plan.fit import fit_read_time  # noqa: E402
+from slacktier.plan.fit import fit_quality  # noqa: E402
 from slacktier.store.base import PageBufferPool, PageReads  # noqa: E402
 from slacktier.store.dram import load_region_pages  # noqa: E402
 from slacktier.store.redis_cluster import RedisClusterSource, load_manifest  # noqa: E402
@@ -271,8 +271,12 @@ def main(argv: list[str] | None = None) -> None:
             print("T", T, tags[T], flush=True)
 
     # 4. The planner's read-time model.
-    P = np.array([[a, b] for a, b, _ in fit_rows], dtype=np.float64)
-    fit = fit_read_time((1, 14), P, [t for _, _, t in fit_rows])
+    # one batch holding both layers' pages: T = a + b_1 P1 + b_14 P14 by least squares (one request, so this is the
+    # tier's b, not the device model's queued-ahead c; `slacktier probe --read-fit` fits that per tier)
+    X = np.array([[1.0, a, b] for a, b, _ in fit_rows], dtype=np.float64)
+    y = np.array([t for _, _, t in fit_rows], dtype=np.float64)
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    fit_q = fit_quality(X @ coef, y)
 
     def cell(d):
         return f"{d['median_ms']:.2f} ({d['p90_ms']:.2f})"
@@ -331,12 +335,10 @@ def main(argv: list[str] | None = None) -> None:
             base = base or float(np.mean(meds))
             lines.append(f"| {k} | {', '.join(f'{m:.2f}' for m in meds)} | {np.mean(meds):.2f} | "
                          f"{np.mean(meds) / base:.2f}x |")
-    m = fit.model
     lines += ["", f"Read-time model for the planner (3 nodes; {len(fit_rows)} batches with layer 1's and layer 14's "
               "pages drawn independently from 50-1600): "
-              f"T = {m.intercept_ms:.3f} ms + {m.per_page_ms[0] * 1e3:.2f} us x P1 + {m.per_page_ms[1] * 1e3:.2f} us "
-              f"x P14; R^2 {fit.quality.r2:.3f}, RMSE {fit.quality.rmse_ms:.2f} ms "
-              "(`slacktier.plan.fit.fit_read_time`)."]
+              f"T = {coef[0]:.3f} ms + {coef[1] * 1e3:.2f} us x P1 + {coef[2] * 1e3:.2f} us "
+              f"x P14; R^2 {fit_q.r2:.3f}, RMSE {fit_q.rmse_ms:.2f} ms (least squares, one batch per step)."]
     block = "\n".join(lines)
     print(block)
     if args.append:

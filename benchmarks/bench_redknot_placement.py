@@ -51,6 +51,7 @@ def main() -> int:
 
     from slacktier.errors import SlackTierError
     from slacktier.plan.artifacts import ArtifactDemand, plan_artifact_placement
+    from slacktier.plan.readmodel import DeviceReadModel
     from slacktier.plan.tiers import TierSpec
     from slacktier.redknot.artifacts import ArtifactStore
     from slacktier.redknot.corpus import documents, question_tokens
@@ -143,7 +144,8 @@ def main() -> int:
         rmse = float(np.sqrt(np.mean((pred - np.asarray(ys)) ** 2)))
         fit_lines.append(f"{name}: a = {a:.3f} ms, b = {1e3 * b:.2f} us/page (RMSE {rmse:.2f} ms over {len(xs)} "
                          f"layer reads)")
-        tiers.append(TierSpec(name, a, b, 0.0, holds_table=(name == "dram")))
+        # landed-at = a + b x (own pages + pages queued ahead): the device model with c = b, c_behind = 0
+        tiers.append(TierSpec(name, DeviceReadModel(a, b, b, 0.0), holds_table=(name == "dram")))
     longest = max(lengths)
     windows = {l: med([r[3].need_ms[l] for r in records if r[0] == longest and r[1] == "dram"]) for l in layers}
     plan_lines = ["| windows | layer | window ms | pages | placed on | predicted read ms | predicted stall ms |",

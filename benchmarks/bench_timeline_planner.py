@@ -116,8 +116,8 @@ def run(cfg: SweepConfig, args) -> tuple[list[str], dict]:
     first, second = sw.layer_ids[:2]
     profile, cal, pred = sw.profile, sw.cal, sw.predicted_ms
 
-    def score(rows, model: str = "readfit") -> str:
-        q = sw.quality(rows, model)
+    def score(rows) -> str:
+        q = sw.quality(rows)
         return "too few runs" if q is None else f"RMSE {q.rmse_ms:.2f} ms, R^2 {q.r2:.3f} over {q.runs} runs"
 
     def ceiling(rows) -> str:
@@ -139,17 +139,15 @@ def run(cfg: SweepConfig, args) -> tuple[list[str], dict]:
              f"{sw.fit_sessions} fit sessions), {cfg.decode_steps} full-batch decode steps per run, {cfg.runs} "
              f"shuffled runs; {profile.header}.", "", "Prediction inputs, all fixed before the timed runs:"]
     for t, f in sw.fits.items():
-        m1, m2 = f.first.model, f.second.model
-        lines.append(f"  read fit {t}: T_L{first} = {m1.intercept_ms:.3f} ms + {m1.per_page_ms[0] * 1e3:.2f} us "
-                     f"P_L{first} + {m1.per_page_ms[1] * 1e3:.2f} us P_L{second} (fit R^2 {f.first.quality.r2:.3f},"
-                     f" held-out R^2 {f.held_first.r2:.3f}, RMSE {f.held_first.rmse_ms:.2f} ms); T_L{second} = "
-                     f"{m2.intercept_ms:.3f} + {m2.per_page_ms[0] * 1e3:.2f} us P_L{first} + "
-                     f"{m2.per_page_ms[1] * 1e3:.2f} us P_L{second} (held-out R^2 {f.held_second.r2:.3f}) -> tier "
-                     f"a={f.spec.intercept_ms:.3f} ms, b={f.spec.page_ms * 1e3:.2f} us, "
-                     f"c={f.spec.contention_page_ms * 1e3:.2f} us ({args.read_fit_runs} runs)")
+        m, q, h = f.spec.read, f.fit.quality, f.fit.held_out
+        lines.append(f"  read fit {t} (plan.readmodel, layer {first} submitted first): T_l = {m.intercept_ms:.3f} ms + "
+                     f"{m.page_ms * 1e3:.2f} us P_l + {m.ahead_page_ms * 1e3:.2f} us P_ahead + "
+                     f"{m.behind_page_ms * 1e3:.2f} us P_behind (fit R^2 {q.r2:.3f}, held-out R^2 {h.r2:.3f}, RMSE "
+                     f"{h.rmse_ms:.2f} ms; {args.read_fit_runs} runs"
+                     + (f"; held at 0: {', '.join(f.fit.at_zero)}" if f.fit.at_zero else "") + ")")
     if "disk" in sw.fits:
-        b = sw.fits["disk"].spec.page_ms
-        lines.append(f"  against the paper's NVMe (b = 3.05 us/page, c = 0.37 us): this disk's b = "
+        b = sw.fits["disk"].spec.read.page_ms
+        lines.append(f"  against the paper's NVMe (b = 3.05 us/page, c_behind = 0.37 us): this disk's b = "
                      f"{b * 1e3:.2f} us/page, {b / 3.05e-3:.1f}x")
     for b, fc in sorted(sw.inputs.curves.items()):
         c1, c2 = fc.curves.curve(first), fc.curves.curve(second)
@@ -158,11 +156,9 @@ def run(cfg: SweepConfig, args) -> tuple[list[str], dict]:
                      f"P_L{first}({half}) = {c1.pages_at(half):.0f}, P_L{second}(0) = {c2.pages_at(0):.0f}"
                      + (f"  [{fc.note}]" if fc.note else ""))
     lines.append(f"  calibration on {cal.runs} fit runs ({'+'.join(sorted(fit_names))} at B = {sorted(fit_bs)}): "
-                 f"s(B) = {cal.s0_ms:.3f} ms + {cal.s1_ms * 1e3:.2f} us * B, kappa = {cal.kappa_ms:.3f} ms "
-                 f"(TierSpec form: kappa = {sw.cal_tierspec.kappa_ms:.3f} ms)")
-    lines.append("  planner column: read times from the read fit's own per-layer models (T_first, T_second above), "
-                 "pages from the fit-half curves, stalls from plan.exposure (Eq. 1); 'TierSpec form' below: "
-                 "plan.planner.predict_fixed_placement with each tier's (a, b, c)")
+                 f"s(B) = {cal.s0_ms:.3f} ms + {cal.s1_ms * 1e3:.2f} us * B, kappa = {cal.kappa_ms:.3f} ms")
+    lines.append("  planner column: plan.planner.predict_fixed_placement with each tier's device read model above, "
+                 "pages from the fit-half curves, stalls from plan.exposure (Eq. 1)")
     held = sw.held_out()
     lines += ["", "Load sweep:", timeline_table(profile, load_runs, planner_ms=pred), "",
               f"Cache split at B={args.split_batch}, {args.split_cache_rows:,} cache rows, share f to layer {first}:",
@@ -173,21 +169,19 @@ def run(cfg: SweepConfig, args) -> tuple[list[str], dict]:
               f"{score(sw.held_out(held_out_sessions_only=True))}",
               f"  cache-split runs only: {score(sw.held_out('split'))}",
               f"  the fit set itself: {score([(j, r) for (j, r), f in zip(sw.done, sw.is_fit) if f])}",
-              f"  the same held-out runs, TierSpec form: {score(held, 'tierspec')}",
               f"  run-to-run ceiling (each held-out run predicted by the mean of its configuration's other runs): "
               f"{ceiling(held)}"]
     by_b: dict[int, list] = {}
     for j, r in held:
         by_b.setdefault(j.batch, []).append((j, r))
     lines += [f"  held-out B={b}: {score(rows)}" for b, rows in sorted(by_b.items())]
-    doc = {"calibration": vars(cal), "tiers": {t: vars(f.spec) for t, f in sw.fits.items()},
-           "models": {t: [vars(f.first.model), vars(f.second.model)] for t, f in sw.fits.items()},
+    doc = {"calibration": vars(cal), "tiers": {t: vars(f.spec.read) for t, f in sw.fits.items()},
            "curves": {b: {l: {"capacity_rows": c.capacity_rows, "pages_per_step": c.pages_per_step}
                           for l, c in fc.curves.by_layer.items()} for b, fc in sw.inputs.curves.items()},
            "runs": [{"group": j.group, "batch": j.batch, "label": j.label, "rep": r.rep,
                      "measured_ms": r.summary.stall_ms, "eq1_ms": r.summary.predicted_ms,
                      "planner_ms": pred.get((j.batch, j.label)),
-                     "tierspec_ms": sw.predicted_tierspec_ms.get((j.batch, j.label)), "fit": f, "s_ms": r.summary.s_ms}
+                     "fit": f, "s_ms": r.summary.s_ms}
                     for (j, r), f in zip(sw.done, sw.is_fit)]}
     if delay_runs:
         times = profile.times(args.delay_batch, cfg.workload, sw.layer_ids)

@@ -153,6 +153,11 @@ def test_inspect_predicts_the_control_files_placement_as_the_planner_does(demo_t
     text = capsys.readouterr().out
     assert f"predicted slowdown {want.slowdown_ms:.4f} ms per step for this placement" in text
     assert f"layer {first} on disk (submitted 0)" in text
+    # the tiers file is the first form: c_ahead = b, c_behind = its contention_page_ms (plan.tiers)
+    assert ("read model of disk: T = 0.3000 ms + 3.050 us/page own + 3.050 us/page queued ahead + 0.370 us/page "
+            "queued behind") in text
+    assert got["read_models"] == {"disk": {"intercept_ms": 0.30, "page_ms": 0.00305, "ahead_page_ms": 0.00305,
+                                           "behind_page_ms": 0.00037, "fit": None}}
     # windows without a tiers file, or a table without a window, are refused with a fix
     assert cli.main(["inspect", str(control), "--window", f"{first}=0.27"]) == 2
     assert "needs a control file, --tiers, --curves" in capsys.readouterr().err

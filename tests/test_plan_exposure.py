@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slacktier.errors import SlackTierError
-from slacktier.plan import (LayerRead, ReadTimeModel, Run, exposure, fit_kappa, fit_quality, fit_read_time,
-                            predict_runs)
+from slacktier.plan import (PAPER_NVME, DeviceReadModel, LayerPages, LayerRead, Run, device_exposure, exposure,
+                            fit_kappa, fit_quality, predict_runs)
 
 W1, W14 = 0.27, 9.35
 
@@ -87,35 +87,6 @@ def test_coupling_never_predicts_more_than_sum_of_excesses(pairs, s):
     assert coupled == pytest.approx(max(0.0, max(s + r.read_ms - r.window_ms for r in order)), abs=1e-9)
 
 
-def test_read_time_fit_recovers_known_coefficients_from_noisy_runs():
-    rng = np.random.default_rng(7)
-    runs = 60
-    pages = np.column_stack([rng.uniform(0, 4000, runs), rng.uniform(0, 20000, runs)])  # [runs, 2]
-    a, b, c = 0.30, 3.05e-3, 0.37e-3
-    noise = rng.normal(0, 0.02, runs)
-    read = a + b * pages[:, 0] + c * pages[:, 1] + noise
-    fit = fit_read_time([1, 14], pages, read)
-    assert fit.model.layers == (1, 14)
-    assert fit.model.intercept_ms == pytest.approx(a, abs=0.02)
-    assert fit.model.per_page_ms[0] == pytest.approx(b, rel=0.02)
-    assert fit.model.per_page_ms[1] == pytest.approx(c, rel=0.05)
-    assert fit.quality.r2 > 0.99
-    assert fit.quality.rmse_ms == pytest.approx(0.02, rel=0.3)
-    # held-out: the fitted model predicts fresh runs about as well as the noise allows
-    held = np.column_stack([rng.uniform(0, 4000, 20), rng.uniform(0, 20000, 20)])
-    truth = a + b * held[:, 0] + c * held[:, 1]
-    pred = [fit.model.predict_ms({1: p1, 14: p14}) for p1, p14 in held]
-    assert fit_quality(pred, truth).rmse_ms < 0.02
-
-
-def test_read_time_fit_refuses_collinear_or_too_few_runs():
-    pages = np.array([[1.0, 2.0], [2.0, 4.0], [3.0, 6.0], [4.0, 8.0]])
-    with pytest.raises(SlackTierError):
-        fit_read_time([1, 14], pages, [1.0, 2.0, 3.0, 4.0])
-    with pytest.raises(SlackTierError):
-        fit_read_time([1, 14], pages[:2], [1.0, 2.0])
-
-
 def test_fit_quality_exact_numbers():
     q = fit_quality([1.0, 2.0, 3.0], [1.0, 2.0, 4.0])
     # SS_res = 1, SS_tot = (1-7/3)^2 + (2-7/3)^2 + (4-7/3)^2 = 14/3
@@ -146,7 +117,23 @@ def test_kappa_fit_and_held_out_prediction():
     assert worse.quality.rmse_ms > 5 * pred.quality.rmse_ms
 
 
-def test_read_time_model_predicts_exactly():
-    m = ReadTimeModel(intercept_ms=0.30, layers=(1, 14), per_page_ms=(3.05e-3, 0.37e-3))
-    assert m.predict_ms({1: 100.0, 14: 1000.0}) == pytest.approx(0.30 + 0.305 + 0.37, abs=1e-12)
-    assert m.predict_ms({}) == 0.30
+def test_device_exposure_takes_read_times_from_the_device_model():
+    """Eq. 1 with T_l from plan.readmodel: the docstring's worked example, then layer 1 moved to its own device."""
+    both = [LayerPages(1, "disk", 100.0, 0), LayerPages(14, "disk", 1000.0, 1)]
+    exp = device_exposure(both, {1: W1, 14: W14}, {"disk": PAPER_NVME})
+    assert [r.read_ms for r in exp.reads] == pytest.approx([0.975, 3.655])
+    assert exp.stall_ms == pytest.approx((0.705, 0.0)) and exp.slowdown_ms == pytest.approx(0.705)
+    # layer 1 in DRAM: nothing queued ahead of or behind layer 14 on the disk any more
+    dram = DeviceReadModel(0.05, 1e-3, 1e-3, 0.0)
+    apart = [LayerPages(1, "dram", 100.0, 0), LayerPages(14, "disk", 1000.0, 1)]
+    exp = device_exposure(apart, {1: W1, 14: W14}, {"disk": PAPER_NVME, "dram": dram}, resolve_ms=0.1, kappa_ms=0.05)
+    assert [r.read_ms for r in exp.reads] == pytest.approx([0.15, 3.35])
+    assert exp.stall_ms == pytest.approx((0.0, 0.0)) and exp.slowdown_ms == pytest.approx(0.05)
+    # a device whose second layer waits the full b per page queued ahead, stalling layer 14 too:
+    # T14 = 0.3 + 0.02*1000 + 0.02*100 = 22.3; d1 = 0.3 + 0.02*100 + 0.001*1000 - 0.27 = 3.03;
+    # d14 = 22.3 - 9.35 - 3.03 = 9.92
+    slow = DeviceReadModel(0.3, 0.02, 0.02, 0.001)
+    exp = device_exposure(both, {1: W1, 14: W14}, {"disk": slow})
+    assert exp.stall_ms == pytest.approx((3.03, 9.92))
+    with pytest.raises(SlackTierError, match="no window for layer"):
+        device_exposure(both, {1: W1}, {"disk": slow})

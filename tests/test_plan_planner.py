@@ -13,9 +13,9 @@ from hypothesis import strategies as st
 
 from slacktier import config
 from slacktier.errors import SlackTierError
-from slacktier.plan import (MissCurve, TableDemand, TierSpec, best_split, control_file, format_plan, load_miss_curves,
-                            load_tiers, make_plan, plan_comment, predict_fixed_placement, predict_placement, split_cost_ms,
-                            write_plan)
+from slacktier.plan import (PAPER_NVME, DeviceReadModel, MissCurve, ReadFitRecord, TableDemand, TierSpec, best_split,
+                            control_file, format_plan, load_miss_curves, load_tiers, make_plan, plan_comment,
+                            predict_fixed_placement, predict_placement, split_cost_ms, write_plan, write_tiers)
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows
 
 
@@ -24,9 +24,10 @@ def convex_curve(p0: float, tau: float, cap: float = 1e6, points: int = 9) -> Mi
     return MissCurve(tuple(caps), tuple(p0 * np.exp(-caps / tau)))
 
 
-DRAM = TierSpec("dram", intercept_ms=0.01, page_ms=1e-5, contention_page_ms=0.0, holds_table=True)
-DISK = TierSpec("disk", intercept_ms=0.30, page_ms=3.05e-3, contention_page_ms=0.37e-3, holds_table=False,
-                buffer_bytes=1 << 20)
+DRAM = TierSpec("dram", DeviceReadModel(intercept_ms=0.01, page_ms=1e-5, ahead_page_ms=1e-5, behind_page_ms=0.0),
+                holds_table=True)
+DISK = TierSpec("disk", PAPER_NVME, holds_table=False, buffer_bytes=1 << 20)   # a, b, c, c_behind = 0.30 ms, 3.05,
+#                                                                                 3.05, 0.37 us per page
 
 
 # ---- curves -------------------------------------------------------------------------------------------------
@@ -118,7 +119,7 @@ def _flat(pages: float) -> MissCurve:
 @pytest.mark.parametrize("pages,window_ms", [(100.0, 0.61), (100.0, 0.604), (100.0, 0.6), (100.0, 0.5),
                                              (1000.0, 3.35), (1000.0, 3.349)])
 def test_table_goes_to_disk_exactly_when_its_reads_fit_its_window(pages, window_ms):
-    read_ms = DISK.intercept_ms + DISK.page_ms * pages
+    read_ms = DISK.read.intercept_ms + DISK.read.page_ms * pages
     table = TableDemand(layer=14, rows=15_000, manifest="m14.json", window_ms=window_ms)
     plan = make_plan([table], [DRAM, DISK], {14: _flat(pages)}, cache_rows=0, target_ms=0.0)
     expected = "disk" if read_ms <= window_ms else "dram"
@@ -132,7 +133,7 @@ def test_table_goes_to_disk_exactly_when_its_reads_fit_its_window(pages, window_
 
 @pytest.mark.parametrize("window_ms,expected", [(1.0, "disk"), (np.nextafter(1.0, 0.0), "dram"), (1.5, "disk")])
 def test_reads_exactly_filling_the_window_still_fit(window_ms, expected):
-    slow = TierSpec("disk", intercept_ms=0.5, page_ms=0.25, contention_page_ms=0.0, holds_table=False)
+    slow = TierSpec("disk", DeviceReadModel(0.5, 0.25, 0.25, 0.0), holds_table=False)
     plan = make_plan([TableDemand(1, 100, "m.json", float(window_ms))], [DRAM, slow], {1: _flat(2.0)},
                      cache_rows=0, target_ms=0.0)  # read = 0.5 + 0.25 * 2 = 1.0 ms exactly
     assert plan.tables[0].source == expected
@@ -248,22 +249,71 @@ def test_plan_page_layout_matches_the_tables_room():
     from slacktier.tables import layout
 
     assert (tiers.PAGE_BYTES, tiers.ROWS_PER_PAGE) == (layout.PAGE_BYTES, layout.ROWS_PER_PAGE)
-    dram = TierSpec("dram", 0.0, 0.0, 0.0, holds_table=True)
+    dram = TierSpec("dram", DeviceReadModel(0.0, 0.0, 0.0, 0.0), holds_table=True)
     for rows in (1, 15, 16, 384_006_168):
         assert dram.host_bytes(rows) == layout.pages_for_rows(rows) * layout.PAGE_BYTES
 
 
-def test_tiers_file(tmp_path):
+def test_tiers_file_of_the_first_form_maps_to_the_device_model(tmp_path):
+    """A file without `format` is the first form, T = a + b (P + pages ahead) + c (pages behind): the same
+    equation as the device model with c_ahead = b and c_behind = c."""
     p = tmp_path / "tiers.toml"
     p.write_text('[[tier]]\nname = "disk"\nintercept_ms = 0.3\npage_ms = 0.00305\ncontention_page_ms = 0.00037\n'
                  'buffer_bytes = 4096\n[[tier]]\nname = "dram"\nintercept_ms = 0.01\npage_ms = 0.00001\n')
     disk, dram = load_tiers(p)
-    assert disk == TierSpec("disk", 0.3, 0.00305, 0.00037, holds_table=False, buffer_bytes=4096)
-    assert dram.holds_table and dram.contention_page_ms == 0.00001
+    assert disk == TierSpec("disk", DeviceReadModel(0.3, 0.00305, 0.00305, 0.00037), holds_table=False,
+                            buffer_bytes=4096)
+    assert dram.holds_table and dram.read == DeviceReadModel(0.01, 0.00001, 0.00001, 0.00001)
+    p.write_text('[[tier]]\nname = "disk"\nintercept_ms = 0.3\npage_ms = 0.003\nahead_page_ms = 0.001\n')
+    with pytest.raises(SlackTierError, match="unknown key") as e:
+        load_tiers(p)
+    assert 'format = "slacktier-tiers/2"' in e.value.fix
     p.write_text('[[tier]]\nname = "tape"\nintercept_ms = 1\npage_ms = 1\n')
     with pytest.raises(SlackTierError) as e:
         load_tiers(p)
     assert all(name in e.value.fix for name in config.tier_names())
+
+
+def test_tiers_file_of_the_second_form_round_trips_and_refuses_bad_terms_by_name(tmp_path):
+    fit = ReadFitRecord(runs=30, r2=0.8, rmse_ms=4.25, held_out_runs=15, held_out_r2=0.75, held_out_rmse_ms=5.5,
+                        at_zero=("intercept_ms",), measured="2026-12-02 10:00 UTC, slacktier probe --read-fit t.json")
+    tiers = (TierSpec("disk", DeviceReadModel(0.0, 0.0136, 0.0055, 0.0054), holds_table=False, buffer_bytes=4096,
+                      fit=fit), DRAM)
+    p = write_tiers(tiers, tmp_path / "tiers.toml", comment="two tiers\nmeasured here")
+    text = p.read_text()
+    assert text.startswith("# two tiers\n# measured here\n") and 'format = "slacktier-tiers/2"' in text
+    assert load_tiers(p) == tiers
+    p.write_text('format = "slacktier-tiers/2"\n[[tier]]\nname = "disk"\nintercept_ms = 0.3\npage_ms = 0.003\n'
+                 'ahead_page_ms = 0.003\nbehind_page_ms = -0.001\n')
+    with pytest.raises(SlackTierError, match="tier 'disk': read-time term behind_page_ms = -0.001") as e:
+        load_tiers(p)
+    assert "probe --read-fit" in e.value.fix
+    p.write_text('format = "slacktier-tiers/2"\n[[tier]]\nname = "disk"\nintercept_ms = 0.3\npage_ms = 0.003\n'
+                 'contention_page_ms = 0.001\n')
+    with pytest.raises(SlackTierError, match="contention_page_ms") as e:
+        load_tiers(p)
+    assert "behind_page_ms" in e.value.fix and "probe --read-fit" in e.value.fix
+    p.write_text('format = "slacktier-tiers/2"\n[[tier]]\nname = "disk"\nintercept_ms = 0.3\npage_ms = 0.003\n')
+    with pytest.raises(SlackTierError, match="has no ahead_page_ms"):
+        load_tiers(p)
+    p.write_text('format = "slacktier-tiers/9"\n[[tier]]\nname = "disk"\n')
+    with pytest.raises(SlackTierError, match="format 'slacktier-tiers/9'"):
+        load_tiers(p)
+
+
+def test_the_planner_prices_pages_queued_ahead_at_c():
+    """A device whose second table waits c = 1 us per page queued ahead (not b = 3.05): exact numbers, the split
+    and stall follow. Flat curves: 100 pages at layer 1, 40 at layer 14; windows 0.27 and 0.4 ms."""
+    shared = TierSpec("disk", DeviceReadModel(0.30, 3.05e-3, 1e-3, 0.37e-3), holds_table=False)
+    tables = [TableDemand(1, 1000, "l1.json", 0.27), TableDemand(14, 1000, "l14.json", 0.4)]
+    curves = {1: _flat(100.0), 14: _flat(40.0)}
+    p = predict_fixed_placement(tables, {1: "disk", 14: "disk"}, {1: 0.5, 14: 0.5}, [shared], curves, 1000)
+    # T_1 = 0.30 + 0.305 + 0.37e-3 * 40 = 0.6198; T_14 = 0.30 + 3.05e-3 * 40 + 1e-3 * 100 = 0.522
+    assert [t.read_ms for t in p.tables] == pytest.approx([0.6198, 0.522], abs=1e-12)
+    # d_1 = 0.6198 - 0.27 = 0.3498; d_14 = [0.522 - 0.4 - 0.3498]+ = 0
+    assert [t.stall_ms for t in p.tables] == pytest.approx([0.3498, 0.0], abs=1e-12)
+    fifo = predict_fixed_placement(tables, {1: "disk", 14: "disk"}, {1: 0.5, 14: 0.5}, [DISK], curves, 1000)
+    assert fifo.tables[1].read_ms == pytest.approx(0.30 + 3.05e-3 * 140, abs=1e-12)   # c = b: 0.727
 
 
 # ---- the CLI ---------------------------------------------------------------------------------------------------
@@ -310,8 +360,8 @@ def test_plan_cli_end_to_end(tmp_path, capsys):
 def test_the_planner_places_a_table_on_the_redis_cluster_tier_and_the_control_file_carries_its_options():
     """The remote tier's read-time model from bench_redis_cluster.py: a table whose reads fit its window goes to
     the cluster (no host copy), and the control file names the tier with the operator's cluster options."""
-    remote = TierSpec("redis-cluster", intercept_ms=2.26, page_ms=0.0151, contention_page_ms=0.0128,
-                      holds_table=False, buffer_bytes=1 << 20)
+    remote = TierSpec("redis-cluster", DeviceReadModel(2.26, 0.0151, 0.0151, 0.0128), holds_table=False,
+                      buffer_bytes=1 << 20)
     rows = 1_000_000
     tables = [TableDemand(1, rows, "l1.json", 0.27), TableDemand(14, rows, "l14.json", 9.35)]
     curves = {1: _flat(300.0), 14: _flat(300.0)}   # 300 pages -> 2.26 + 4.53 = 6.8 ms on the cluster

@@ -144,9 +144,10 @@ def test_cli_runs_a_placement_file(tmp_path, capsys):
 # ---- the artifact planner: tables placed by their layers' windows ---------------------------------------
 
 def _tiers():
+    from slacktier.plan.readmodel import DeviceReadModel
     from slacktier.plan.tiers import TierSpec
-    return (TierSpec("dram", 0.0, 0.001, 0.001, holds_table=True),
-            TierSpec("disk", 0.3, 0.01, 0.01, holds_table=False))
+    return (TierSpec("dram", DeviceReadModel(0.0, 0.001, 0.001, 0.001), holds_table=True),
+            TierSpec("disk", DeviceReadModel(0.3, 0.01, 0.01, 0.01), holds_table=False))
 
 
 def test_planner_puts_every_layer_on_disk_when_the_windows_allow(tmp_path):

@@ -1,6 +1,6 @@
 """The planner's timeline prediction (serve.predict): exact numbers on hand-made inputs, injected delays on a fake
-clock, the read fit and the fit-half curves on real components; no wall-clock assertions. Bad profiles are
-tested in test_serve_timeline.py."""
+clock, the fit-half curves on real components; no wall-clock assertions. Bad profiles are tested in
+test_serve_timeline.py, the read fit in test_serve_readfit.py."""
 
 from __future__ import annotations
 
@@ -10,69 +10,66 @@ import pytest
 from slacktier.engine.counters import LayerCounters, StepCounters
 from slacktier.errors import SlackTierError
 from slacktier.plan.curves import MissCurve, MissCurves
-from slacktier.plan.fit import ReadTimeModel
+from slacktier.plan.readmodel import DeviceReadModel
 from slacktier.plan.tiers import TierSpec
 from slacktier.serve.predict import (Calibration, DelayedEngine, FitCurves, PlannerInputs, calibrate,
-                                     delay_prediction, fit_miss_curves, predict, read_fit, run_delayed_replay)
+                                     delay_prediction, fit_miss_curves, predict, run_delayed_replay)
 from slacktier.serve.tiers import Placement
 from slacktier.serve.timeline import StepTimes, SweepRun, TimelineRunner, TimelineSummary, load_profile
 
 from test_serve_timeline import FakeClock   # time passes only when told
 
-DISK = TierSpec("disk", 0.3, 0.02, 0.01, holds_table=False)
-DRAM = TierSpec("dram", 0.05, 0.001, 0.0, holds_table=True)
+# a disk whose second table pays c = 5 us per page queued ahead, not b = 20 us (two sources side by side)
+DISK = TierSpec("disk", DeviceReadModel(0.3, 0.02, 0.005, 0.01), holds_table=False)
+DRAM = TierSpec("dram", DeviceReadModel(0.05, 0.001, 0.001, 0.0), holds_table=True)
 
 
 def inputs() -> PlannerInputs:
     """B=128 agent on v41_paper (W1 0.27, W14 9.35); P1 100 -> 50 pages over 0..1000 rows, P14 200 -> 100."""
     curves = MissCurves("agent", 128, {1: MissCurve((0.0, 1000.0), (100.0, 50.0)),
                                        14: MissCurve((0.0, 1000.0), (200.0, 100.0))})
-    models = {"disk": (ReadTimeModel(0.3, (1, 14), (0.02, 0.01)), ReadTimeModel(0.4, (1, 14), (0.005, 0.015))),
-              "dram": (ReadTimeModel(0.05, (1, 14), (0.001, 0.0)), ReadTimeModel(0.05, (1, 14), (0.0, 0.001)))}
     return PlannerInputs(load_profile("v41_paper"), "agent", {"disk": DISK, "dram": DRAM},
-                         {128: FitCurves(curves, 128, 128, 200, 16)}, {1: 300_000, 14: 300_000}, models)
+                         {128: FitCurves(curves, 128, 128, 200, 16)}, {1: 300_000, 14: 300_000})
 
 
 BOTH = ((1, "disk"), (14, "disk"))
 CAL = Calibration(s0_ms=0.5, s1_ms=0.0, kappa_ms=0.1, runs=1)
 
 
-def test_both_on_disk_uncached_is_eq1_on_the_tier_model():
-    # T1 = 0.3 + 0.02*100 + 0.01*200 = 4.3; T14 = 0.3 + 0.02*(100+200) = 6.3; s = 0.5
-    # d1 = 0.5 + 4.3 - 0.27 = 4.53; d14 = [0.5 + 6.3 - 9.35 - 4.53]+ = 0; + kappa 0.1
-    plan = predict(inputs(), Placement("disk", BOTH), 128, CAL, model="tierspec")
-    assert [r.read_ms for r in plan.reads] == pytest.approx([4.3, 6.3])
-    assert plan.slowdown_ms == pytest.approx(4.63)
-    # the read fit's own models: T14 = 0.4 + 0.005*100 + 0.015*200 = 3.9 (the second table's own fit)
-    fit = predict(inputs(), Placement("disk", BOTH), 128, CAL)
-    assert [r.read_ms for r in fit.reads] == pytest.approx([4.3, 3.9]) and fit.slowdown_ms == pytest.approx(4.63)
+def test_both_on_disk_uncached_is_eq1_on_the_device_model():
+    # T1 = 0.3 + 0.02*100 + 0.01*200 (behind) = 4.3; T14 = 0.3 + 0.02*200 + 0.005*100 (ahead) = 4.8; s = 0.5
+    # d1 = 0.5 + 4.3 - 0.27 = 4.53; d14 = [0.5 + 4.8 - 9.35 - 4.53]+ = 0; + kappa 0.1
+    plan = predict(inputs(), Placement("disk", BOTH), 128, CAL)
+    assert [r.read_ms for r in plan.reads] == pytest.approx([4.3, 4.8])
+    assert plan.pages == pytest.approx({1: 100.0, 14: 200.0}) and plan.slowdown_ms == pytest.approx(4.63)
     late = Calibration(s0_ms=6.0, s1_ms=0.0, kappa_ms=0.0, runs=1)
-    # s = 6: d1 = 6 + 4.3 - 0.27 = 10.03; d14 = [6 + 3.9 - 9.35 - 10.03]+ = 0 (tierspec: [6 + 6.3 - 9.35 - 10.03]+ = 0)
+    # s = 6: d1 = 6 + 4.3 - 0.27 = 10.03; d14 = [6 + 4.8 - 9.35 - 10.03]+ = 0
     assert predict(inputs(), Placement("disk", BOTH), 128, late).slowdown_ms == pytest.approx(10.03)
+    # the same device with c = b (layer 14 waits for every page of layer 1): T14 = 0.3 + 0.02*300 = 6.3
+    fifo = PlannerInputs(**{**vars(inputs()), "tiers": {"disk": TierSpec("disk", DeviceReadModel(0.3, 0.02, 0.02,
+                                                                                                0.01), False),
+                                                        "dram": DRAM}})
+    assert [r.read_ms for r in predict(fifo, Placement("disk", BOTH), 128).reads] == pytest.approx([4.3, 6.3])
 
 
 def test_layer1_in_dram_and_the_split_cache():
-    for model in ("tierspec", "readfit"):
-        plan = predict(inputs(), Placement("l1-dram", ((1, "dram"), (14, "disk"))), 128, CAL, model=model)
-        # T1 = 0.05 + 0.001*100 = 0.15 -> d1 = 0.38; layer 14 alone on disk: T14 = 0.3 + 0.02*200 = 4.3 -> d14 = 0
-        assert [r.read_ms for r in plan.reads] == pytest.approx([0.15, 4.3])
-        assert plan.slowdown_ms == pytest.approx(0.48)
-        split = predict(inputs(), Placement("split", BOTH, 1000, ((1, 0.5), (14, 0.5))), 128, CAL, model=model)
-        # P1(500) = 75, P14(500) = 150: T1 = 0.3 + 1.5 + 1.5 = 3.3 -> d1 = 3.53
-        assert [split.pages[1], split.pages[14]] == pytest.approx([75.0, 150.0])
-        assert split.slowdown_ms == pytest.approx(3.63)
-        assert predict(inputs(), Placement("split", BOTH, 1000, ((1, 0.5), (14, 0.5))), 128,
-                       model=model).slowdown_ms == pytest.approx(3.3 - 0.27)   # no calibration: s = 0, kappa = 0
+    plan = predict(inputs(), Placement("l1-dram", ((1, "dram"), (14, "disk"))), 128, CAL)
+    # T1 = 0.05 + 0.001*100 = 0.15 -> d1 = 0.38; layer 14 alone on disk: T14 = 0.3 + 0.02*200 = 4.3 -> d14 = 0
+    assert [r.read_ms for r in plan.reads] == pytest.approx([0.15, 4.3])
+    assert plan.slowdown_ms == pytest.approx(0.48)
+    split = predict(inputs(), Placement("split", BOTH, 1000, ((1, 0.5), (14, 0.5))), 128, CAL)
+    # P1(500) = 75, P14(500) = 150: T1 = 0.3 + 1.5 + 1.5 = 3.3 -> d1 = 3.53
+    assert [split.pages[1], split.pages[14]] == pytest.approx([75.0, 150.0])
+    assert split.slowdown_ms == pytest.approx(3.63)
+    assert predict(inputs(), Placement("split", BOTH, 1000, ((1, 0.5), (14, 0.5))),
+                   128).slowdown_ms == pytest.approx(3.3 - 0.27)   # no calibration: s = 0, kappa = 0
 
 
 def test_prediction_refuses_a_batch_without_curves_and_a_tier_without_a_model():
     with pytest.raises(SlackTierError, match="no miss-page curves for B=64"):
         predict(inputs(), Placement("disk", BOTH), 64)
-    for model in ("tierspec", "readfit"):
-        with pytest.raises(SlackTierError, match="without a read-time model"):
-            predict(inputs(), Placement("remote", ((1, "redis-cluster"), (14, "disk"))), 128, model=model)
-    with pytest.raises(SlackTierError, match="unknown prediction model"):
-        predict(inputs(), Placement("disk", BOTH), 128, model="other")
+    with pytest.raises(SlackTierError, match="without a read-time model"):
+        predict(inputs(), Placement("remote", ((1, "redis-cluster"), (14, "disk"))), 128)
 
 
 def _summary(stall: float, s: float) -> TimelineSummary:
@@ -83,19 +80,17 @@ def _summary(stall: float, s: float) -> TimelineSummary:
 
 def test_calibration_fits_s_of_b_and_kappa_on_the_fit_runs():
     inp = inputs()
-    inp = PlannerInputs(inp.profile, inp.workload, inp.tiers, {**inp.curves, 8: inp.curves[128]}, inp.table_rows,
-                        inp.models)
+    inp = PlannerInputs(inp.profile, inp.workload, inp.tiers, {**inp.curves, 8: inp.curves[128]}, inp.table_rows)
     pl = Placement("disk", BOTH)
     # s(B) = 0.2 + 0.01 B; measured = planner's stall at that s + 0.25
-    for model in ("tierspec", "readfit"):
-        runs = []
-        for b in (8, 128):
-            s = 0.2 + 0.01 * b
-            bare = predict(inp, pl, b, Calibration(s, 0.0, 0.0, 1), model=model).slowdown_ms
-            runs.append((pl, SweepRun("disk", b, 0, 0, 29.41, _summary(bare + 0.25, s))))
-        cal = calibrate(inp, runs, model=model)
-        assert (cal.s0_ms, cal.s1_ms, cal.kappa_ms) == pytest.approx((0.2, 0.01, 0.25))
-        assert predict(inp, pl, 128, cal, model=model).slowdown_ms == pytest.approx(runs[1][1].summary.stall_ms)
+    runs = []
+    for b in (8, 128):
+        s = 0.2 + 0.01 * b
+        bare = predict(inp, pl, b, Calibration(s, 0.0, 0.0, 1)).slowdown_ms
+        runs.append((pl, SweepRun("disk", b, 0, 0, 29.41, _summary(bare + 0.25, s))))
+    cal = calibrate(inp, runs)
+    assert (cal.s0_ms, cal.s1_ms, cal.kappa_ms) == pytest.approx((0.2, 0.01, 0.25))
+    assert predict(inp, pl, 128, cal).slowdown_ms == pytest.approx(runs[1][1].summary.stall_ms)
     with pytest.raises(SlackTierError, match="no fit runs"):
         calibrate(inp, [])
 
@@ -194,22 +189,7 @@ def test_injected_delay_wake_up_and_call_overhead_are_not_stall(d1, d14):
         assert st.stall_total_ms == pytest.approx(delay_prediction(times, {1: d1, 14: d14}), abs=1e-9)
 
 
-# ---- the read fit and the fit-half curves on real components ----------------------------------------------
-
-@pytest.mark.parametrize("tier", ["dram", "disk"])
-def test_read_fit_on_a_staged_table_gives_a_tier_spec_and_both_layers_models(tmp_path, tier):
-    from slacktier.tables.stage import stage_synthetic
-
-    m = stage_synthetic([tmp_path / "t.bin"], {1: 30_000, 14: 30_000}, 1, 0, overwrite=True,
-                        manifest_path=tmp_path / "t.json")
-    fit = read_fit(tier, m, (1, 14), runs=9, max_pages=(200, 200))
-    assert fit.spec.name == tier and fit.spec.holds_table == (tier == "dram")
-    assert fit.first.model.layers == (1, 14) and fit.second.model.layers == (1, 14)
-    assert min(fit.spec.intercept_ms, fit.spec.page_ms, fit.spec.contention_page_ms) >= 0
-    assert fit.layers == (1, 14) and fit.first.quality.runs == 6 and fit.held_first.runs == 3
-    with pytest.raises(SlackTierError, match="at least 9 runs"):
-        read_fit("dram", m, (1, 14), runs=5)
-
+# ---- the fit-half curves on real components ----------------------------------------------
 
 def test_fit_half_curves_fall_with_capacity_and_count_full_decode_steps():
     from slacktier.serve.timeline import SweepConfig

@@ -9,16 +9,19 @@ buffer pool and, on a CPU device, its row cache. `--tp N` checks that every
 manifest's rank regions are the serving engines' head sharding at TP N.
 
 With windows (`--window LAYER=MS` or a probe JSON), read-time models
-(`--tiers`) and miss-page curves (`--curves`), as `slacktier plan` takes them,
-it also prints the planner's predicted slowdown of the control file's placement
-as stated: each table on its tier, behind the control file's cache split
-(nothing is re-optimised; plan.predict_fixed_placement), with the planner's host
-memory per placement.
+(`--tiers`, a tiers file as `slacktier probe --read-fit` writes it) and miss-page
+curves (`--curves`), as `slacktier plan` takes them, it also prints the planner's
+predicted slowdown of the control file's placement as stated: each table on its
+tier, behind the control file's cache split, submitted in its `order` (nothing
+is re-optimised; plan.predict_fixed_placement, the device read model of
+plan.readmodel), with each tier's read model and the planner's host memory per
+placement.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Any
@@ -37,7 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     pred = p.add_argument_group("predicted slowdown of the control file's placement (as `slacktier plan` takes)")
     add_window_arguments(pred)
-    pred.add_argument("--tiers", type=Path, default=None, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
+    pred.add_argument("--tiers", type=Path, default=None,
+                      help="tiers TOML: one [[tier]] per device queue with its read-time model (plan.tiers; "
+                           "`slacktier probe --read-fit` writes it)")
     pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
     pred.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")
     pred.add_argument("--resolve-ms", type=float, default=0.0, help="CPU time to resolve a step's indices (s)")
@@ -113,15 +118,19 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
                              fix="pass --window LAYER=MS per table, or a probe JSON that measured these layers")
     demands = [TableDemand(layer=t["layer"], rows=t["rows"], manifest=t["manifest"], window_ms=windows_ms[t["layer"]])
                for t in tables]
+    tiers = load_tiers(tiers_path)
     plan = predict_fixed_placement(demands, {t["layer"]: t["tier"] for t in tables},
-                                   {t["layer"]: t["cache_share"] for t in tables}, load_tiers(tiers_path),
+                                   {t["layer"]: t["cache_share"] for t in tables}, tiers,
                                    load_miss_curves(curves_path).by_layer, control["cache_rows"],
                                    order={t["layer"]: t["order"] for t in tables}, resolve_ms=resolve_ms,
                                    kappa_ms=kappa_ms)
     doc = plan_to_dict(plan)
     for key in ("target_ms", "assignments_tried", "assignments_feasible"):   # a fixed placement: no search
         doc.pop(key)
-    return {"tiers": str(tiers_path), "curves": str(curves_path), **doc}
+    used = {t["tier"] for t in tables}
+    models = {t.name: {**dataclasses.asdict(t.read), "fit": dataclasses.asdict(t.fit) if t.fit else None}
+              for t in tiers if t.name in used}
+    return {"tiers": str(tiers_path), "curves": str(curves_path), "read_models": models, **doc}
 
 
 def _windows(args: argparse.Namespace) -> dict[int, float]:
@@ -174,6 +183,13 @@ def lines(report: dict[str, Any]) -> list[str]:
                        f"{t['window_ms']:.4f} ms, {t['pages_per_step']:.2f} pages/step behind "
                        f"{t['cache_rows']:,.0f} cache rows, read {t['read_ms']:.4f} ms, stall {t['stall_ms']:.4f} ms"
                        f", host memory {_mib(t['host_bytes'])} (planner's model)")
+        for name, m in p["read_models"].items():
+            fit = m["fit"]
+            quality = (f"; fitted on {fit['runs']} runs, R^2 {fit['r2']:.3f}, held-out R^2 {fit['held_out_r2']:.3f}"
+                       + (f" ({fit['measured']})" if fit["measured"] else "") if fit else "")
+            out.append(f"  read model of {name}: T = {m['intercept_ms']:.4f} ms + {m['page_ms'] * 1e3:.3f} us/page own"
+                       f" + {m['ahead_page_ms'] * 1e3:.3f} us/page queued ahead + {m['behind_page_ms'] * 1e3:.3f} "
+                       f"us/page queued behind{quality}")
         out.append(f"  host memory of the placement (planner's model): {_mib(p['host_bytes'])}")
     return out
 

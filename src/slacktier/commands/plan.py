@@ -17,7 +17,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--table", action="append", required=True, metavar="LAYER:MANIFEST[:ROWS]",
                    help="a table to place (repeat per table); ROWS defaults to the layer's rows in the manifest")
     add_window_arguments(p)
-    p.add_argument("--tiers", type=Path, required=True, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
+    p.add_argument("--tiers", type=Path, required=True,
+                   help="tiers TOML: one [[tier]] per device queue with its read-time model (plan.tiers; "
+                        "`slacktier probe --read-fit` writes it)")
     p.add_argument("--curves", type=Path, required=True, help="miss-page curves JSON from `slacktier characterize`")
     p.add_argument("--cache-rows", type=int, required=True, help="the cache budget C in rows")
     p.add_argument("--target-ms", type=float, required=True, help="largest acceptable predicted slowdown per step")

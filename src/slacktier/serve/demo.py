@@ -132,8 +132,8 @@ def timeline_demo(workdir: str | Path, metrics: bool = False, progress: bool = F
     disk = sw.fits.get("disk")
     lines = [timeline_table(sw.profile, runs, planner_ms=sw.predicted_ms),
              "planner: predicted before the runs from this disk's read fit"
-             + (f" ({disk.first.model.per_page_ms[0] * 1e3:.1f} us per page of the first layer; the paper's NVMe "
-                "3.05)" if disk else "")
+             + (f" (b = {disk.spec.read.page_ms * 1e3:.1f} us per page, the paper's NVMe 3.05; c = "
+                f"{disk.spec.read.ahead_page_ms * 1e3:.1f} us per page queued ahead)" if disk else "")
              + f" and the fit half's miss-page curves; s = {sw.cal.resolve_ms(32):.2f} ms and kappa = "
              f"{sw.cal.kappa_ms:.2f} ms set on the two uncached placements' runs; the cached ones are held out: "
              + ("too few runs" if q is None else f"RMSE {q.rmse_ms:.2f} ms against a run-to-run standard deviation "

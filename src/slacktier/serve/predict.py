@@ -3,25 +3,30 @@
 Prediction of one (placement, B) on a profile, from inputs fixed before any timed run:
 
     windows W_l        the profile at B (serve.timeline.ComputeProfile.times)
-    read-time model    per tier, the probe read fit (`read_fit`, the protocol of benchmarks/bench_probe_readfit.py)
-                       on the staged table's own regions, through the tier's page sources as the engine opens
-                       them: T_first = a + b_11 P_first + b_12 P_second, T_second = a' + b_21 P_first + b_22 P_second
-                       (plan.fit.ReadTimeModel, one per submission position)
+    read-time model    per tier, the device read model (plan.readmodel: T_l = a + b P_l + c P_ahead +
+                       c_behind P_behind) from the read fit (serve.readfit.read_fit, what `slacktier probe
+                       --read-fit` runs) on the staged table's own regions, through the tier's page sources as
+                       the engine opens them
     pages P_l          miss-page curves P_l(rows) of the FIT half of the traffic (`fit_miss_curves`), replayed
                        with the timeline's protocol (same B, same turns; the served cache's CLOCK); the timed runs
                        replay the held-out half
     resolve time s     s(B) = s0 + s1 * B, least squares over the fit configurations' measured mean s
     kappa              the mean residual over the fit configurations (plan.fit.fit_kappa)
 
-and then plan.exposure (Eq. 1 generalized) gives the stall per step. Only s and kappa come from timed runs, and
-only from the fit configurations (`Calibration`); every other run is held out and scored with plan.fit.fit_quality.
+and then plan.planner.predict_fixed_placement (the planner's own path: plan.exposure.device_exposure, Eq. 1
+generalized) gives the stall per step. Only s and kappa come from timed runs, and only from the fit
+configurations (`Calibration`); every other run is held out and scored with plan.fit.fit_quality.
 
-Why the read fit's own models and not the planner's TierSpec (a, b, c): the TierSpec form says the table
-submitted second pays b for every page of the first (a FIFO tier, the paper's NVMe). On this VM's disk the
-engine's two sources are served side by side: the read fit gives T_second = 10.5 us P_first + 22 us P_second
-against T_first = 31 us P_first + 3.7 us P_second, so the TierSpec form doubles layer 14's read time when both
-layers are on the disk, and its held-out R^2 was -0.25 where the read fit's models gave 0.75 on the same runs
-(BENCHMARKS.md, "Step timeline: the planner's predictions", 13:57 run). Both are computed (`model=`).
+One model, the planner's: this module used to keep its own per-position models (T_first and T_second, each
+a + b_first P_first + b_second P_second), because the planner's first tier form (a + b (P_l + pages ahead) +
+c pages behind) made a table submitted second pay b for every page of the first, which this VM's disk, serving
+the engine's two sources side by side, does not do (held-out R^2 0.903 against 0.961, BENCHMARKS.md, "Step
+timeline: the planner's predictions", 14:30 run). The device model has its own term for pages queued ahead
+(c), so the timeline is now predicted exactly as `slacktier plan` and `inspect` predict it. What that costs on
+today's per-table queues: the per-position models also give the first layer's own pages a higher cost than the
+second's, and predicted held-out reads better (RMSE 6.50 against 7.34 ms and 9.18 against 10.15 ms,
+BENCHMARKS.md, "The planner's read-time model on this disk"); one deadline-ordered queue per device should
+remove that asymmetry.
 
 Injected delays (the paper's Table 3): `DelayedEngine` hands layer l's rows out no earlier than D_l after the
 step started (the runner's t0, before the step's ids are pulled and hashed), so Eq. 1 with s + T_l = D_l and
@@ -43,86 +48,14 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.curves import MissCurve, MissCurves
 from slacktier.plan.exposure import LayerRead, exposure
-from slacktier.plan.fit import FitQuality, ReadTimeFit, ReadTimeModel, Run, fit_kappa, fit_quality, fit_read_time
+from slacktier.plan.fit import FitQuality, Run, fit_kappa, fit_quality
 from slacktier.plan.planner import predict_fixed_placement
 from slacktier.plan.tiers import TierSpec
+from slacktier.serve.readfit import TierReadFit, read_fit
 from slacktier.plan.types import TableDemand
 from slacktier.serve.tiers import Placement
 from slacktier.serve.timeline import (Clock, ComputeProfile, RealClock, StepTimes, SweepConfig, SweepRun,
                                       TimelineRunner, TimelineStep, summarize)
-
-
-# ---- the probe read fit on the staged table -------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TierReadFit:
-    """A tier's read-time model from the probe read fit: the planner's TierSpec and both layers' fits."""
-
-    spec: TierSpec           # a, b from the first-submitted layer's own pages, c from the other layer's
-    first: ReadTimeFit       # T of the layer submitted first, on the runs' first two thirds
-    second: ReadTimeFit      # T of the layer submitted second
-    held_first: FitQuality   # the first fit scored on the last third of the runs
-    held_second: FitQuality
-    layers: tuple[int, int]  # (submitted first, second)
-
-
-def read_fit(tier: str, manifest, layers: tuple[int, int], *, runs: int = 45, max_pages: tuple[int, int] = (3000, 3000),
-             options=None, seed: int = 0, holds_table: bool | None = None) -> TierReadFit:
-    """The probe read fit of `tier` over `manifest`'s rank-0 regions of `layers`: per run random page counts
-    (P_first, P_second), the first layer's pages submitted first, each layer's read time (submit to last
-    completion, the source's own clock, as the engine reports it); least squares on the first two thirds.
-
-    Worked example: T_first = 0.3 + 0.02 P_first + 0.01 P_second (ms) gives
-    TierSpec(intercept_ms=0.3, page_ms=0.02, contention_page_ms=0.01).
-    """
-    from slacktier.store.base import PageBufferPool
-    from slacktier.store.registry import open_source
-
-    if runs < 9:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{runs} read-fit runs", fix="use at least 9 runs (6 to fit)")
-    regions = [manifest.runtime_regions(layer=l, rank=0) for l in layers]
-    sources = [open_source(tier, r, options) for r in regions]
-    pools = [PageBufferPool(m) for m in max_pages]
-    rng = np.random.default_rng(seed)
-    pages_drawn, t_ms = [], []
-    try:
-        for _ in range(3):   # warm-up: threads, rings, first touches
-            for src, reg, pool in zip(sources, regions, pools):
-                src.wait(src.submit(_random_reads(64, reg[0].pages, rng), pool))
-        for _ in range(runs):
-            counts = [int(rng.integers(1, min(m, r[0].pages) + 1)) for m, r in zip(max_pages, regions)]
-            reads = [_random_reads(n, r[0].pages, rng) for n, r in zip(counts, regions)]
-            t0 = time.perf_counter()
-            tickets = []
-            for src, q, pool in zip(sources, reads, pools):
-                lag = time.perf_counter() - t0   # the second layer is submitted after the first: same clock
-                tickets.append((src.submit(q, pool), lag))
-            t_ms.append([src.wait(t).read_us / 1e3 + lag * 1e3 for src, (t, lag) in zip(sources, tickets)])
-            pages_drawn.append(counts)
-    finally:
-        for src in sources:
-            src.close()
-    P = np.asarray(pages_drawn, dtype=np.float64)   # [runs, 2]
-    T = np.asarray(t_ms, dtype=np.float64)          # [runs, 2]
-    n_fit = (2 * runs) // 3
-    fits = [fit_read_time(list(layers), P[:n_fit], T[:n_fit, i]) for i in range(2)]
-    held = [fit_quality([f.model.predict_ms(dict(zip(layers, p))) for p in P[n_fit:]], T[n_fit:, i])
-            for i, f in enumerate(fits)]
-    a = fits[0].model.intercept_ms
-    b, c = fits[0].model.per_page_ms
-    if holds_table is None:
-        from slacktier.plan.tiers import _in_host_memory
-        holds_table = _in_host_memory(tier)
-    # a fit can come out slightly negative on a noisy disk; the planner's tiers take coefficients >= 0
-    spec = TierSpec(tier, max(0.0, a), max(0.0, b), max(0.0, c), holds_table=holds_table)
-    return TierReadFit(spec, fits[0], fits[1], held[0], held[1], tuple(layers))
-
-
-def _random_reads(n: int, region_pages: int, rng: np.random.Generator):
-    from slacktier.store.base import PageReads
-
-    pages = np.sort(rng.choice(region_pages, size=n, replace=False)).astype(np.int64)
-    return PageReads(region=np.zeros(n, dtype=np.int32), page=pages, buffer=np.arange(n, dtype=np.int32))
 
 
 # ---- miss-page curves from the fit half -----------------------------------------------------------------
@@ -209,18 +142,13 @@ class PlannerInputs:
 
     profile: ComputeProfile
     workload: str
-    tiers: Mapping[str, TierSpec]
+    tiers: Mapping[str, TierSpec]     # by tier name: the device read model and host-memory cost
     curves: Mapping[int, FitCurves]   # by B
     table_rows: Mapping[int, int]     # rows of each layer's table (this rank)
-    # per tier, the read fit's own models of the table submitted first and of the one submitted second
-    models: Mapping[str, tuple[ReadTimeModel, ReadTimeModel]] = field(default_factory=dict)
 
     def times(self, batch: int, layers: Sequence[int]) -> StepTimes:
         """The profile's windows and step at `batch`."""
         return self.profile.times(batch, self.workload, layers)
-
-
-MODELS = ("readfit", "tierspec")
 
 
 @dataclass(frozen=True)
@@ -234,58 +162,38 @@ class StepPrediction:
     slowdown_ms: float
 
 
-def predict(inputs: PlannerInputs, placement: Placement, batch: int, cal: Calibration | None = None,
-            model: str = "readfit") -> StepPrediction:
+def predict(inputs: PlannerInputs, placement: Placement, batch: int, cal: Calibration | None = None) -> StepPrediction:
     """The predicted stall per step of `placement` at `batch`; `cal` None: s = 0 and kappa = 0.
 
-    model "tierspec": plan.planner.predict_fixed_placement with each tier's TierSpec (the paper's form: a table
-    pays b for its own pages and every page submitted before it on its tier, c for those after).
-    model "readfit": the read fit's own per-layer models (plan.fit.ReadTimeModel: T = a + b_own P_own +
-    b_other P_other, one for the table submitted first on a tier, one for the second; a table alone on its
-    tier uses the first model with its own pages), then plan.exposure. Pages from the fit half's curves either
-    way. Worked example: both on disk, T_first = 0.3 + 0.02 P1 + 0.01 P14, T_second = 0.4 + 0.005 P1 +
-    0.015 P14, P = (100, 200) -> T1 = 4.3, T14 = 3.9 (the tierspec form would say 0.3 + 0.02 * 300 = 6.3).
+    plan.planner.predict_fixed_placement with each tier's device read model, the placement's tiers and cache
+    shares, tables submitted in depth (= window) order as the engine submits them, pages from the fit half's
+    curves. Worked example: both on disk with (a, b, c, c_behind) = (0.3, 0.02, 0.005, 0.01), P = (100, 200) ->
+    T1 = 0.3 + 0.02*100 + 0.01*200 = 4.3, T14 = 0.3 + 0.02*200 + 0.005*100 = 4.8.
     """
-    if model not in MODELS:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown prediction model {model!r}", fix=f"use one of {MODELS}")
     if batch not in inputs.curves:
         raise SlackTierError(ErrorKind.MISSING, f"no miss-page curves for B={batch}",
                              fix="compute fit-half curves (fit_miss_curves) for every B of the sweep")
     curves = inputs.curves[batch].curves
     layers = sorted(curves.by_layer)
     times = inputs.times(batch, layers)
-    have = inputs.tiers if model == "tierspec" else inputs.models
-    missing = sorted({placement.tier(l) for l in layers} - set(have))
+    missing = sorted({placement.tier(l) for l in layers} - set(inputs.tiers))
     if missing:
         raise SlackTierError(ErrorKind.MISSING, f"placement {placement.name} uses tiers {missing} without a "
-                             "read-time model", fix="run the read fit (read_fit) on every tier of the sweep")
+                             "read-time model", fix="run the read fit (serve.readfit.read_fit) on every tier of the "
+                             "sweep")
     s = cal.resolve_ms(batch) if cal else 0.0
     kappa = cal.kappa_ms if cal else 0.0
-    if model == "tierspec":
-        tables = [TableDemand(l, int(inputs.table_rows[l]), "", times.windows_ms[l]) for l in layers]
-        plan = predict_fixed_placement(
-            tables, {l: placement.tier(l) for l in layers}, {l: placement.share(l) for l in layers},
-            list(inputs.tiers.values()), curves.by_layer, placement.cache_rows,
-            order={l: i for i, l in enumerate(layers)},   # the engine submits in depth = window order
-            resolve_ms=s, kappa_ms=kappa)
-        return StepPrediction(tuple(LayerRead(t.layer, t.window_ms, t.read_ms) for t in plan.tables),
-                              {t.layer: t.pages_per_step for t in plan.tables}, s, kappa, plan.slowdown_ms)
-    pages = {l: float(curves.curve(l).pages_at(placement.share(l) * placement.cache_rows)) for l in layers}
-    reads = []
-    for l in layers:   # depth order = submission order
-        same = [j for j in layers if placement.tier(j) == placement.tier(l)]
-        first, second = inputs.models[placement.tier(l)]
-        m = first if same.index(l) == 0 else second
-        # the fit's page slots are (submitted first, second); this tier's tables take them in submission order
-        coef = dict(zip(m.layers, m.per_page_ms))
-        read_ms = m.intercept_ms + sum(coef[slot] * pages[j] for j, slot in zip(same, m.layers))
-        reads.append(LayerRead(l, times.windows_ms[l], max(0.0, read_ms)))
-    exp = exposure(reads, resolve_ms=s, kappa_ms=kappa)
-    return StepPrediction(tuple(reads), pages, s, kappa, exp.slowdown_ms)
+    tables = [TableDemand(l, int(inputs.table_rows[l]), "", times.windows_ms[l]) for l in layers]
+    plan = predict_fixed_placement(
+        tables, {l: placement.tier(l) for l in layers}, {l: placement.share(l) for l in layers},
+        list(inputs.tiers.values()), curves.by_layer, placement.cache_rows,
+        order={l: i for i, l in enumerate(layers)},   # the engine submits in depth = window order
+        resolve_ms=s, kappa_ms=kappa)
+    return StepPrediction(tuple(LayerRead(t.layer, t.window_ms, t.read_ms) for t in plan.tables),
+                          {t.layer: t.pages_per_step for t in plan.tables}, s, kappa, plan.slowdown_ms)
 
 
-def calibrate(inputs: PlannerInputs, fit_runs: Sequence[tuple[Placement, SweepRun]],
-              model: str = "readfit") -> Calibration:
+def calibrate(inputs: PlannerInputs, fit_runs: Sequence[tuple[Placement, SweepRun]]) -> Calibration:
     """s(B) by least squares over the fit runs' mean s, then kappa (plan.fit.fit_kappa) from the predicted
     reads at those runs and their measured stall; refuses an empty fit set."""
     if not fit_runs:
@@ -298,7 +206,7 @@ def calibrate(inputs: PlannerInputs, fit_runs: Sequence[tuple[Placement, SweepRu
     else:
         s1, s0 = 0.0, float(s.mean())
     cal = Calibration(s0, s1, 0.0, len(fit_runs))
-    runs = [Run(reads=predict(inputs, p, r.batch, model=model).reads, slowdown_ms=r.summary.stall_ms,
+    runs = [Run(reads=predict(inputs, p, r.batch).reads, slowdown_ms=r.summary.stall_ms,
                 resolve_ms=cal.resolve_ms(r.batch)) for p, r in fit_runs]
     return Calibration(s0, s1, fit_kappa(runs).kappa_ms, len(fit_runs))
 
@@ -436,8 +344,6 @@ class PlannerSweep:
     predicted_ms: dict[tuple[int, str], float]   # (B, label) -> the planner's stall per step
     holdout_sessions: int
     fit_sessions: int
-    cal_tierspec: Calibration | None = None                            # the same with the TierSpec form
-    predicted_tierspec_ms: dict[tuple[int, str], float] = field(default_factory=dict)
 
     def held_out(self, group: str | None = None, held_out_sessions_only: bool = False) -> list[tuple[Job, SweepRun]]:
         """Runs not in the fit set (of `group`; with `held_out_sessions_only`, only B the held-out half fills)."""
@@ -445,12 +351,12 @@ class PlannerSweep:
                 if not f and j.group != "delays" and (group is None or j.group == group)
                 and (not held_out_sessions_only or j.batch <= self.holdout_sessions)]
 
-    def quality(self, rows: Sequence[tuple[Job, SweepRun]], model: str = "readfit") -> FitQuality | None:
+    def quality(self, rows: Sequence[tuple[Job, SweepRun]]) -> FitQuality | None:
         """RMSE and R^2 of the prediction against the measured stall per step over `rows` (None: under 2 runs)."""
         if len(rows) < 2:
             return None
-        pred = self.predicted_ms if model == "readfit" else self.predicted_tierspec_ms
-        return fit_quality([pred[(j.batch, j.label)] for j, _ in rows], [r.summary.stall_ms for _, r in rows])
+        return fit_quality([self.predicted_ms[(j.batch, j.label)] for j, _ in rows],
+                           [r.summary.stall_ms for _, r in rows])
 
 
 def planner_sweep(cfg: SweepConfig, jobs_of, is_fit, *, read_fit_runs: int = 30, max_cache_rows: int = 0,
@@ -496,15 +402,14 @@ def planner_sweep(cfg: SweepConfig, jobs_of, is_fit, *, read_fit_runs: int = 30,
         caps = np.linspace(0, cache_rows, curve_points).astype(int).tolist()
         curves = {b: fit_miss_curves(cfg, fit, hasher, b, caps) for b in batches}
         inputs = PlannerInputs(profile, cfg.workload, {t: f.spec for t, f in fits.items()}, curves,
-                               {l: layout.rows(i) for i, l in enumerate(layout.layer_ids)},
-                               {t: (f.first.model, f.second.model) for t, f in fits.items()})
+                               {l: layout.rows(i) for i, l in enumerate(layout.layer_ids)})
         done = run_jobs(tiers, cfg, jobs, {b: pool for b in batches}, hasher, times, progress=progress)
     finally:
         tiers.close()
     flags = [bool(is_fit(j)) for j, _ in done]
     fit_runs = [(j.placement, r) for (j, r), f in zip(done, flags) if f]
-    cals = {m: calibrate(inputs, fit_runs, m) for m in MODELS}
-    pred = {m: {(j.batch, j.label): predict(inputs, j.placement, j.batch, cals[m], m).slowdown_ms
-                for j, _ in done if j.group != "delays"} for m in MODELS}
-    return PlannerSweep(profile, tuple(layout.layer_ids), layout.rows(0), fits, inputs, cals["readfit"], done, flags,
-                        pred["readfit"], len(holdout), len(fit), cals["tierspec"], pred["tierspec"])
+    cal = calibrate(inputs, fit_runs)
+    pred = {(j.batch, j.label): predict(inputs, j.placement, j.batch, cal).slowdown_ms
+            for j, _ in done if j.group != "delays"}
+    return PlannerSweep(profile, tuple(layout.layer_ids), layout.rows(0), fits, inputs, cal, done, flags, pred,
+                        len(holdout), len(fit))

@@ -32,7 +32,10 @@ for its reads and returns at 1.0 ms after a 0.1 ms pass: stall_1 = 0.5 + 0.4 -
 stall_14 = 0 and the step ends at 30.04 ms.
 
 The predicted stalls come from the exposure model (plan.exposure, Eq. 1
-generalized) with this step's measured s and read times.
+generalized) with this step's measured s and read times: a check of Eq. 1
+alone. The prediction made before the runs, with read times from the planner's
+device read-time model (plan.readmodel) and pages from miss curves, is
+serve.predict's planner column.
 """
 
 from __future__ import annotations

@@ -1,0 +1,25 @@
+"""Hardware and layout constants the planner uses, in one place, each with its unit and source.
+
+plan/ is a room of pure functions that imports only config, so the page layout
+(slacktier.tables.layout) is restated here; tests/test_plan_planner.py checks
+that the two agree.
+"""
+
+from __future__ import annotations
+
+# ---- page layout (DESIGN section 2; slacktier.tables.layout) ----------------------------------------------
+PAGE_BYTES = 4096                  # bytes per page on every tier
+ROWS_PER_PAGE = 15                 # rows of 264 B per page
+DIRECTORY_BYTES_PER_ROW = 4        # bytes per row of an int32 row -> slot directory (paper section 5)
+
+# ---- the paper's NVMe read-time model (paper section 4.1) --------------------------------------------------
+# One NVMe disk shared by four TP ranks, least squares over the paper's end-to-end runs (R^2 = 0.997):
+#   T_1 = 0.30 ms + 3.05 us * P_1 + 0.37 us * P_14.
+# Layer 1 is submitted first, so layer 14's pages are queued behind it: the 0.37 us is the per-page cost of
+# pages queued *behind* a layer (contention only). The paper does not fit T_14; it states that T_14 includes
+# the time layer 14 waits behind layer 1 on the shared disk, i.e. a page queued *ahead* costs a page's read
+# time (the 3.05 us). Quoted for reference and for tests; measure your own disk (`slacktier probe --read-fit`).
+PAPER_NVME_INTERCEPT_MS = 0.30          # ms, a
+PAPER_NVME_PAGE_MS = 3.05e-3            # ms per page of the layer itself, b
+PAPER_NVME_AHEAD_PAGE_MS = 3.05e-3      # ms per page queued ahead (the paper's "waits behind layer 1"), c
+PAPER_NVME_BEHIND_PAGE_MS = 0.37e-3     # ms per page queued behind (the paper's fitted 0.37 us)

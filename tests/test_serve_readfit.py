@@ -1,0 +1,80 @@
+"""The read fit (serve.readfit, `slacktier probe --read-fit`) on a real staged table and real page sources.
+
+No wall-clock assertions: the tests check what is measured and written (shapes, counts, the model the file
+carries, that plan reads it back), not how fast the reads were.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from slacktier import cli
+from slacktier.errors import SlackTierError
+from slacktier.plan import TIERS_FORMAT, DeviceReadModel, TierSpec, device_design, load_tiers, write_tiers
+from slacktier.serve.readfit import MIN_READ_FIT_RUNS, describe_fit, read_fit
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    from slacktier.tables.stage import stage_synthetic
+
+    d = tmp_path_factory.mktemp("readfit")
+    return stage_synthetic([d / "t.bin"], {1: 30_000, 14: 30_000}, 1, 0, overwrite=True, manifest_path=d / "t.json")
+
+
+@pytest.mark.parametrize("tier", ["dram", "disk"])
+def test_read_fit_on_a_staged_table_gives_the_tiers_device_model(staged, tier):
+    fit = read_fit(tier, staged, (1, 14), runs=9, max_pages=(200, 200))
+    assert fit.spec.name == tier and fit.spec.holds_table == (tier == "dram")
+    assert fit.runs.layers == (1, 14) and fit.runs.pages.shape == fit.runs.read_ms.shape == (9, 2)
+    assert ((fit.runs.pages >= 1) & (fit.runs.pages <= 200)).all()
+    assert fit.fit.fit_runs == 6 and fit.fit.quality.runs == 12 and fit.fit.held_out.runs == 6
+    # the model is the least-squares fit of the runs it measured, every term >= 0
+    m = fit.spec.read
+    assert min(m.intercept_ms, m.page_ms, m.ahead_page_ms, m.behind_page_ms) >= 0
+    pred = device_design(fit.runs.pages[:6]) @ np.array([m.intercept_ms, m.page_ms, m.ahead_page_ms,
+                                                          m.behind_page_ms])
+    resid = fit.runs.read_ms[:6].reshape(-1) - pred
+    assert fit.fit.quality.rmse_ms == pytest.approx(float(np.sqrt(np.mean(resid ** 2))), rel=1e-9)
+    assert fit.spec.fit.runs == 6 and fit.spec.fit.held_out_runs == 3
+    assert describe_fit(fit).startswith(f"{tier}: T_l = ")
+    assert fit.runs.csv().splitlines()[0] == "run,pages_l1,pages_l14,read_ms_l1,read_ms_l14"
+    with pytest.raises(SlackTierError, match=f"at least {MIN_READ_FIT_RUNS} runs"):
+        read_fit("dram", staged, (1, 14), runs=5)
+
+
+def test_probe_read_fit_writes_a_tiers_file_that_plan_reads(staged, tmp_path, capsys):
+    out = tmp_path / "tiers.toml"
+    # an earlier file's tier that is not refitted is kept
+    write_tiers([TierSpec("disk", DeviceReadModel(0.3, 0.003, 0.003, 0.0004), holds_table=False)], out)
+    assert cli.main(["probe", "--read-fit", staged.path, "--read-tier", "dram", "--read-runs", "9",
+                     "--read-max-pages", "100", "--tiers-out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.startswith("dram: T_l = ") and "kept disk" in printed
+    text = out.read_text()
+    assert text.startswith("# SlackTier tiers file") and f'format = "{TIERS_FORMAT}"' in text
+    disk, dram = load_tiers(out)
+    assert disk.read == DeviceReadModel(0.3, 0.003, 0.003, 0.0004) and disk.fit is None
+    assert dram.holds_table and dram.fit.runs == 6 and dram.fit.held_out_runs == 3
+    assert "slacktier probe --read-fit" in dram.fit.measured
+    runs_csv = (tmp_path / "tiers.toml.dram.runs.csv").read_text().splitlines()
+    assert len(runs_csv) == 1 + 9
+    # `slacktier plan` takes the file as it is
+    curves = tmp_path / "curves.json"
+    curves.write_text(json.dumps({"workload": "agent", "batch": 8, "layers": {
+        "1": {"capacity_rows": [0, 1000], "pages_per_step": [100, 50]},
+        "14": {"capacity_rows": [0, 1000], "pages_per_step": [100, 50]}}}))
+    assert cli.main(["plan", "--table", f"1:{staged.path}", "--table", f"14:{staged.path}", "--window", "1=1000",
+                     "--window", "14=2000", "--tiers", str(out), "--curves", str(curves), "--cache-rows", "1000",
+                     "--target-ms", "0", "--out", str(tmp_path / "control.toml")]) == 0
+    assert "predicted slowdown 0.000" in capsys.readouterr().out
+
+
+def test_probe_read_fit_refuses_layers_the_manifest_lacks(staged, tmp_path, capsys):
+    assert cli.main(["probe", "--read-fit", staged.path, "--read-tier", "dram", "--read-layers", "1,7",
+                     "--read-runs", "9", "--tiers-out", str(tmp_path / "t.toml")]) == 2
+    assert "--read-layers [1, 7]" in capsys.readouterr().err
+    assert not (tmp_path / "t.toml").exists()
