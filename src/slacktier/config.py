@@ -97,11 +97,19 @@ class DramOptions(Options, frozen=True):
 
 
 class DiskOptions(Options, frozen=True):
-    """`[table.disk]`: how the O_DIRECT reads are driven."""
+    """`[table.disk]`: how the O_DIRECT reads are driven.
+
+    `queue_depth` and `io_threads` belong to the device's one queue (store/devqueue.py): the first table to
+    open it sets them. `io_class` is the block layer's I/O priority class of this table's reads ("rt", "be",
+    "idle"; "" leaves the process's own), so that the block layer can order the reads of several processes
+    sharing a disk (TP ranks); an I/O scheduler that honours classes (mq-deadline) is needed, and "rt" needs
+    CAP_SYS_ADMIN. Within one process the device queue already orders reads by window.
+    """
 
     engine: Literal["auto", "io_uring", "threads"] = "auto"
     queue_depth: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
     io_threads: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    io_class: Literal["", "rt", "be", "idle"] = ""
 
 
 class RedisOptions(Options, frozen=True):

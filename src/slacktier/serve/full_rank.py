@@ -74,6 +74,7 @@ class FullRankConfig:
     placements: tuple[str, ...] = ()  # names to run (default: all of timeline_placements)
     engram_vocab: int = 0             # 0: the full V4.1 tables; > 0: EngramLayout.scaled (tests, CI)
     wait_timeout_ms: float = 60_000.0  # the engine's longest wait for a layer's reads (a 4k-token prefill chunk)
+    short_window_io_class: str = ""   # [table.disk] io_class of the first layer's reads ("": the process's own)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.ranks:
@@ -229,15 +230,21 @@ def all_dram_bytes(manifest, rank: int) -> int:
 
 def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens: int):
     """The control file of the rank's process for `placement`'s engine-served (non-DRAM) layers, owned_only."""
-    from slacktier.config import ControlFile, EngineConfig, TableConfig
+    from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig
 
     served = [l for l in manifest.layout.layer_ids if placement.tier(l) != "dram"]
     # a prefill chunk reads up to ~24k pages per layer, seconds on a shared disk: past the 5 s default wait
     engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows,
                           max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
                           owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms)
+    def options(layer: int):
+        if placement.tier(layer) != "disk" or not cfg.short_window_io_class or layer != served[0]:
+            return None
+        return DiskOptions(io_class=cfg.short_window_io_class)
+
     tables = tuple(TableConfig(layer=l, manifest=str(manifest.path), source=placement.tier(l), rank=rank,
-                               cache_share=placement.share(l), order=order) for order, l in enumerate(served))
+                               cache_share=placement.share(l), order=order, options=options(l))
+                   for order, l in enumerate(served))
     return ControlFile(engine=engine, tables=tables), served
 
 
@@ -257,6 +264,7 @@ class FullRankRun:
     mismatches: int = 0
     wall_s: float = 0.0
     warmed: bool = True
+    step_stalls_ms: tuple[float, ...] = ()   # each timed step's stall (ms): the TP step is the slowest rank's
 
 
 def _checked(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int, warm: bool) -> tuple[int, int]:
@@ -271,8 +279,12 @@ def _checked(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: in
     return len(steps), sum(c.mismatches for c in engine.totals.values()) - before
 
 
-def run_full_rank(cfg: FullRankConfig, progress: bool = False) -> tuple[ComputeProfile, object, list[FullRankRun]]:
-    """Every (batch, placement) `cfg.runs` times in shuffled order on the rank's staged full-size shard."""
+def run_full_rank(cfg: FullRankConfig, progress: bool = False, before_step=None,
+                  ) -> tuple[ComputeProfile, object, list[FullRankRun]]:
+    """Every (batch, placement) `cfg.runs` times in shuffled order on the rank's staged full-size shard.
+
+    `before_step` (serve.timeline.run_replay) runs before each timed run's steps: several rank processes
+    started with the same config meet there, so the ranks step together (benchmarks/bench_one_disk.py)."""
     import time
 
     from slacktier.engine.step import StepEngine
@@ -311,7 +323,8 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False) -> tuple[ComputeP
                                                   {l: st.windows_ms[l] for l in served}))
                 warm = placement.cache_rows > 0
                 replay = iter(_replay(cfg, batch, hasher))
-                steps = run_replay(runner, replay, batch, cfg.decode_steps, warm, cfg.warmup_steps)
+                steps = run_replay(runner, replay, batch, cfg.decode_steps, warm, cfg.warmup_steps,
+                                   before_step=before_step)
                 checked, bad = _checked(engine, runner, replay, batch, cfg.check_steps, warm)
             finally:
                 engine.close()
@@ -319,7 +332,8 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False) -> tuple[ComputeP
                 gc.collect()
             out.append(FullRankRun(placement.name, batch, rep, order, st.step_ms, summarize(steps), tuple(served),
                                    host_memory_bytes(manifest, cfg.rank, placement), checked, bad,
-                                   time.perf_counter() - t_run, warm))
+                                   time.perf_counter() - t_run, warm,
+                                   tuple(st.stall_total_ms for st in steps)))
             if progress:
                 s = out[-1].summary
                 print(f"  run {rep + 1}/{cfg.runs} B={batch} {placement.name}: {s.steps} steps, "

@@ -44,7 +44,7 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import Callable, Iterable, Iterator, Protocol, Sequence
 
 import numpy as np
 
@@ -323,19 +323,24 @@ class TimelineRunner:
 
 
 def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int, warm: bool = True,
-               warmup_steps: int = 0, warm_first: bool = True) -> list[TimelineStep]:
+               warmup_steps: int = 0, warm_first: bool = True,
+               before_step: Callable[[], object] | None = None) -> list[TimelineStep]:
     """Replay Steps (workloads.replay): prefill warms the cache off the timeline; decode steps with `batch`
     tokens run on it until `decode_steps` of them ran (fewer decode tokens: warmed, not timed).
 
     The first `warmup_steps` full-batch decode steps run on the timeline but are not recorded (first-call
     costs, a cache filling); `warm=False` skips the non-timed steps on the engine, all but the first with
-    `warm_first` (an uncached placement: nothing a prefill reads survives the step; the first warms the code)."""
+    `warm_first` (an uncached placement: nothing a prefill reads survives the step; the first warms the code).
+    `before_step` runs before each step is pulled: TP ranks in several processes meet there (a barrier), so
+    every rank's step starts together, as in a tensor-parallel forward."""
     it: Iterator = iter(steps)
     out: list[TimelineStep] = []
     clock = runner.clock
     warmed_once = not warm_first
     skip = warmup_steps
     while len(out) < decode_steps:
+        if before_step is not None:
+            before_step()
         t0 = clock.now()
         st = next(it, None)   # pulling a step hashes its tokens: host work, inside s for a decode step
         if st is None:

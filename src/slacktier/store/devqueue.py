@@ -112,8 +112,10 @@ class DeviceQueue(abc.ABC):
         self.users = 0   # sources holding it (acquire_queue / release_queue)
 
     @abc.abstractmethod
-    def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray) -> int:
-        """Attach a client's regions (file, byte offset, page count and admission priority of each); its handle."""
+    def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray,
+               io_class: str = "") -> int:
+        """Attach a client's regions (file, byte offset, page count and admission priority of each), their reads
+        in block-layer I/O priority class `io_class` ("" the process's own); its handle."""
 
     @abc.abstractmethod
     def detach(self, client: int) -> None:
@@ -155,6 +157,9 @@ class DeviceQueue(abc.ABC):
     def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The reads handed to the device since `trace`, in that order: client handle, region, page."""
 
+
+#: the ioprio value of each class, level 0 (linux/ioprio.h: class << 13)
+IO_CLASSES = {"": 0, "rt": 1 << 13, "be": 2 << 13, "idle": 3 << 13}
 
 _queues: dict[tuple[str, int], DeviceQueue] = {}
 _lock = threading.Lock()

@@ -23,7 +23,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._native import (INFO_BUFFERS_REFUSED, INFO_CPU_NS, INFO_END_NS, INFO_FIELDS, INFO_FILES_REFUSED,
                                      INFO_FIRST_BAD, INFO_FIRST_NS, INFO_SUBMIT_NS, IoEngine, submit_address)
 from slacktier.store.base import PageBufferPool
-from slacktier.store.devqueue import Device, DeviceQueue, Landed
+from slacktier.store.devqueue import IO_CLASSES, Device, DeviceQueue, Landed
 from slacktier.tables.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -49,9 +49,11 @@ class UringQueue(DeviceQueue):
         self._client_of_id: list[int] = []
         self.submit_address = submit_address()   # st_eng_submit's, for compiled code
 
-    def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray) -> int:
+    def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray,
+               io_class: str = "") -> int:
+        ioprio = np.full(len(fd), IO_CLASSES[io_class], np.int32)
         with self._lock:   # the C side numbers clients in attach order; the trace names them by that number
-            client = self.engine.attach(fd, offset_bytes, pages, priority, np.zeros(len(fd), np.int32))
+            client = self.engine.attach(fd, offset_bytes, pages, priority, ioprio)
             self._client_of_id.append(client)
         return client
 
