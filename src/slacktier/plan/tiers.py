@@ -29,6 +29,7 @@ A tiers file (TOML) holds one [[tier]] per tier:
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +47,7 @@ ROWS_PER_PAGE = 15
 PAPER_NVME_INTERCEPT_MS = 0.30
 PAPER_NVME_PAGE_MS = 3.05e-3
 PAPER_NVME_CONTENTION_PAGE_MS = 0.37e-3
+MAX_COEFFICIENT_MS = 1e6   # 1000 s: larger read-time coefficients are typos (and overflow the model to inf)
 
 
 @dataclass(frozen=True)
@@ -64,9 +66,11 @@ class TierSpec:
         if self.name not in tier_names():
             raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown tier {self.name!r}",
                                  fix=f"name a tier one of {', '.join(tier_names())}")
-        if min(self.intercept_ms, self.page_ms, self.contention_page_ms) < 0:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"negative read-time coefficient for tier {self.name}",
-                                 fix="read-time coefficients are >= 0")
+        coefficients = (self.intercept_ms, self.page_ms, self.contention_page_ms)
+        if not all(math.isfinite(x) and 0 <= x <= MAX_COEFFICIENT_MS for x in coefficients):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"read-time coefficients {coefficients} of tier {self.name} "
+                                 f"are not finite numbers in 0..{MAX_COEFFICIENT_MS:g} ms",
+                                 fix="read-time coefficients are finite and >= 0")
         if self.directory_bytes_per_row < 0 or self.buffer_bytes < 0:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"negative host-memory size for tier {self.name}",
                                  fix="sizes are >= 0 bytes")
@@ -83,8 +87,34 @@ def _in_host_memory(name: str) -> bool:
     return name in tier_names() and tier_options_type(name) is DramOptions
 
 
+def _checked_tier(t: object, i: int) -> dict:
+    """[[tier]] number `i` with every value checked for type, finiteness and range before any conversion:
+    booleans are not numbers (intercept_ms = true), "false" is not a boolean, NaN and inf are not times."""
+    def bad(key: str, want: str) -> SlackTierError:
+        return SlackTierError(ErrorKind.BAD_INPUT, f"tier {i} ({name!r}): {key} = {t.get(key)!r}, want {want}",
+                              fix="write finite, non-negative numbers in each [[tier]]")
+
+    if not isinstance(t, dict):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {i} is {t!r}, not a table", fix="write one [[tier]] per tier")
+    name = t.get("name")
+    if not isinstance(name, str):
+        raise bad("name", "a tier name")
+    for key in ("intercept_ms", "page_ms", "contention_page_ms"):
+        x = t.get(key, 0.0)
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and
+                                                                          0 <= x <= MAX_COEFFICIENT_MS):
+            raise bad(key, f"a finite number of ms in 0..{MAX_COEFFICIENT_MS:g}")
+    for key, hi in (("directory_bytes_per_row", 1 << 20), ("buffer_bytes", 1 << 50)):
+        x = t.get(key, 0)
+        if type(x) is not int or not 0 <= x <= hi:
+            raise bad(key, f"a whole number of bytes in 0..{hi}")
+    if not isinstance(t.get("holds_table", False), bool):
+        raise bad("holds_table", "true or false")
+    return t
+
+
 def tiers_from_dict(doc: dict) -> tuple[TierSpec, ...]:
-    """Tiers from a parsed tiers document ({"tier": [{...}, ...]})."""
+    """Tiers from a parsed tiers document ({"tier": [{...}, ...]}), each value checked (`_checked_tier`)."""
     try:
         tiers = tuple(TierSpec(name=str(t["name"]), intercept_ms=float(t["intercept_ms"]),
                                page_ms=float(t["page_ms"]),
@@ -92,7 +122,7 @@ def tiers_from_dict(doc: dict) -> tuple[TierSpec, ...]:
                                holds_table=bool(t.get("holds_table", _in_host_memory(str(t["name"])))),
                                directory_bytes_per_row=int(t.get("directory_bytes_per_row", 4)),
                                buffer_bytes=int(t.get("buffer_bytes", 0)))
-                      for t in doc["tier"])
+                      for t in (_checked_tier(t, i) for i, t in enumerate(doc["tier"])))
     except (KeyError, TypeError, ValueError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers document is malformed: {exc!r}",
                              fix="write one [[tier]] per tier with name, intercept_ms and page_ms") from exc
