@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slacktier.commands._args import finite
 from slacktier.commands.plan import add_window_arguments
 
 HELP = "describe a staged table's manifest and/or an engine control file: rows, ranks, regions, tiers, cache, memory"
@@ -39,8 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_window_arguments(pred)
     pred.add_argument("--tiers", type=Path, default=None, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
     pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
-    pred.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")
-    pred.add_argument("--resolve-ms", type=float, default=0.0, help="CPU time to resolve a step's indices (s)")
+    pred.add_argument("--kappa-ms", type=finite("--kappa-ms"), default=0.0, help="fixed per-step cost of the tiered path")
+    pred.add_argument("--resolve-ms", type=finite("--resolve-ms"), default=0.0, help="CPU time to resolve a step's indices (s)")
 
 
 def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
