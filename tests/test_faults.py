@@ -381,7 +381,8 @@ def test_ids_of_any_dtype_but_int64_or_int32_are_refused_naming_it(staged, ids, 
     engine = StepEngine.from_config(control(staged, "disk"))
     with pytest.raises(SlackTierError) as exc:
         engine.begin_step(ids)
-    assert exc.value.kind is ErrorKind.BAD_INPUT and exc.value.message == f"ids are {dtype}, want int64 (or int32) row ids"
+    assert exc.value.kind is ErrorKind.BAD_INPUT
+    assert exc.value.message == f"ids are {dtype}, want int64 (or int32) row ids"
     assert not engine.in_step
     engine.close()
 

@@ -40,8 +40,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_window_arguments(pred)
     pred.add_argument("--tiers", type=Path, default=None, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
     pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
-    pred.add_argument("--kappa-ms", type=finite("--kappa-ms"), default=0.0, help="fixed per-step cost of the tiered path")
-    pred.add_argument("--resolve-ms", type=finite("--resolve-ms"), default=0.0, help="CPU time to resolve a step's indices (s)")
+    pred.add_argument("--kappa-ms", type=finite("--kappa-ms"), default=0.0,
+                      help="fixed per-step cost of the tiered path")
+    pred.add_argument("--resolve-ms", type=finite("--resolve-ms"), default=0.0,
+                      help="CPU time to resolve a step's indices (s)")
 
 
 def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
