@@ -62,7 +62,8 @@ def test_a_miss_curve_point_out_of_type_or_range_is_refused(layer, said) -> None
 
 
 @pytest.mark.parametrize("kw,said", [
-    (dict(target_ms=math.nan), "target_ms nan, want a finite number of ms in 0..1e6"),
+    (dict(target_ms=math.nan), "target_ms nan, want a finite number of ms in 0..1e+06"),
+    (dict(kappa_ms=-2e6), "kappa_ms -2000000.0, want a finite number of ms in -1e+06..1e+06"),
     (dict(target_ms=math.inf), "target_ms inf"),
     (dict(target_ms=-1.0), "target_ms -1.0"),
     (dict(kappa_ms=math.nan), "kappa_ms nan"),
@@ -84,3 +85,6 @@ def test_a_table_window_must_be_finite() -> None:
 def test_good_inputs_still_plan() -> None:
     plan = make_plan(TABLES, tiers_from_dict({"tier": [DISK]}), CURVES, cache_rows=100, target_ms=1.0)
     assert [t.source for t in plan.tables] == ["disk"] and math.isfinite(plan.slowdown_ms)
+    # a calibrated kappa (a fit's intercept) may be below 0
+    assert make_plan(TABLES, tiers_from_dict({"tier": [DISK]}), CURVES, cache_rows=100, target_ms=1.0,
+                     kappa_ms=-4.3).slowdown_ms < plan.slowdown_ms

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slacktier.commands._args import finite
+from slacktier.commands._args import MAX_MS, finite
 from slacktier.commands.plan import add_window_arguments
 
 HELP = "describe a staged table's manifest and/or an engine control file: rows, ranks, regions, tiers, cache, memory"
@@ -40,9 +40,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_window_arguments(pred)
     pred.add_argument("--tiers", type=Path, default=None, help="tiers TOML: one [[tier]] per tier (see plan.tiers)")
     pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
-    pred.add_argument("--kappa-ms", type=finite("--kappa-ms"), default=0.0,
+    pred.add_argument("--kappa-ms", type=finite("--kappa-ms", -MAX_MS), default=0.0,
                       help="fixed per-step cost of the tiered path")
-    pred.add_argument("--resolve-ms", type=finite("--resolve-ms"), default=0.0,
+    pred.add_argument("--resolve-ms", type=finite("--resolve-ms", -MAX_MS), default=0.0,
                       help="CPU time to resolve a step's indices (s)")
 
 

@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from slacktier.commands._args import finite, finite_number, whole
+from slacktier.commands._args import MAX_MS, finite, finite_number, whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("place each table on the tier cheapest in host memory whose predicted stall fits the target, split the "
@@ -23,8 +23,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-rows", type=whole("--cache-rows"), required=True, help="the cache budget C in rows")
     p.add_argument("--target-ms", type=finite("--target-ms"), required=True,
                    help="largest acceptable predicted slowdown per step")
-    p.add_argument("--kappa-ms", type=finite("--kappa-ms"), default=0.0, help="fixed per-step cost of the tiered path")
-    p.add_argument("--resolve-ms", type=finite("--resolve-ms"), default=0.0,
+    p.add_argument("--kappa-ms", type=finite("--kappa-ms", -MAX_MS), default=0.0, help="fixed per-step cost of the tiered path")
+    p.add_argument("--resolve-ms", type=finite("--resolve-ms", -MAX_MS), default=0.0,
                    help="CPU time to resolve a step's indices (s)")
     p.add_argument("--grid", type=whole("--grid", 1, 100_000), default=200,
                    help="cache split grid (shares in steps of 1/grid)")

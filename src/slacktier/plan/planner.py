@@ -132,17 +132,19 @@ def predict_fixed_placement(tables: Sequence[TableDemand], sources: Mapping[int,
     return _predict(ordered, chosen, split, resolve_ms=resolve_ms, kappa_ms=kappa_ms, target_ms=target_ms)
 
 
-def check_plan_inputs(cache_rows: int, **times_ms: float) -> None:
-    """Refuse (BAD_INPUT) a cache budget that is not a whole number >= 0, or a time (target, kappa, resolve)
-    that is not finite and in 0..1e6 ms: `target_ms=nan` would compare false with every slowdown."""
+def check_plan_inputs(cache_rows: int, *, target_ms: float, resolve_ms: float, kappa_ms: float) -> None:
+    """Refuse (BAD_INPUT) a cache budget that is not a whole number >= 0, a target that is not a finite time in
+    0..1e6 ms (`target_ms=nan` compared false with every slowdown, so every plan "met" it), and a resolve or
+    kappa time that is not finite and within 1e6 ms (either may be a fitted intercept below 0)."""
     if isinstance(cache_rows, bool) or not isinstance(cache_rows, numbers.Integral) or not 0 <= cache_rows <= 2**62:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"cache_rows {cache_rows!r}, want a whole number >= 0",
                              fix="give the cache budget in rows")
-    for name, value in times_ms.items():
+    for name, value, lo in (("target_ms", target_ms, 0.0), ("resolve_ms", resolve_ms, -1e6),
+                            ("kappa_ms", kappa_ms, -1e6)):
         if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value)
-                                                                                  and 0 <= value <= 1e6):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"{name} {value!r}, want a finite number of ms in 0..1e6",
-                                 fix=f"give {name} as a finite, non-negative time")
+                                                                                  and lo <= value <= 1e6):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{name} {value!r}, want a finite number of ms in "
+                                 f"{lo:g}..{1e6:g}", fix=f"give {name} as a finite time")
 
 
 def _curve(curves: Mapping[int, MissCurve], layer: int) -> MissCurve:
