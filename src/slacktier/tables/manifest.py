@@ -480,7 +480,9 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
         device = f.int(f.get(t, "device", f"{key}.device"), f"{key}.device", 0, len(targets_doc) - 1)
         if targets[device]:
             raise f.bad(f"{key}.device", device, "each device index once")
-        targets[device] = f.str(f.get(t, "path", f"{key}.path"), f"{key}.path") or "?"
+        targets[device] = f.str(f.get(t, "path", f"{key}.path"), f"{key}.path")
+        if not targets[device]:
+            raise f.bad(f"{key}.path", "", "a file or block device path")
     cs = f.get(d, "checksums", "$.checksums")
     f.keys(cs if isinstance(cs, dict) else {}, ("algorithm", "unit", "file", "sha256", "pages"), "$.checksums")
     if f.get(cs, "algorithm", "$.checksums.algorithm") != "crc32c" or cs.get("unit", "page") != "page":
