@@ -13,10 +13,12 @@ be served, in the faulted step or after it. Each tier runs >= 1M lookups.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -33,6 +35,7 @@ from slacktier.store.redis_source import load_regions_into_redis
 from slacktier.store.registry import register_tier
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
+from slacktier.tables.manifest import manifest_digest
 from slacktier.tables.stage import SyntheticSource, stage_synthetic, stage_table
 from slacktier.tables.testing import FailingSource
 
@@ -300,24 +303,82 @@ def test_a_redis_prefix_holding_another_table_is_refused(staged, redis_server, o
 
 
 def test_the_checker_compares_with_the_source_not_the_medium(staged) -> None:
-    """With verification off, a corrupted page is served, but check=True counts it (it does not agree with itself)."""
+    """With verification off, a corrupted page passes the tier, but check=True compares with the table's source:
+    the gather fails [checksum] naming layer, rank and page, and the wrong row is never served, then or later."""
     _flip_byte_on_disk(staged, 14, 0, 2)
-    engine = StepEngine.from_config(control(staged, "disk", verify_reads=False))
+    engine = StepEngine.from_config(control(staged, "disk", verify_reads=False, wait_timeout_ms=5000.0))
     ids = _ids_on_page(staged, 14, 0, 2)
-    engine.begin_step(ids)
-    engine.gather(1)
-    engine.gather(14)
-    engine.end_step()
-    assert engine.totals[14].mismatches == 24
+    for _ in range(2):   # the second step reads the page again (nothing of it was cached) and fails again
+        engine.begin_step(ids)
+        engine.gather(1)
+        with pytest.raises(SlackTierError) as exc:
+            engine.gather(14)
+        assert (exc.value.kind, exc.value.layer, exc.value.rank, exc.value.page) == (ErrorKind.CHECKSUM, 14, 0, 2)
+        assert "none is served" in exc.value.message
+        engine.end_step()
+    assert engine.totals[14].mismatches == 48
+    run = Run(engine, staged, seed=5)   # every other row is still served exactly; that one never
+    run.steps(3)
+    assert run.wrong == 0 and run.lookups >= 4 * TOKENS * 24
+    assert {(e.kind, e.layer, e.rank, e.page) for e in run.errors} <= {(ErrorKind.CHECKSUM, 14, 0, 2)}
     engine.close()
 
 
-def test_float_ids_are_refused(staged) -> None:
+def test_an_edited_manifest_is_refused_and_never_serves_swapped_rows(staged) -> None:
+    """Two regions' offsets swapped in the manifest (layer 14's ranks 0 and 1, the same size): refused at load by
+    the manifest's own digest; the same edit with a recomputed digest (a tool that rewrote it) still serves no
+    wrong row with check on and verification off: the gather fails [checksum] naming layer, rank and page."""
+    doc = json.loads(Path(staged.path).read_text())
+    r0, r1 = doc["regions"][2], doc["regions"][3]
+    assert (r0["layer"], r0["rank"], r1["layer"], r1["rank"]) == (14, 0, 14, 1) and r0["pages"] == r1["pages"]
+    r0["offset_bytes"], r1["offset_bytes"] = r1["offset_bytes"], r0["offset_bytes"]
+    edited = Path(staged.path).with_name("edited.manifest.json")   # beside the original: the same .crc file
+    edited.write_text(json.dumps(doc))
+    cfg = control(SimpleNamespace(path=str(edited)), "disk", verify_reads=False, wait_timeout_ms=5000.0)
+    with pytest.raises(SlackTierError) as exc:
+        StepEngine.from_config(cfg)
+    assert exc.value.kind is ErrorKind.CHECKSUM and "was edited since it was written" in exc.value.message
+    assert "--redigest" in exc.value.fix
+    doc["manifest_digest"] = manifest_digest(doc)
+    edited.write_text(json.dumps(doc))
+    engine = StepEngine.from_config(cfg)
+    engine.begin_step(_ids_on_page(staged, 14, 1, 4))
+    engine.gather(1)
+    with pytest.raises(SlackTierError) as exc:
+        engine.gather(14)
+    assert (exc.value.kind, exc.value.layer, exc.value.rank, exc.value.page) == (ErrorKind.CHECKSUM, 14, 1, 4)
+    engine.end_step()
+    engine.close()
+
+
+@pytest.mark.parametrize("ids,dtype", [
+    (np.full((1, 2, 24), 12.7), "float64"),
+    (np.full((1, 2, 24), 12.0, dtype=np.float32), "float32"),
+    (np.full((1, 2, 24), 2**64 - 1, dtype=np.uint64), "uint64"),   # cast, it would be -1: the pad id, a zero row
+    (np.full((1, 2, 24), 7, dtype=np.uint64), "uint64"),            # in range or not: unsigned is never cast
+    (np.full((1, 2, 24), 7, dtype=np.uint32), "uint32"),
+    (np.full((1, 2, 24), 7, dtype=np.int16), "int16"),
+    (np.ones((1, 2, 24), dtype=bool), "bool"),
+    (np.full((1, 2, 24), 7, dtype=object), "object"),
+])
+def test_ids_of_any_dtype_but_int64_or_int32_are_refused_naming_it(staged, ids, dtype) -> None:
     engine = StepEngine.from_config(control(staged, "disk"))
     with pytest.raises(SlackTierError) as exc:
-        engine.begin_step(np.full((1, 2, 24), 12.7))
-    assert exc.value.kind is ErrorKind.BAD_INPUT and "integers" in exc.value.message
+        engine.begin_step(ids)
+    assert exc.value.kind is ErrorKind.BAD_INPUT
+    assert exc.value.message == f"ids are {dtype}, want int64 (or int32) row ids"
     assert not engine.in_step
+    engine.close()
+
+
+def test_int32_ids_serve_exactly_the_int64_rows(staged) -> None:
+    engine = StepEngine.from_config(control(staged, "disk", wait_timeout_ms=5000.0))
+    run = Run(engine, staged, seed=3)
+    ids = run.ids()
+    assert ids.max() < 2**31
+    run.step(ids.astype(np.int32))
+    run.step(ids)
+    assert run.wrong == 0 and not run.errors and run.lookups == 2 * TOKENS * 24 * 2
     engine.close()
 
 

@@ -27,7 +27,7 @@ from slacktier.engine.counters import LayerCounters
 from slacktier.engine.metrics import EngineMetrics, serve_metrics
 from slacktier.engine.step import StepEngine
 from slacktier.engine.testing import array_tables, real_token_ids
-from slacktier.errors import SlackTierError
+from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.engram_hash import EngramLayout
 
 LAYOUT = EngramLayout.scaled(2000)
@@ -202,3 +202,20 @@ def test_multiprocess_mode_sums_rank_processes(tmp_path: Path) -> None:
                          timeout=120).stdout.split()
     assert float(out[0]) == want and want > 0
     assert float(out[1]) == 5 + 6
+
+
+def test_serve_metrics_binds_loopback_unless_told_otherwise() -> None:
+    """Issue 34: it bound 0.0.0.0, a metrics port on every interface of a serving node by default."""
+    server, thread = serve_metrics(_free_port(), registry=CollectorRegistry())
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.shutdown()
+        server.server_close()
+    for addr, port, kind, said in (("every-interface", 9400, ErrorKind.BAD_INPUT, "is not an IP address"),
+                                   ("127.0.0.1", 70000, ErrorKind.BAD_INPUT, "metrics port 70000 is outside 0..65535"),
+                                   ("192.0.2.1", _free_port(), ErrorKind.UNAVAILABLE, "cannot serve metrics on "
+                                                                                      "192.0.2.1 port")):
+        with pytest.raises(SlackTierError) as exc:
+            serve_metrics(port, addr=addr, registry=CollectorRegistry())
+        assert exc.value.kind is kind and said in exc.value.message

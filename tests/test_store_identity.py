@@ -236,6 +236,26 @@ def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog, monk
         assert secret not in record.getMessage()
 
 
+def test_redis_auth_failures_say_so_naming_the_user_never_the_password(tmp_path, monkeypatch):
+    """Issue 34: a wrong password is "refused the credentials of user ...", none is "wants credentials"."""
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found")
+    secret = "an0ther-s3cret"
+    srv = RedisServer(tmp_path, password=secret)
+    monkeypatch.setenv("ST_TEST_REDIS_WRONG", "wrong-" + secret)
+    try:
+        staged = stage_synthetic(tmp_path / "t", layers=(1,), ranks=1, rows=30)
+        wrong = RedisOptions(url=srv.url, password_env="ST_TEST_REDIS_WRONG")
+        for options, said in ((wrong, "refused the credentials of user 'default'"),
+                              (RedisOptions(url=srv.url), "wants credentials (user 'default' sent no password)")):
+            with pytest.raises(SlackTierError) as info:
+                RedisSource(staged.specs, options, identity=staged.manifest.identity)
+            assert info.value.kind is ErrorKind.UNAVAILABLE and f"Redis at {srv.url} {said}: " in info.value.message
+            assert secret not in f"{info.value} {info.value.fix}" and "ACL user" in info.value.fix
+    finally:
+        srv.stop()
+
+
 def test_a_password_in_the_redis_url_is_refused_and_secrets_come_from_env_or_file(tmp_path, monkeypatch):
     for url in ("redis://user:pw@127.0.0.1:6379", "redis://127.0.0.1:6379/0?password=pw"):
         with pytest.raises(SlackTierError, match="carries a password") as info:

@@ -103,13 +103,17 @@ def test_without_credentials_or_with_the_reader_as_loader_it_is_refused(redis_cl
     anonymous = RedisClusterOptions(url=redis_cluster.seed_url)
     with pytest.raises(SlackTierError) as info:
         RedisClusterSource(table.specs, anonymous, identity=table.manifest.identity)
-    assert info.value.kind is ErrorKind.UNAVAILABLE and "credentials" in str(info.value)
+    assert info.value.kind is ErrorKind.UNAVAILABLE
+    assert "wants credentials (user 'default' sent no password)" in info.value.message
     os.environ["ST_TEST_WRONG"] = "not-the-password"
     wrong = RedisClusterOptions(url=redis_cluster.seed_url, username=redis_cluster.reader.name,
                                 password_env="ST_TEST_WRONG")
     with pytest.raises(SlackTierError) as info:
         RedisClusterSource(table.specs, wrong, identity=table.manifest.identity)
     assert info.value.kind is ErrorKind.UNAVAILABLE and "not-the-password" not in f"{info.value} {info.value.fix}"
+    # issue 34: said "cannot reach Redis Cluster ... start the cluster there"
+    assert f"refused the credentials of user {redis_cluster.reader.name!r}" in info.value.message
+    assert "cannot reach" not in info.value.message and "ACL user" in info.value.fix
     with pytest.raises(SlackTierError) as info:
         load_manifest(options(redis_cluster, redis_cluster.reader), table.manifest, prefix="reader-may-not")
     assert info.value.kind is ErrorKind.UNAVAILABLE and "may not load" in str(info.value)

@@ -6,6 +6,7 @@ and a verb's heavy imports (torch, transformers) cost nothing elsewhere.
 
 Exit codes: 0 done; 1 the verb ran and found a problem (`verify` found a bad
 page); 2 the command was refused: bad arguments (argparse), or a SlackTierError
+(from the verb, or from an argument type of `commands._args` while parsing)
 or OSError, printed as one line "slacktier VERB: error: ..." with its fix and
 no traceback (`-v` adds the traceback).
 """
@@ -63,7 +64,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `slacktier` command."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SlackTierError as exc:   # an argument type (commands._args) refused a value: one line, exit 2
+        verb = next((a for a in argv if a in VERBS), "")
+        print(f"slacktier {verb}: error: {exc}".replace("slacktier : ", "slacktier: "), file=sys.stderr)
+        return 2
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     if not getattr(args, "_run", None):

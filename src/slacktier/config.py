@@ -25,7 +25,8 @@ Schema (every key but `layer` and `manifest` has a default):
     verify_reads = "auto"   # check read pages' CRC32C against the manifest: true, false, or "auto" (each
                             # tier's default: on where the tier has no end-to-end checksum of its own)
     lossy = false           # rows outside a table's seen-set are not read and come out as zeros
-    check = false           # run the reference gather beside ours on every lookup
+    check = false           # run the reference gather beside ours on every lookup; a row that differs
+                            # from the table's source is never served (gather fails [checksum])
     owned_only = false      # per-rank process: ids outside its rows come out as -0.0, not errors
     pad_id = -1             # ids equal to it (negative: never a row) come out as zero rows, read nothing
     metrics = false         # publish Prometheus metrics at each end_step (slacktier.engine.metrics)
@@ -38,7 +39,7 @@ Schema (every key but `layer` and `manifest` has a default):
     targets = []            # optional: replace the manifest's target paths, by device index
     cache_share = 0.5       # fraction of cache_rows for this layer (shares sum to <= 1)
     order = 0               # lower is resolved and submitted first (short window first)
-    seen = ""               # lossy: .npy of local row ids (int64) or a packed uint8 bitmap
+    seen = ""               # lossy: .npy of integer local row ids, or a packed uint8 bitmap of ceil(rows/8) bytes
 
     [table.disk]            # options of the table's own tier, typed by that tier
     engine = "auto"         # "auto" | "io_uring" | "threads"

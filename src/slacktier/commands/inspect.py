@@ -26,6 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from slacktier.commands._args import MAX_MS, finite
 from slacktier.commands.plan import add_window_arguments
 
 HELP = "describe a staged table's manifest and/or an engine control file: rows, ranks, regions, tiers, cache, memory"
@@ -44,8 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                       help="tiers TOML: one [[tier]] per device queue with its read-time model (plan.tiers; "
                            "`slacktier probe --read-fit` writes it)")
     pred.add_argument("--curves", type=Path, default=None, help="miss-page curves JSON from `slacktier characterize`")
-    pred.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")
-    pred.add_argument("--resolve-ms", type=float, default=0.0, help="CPU time to resolve a step's indices (s)")
+    pred.add_argument("--kappa-ms", type=finite("--kappa-ms", -MAX_MS), default=0.0,
+                      help="fixed per-step cost of the tiered path")
+    pred.add_argument("--resolve-ms", type=finite("--resolve-ms", -MAX_MS), default=0.0,
+                      help="CPU time to resolve a step's indices (s)")
 
 
 def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:

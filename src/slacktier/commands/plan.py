@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from slacktier.commands._args import MAX_MS, finite, finite_number, whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("place each table on the tier cheapest in host memory whose predicted stall fits the target, split the "
@@ -21,15 +22,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tiers TOML: one [[tier]] per device queue with its read-time model (plan.tiers; "
                         "`slacktier probe --read-fit` writes it)")
     p.add_argument("--curves", type=Path, required=True, help="miss-page curves JSON from `slacktier characterize`")
-    p.add_argument("--cache-rows", type=int, required=True, help="the cache budget C in rows")
-    p.add_argument("--target-ms", type=float, required=True, help="largest acceptable predicted slowdown per step")
-    p.add_argument("--kappa-ms", type=float, default=0.0, help="fixed per-step cost of the tiered path")
-    p.add_argument("--resolve-ms", type=float, default=0.0, help="CPU time to resolve a step's indices (s)")
-    p.add_argument("--grid", type=int, default=200, help="cache split grid (shares in steps of 1/grid)")
-    p.add_argument("--refine", type=int, default=20, help="refinement of the split grid")
+    p.add_argument("--cache-rows", type=whole("--cache-rows"), required=True, help="the cache budget C in rows")
+    p.add_argument("--target-ms", type=finite("--target-ms"), required=True,
+                   help="largest acceptable predicted slowdown per step")
+    p.add_argument("--kappa-ms", type=finite("--kappa-ms", -MAX_MS), default=0.0, help="fixed per-step cost of the tiered path")
+    p.add_argument("--resolve-ms", type=finite("--resolve-ms", -MAX_MS), default=0.0,
+                   help="CPU time to resolve a step's indices (s)")
+    p.add_argument("--grid", type=whole("--grid", 1, 100_000), default=200,
+                   help="cache split grid (shares in steps of 1/grid)")
+    p.add_argument("--refine", type=whole("--refine", 1, 100_000), default=20, help="refinement of the split grid")
     p.add_argument("--device", default="cpu", help="[engine] device")
-    p.add_argument("--io-threads", type=int, default=1, help="[table.disk] io_threads (workers per device)")
-    p.add_argument("--queue-depth", type=int, default=128, help="[table.disk] queue_depth (reads in flight)")
+    p.add_argument("--io-threads", type=whole("--io-threads", 1, 1024), default=1,
+                   help="[table.disk] io_threads (workers per device)")
+    p.add_argument("--queue-depth", type=whole("--queue-depth", 1, 1 << 16), default=128,
+                   help="[table.disk] queue_depth (reads in flight)")
     p.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads"),
                    help="[table.disk] engine")
     p.add_argument("--verify-reads", action="store_true", help="[engine] verify_reads = true")
@@ -68,15 +74,19 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
     except (FileNotFoundError, json.JSONDecodeError, KeyError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a probe JSON: {exc!r}",
                              fix="pass the JSON `slacktier probe` wrote") from exc
-    chosen = next((s for s in sweeps if batch is None or s["batch"] == batch), None)
-    if chosen is None:
-        raise SlackTierError(ErrorKind.MISSING, f"no sweep at batch {batch} in {path}",
-                             fix=f"use one of {[s['batch'] for s in sweeps]}")
-    out = {}
-    for lw in chosen["layers"]:
-        if lw["window_ms"] is None:
-            continue
-        out[int(lw["layer"])] = lw["window_frac"] * step_ms if step_ms else lw["window_ms"]
+    try:
+        chosen = next((s for s in sweeps if batch is None or s["batch"] == batch), None)
+        if chosen is None:
+            raise SlackTierError(ErrorKind.MISSING, f"no sweep at batch {batch} in {path}",
+                                 fix=f"use one of {[s['batch'] for s in sweeps]}")
+        out = {}
+        for lw in chosen["layers"]:
+            if lw["window_ms"] is None:
+                continue
+            out[int(lw["layer"])] = float(lw["window_frac"] * step_ms if step_ms else lw["window_ms"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a probe JSON: {exc!r}",
+                             fix="pass the JSON `slacktier probe` wrote") from exc
     return out
 
 
@@ -87,8 +97,9 @@ def add_window_arguments(p) -> None:
                    help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
     p.add_argument("--windows-json", type=Path, default=None,
                    help="windows from `slacktier probe` JSON instead (decoder layer index = table layer)")
-    p.add_argument("--windows-batch", type=int, default=None, help="which batch of the probe JSON (default: first)")
-    p.add_argument("--step-ms", type=float, default=None,
+    p.add_argument("--windows-batch", type=whole("--windows-batch", 1), default=None,
+                   help="which batch of the probe JSON (default: first)")
+    p.add_argument("--step-ms", type=finite("--step-ms"), default=None,
                    help="scale the probe's windows (as fractions of its step) to this step time")
 
 
@@ -99,10 +110,13 @@ def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
         windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
     for w in args.window:
         try:
-            layer, ms = w.split("=")
-            windows[int(layer)] = float(ms)
+            layer_text, ms = w.split("=")
+            layer = int(layer_text)
         except ValueError as exc:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
+        windows[whole("--window LAYER", 0, 2**31 - 1)(layer_text)] = finite_number(ms, f"--window {layer}=MS")
+    for layer, ms in windows.items():   # the probe JSON's too: a window is a finite time
+        finite_number(str(ms), f"the window of layer {layer} (ms)")
     return windows
 
 

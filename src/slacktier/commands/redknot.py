@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from slacktier.commands._args import finite
 from slacktier.commands.plan import add_window_arguments
 from slacktier.errors import ErrorKind, SlackTierError
 
@@ -51,7 +52,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     q.add_argument("--tiers", type=Path, required=True,
                    help="tiers TOML, as `slacktier plan` reads: one [[tier]] per tier (see plan.tiers)")
     add_window_arguments(q)   # a layer's window: when the prefill needs its artifacts
-    q.add_argument("--target-ms", type=float, default=0.0, help="largest acceptable predicted stall per prefill")
+    q.add_argument("--target-ms", type=finite("--target-ms"), default=0.0,
+                   help="largest acceptable predicted stall per prefill")
     q.add_argument("--wait-timeout-ms", type=float, default=None, help="[engine] wait_timeout_ms of the control file")
     q.add_argument("--out", type=Path, default=Path("runs/redknot/placement.toml"), help="the control file to write")
     q = sub.add_parser("ledger", help="head-row ceiling and per-operator arithmetic for Flash and Pro")

@@ -52,8 +52,9 @@ def parse_layers(text: str) -> list[int]:
         layers = [int(x) for x in text.split(",")]
     except ValueError as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read --layers {text!r}: {exc}", fix=fix) from exc
-    if len(set(layers)) != len(layers) or min(layers) < 0:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {text!r} lists a layer twice or a negative one", fix=fix)
+    if len(set(layers)) != len(layers) or min(layers) < 0 or max(layers) > 2**31 - 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers {text!r} lists a layer twice, a negative one or one "
+                             "past 2147483647", fix=fix)
     return layers
 
 

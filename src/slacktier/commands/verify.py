@@ -15,12 +15,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-pages", action="store_true", help="skip the page checksum pass")
     p.add_argument("--buffered", action="store_true", help="read through the page cache instead of O_DIRECT")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--redigest", action="store_true",
+                   help="for a manifest without its own digest (or edited on purpose): verify the whole table, then, "
+                        "only if it is intact, record the manifest's digest")
 
 
 def run(args: argparse.Namespace) -> int:
+    from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.tables.manifest import Manifest
     from slacktier.tables.verify import verify_table
 
-    report = verify_table(args.manifest, args.rows, seed=args.seed, checkpoint=args.checkpoint,
+    manifest = args.manifest
+    if args.redigest:
+        if args.no_pages or args.rows < 1:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "--redigest records a digest only after every page and rows "
+                                 "against the source are checked", fix="drop --no-pages and keep --rows >= 1")
+        manifest = Manifest.load(args.manifest, check_digest=False)
+    report = verify_table(manifest, args.rows, seed=args.seed, checkpoint=args.checkpoint,
                           check_pages=not args.no_pages, buffered=args.buffered, progress=not args.no_progress)
     print("\n".join(report.lines()))
+    if args.redigest and report.ok:
+        manifest.save(manifest.path)
+        print(f"recorded the digest of manifest {manifest.path}")
+    elif args.redigest:
+        print(f"manifest {manifest.path} left as it was: the table did not verify")
     return 0 if report.ok else 1

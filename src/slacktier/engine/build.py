@@ -103,12 +103,42 @@ def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
 def _seen(t: TableConfig, rows: int) -> np.ndarray | None:
     if not t.seen:
         return None
-    p = Path(t.seen)
-    if not p.is_file():
-        raise SlackTierError(ErrorKind.MISSING, f"seen-set {p} does not exist", layer=t.layer,
-                             fix="write the seen rows as a .npy file")
-    arr = np.load(p)
-    if arr.dtype == np.uint8:
-        return arr
-    return seen_bitmap(rows, arr.astype(np.int64))
+    return load_seen(t.seen, rows, t.layer)
 
+
+def load_seen(path: str | Path, rows: int, layer: int) -> np.ndarray:
+    """A lossy seen-set file as a packed bitmap [ceil(rows / 8)] uint8; anything but a .npy array of integer
+    local row ids, or a uint8 bitmap of exactly ceil(rows / 8) bytes, is refused naming the file (BAD_INPUT).
+
+    Refused: another file type (a pickle, .npz, text), object arrays, floats (1.5 would be read as row 1),
+    bools (a mask is not a list of row ids: write np.flatnonzero(mask)), more than one dimension, and rows
+    outside the layer. Worked example: 20 rows, file [0, 9] int64 -> bitmap [1, 2, 0]."""
+    p = Path(path)
+    fix = "write the seen rows as a .npy file: np.save(path, rows.astype(np.int64)), or a packed uint8 bitmap"
+    if not p.is_file():
+        raise SlackTierError(ErrorKind.MISSING, f"seen-set {p} does not exist", layer=layer, fix=fix)
+    if p.suffix != ".npy":
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"seen-set {p} is not a .npy file", layer=layer, fix=fix)
+    try:
+        with open(p, "rb") as f:
+            if f.read(6) != b"\x93NUMPY":
+                raise ValueError("no .npy header (a pickle or another format)")
+            f.seek(0)
+            arr = np.lib.format.read_array(f, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"seen-set {p} is not a .npy array: {exc}", layer=layer,
+                             fix=fix) from None
+    if arr.ndim != 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"seen-set {p} is {arr.ndim}-dimensional {arr.shape}, want a "
+                             "list of row ids or a bitmap", layer=layer, fix=fix)
+    if arr.dtype == np.uint8:
+        need = (rows + 7) // 8
+        if arr.shape[0] != need:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"seen-set {p} is a uint8 bitmap of {arr.shape[0]} bytes, "
+                                 f"layer {layer}'s {rows} rows need {need}", layer=layer,
+                                 fix="pack it with seen_bitmap(rows, ids), or save row ids as int64")
+        return arr
+    try:
+        return seen_bitmap(rows, arr)
+    except SlackTierError as exc:
+        raise SlackTierError(exc.kind, f"seen-set {p}: {exc.message}", layer=layer, fix=exc.fix) from None

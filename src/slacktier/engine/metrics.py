@@ -38,12 +38,15 @@ slacktier_gather_stall_seconds_count 2.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import weakref
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+from slacktier.errors import ErrorKind, SlackTierError
 
 if TYPE_CHECKING:
     from slacktier.engine.counters import StepCounters
@@ -188,14 +191,37 @@ class EngineMetrics:
                                 rank).inc()
 
 
-def serve_metrics(port: int, addr: str = "0.0.0.0", registry: CollectorRegistry | None = None) -> tuple:
-    """Serve /metrics over HTTP on `port` in a daemon thread; returns (server, thread).
+def check_metrics_address(addr: str, port: int) -> None:
+    """Refuse (BAD_INPUT) a metrics address that is not an IP address ("127.0.0.1", "::1", "0.0.0.0" for every
+    interface, or "localhost"), or a port outside 0..65535 (0: the kernel picks one)."""
+    try:
+        if addr != "localhost":
+            ipaddress.ip_address(addr)
+    except ValueError:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"metrics address {addr!r} is not an IP address",
+                             fix="pass an address of this host, e.g. --metrics-addr 127.0.0.1 (the default), or "
+                                 "0.0.0.0 to serve every interface") from None
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"metrics port {port!r} is outside 0..65535",
+                             fix="pass a free TCP port, e.g. --metrics-port 9400")
 
+
+def serve_metrics(port: int, addr: str = "127.0.0.1", registry: CollectorRegistry | None = None) -> tuple:
+    """Serve /metrics over HTTP on `addr`:`port` in a daemon thread; returns (server, thread).
+
+    Loopback only by default: metrics say which tables a node serves and how fast, so another interface
+    ("0.0.0.0": every one) is the caller's explicit choice. A bad address or port is BAD_INPUT; one that
+    cannot be bound (in use, not this host's) is UNAVAILABLE.
     With PROMETHEUS_MULTIPROC_DIR set and no `registry`, it serves the sum over every process writing
     to that folder (prometheus_client's MultiProcessCollector), so one rank can export all ranks.
     """
+    check_metrics_address(addr, port)
     if registry is None and os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
         from prometheus_client import multiprocess
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
-    return start_http_server(port, addr=addr, registry=REGISTRY if registry is None else registry)
+    try:
+        return start_http_server(port, addr=addr, registry=REGISTRY if registry is None else registry)
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot serve metrics on {addr} port {port}: "
+                             f"{exc.strerror or exc}", fix="pick a free port, or an address of this host") from None

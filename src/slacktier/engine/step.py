@@ -88,7 +88,7 @@ from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
-from slacktier.tables.layout import ROW_BYTES, ROW_VALUES
+from slacktier.tables.layout import ROW_BYTES, ROW_VALUES, ROWS_PER_PAGE
 from slacktier.tables.manifest import check_tp_sharding
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class StepEngine:
 
     def __init__(self, tables: Sequence[TableSpec], cache: RowCache | None = None, device: str = "cpu", *,
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
-                 lossy: bool = False, check: bool = False, check_raise: bool = False, gather_impl: str = "auto",
+                 lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
                  owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None) -> None:
         self.device = torch.device(device)
@@ -154,6 +154,9 @@ class StepEngine:
         self.pad_id = _checked_pad_id(pad_id)
         self.metrics = metrics   # None: no metrics work at all
         self.check = bool(check)
+        # With check on, a row that differs from the table's source is never served: gather raises CHECKSUM
+        # naming layer, rank and page. check_raise=False only counts and logs them (a diagnostic run that
+        # wants every mismatch of a step counted; those rows are served).
         self.check_raise = bool(check_raise)
         self.wait_timeout_s = wait_timeout_s
         self._owned_sources: list[PageSource] = list(owned_sources)
@@ -376,11 +379,8 @@ class StepEngine:
             if ids.ndim != 3 or ids.shape[1] != len(self._layers) or ids.shape[2] != self.columns:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.shape}, want [T, {len(self._layers)}, "
                                      f"{self.columns}]", fix="pass the hasher's [T, L, 24] output")
-            if ids.dtype is not _INT64:
-                if ids.dtype.kind not in "iu":   # a float id (12.7) would be truncated into another row
-                    raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want integers",
-                                         fix="pass the hasher's int64 row ids")
-                ids = ids.astype(np.int64)
+            if ids.dtype != _INT64:
+                ids = _widened_ids(ids)
         except SlackTierError as exc:
             if self.metrics is not None:
                 self.metrics.error(exc)
@@ -388,7 +388,9 @@ class StepEngine:
         return ids
 
     def begin_step(self, ids: np.ndarray) -> None:
-        """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order)."""
+        """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order).
+
+        int32 ids are taken too (widened exactly); every other dtype is refused, unsigned ones included."""
         # The usual step (a plan built, the hasher's C-contiguous int64 ids of a known shape and size) takes
         # the checks below inline rather than through _refuse_if_closed, _checked_ids and _ensure_capacity:
         # the last step left the interpreter's memory out of cache, so each call and attribute here costs
@@ -670,16 +672,35 @@ class StepEngine:
             ours = out
             local = run.ids.reshape(-1) - run.spec.row_start
         ref = reference_gather(self._reader(run).read(local))
-        bad = int(mismatching_rows(ours, ref).sum())
+        differ = mismatching_rows(ours, ref)
+        bad = int(differ.sum())
         run.counters.checked_rows += int(keep.size)
         run.counters.mismatches += bad
         if bad:
             log.error("checker: %d of %d rows of layer %d differ from the reference gather", bad, keep.size,
                       run.spec.layer)
             if self.check_raise:
-                raise SlackTierError(ErrorKind.CHECKSUM, f"{bad} of {keep.size} gathered rows differ from the "
-                                     "reference gather", layer=run.spec.layer,
-                                     fix="a bug in the cache or gather path: report it with the control file")
+                raise self._refuse_mismatch(run, keep[differ.numpy()], local[differ.numpy()], bad, keep.size)
+
+    def _refuse_mismatch(self, run: _LayerRun, lookups: np.ndarray, local: np.ndarray, bad: int,
+                         checked: int) -> SlackTierError:
+        """The CHECKSUM error of rows the checker found wrong, naming the first one's rank and page; the slots
+        those rows were cached in (hits or this step's fills) are forgotten, so no later step serves them."""
+        sc = run.scratch
+        kind, idx = sc.desc_kind[lookups], sc.desc_idx[lookups]
+        slots = np.where(kind == KIND_MISS, sc.miss_slot[np.where(kind == KIND_MISS, idx, 0)], idx)
+        self.cache.forget(run.spec.layer, slots.astype(np.int32))
+        row = int(local[0]) + run.spec.row_start   # global row id of the first wrong row
+        region = next(r for r in run.spec.regions if r.row_start <= row < r.row_start + r.rows)
+        shard_row = row - region.row_start
+        exc = SlackTierError(ErrorKind.CHECKSUM, f"{bad} of {checked} gathered rows differ from the table's source "
+                             f"(first: row {row}, shard row {shard_row}); none is served", layer=run.spec.layer,
+                             rank=region.rank, page=shard_row // ROWS_PER_PAGE,
+                             fix="the medium or the manifest does not hold the table: run `slacktier verify` on "
+                                 "its manifest and stage it again")
+        if self.metrics is not None:
+            self.metrics.error(exc)
+        return exc
 
     def end_step(self) -> StepCounters:
         """Release the step's pins, publish and return its counters; raises a read error of a layer never gathered."""
@@ -882,6 +903,18 @@ class _Applied:
     control: ControlFile
     resolved: dict[int, B.Resolved]
     sources: dict[int, PageSource]
+
+
+def _widened_ids(ids: np.ndarray) -> np.ndarray:
+    """int32 ids widened to int64 (exact); any other dtype is refused naming it (BAD_INPUT).
+
+    Only signed int64 (the hashers' output) and signed int32 (a serving engine's int32 index tensors) are
+    ids. Unsigned ids are never cast: uint64 2**64-1 would wrap to -1, the pad id, and be served as a
+    zero row; floats (12.7 -> 12) and bools would be truncated into another row."""
+    if ids.dtype == np.int32:
+        return ids.astype(np.int64)
+    raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want int64 (or int32) row ids",
+                         fix="pass the hasher's int64 row ids; an unsigned, float or bool array is never cast")
 
 
 def _checked_pad_id(pad_id: int) -> int:

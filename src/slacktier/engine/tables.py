@@ -92,11 +92,18 @@ class TableSpec:
 
 
 def seen_bitmap(rows: int, seen_rows: np.ndarray) -> np.ndarray:
-    """Packed bitmap [ceil(rows / 8)] uint8 with the bits of local `seen_rows` set: rows 0 and 9 -> [1, 2]."""
-    seen_rows = np.asarray(seen_rows, dtype=np.int64)
+    """Packed bitmap [ceil(rows / 8)] uint8 with the bits of local `seen_rows` set: rows 0 and 9 -> [1, 2].
+
+    `seen_rows` are integers (any signed or unsigned width, compared before any cast, so uint64 2**64-1 is
+    out of range rather than -1); floats and bools are refused, never truncated into other rows."""
+    seen_rows = np.asarray(seen_rows)
+    if seen_rows.dtype.kind not in "iu" and seen_rows.size:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"seen rows are {seen_rows.dtype}, want integer row ids",
+                             fix="give local row ids as int64 (a bool mask: np.flatnonzero(mask))")
     if seen_rows.size and (seen_rows.min() < 0 or seen_rows.max() >= rows):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"seen rows outside 0..{rows - 1}",
-                             fix="give local rows of the table layer")
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"seen rows outside 0..{rows - 1} (from {seen_rows.min()} to "
+                             f"{seen_rows.max()})", fix="give local rows of the table layer")
+    seen_rows = seen_rows.astype(np.int64).reshape(-1)
     bits = np.zeros(rows, dtype=bool)
     bits[seen_rows] = True
     return np.packbits(bits, bitorder="little")

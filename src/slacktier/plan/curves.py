@@ -14,12 +14,16 @@ help further).
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+
+MAX_CAPACITY_ROWS = 2.0**62      # a cache capacity in rows
+MAX_PAGES_PER_STEP = 1e12        # far above any step's reads; larger ones overflow the model
 
 
 @dataclass(frozen=True)
@@ -38,6 +42,9 @@ class MissCurve:
         if any(b <= a for a, b in zip(caps, caps[1:])) or caps[0] < 0:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"capacities {caps} are not strictly increasing from >= 0",
                                  fix="sort the curve's points by capacity and drop duplicates")
+        if not all(math.isfinite(x) for x in (*caps, *pages)):
+            raise SlackTierError(ErrorKind.BAD_INPUT, "a miss curve holds NaN or an infinite value",
+                                 fix="capacities and page counts are finite numbers")
         if any(p < 0 for p in pages):
             raise SlackTierError(ErrorKind.BAD_INPUT, "negative pages per step in a miss curve",
                                  fix="page counts are >= 0")
@@ -73,13 +80,28 @@ class MissCurves:
         return self.by_layer[layer]
 
 
+def _points(values: object, key: str, hi: float) -> tuple[float, ...]:
+    """A curve's list `key` as floats, each a finite JSON number in 0..hi (no booleans, strings, NaN, inf)."""
+    if not isinstance(values, list):
+        raise TypeError(f"{key} is not a list")
+    for x in values:
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not (math.isfinite(x) and 0 <= x <= hi):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"miss curve {key} holds {x!r}, want a finite number in "
+                                 f"0..{hi:g}", fix="pass the JSON the characterization wrote")
+    return tuple(float(x) for x in values)
+
+
 def miss_curves_from_dict(doc: dict) -> MissCurves:
-    """Parse the characterization JSON document into curves."""
+    """Parse the characterization JSON document into curves, every point checked (`_points`)."""
     try:
-        layers = {int(k): MissCurve(tuple(float(c) for c in v["capacity_rows"]),
-                                    tuple(float(p) for p in v["pages_per_step"]))
+        layers = {int(k): MissCurve(_points(v["capacity_rows"], f"layers.{k}.capacity_rows", MAX_CAPACITY_ROWS),
+                                    _points(v["pages_per_step"], f"layers.{k}.pages_per_step", MAX_PAGES_PER_STEP))
                   for k, v in doc["layers"].items()}
-        return MissCurves(workload=str(doc.get("workload", "")), batch=int(doc.get("batch", 0)), by_layer=layers)
+        batch = doc.get("batch", 0)
+        if type(batch) is not int or batch < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"miss curves' batch is {batch!r}, want a whole number",
+                                 fix="pass the JSON the characterization wrote")
+        return MissCurves(workload=str(doc.get("workload", "")), batch=batch, by_layer=layers)
     except (KeyError, TypeError, ValueError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve document is malformed: {exc!r}",
                              fix='write {"workload":..,"batch":..,"layers":{"1":{"capacity_rows":[..],'

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
+import numbers
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -85,6 +87,7 @@ def predict_placement(tables: Sequence[TableDemand], sources: Mapping[int, str],
                       curves: Mapping[int, MissCurve], cache_rows: int, *, resolve_ms: float = 0.0,
                       kappa_ms: float = 0.0, target_ms: float = 0.0, grid: int = 200, refine: int = 20) -> Plan:
     """Predicted slowdown, split and host memory of a given placement (layer -> tier name)."""
+    check_plan_inputs(cache_rows, target_ms=target_ms, resolve_ms=resolve_ms, kappa_ms=kappa_ms)
     by_name = {t.name: t for t in tiers}
     ordered = sorted(tables, key=lambda t: (t.window_ms, t.layer))
     try:
@@ -107,6 +110,7 @@ def predict_fixed_placement(tables: Sequence[TableDemand], sources: Mapping[int,
     gives that plan's slowdown_ms, pages and host_bytes again (split_cost_ms too: the same shares). The
     returned Plan lists the tables in submission order; assignments_tried is 1.
     """
+    check_plan_inputs(cache_rows, target_ms=target_ms, resolve_ms=resolve_ms, kappa_ms=kappa_ms)
     by_name = {t.name: t for t in tiers}
     rank = order or {}
     ordered = sorted(tables, key=lambda t: (rank.get(t.layer, 0), t.window_ms, t.layer))
@@ -127,6 +131,21 @@ def predict_fixed_placement(tables: Sequence[TableDemand], sources: Mapping[int,
     return _predict(ordered, chosen, split, resolve_ms=resolve_ms, kappa_ms=kappa_ms, target_ms=target_ms)
 
 
+def check_plan_inputs(cache_rows: int, *, target_ms: float, resolve_ms: float, kappa_ms: float) -> None:
+    """Refuse (BAD_INPUT) a cache budget that is not a whole number >= 0, a target that is not a finite time in
+    0..1e6 ms (`target_ms=nan` compared false with every slowdown, so every plan "met" it), and a resolve or
+    kappa time that is not finite and within 1e6 ms (either may be a fitted intercept below 0)."""
+    if isinstance(cache_rows, bool) or not isinstance(cache_rows, numbers.Integral) or not 0 <= cache_rows <= 2**62:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cache_rows {cache_rows!r}, want a whole number >= 0",
+                             fix="give the cache budget in rows")
+    for name, value, lo in (("target_ms", target_ms, 0.0), ("resolve_ms", resolve_ms, -1e6),
+                            ("kappa_ms", kappa_ms, -1e6)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not (math.isfinite(value)
+                                                                                  and lo <= value <= 1e6):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{name} {value!r}, want a finite number of ms in "
+                                 f"{lo:g}..{1e6:g}", fix=f"give {name} as a finite time")
+
+
 def _curve(curves: Mapping[int, MissCurve], layer: int) -> MissCurve:
     if layer not in curves:
         raise SlackTierError(ErrorKind.MISSING, f"no miss-page curve for layer {layer}",
@@ -138,6 +157,7 @@ def make_plan(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], curves: 
               cache_rows: int, target_ms: float, *, resolve_ms: float = 0.0, kappa_ms: float = 0.0,
               grid: int = 200, refine: int = 20) -> Plan:
     """The placement with the least host memory whose predicted slowdown is within `target_ms`."""
+    check_plan_inputs(cache_rows, target_ms=target_ms, resolve_ms=resolve_ms, kappa_ms=kappa_ms)
     if not tables or not tiers:
         raise SlackTierError(ErrorKind.BAD_INPUT, "nothing to place or nowhere to place it",
                              fix="give at least one table and one tier")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from slacktier.errors import ErrorKind, SlackTierError
@@ -17,9 +19,9 @@ class TableDemand:
     window_ms: float
 
     def __post_init__(self) -> None:
-        if self.rows < 0 or self.window_ms < 0:
+        if not (math.isfinite(self.window_ms) and 0 <= self.window_ms <= 1e6) or not 0 <= self.rows <= 2**62:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"rows {self.rows}, window {self.window_ms} ms",
-                                 fix="rows and windows are >= 0", layer=self.layer)
+                                 fix="rows and windows are finite and >= 0", layer=self.layer)
 
 
 @dataclass(frozen=True)

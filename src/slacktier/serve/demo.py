@@ -35,6 +35,16 @@ class DemoConfig:
     replay: bool = True
     timeline: bool = True
     metrics_port: int = 0     # > 0: serve Prometheus metrics of the demo's engines on this port
+    metrics_addr: str = "127.0.0.1"   # the address that port binds: loopback unless told otherwise
+
+    def __post_init__(self) -> None:
+        from slacktier.engine.metrics import check_metrics_address
+        from slacktier.errors import ErrorKind, SlackTierError
+
+        if self.rows < 1 or self.ranks < 1 or not self.layers or len(set(self.layers)) != len(self.layers):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"demo of {self.rows} rows, {self.ranks} ranks, layers "
+                                 f"{self.layers}", fix="give rows >= 1, ranks >= 1 and distinct layer ids")
+        check_metrics_address(self.metrics_addr, self.metrics_port)
 
 
 def demo_placements(first: int, second: int, cache_rows: int) -> list[Placement]:
@@ -72,6 +82,10 @@ def run_demo(cfg: DemoConfig) -> int:
     from slacktier.tables.stage import stage_synthetic
     from slacktier.tables.verify import verify_table
 
+    metrics = cfg.replay and cfg.metrics_port > 0
+    if metrics:   # bound before anything is staged: a port in use is refused with nothing written
+        from slacktier.engine.metrics import serve_metrics
+        serve_metrics(cfg.metrics_port, cfg.metrics_addr)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
     target = out / "table.bin"
@@ -91,11 +105,9 @@ def run_demo(cfg: DemoConfig) -> int:
         return 1
     if not cfg.replay:
         return 0
-    metrics = cfg.metrics_port > 0
     if metrics:
-        from slacktier.engine.metrics import serve_metrics
-        serve_metrics(cfg.metrics_port)
-        print(f"\nPrometheus metrics of the demo's engines: http://127.0.0.1:{cfg.metrics_port}/metrics", flush=True)
+        host = f"[{cfg.metrics_addr}]" if ":" in cfg.metrics_addr else cfg.metrics_addr
+        print(f"\nPrometheus metrics of the demo's engines: http://{host}:{cfg.metrics_port}/metrics", flush=True)
     print("\nReplaying built-in agent traffic (published trajectories of real coding agents) through the tier "
           "(a first run renders the sessions and compiles kernels) ...", flush=True)
     t0 = time.perf_counter()

@@ -88,7 +88,7 @@ from slacktier.store import _resp
 from slacktier.store._common import page_crc32c
 from slacktier.store.dram import load_region_pages
 from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
-from slacktier.store.redis_source import _mask, client_kwargs
+from slacktier.store.redis_source import _mask, auth_refusal, client_kwargs
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import Manifest, TableIdentity
@@ -168,20 +168,27 @@ def connect(options: RedisClusterOptions) -> RedisCluster:
             ClusterNode(h, int(p)) for h, _, p in (n.rpartition(":") for n in options.nodes)]
         client = RedisCluster(startup_nodes=seeds, require_full_coverage=False,
                               retry=redis.retry.Retry(redis.backoff.NoBackoff(), 1), **kw)
-    except redis.AuthenticationError as exc:
-        raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis Cluster at {options.url} refused the credentials of "
-                             f"user {options.username or 'default'!r}: {_mask(str(exc), options)}",
-                             fix="set username and password_env (or password_file) in [table.redis-cluster] to an "
-                                 "ACL user that may read the table") from None
     except (redis.RedisError, redis.exceptions.RedisClusterException, OSError) as exc:
-        text = _mask(str(exc), options)
-        if "NOAUTH" in text or "Authentication" in text or "auth" in text.lower():
-            raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis Cluster at {options.url} wants credentials: {text}",
-                                 fix="set username and password_env (or password_file) in [table.redis-cluster]"
-                                 ) from None
+        # redis-py wraps a seed's refusal in "Redis Cluster cannot be connected ...": look down the chain
+        auth = _auth_error(exc)
+        text = _mask(str(exc if auth is None else auth), options)
+        if auth is not None or "NOAUTH" in text or "Authentication" in text:
+            raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis Cluster at {options.url} {auth_refusal(options)}: "
+                                 f"{text}", fix="set username and password_env (or password_file) in "
+                                 "[table.redis-cluster] to an ACL user that may read the table") from None
         raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot reach Redis Cluster at {options.url}: {text}",
                              fix="start the cluster there or pass the url of one of its nodes") from None
     return client
+
+
+def _auth_error(exc: BaseException) -> BaseException | None:
+    """The AuthenticationError (wrong password or user, NOAUTH) in `exc`'s cause chain, if any."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if isinstance(exc, redis.AuthenticationError):
+            return exc
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return None
 
 
 def _node_of_slot(client: RedisCluster, slot: int, replicas: bool) -> ClusterNode:

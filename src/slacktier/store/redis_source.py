@@ -90,6 +90,17 @@ def _mask(text: str, options: RedisOptions) -> str:
     return text.replace(secret, "***") if secret else text
 
 
+def auth_refusal(options: RedisOptions) -> str:
+    """How a server's authentication refusal reads: naming the user, never the password."""
+    user = options.username or "default"
+    try:
+        sent = options.password() is not None
+    except SlackTierError:
+        sent = False
+    return f"refused the credentials of user {user!r}" if sent else \
+        f"wants credentials (user {user!r} sent no password)"
+
+
 def as_options(url_or_options: str | RedisOptions) -> RedisOptions:
     """Options from a url (no credentials) or the options themselves."""
     return url_or_options if isinstance(url_or_options, RedisOptions) else RedisOptions(url=url_or_options)
@@ -121,8 +132,8 @@ def _connect(options: RedisOptions) -> redis.Redis:
         client.ping()
     except redis.AuthenticationError as exc:
         client.close()
-        raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis at {options.url} refused the credentials of user "
-                             f"{options.username or 'default'!r}: {_mask(str(exc), options)}",
+        what = auth_refusal(options)
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"Redis at {options.url} {what}: {_mask(str(exc), options)}",
                              fix="set username and password_env (or password_file) in [table.redis] to an ACL "
                                  "user that may read the table") from None
     except redis.RedisError as exc:

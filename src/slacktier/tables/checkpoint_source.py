@@ -25,7 +25,7 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, PAGE_USED_BYTES, PAGE_WORDS, ROW_BYTES, ROW_SCALES, ROW_VALUES, \
     ROWS_PER_PAGE
-from slacktier.tables.manifest import StagedLayout, sha256_file
+from slacktier.tables.manifest import MAX_LAYER_ID, StagedLayout, sha256_file
 from slacktier.tables.pagecrc import HW_CRC32C, crc_page_words, page_crcs
 
 CHECKPOINT_NAME_TEMPLATES = ("layers.{layer}.engram.embed.{part}", "model.layers.{layer}.engram.embed.{part}")
@@ -195,6 +195,9 @@ class CheckpointSource:
             for name in tensors:
                 m = re.fullmatch(r"(?:model\.)?layers\.(\d+)\.engram\.embed\.weight", name)
                 if m:
+                    if int(m.group(1)) > MAX_LAYER_ID:   # 10**30: a corrupt or hostile name, not a model layer
+                        raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} names layer {m.group(1)[:40]}, "
+                                             f"outside 0..{MAX_LAYER_ID}", fix="check the checkpoint's tensor names")
                     found.add(int(m.group(1)))
             if not found:
                 raise SlackTierError(ErrorKind.CHECKPOINT, f"no tensor named like "

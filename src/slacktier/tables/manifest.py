@@ -19,6 +19,17 @@ draws a fresh random `stage_id`, recorded in the manifest and in every header:
 manifest was written (another table, or the same table staged again), a
 half-written restage and a truncated target.
 
+The manifest also records `manifest_digest`, the sha256 of its own content
+(every other key, as canonical JSON: sorted keys, no spaces), checked by
+`Manifest.load` before anything is served: an edited manifest (a region's
+offset moved, another seed) is refused, and so is one written before manifests
+carried a digest; after a deliberate edit, `slacktier verify MANIFEST
+--redigest` checks the table (every page, rows against the source) and, only
+when it is intact, records the new digest. Every field is checked for type and
+range at load (integers are JSON integers, never floats or booleans; a region's
+device, rank, rows, offset and checksum range agree with the rest of the
+manifest), so a malformed manifest is refused naming its key.
+
 Worked example: 2 layers x 1,000 rows, 2 ranks, one target -> regions
 (layer 1, rank 0) at offset 4096 with 34 pages (500 rows), (layer 1, rank 1) at
 4096 + 34 * 4096, and so on; checksum of page 3 of (layer 1, rank 1) is entry
@@ -40,11 +51,16 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
+from slacktier.tables.odirect import write_file_atomic
 from slacktier.tables.regions import Region, StagedRegion
 from slacktier.tables.table_layout import TableLayout
 
 FORMAT = "slacktier-table"
 FORMAT_VERSION = 1
+DIGEST_KEY = "manifest_digest"   # "sha256:<hex>" of the manifest's own content (`manifest_digest`)
+MAX_LAYER_ID = 2**31 - 1         # layer ids are a model's decoder-layer indices; anything larger is a typo
+MAX_INDEX = 2**62                # bound of every count, offset and row id a manifest may hold
+REDIGEST = "slacktier verify {path} --redigest"
 TARGET_HEADER_BYTES = PAGE_BYTES
 TARGET_MAGIC = b"SLACKTIER-TABLE\x00"  # first 16 bytes of a target's header page
 
@@ -64,6 +80,9 @@ class StagedLayout:
         if not self.rows:
             raise SlackTierError(ErrorKind.BAD_INPUT, "a table needs at least one layer", fix="pass {layer: rows}")
         for layer, n in self.rows.items():
+            if not 0 <= layer <= MAX_LAYER_ID:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"layer id {layer} is outside 0..{MAX_LAYER_ID}",
+                                     fix="layer ids are the model's decoder-layer indices (Engram: 1 and 14)")
             if n <= 0:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} has {n} rows", fix="give every layer rows",
                                      layer=layer)
@@ -279,16 +298,19 @@ class Manifest:
         }
 
     def save(self, path: str | Path) -> None:
-        """Write the manifest JSON atomically (temp file + rename)."""
+        """Write the manifest JSON, with its own digest, atomically (temp file + rename; nothing left on failure)."""
         path = Path(path)
         self.path = str(path)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(self.to_json(), indent=1) + "\n")
-        os.replace(tmp, path)
+        doc = self.to_json()
+        doc[DIGEST_KEY] = manifest_digest(doc)
+        write_file_atomic(path, (json.dumps(doc, indent=1) + "\n").encode(), what="manifest")
 
     @classmethod
-    def load(cls, path: str | Path) -> Manifest:
-        """Read a manifest JSON written by `save`; anything else is refused with a SlackTierError."""
+    def load(cls, path: str | Path, *, check_digest: bool = True) -> Manifest:
+        """Read a manifest JSON written by `save`; anything else is refused with a SlackTierError.
+
+        `check_digest` False reads one whose own digest is missing or does not match (only for
+        `slacktier verify --redigest`, which records it after checking the whole table)."""
         path = Path(path)
         if not path.exists():
             raise SlackTierError(ErrorKind.MISSING, f"manifest {path} does not exist",
@@ -301,26 +323,227 @@ class Manifest:
         except OSError as exc:
             raise SlackTierError(ErrorKind.IO, f"cannot read manifest {path}: {exc}",
                                  fix="check the path and its permissions") from exc
-        except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError (a binary file) both are
+        except (ValueError, RecursionError) as exc:  # JSONDecodeError and UnicodeDecodeError (a binary file)
             raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {path} is not JSON: {exc}",
                                  fix="pass the table's .manifest.json file, or restage the table") from exc
         if not isinstance(d, dict) or d.get("format") != FORMAT or d.get("format_version") != FORMAT_VERSION:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a {FORMAT} v{FORMAT_VERSION} manifest",
                                  fix="restage the table with this version")
-        try:
-            cs = d["checksums"]
-            m = cls(layout=StagedLayout.from_json(d["layout"]), ranks=int(d["ranks"]),
-                    targets=[str(t["path"]) for t in sorted(d["targets"], key=lambda t: t["device"])],
-                    regions=[StagedRegion(**r) for r in d["regions"]], source=dict(d["source"]),
-                    crc_file=str(cs["file"]), crc_sha256=str(cs["sha256"]), total_pages=int(cs["pages"]),
-                    path=str(path), format_version=int(d["format_version"]),
-                    created_utc=str(d.get("created_utc", "")), stage_id=str(d.get("stage_id", "")))
-            if not isinstance(m.source.get("digest"), str):
-                raise KeyError("source.digest")
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {path} is malformed: {type(exc).__name__} {exc}",
-                                 fix="restage the table") from exc
+        m = _manifest_from_json(d, str(path))
+        if check_digest:
+            check_manifest_digest(d, str(path))
         return m
+
+
+def manifest_digest(doc: Mapping[str, Any]) -> str:
+    """"sha256:<hex>" of a manifest document's content: every key but the digest itself, as canonical JSON."""
+    body = {k: v for k, v in doc.items() if k != DIGEST_KEY}
+    text = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()
+
+
+def check_manifest_digest(doc: Mapping[str, Any], path: str) -> None:
+    """Refuse a manifest document whose recorded digest is missing (BAD_INPUT) or not its content's (CHECKSUM)."""
+    recorded = doc.get(DIGEST_KEY)
+    redigest = REDIGEST.format(path=path)
+    if recorded is None:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {path} records no {DIGEST_KEY} (written before "
+                             "manifests carried a digest of their own content), so an edit could not be told",
+                             fix=f"stage the table again (slacktier stage), or run `{redigest}`: it checks every "
+                                 "page and rows against the source, then records the digest")
+    got = manifest_digest(doc)
+    if recorded != got:
+        raise SlackTierError(ErrorKind.CHECKSUM, f"manifest {path} was edited since it was written: its content "
+                             f"is {got}, its {DIGEST_KEY} says {recorded}",
+                             fix=f"restore the manifest staging wrote, or stage the table again; after a deliberate "
+                                 f"edit, `{redigest}` checks the table and records the new digest")
+
+
+_REGION_KEYS = ("layer", "rank", "device", "path", "offset_bytes", "pages", "row_start", "rows", "crc_first_page")
+_TOP_KEYS = {"format", "format_version", "created_utc", "layout", "ranks", "targets", "regions", "checksums",
+             "source", "stage_id", DIGEST_KEY}
+
+
+class _Fields:
+    """Typed reads of a manifest document, each refusal naming the manifest and the key ($.regions[2].device)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def bad(self, key: str, value: Any, want: str) -> SlackTierError:
+        shown = repr(value)
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        return SlackTierError(ErrorKind.BAD_INPUT, f"manifest {self.path}: {key} is {shown}, want {want}",
+                              fix="restore the manifest staging wrote, or stage the table again (slacktier stage)")
+
+    def get(self, d: Any, name: str, key: str) -> Any:
+        if not isinstance(d, dict):
+            raise self.bad(key.rsplit(".", 1)[0] or "$", d, "an object")
+        if name not in d:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {self.path}: {key} is missing",
+                                 fix="restore the manifest staging wrote, or stage the table again")
+        return d[name]
+
+    def int(self, value: Any, key: str, lo: int = 0, hi: int = MAX_INDEX) -> int:
+        # a JSON integer only: 1e3, 1e400 (inf), true and "3" are refused, never rounded
+        if type(value) is not int or not lo <= value <= hi:
+            raise self.bad(key, value, f"an integer in {lo}..{hi}")
+        return value
+
+    def str(self, value: Any, key: str) -> str:
+        if not isinstance(value, str):
+            raise self.bad(key, value, "a string")
+        return value
+
+    def list(self, value: Any, key: str, nonempty: bool = True) -> list:
+        if not isinstance(value, list) or (nonempty and not value):
+            raise self.bad(key, value, "a non-empty list" if nonempty else "a list")
+        return value
+
+    def keys(self, d: dict, allowed: set[str] | tuple[str, ...], key: str) -> None:
+        extra = sorted(set(d) - set(allowed))
+        if extra:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {self.path}: {key}.{extra[0][:40]} is not a key of "
+                                 f"a {FORMAT} v{FORMAT_VERSION} manifest",
+                                 fix="restore the manifest staging wrote, or stage the table again (slacktier stage)")
+
+
+def _digest_text(value: Any, key: str, f: _Fields) -> str:
+    text = f.str(value, key)
+    hexpart = text.removeprefix("sha256:")
+    if len(hexpart) != 64 or any(c not in "0123456789abcdef" for c in hexpart):
+        raise f.bad(key, value, "a sha256 hex digest")
+    return text
+
+
+def _layout_from_json(d: Any, f: _Fields) -> StagedLayout:
+    f.keys(d if isinstance(d, dict) else {}, ("layers", "rows", "column_bounds", "row_bytes", "page_bytes",
+                                               "rows_per_page"), "$.layout")
+    rows_doc = f.get(d, "rows", "$.layout.rows")
+    if not isinstance(rows_doc, dict) or not rows_doc:
+        raise f.bad("$.layout.rows", rows_doc, "an object {layer id: rows}")
+    rows: dict[int, int] = {}
+    for k, v in rows_doc.items():
+        if not k.isdigit() or int(k) > MAX_LAYER_ID:
+            raise f.bad(f"$.layout.rows.{k[:20]}", k, f"a layer id in 0..{MAX_LAYER_ID}")
+        rows[int(k)] = f.int(v, f"$.layout.rows.{k}", 1)
+    bounds: dict[int, tuple[int, ...]] = {}
+    bounds_doc = d.get("column_bounds", {})
+    if not isinstance(bounds_doc, dict):
+        raise f.bad("$.layout.column_bounds", bounds_doc, "an object {layer id: bounds}")
+    for k, v in bounds_doc.items():
+        key = f"$.layout.column_bounds.{k[:20]}"
+        if not k.isdigit() or int(k) not in rows:
+            raise f.bad(key, k, "a layer id of $.layout.rows")
+        bounds[int(k)] = tuple(f.int(x, f"{key}[{i}]") for i, x in enumerate(f.list(v, key)))
+        if len(bounds[int(k)]) < 2:
+            raise f.bad(key, v, "at least two bounds")
+    layers = d.get("layers", sorted(rows))
+    if layers != sorted(rows):
+        raise f.bad("$.layout.layers", layers, f"the layer ids of $.layout.rows, {sorted(rows)}")
+    try:
+        return StagedLayout.from_json(d)
+    except SlackTierError as exc:
+        raise SlackTierError(exc.kind, f"manifest {f.path}: $.layout: {exc.message}", layer=exc.layer,
+                             fix=exc.fix) from None
+
+
+def _source_from_json(d: Any, f: _Fields) -> dict[str, Any]:
+    if not isinstance(d, dict):
+        raise f.bad("$.source", d, "an object")
+    kind = f.get(d, "kind", "$.source.kind")
+    _digest_text(f.get(d, "digest", "$.source.digest"), "$.source.digest", f)
+    if kind == "synthetic":
+        f.str(f.get(d, "generator", "$.source.generator"), "$.source.generator")
+        f.int(f.get(d, "seed", "$.source.seed"), "$.source.seed", -(2**63), 2**64 - 1)
+    elif kind == "checkpoint":
+        files = f.list(f.get(d, "files", "$.source.files"), "$.source.files")
+        for i, x in enumerate(files):
+            f.str(x, f"$.source.files[{i}]")
+    else:
+        raise f.bad("$.source.kind", kind, '"synthetic" or "checkpoint"')
+    return dict(d)
+
+
+def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
+    """A Manifest from a parsed document, every field checked for type and range (see the module docstring)."""
+    f = _Fields(path)
+    f.keys(d, _TOP_KEYS, "$")
+    layout = _layout_from_json(f.get(d, "layout", "$.layout"), f)
+    ranks = f.int(f.get(d, "ranks", "$.ranks"), "$.ranks", 1, 1 << 16)
+    targets_doc = f.list(f.get(d, "targets", "$.targets"), "$.targets")
+    targets: list[str] = [""] * len(targets_doc)
+    for i, t in enumerate(targets_doc):
+        key = f"$.targets[{i}]"
+        f.keys(t if isinstance(t, dict) else {}, ("device", "path"), key)
+        device = f.int(f.get(t, "device", f"{key}.device"), f"{key}.device", 0, len(targets_doc) - 1)
+        if targets[device]:
+            raise f.bad(f"{key}.device", device, "each device index once")
+        targets[device] = f.str(f.get(t, "path", f"{key}.path"), f"{key}.path")
+        if not targets[device]:
+            raise f.bad(f"{key}.path", "", "a file or block device path")
+    cs = f.get(d, "checksums", "$.checksums")
+    f.keys(cs if isinstance(cs, dict) else {}, ("algorithm", "unit", "file", "sha256", "pages"), "$.checksums")
+    if f.get(cs, "algorithm", "$.checksums.algorithm") != "crc32c" or cs.get("unit", "page") != "page":
+        raise f.bad("$.checksums.algorithm", cs.get("algorithm"), '"crc32c" per "page"')
+    crc_file = f.str(f.get(cs, "file", "$.checksums.file"), "$.checksums.file")
+    if not crc_file or "/" in crc_file or crc_file in (".", ".."):
+        raise f.bad("$.checksums.file", crc_file, "a file name beside the manifest")
+    crc_sha = _digest_text(f.get(cs, "sha256", "$.checksums.sha256"), "$.checksums.sha256", f)
+    total_pages = f.int(f.get(cs, "pages", "$.checksums.pages"), "$.checksums.pages", 1)
+    regions: list[StagedRegion] = []
+    crc_next = 0
+    end_of: dict[int, list[tuple[int, int, int]]] = {}
+    seen: set[tuple[int, int]] = set()
+    for i, r in enumerate(f.list(f.get(d, "regions", "$.regions"), "$.regions")):
+        key = f"$.regions[{i}]"
+        f.keys(r if isinstance(r, dict) else {}, _REGION_KEYS, key)
+        v = {name: f.get(r, name, f"{key}.{name}") for name in _REGION_KEYS}
+        layer = f.int(v["layer"], f"{key}.layer", 0, MAX_LAYER_ID)
+        if layer not in layout.rows:
+            raise f.bad(f"{key}.layer", layer, f"a layer of $.layout.rows, {list(layout.layer_ids)}")
+        rank = f.int(v["rank"], f"{key}.rank", 0, ranks - 1)
+        if (layer, rank) in seen:
+            raise f.bad(f"{key}.rank", rank, f"each (layer, rank) once; layer {layer} lists it twice")
+        seen.add((layer, rank))
+        device = f.int(v["device"], f"{key}.device", 0, len(targets) - 1)
+        if f.str(v["path"], f"{key}.path") != targets[device]:
+            raise f.bad(f"{key}.path", v["path"], f"the path of target {device}, {targets[device]!r}")
+        offset = f.int(v["offset_bytes"], f"{key}.offset_bytes", TARGET_HEADER_BYTES)
+        if offset % PAGE_BYTES:
+            raise f.bad(f"{key}.offset_bytes", offset, "a multiple of 4096")
+        lo, hi = layout.shard(layer, rank, ranks)
+        row_start = f.int(v["row_start"], f"{key}.row_start")
+        rows = f.int(v["rows"], f"{key}.rows", 1)
+        if row_start != lo:
+            raise f.bad(f"{key}.row_start", row_start, f"{lo}, where rank {rank}'s shard of layer {layer} starts")
+        if rows != hi - lo:
+            raise f.bad(f"{key}.rows", rows, f"{hi - lo}, the rows of rank {rank}'s shard of layer {layer}")
+        pages = f.int(v["pages"], f"{key}.pages", 1)
+        if pages != pages_for_rows(rows):
+            raise f.bad(f"{key}.pages", pages, f"{pages_for_rows(rows)} pages for its {rows} rows")
+        crc_first = f.int(v["crc_first_page"], f"{key}.crc_first_page")
+        if crc_first != crc_next:   # checksums are the regions' pages concatenated in manifest order
+            raise f.bad(f"{key}.crc_first_page", crc_first, f"{crc_next}, the pages of the regions before it")
+        crc_next += pages
+        end_of.setdefault(device, []).append((offset, offset + pages * PAGE_BYTES, i))
+        regions.append(StagedRegion(layer, rank, device, targets[device], offset, pages, row_start, rows, crc_first))
+    if crc_next != total_pages:
+        raise f.bad("$.checksums.pages", total_pages, f"{crc_next}, the regions' pages")
+    for spans in end_of.values():   # two regions of one target never share a byte
+        spans.sort()
+        for (_, end, _), (start, _, i) in zip(spans, spans[1:]):
+            if start < end:
+                raise f.bad(f"$.regions[{i}].offset_bytes", start, f"past byte {end}, where another region on "
+                            "its target ends")
+    if DIGEST_KEY in d:
+        _digest_text(d[DIGEST_KEY], f"$.{DIGEST_KEY}", f)
+    return Manifest(layout=layout, ranks=ranks, targets=targets, regions=regions,
+                    source=_source_from_json(f.get(d, "source", "$.source"), f),
+                    crc_file=crc_file, crc_sha256=crc_sha, total_pages=total_pages, path=path,
+                    format_version=FORMAT_VERSION, created_utc=f.str(d.get("created_utc", ""), "$.created_utc"),
+                    stage_id=f.str(d.get("stage_id", ""), "$.stage_id"))
 
 
 def default_manifest_path(target: str) -> Path:

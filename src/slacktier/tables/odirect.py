@@ -16,6 +16,7 @@ import mmap
 import os
 import stat
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 ALIGN_BYTES = PAGE_BYTES
 BUFFERED_OPENS = 0  # how many opens ran without O_DIRECT because the caller asked for it
+_FULL = (errno.ENOSPC, errno.EDQUOT)   # a full filesystem (or quota): CAPACITY, never a bare [Errno 28]
 
 _ODIRECT_FIX = ("put the target on a filesystem that supports O_DIRECT (ext4, xfs) or use a raw block "
                 "device; or pass --buffered (buffered=True) to accept page-cache I/O, which is logged")
@@ -95,6 +97,8 @@ class DirectFile:
         except OSError as exc:
             if exc.errno == errno.EINVAL and not buffered:
                 raise SlackTierError(ErrorKind.UNAVAILABLE, f"{path} refuses O_DIRECT", fix=_ODIRECT_FIX) from exc
+            if exc.errno in _FULL:
+                raise os_error(exc, f"creating {path}") from None
             raise SlackTierError(ErrorKind.IO, f"cannot open {path}: {exc}",
                                  fix="check the path and its permissions") from exc
 
@@ -118,6 +122,9 @@ class DirectFile:
                 if exc.errno == errno.EINVAL and not self.buffered:
                     raise SlackTierError(ErrorKind.UNAVAILABLE, f"{self.path} refused an O_DIRECT write",
                                          fix=_ODIRECT_FIX) from exc
+                if exc.errno in _FULL:
+                    raise os_error(exc, f"writing {len(view) - done} bytes at {offset + done} to "
+                                   f"{self.path}") from None
                 raise SlackTierError(ErrorKind.IO, f"write of {len(view) - done} bytes at {offset + done} "
                                      f"to {self.path} failed: {exc}", fix="check the target device") from exc
             if n <= 0:
@@ -143,7 +150,10 @@ class DirectFile:
 
     def sync(self) -> None:
         """fsync: durable before the manifest says the table is there."""
-        os.fsync(self.fd)
+        try:
+            os.fsync(self.fd)
+        except OSError as exc:   # a filesystem may report a full disk only here (delayed allocation)
+            raise os_error(exc, f"flushing {self.path}") from None
 
     def close(self) -> None:
         """Close the descriptor (idempotent)."""
@@ -156,3 +166,28 @@ class DirectFile:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def write_file_atomic(path: str | Path, data: bytes, *, what: str) -> None:
+    """Write `data` to `path` through `<path>.tmp` and a rename; on any failure the temp file is removed and a
+    SlackTierError raised: CAPACITY when the filesystem is full (ENOSPC, EDQUOT), IO otherwise."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise os_error(exc, f"writing the {what} {path}") from None
+
+
+def os_error(exc: OSError, doing: str) -> SlackTierError:
+    """An OSError met while `doing` something as one line: CAPACITY for a full filesystem (ENOSPC, EDQUOT)."""
+    if exc.errno in _FULL:
+        return SlackTierError(ErrorKind.CAPACITY, f"{doing}: no space left on the filesystem "
+                              f"({exc.strerror})", fix="free space on that filesystem, or stage elsewhere; "
+                              "then stage again")
+    return SlackTierError(ErrorKind.IO, f"{doing}: {exc.strerror or exc}", fix="check the path and the device")

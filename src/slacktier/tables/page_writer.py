@@ -37,7 +37,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
     new_stage_id, parse_header, plan_regions, target_bytes
-from slacktier.tables.odirect import DirectFile, aligned_array, probe_target
+from slacktier.tables.odirect import DirectFile, aligned_array, os_error, probe_target, write_file_atomic
 from slacktier.tables.regions import StagedRegion
 from slacktier.tables.row_source import RowSource
 
@@ -290,8 +290,7 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                     os.ftruncate(f.fd, n)
                     os.posix_fallocate(f.fd, 0, n)  # reserve the space now: no ENOSPC halfway through
                 except OSError as exc:
-                    raise SlackTierError(ErrorKind.TARGET, f"cannot reserve {n} bytes for {f.path}: {exc}",
-                                         fix="free space or stage elsewhere") from exc
+                    raise os_error(exc, f"reserving {n} bytes for {f.path}") from None
         chunks = [(region, first_row) for region in regions
                   for first_row in range(0, region.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
         writer = _Writer(files, n_buffers=8 + writers, chunk_bytes=chunk_bytes, n_threads=writers)
@@ -326,13 +325,15 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
         manifest_path.name + ".crc"
     crc_bytes = crcs.astype("<u4").tobytes()
     crc_path = manifest_path.parent / crc_file
-    tmp = crc_path.with_name(crc_path.name + ".tmp")
-    tmp.write_bytes(crc_bytes)
-    os.replace(tmp, crc_path)
+    write_file_atomic(crc_path, crc_bytes, what="checksum file")
     manifest = Manifest(layout=layout, ranks=ranks, targets=paths, regions=regions, source=source.spec(),
                         crc_file=crc_file, crc_sha256=hashlib.sha256(crc_bytes).hexdigest(), total_pages=total_pages,
                         stage_id=stage_id, created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    manifest.save(manifest_path)
+    try:
+        manifest.save(manifest_path)
+    except BaseException:
+        crc_path.unlink(missing_ok=True)   # no checksum file without the manifest that names it
+        raise
     if stats is not None:
         stats.bytes_written = sum(need)
         stats.seconds = time.perf_counter() - t_start
