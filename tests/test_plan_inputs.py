@@ -8,10 +8,12 @@ import math
 import pytest
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.plan import MissCurve, TableDemand, TierSpec, make_plan, tiers_from_dict
+from slacktier.plan import MissCurve, TableDemand, make_plan, tiers_from_dict
+from slacktier.plan.readmodel import DeviceReadModel
+from slacktier.plan.tiers import TIERS_FORMAT
 from slacktier.plan.curves import miss_curves_from_dict
 
-DISK = {"name": "disk", "intercept_ms": 0.30, "page_ms": 3.05e-3, "contention_page_ms": 0.37e-3}
+DISK = {"name": "disk", "intercept_ms": 0.30, "page_ms": 3.05e-3, "ahead_page_ms": 3.05e-3, "behind_page_ms": 0.37e-3}
 TABLES = [TableDemand(1, 1000, "l1.json", 0.5)]
 CURVES = {1: MissCurve((0.0, 1000.0), (30.0, 3.0))}
 
@@ -24,27 +26,26 @@ def _refused(fn, kind: ErrorKind = ErrorKind.BAD_INPUT) -> str:
 
 
 @pytest.mark.parametrize("key,value,said", [
-    ("page_ms", math.nan, "page_ms = nan, want a finite number of ms in 0..1e+06"),
+    ("page_ms", math.nan, "page_ms = nan is not a finite number in 0..1e+06 ms"),
     ("page_ms", math.inf, "page_ms = inf"),
     ("intercept_ms", 1e300, "intercept_ms = 1e+300"),
-    ("contention_page_ms", -1.0, "contention_page_ms = -1.0"),
-    ("intercept_ms", True, "intercept_ms = True"),
-    ("page_ms", "0.003", "page_ms = '0.003'"),
+    ("behind_page_ms", -1.0, "behind_page_ms = -1.0"),
+    ("intercept_ms", True, "intercept_ms = True is not a number"),
+    ("page_ms", "0.003", "page_ms = '0.003' is not a number"),
     ("holds_table", "false", "holds_table = 'false', want true or false"),
     ("buffer_bytes", 1.5, "buffer_bytes = 1.5, want a whole number of bytes"),
     ("directory_bytes_per_row", True, "directory_bytes_per_row = True"),
     ("name", 7, "name = 7, want a tier name"),
 ])
 def test_a_tier_value_out_of_type_or_range_is_refused_naming_it(key, value, said) -> None:
-    msg = _refused(lambda: tiers_from_dict({"tier": [{**DISK, key: value}]}))
-    assert msg.startswith("tier 0 (") and said in msg, msg
+    msg = _refused(lambda: tiers_from_dict({"format": TIERS_FORMAT, "tier": [{**DISK, key: value}]}))
+    assert said in msg, msg
 
 
-def test_tier_spec_refuses_non_finite_coefficients() -> None:
-    for x in (math.nan, math.inf):
-        msg = _refused(lambda: TierSpec("disk", intercept_ms=0.3, page_ms=x, contention_page_ms=0.0,
-                                        holds_table=False))
-        assert "are not finite numbers in 0..1e+06 ms" in msg
+def test_a_read_model_refuses_non_finite_terms() -> None:
+    for x in (math.nan, math.inf, -1.0, 1e7):
+        msg = _refused(lambda: DeviceReadModel(0.3, x, 0.0, 0.0))
+        assert "page_ms" in msg and "is not a finite number in 0..1e+06 ms" in msg
 
 
 @pytest.mark.parametrize("layer,said", [
@@ -73,7 +74,7 @@ def test_a_miss_curve_point_out_of_type_or_range_is_refused(layer, said) -> None
 ])
 def test_make_plan_refuses_a_nan_target_and_other_bad_scalars(kw, said) -> None:
     args = {"cache_rows": 100, "target_ms": 1.0} | kw
-    tiers = tiers_from_dict({"tier": [DISK]})
+    tiers = tiers_from_dict({"format": TIERS_FORMAT, "tier": [DISK]})
     assert _refused(lambda: make_plan(TABLES, tiers, CURVES, **args)).startswith(said)
 
 
@@ -83,8 +84,8 @@ def test_a_table_window_must_be_finite() -> None:
 
 
 def test_good_inputs_still_plan() -> None:
-    plan = make_plan(TABLES, tiers_from_dict({"tier": [DISK]}), CURVES, cache_rows=100, target_ms=1.0)
+    plan = make_plan(TABLES, tiers_from_dict({"format": TIERS_FORMAT, "tier": [DISK]}), CURVES, cache_rows=100, target_ms=1.0)
     assert [t.source for t in plan.tables] == ["disk"] and math.isfinite(plan.slowdown_ms)
     # a calibrated kappa (a fit's intercept) may be below 0
-    assert make_plan(TABLES, tiers_from_dict({"tier": [DISK]}), CURVES, cache_rows=100, target_ms=1.0,
+    assert make_plan(TABLES, tiers_from_dict({"format": TIERS_FORMAT, "tier": [DISK]}), CURVES, cache_rows=100, target_ms=1.0,
                      kappa_ms=-4.3).slowdown_ms < plan.slowdown_ms

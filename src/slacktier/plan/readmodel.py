@@ -44,6 +44,10 @@ from slacktier.plan.constants import (PAPER_NVME_AHEAD_PAGE_MS, PAPER_NVME_BEHIN
 TERMS = ("intercept_ms", "page_ms", "ahead_page_ms", "behind_page_ms")
 
 
+#: larger read-time terms are typos (1000 s a read), and overflow the model to inf
+MAX_TERM_MS = 1e6
+
+
 @dataclass(frozen=True)
 class DeviceReadModel:
     """T_l = a + b P_l + c A_l + c_behind B_l on one device queue (ms; see the module docstring)."""
@@ -56,8 +60,10 @@ class DeviceReadModel:
     def __post_init__(self) -> None:
         for key in TERMS:
             v = getattr(self, key)
-            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"read-time term {key} = {v!r} is not a finite number >= 0",
+            if (not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0
+                    or v > MAX_TERM_MS):
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"read-time term {key} = {v!r} is not a finite number "
+                                     f"in 0..{MAX_TERM_MS:g} ms",
                                      fix=f"give {key} in ms (per page for the *_page_ms terms), >= 0; refit the "
                                          "device with `slacktier probe --read-fit MANIFEST`")
 

@@ -141,7 +141,9 @@ def _fit_record(doc, where: str) -> ReadFitRecord:
 def _tier(t, version: int, i: int) -> TierSpec:
     if not isinstance(t, dict) or "name" not in t:
         raise _bad(f"tier[{i}] has no name", "write one [[tier]] per tier with its name")
-    name = str(t["name"])
+    if not isinstance(t["name"], str):
+        raise _bad(f"tier[{i}]: name = {t['name']!r}, want a tier name", f"name one of {', '.join(tier_names())}")
+    name = t["name"]
     where = f"tier {name!r}"
     allowed = _V2_KEYS if version == 2 else _V1_KEYS
     unknown = sorted(set(t) - allowed)
@@ -163,8 +165,15 @@ def _tier(t, version: int, i: int) -> TierSpec:
         read = DeviceReadModel(a, b, c, c_behind)
     except SlackTierError as exc:
         raise SlackTierError(exc.kind, f"{where}: {exc.message}", fix=exc.fix) from None
+    holds = t.get("holds_table", in_host_memory(name))
+    if not isinstance(holds, bool):
+        raise _bad(f"{where}: holds_table = {holds!r}, want true or false", "write holds_table = true or false")
+    for key in ("directory_bytes_per_row", "buffer_bytes"):
+        v = t.get(key, 0)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+            raise _bad(f"{where}: {key} = {v!r}, want a whole number of bytes >= 0", f"write {key} as an integer")
     try:
-        return TierSpec(name=name, read=read, holds_table=bool(t.get("holds_table", in_host_memory(name))),
+        return TierSpec(name=name, read=read, holds_table=holds,
                         directory_bytes_per_row=int(t.get("directory_bytes_per_row", DIRECTORY_BYTES_PER_ROW)),
                         buffer_bytes=int(t.get("buffer_bytes", 0)),
                         fit=_fit_record(t["fit"], where) if "fit" in t else None)
