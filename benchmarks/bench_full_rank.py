@@ -81,7 +81,10 @@ def timeline(args: argparse.Namespace) -> int:
               f"both Engram layers ({manifest.total_pages * 4096 / 1e9:.1f} GB, synthetic rows, V4.1 hash and "
               f"layout) in one file on this VM's shared virtio disk (fio at QD 128: 29k-94k IOPS, median ~45k, "
               "BENCHMARKS.md store section; vs the paper's NVMe), O_DIRECT, "
-              f"served by one process as that rank's (owned_only, its regions); {cfg.workload} traffic "
+              f"served by one process as that rank's (owned_only, its regions): the paper's \"4 disks\" "
+              "arrangement, one disk per rank (its \"1 disk\" rows, four ranks on one disk, are "
+              "bench_one_disk.py's); all tables of the process share the disk's one device queue; "
+              f"{cfg.workload} traffic "
               f"(sessions within {cfg.max_session_tokens} tokens, {cfg.max_turns} turns), {cfg.decode_tokens} "
               f"decode tokens per turn, {'/'.join(map(str, steps))} full-batch decode steps timed per run after "
               f"{cfg.warmup_steps} untimed ones (first sessions' starts spread over {cfg.start_spread_steps} "
@@ -102,13 +105,15 @@ def pages(args: argparse.Namespace) -> int:
     for wl in args.workload.split(","):
         for b in (int(x) for x in args.batches.split(",")):
             cfg = FullRankConfig(workload=wl, batches=(b,), max_session_tokens=args.max_session_tokens,
-                                 start_spread_steps=args.start_spread_steps)
+                                 start_spread_steps=args.start_spread_steps, engram_vocab=args.engram_vocab)
             out += rank_page_counts(cfg, b, capacities=(0, 500_000), progress=False)
     wall = time.perf_counter() - t0
     table = rank_pages_table(out)
     print(table)
     regime = ("Regime: counts, not timings. The served CLOCK (pins per step) replayed over each TP4 rank's own "
-              "lookups (column sharding: rank k owns hash columns 6k..6k+5) of the full V4.1 hash, on the "
+              "lookups (column sharding: rank k owns hash columns 6k..6k+5) of the "
+              + ("full V4.1 hash" if not args.engram_vocab else f"V4.1 hash over tables scaled to engram_vocab "
+                 f"{args.engram_vocab:,}") + ", on the "
               "whole replay of the traffic (agent sessions within 4096 tokens, chat within 1024, 2 turns, "
               f"128 decode tokens per turn, the first B sessions' starts spread over {args.start_spread_steps} "
               "decode steps); pages = distinct 4 KiB pages of the rank's region missed per "
@@ -127,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batches", default="128")
     p.add_argument("--max-session-tokens", type=int, default=0)
     p.add_argument("--start-spread-steps", type=int, default=32)
+    p.add_argument("--engram-vocab", type=int, default=0,
+                   help="0: the full V4.1 tables; N: the same hash over scaled tables (bench_one_disk's quarter "
+                        "size is 4000000): pages per step should not change while the table dwarfs the cache")
     p.add_argument("--append", action="store_true")
     add_arguments(sub.add_parser("timeline", help="Table 2's rows on one rank's full-size shard"))
     args = ap.parse_args(argv)

@@ -49,15 +49,15 @@ PLAN_CASES = [
     (dict(extra=("--window", "1=nan", "--cache-rows", "100", "--target-ms", "1")),
      "[bad_input] --window 1=MS 'nan' is not a finite number"),
     (dict(extra=("--window", "1=0.5", "--cache-rows", "100", "--target-ms", "1"), page_ms="nan"),
-     "[bad_input] tier 1 ('disk'): page_ms = nan, want a finite number of ms in 0..1e+06"),
+     "[bad_input] {tiers}: tier 'disk': read-time term page_ms = nan is not a finite number in 0..1e+06 ms"),
     (dict(extra=("--window", "1=0.5", "--cache-rows", "100", "--target-ms", "1"), page_ms="inf"),
-     "[bad_input] tier 1 ('disk'): page_ms = inf"),
+     "[bad_input] {tiers}: tier 'disk': read-time term page_ms = inf"),
     (dict(extra=("--window", "1=0.5", "--cache-rows", "100", "--target-ms", "1"), page_ms="1e300"),
-     "[bad_input] tier 1 ('disk'): page_ms = 1e+300"),
+     "[bad_input] {tiers}: tier 'disk': read-time term page_ms = 1e+300"),
     (dict(extra=("--window", "1=0.5", "--cache-rows", "100", "--target-ms", "1"), page_ms="true"),
-     "[bad_input] tier 1 ('disk'): page_ms = True"),
+     "[bad_input] {tiers}: tiers document: tier 'disk': page_ms = True is not a number"),
     (dict(extra=("--window", "1=0.5", "--cache-rows", "100", "--target-ms", "1"), holds='"false"'),
-     "[bad_input] tier 1 ('disk'): holds_table = 'false', want true or false"),
+     "[bad_input] {tiers}: tiers document: tier 'disk': holds_table = 'false', want true or false"),
     (dict(extra=("--window", "1=0.5", "--cache-rows", "100", "--target-ms", "1"),
           curves={"layers": {"1": {"capacity_rows": [0, 1000], "pages_per_step": [30, float("nan")]}}}),
      "[bad_input] miss curve layers.1.pages_per_step holds nan"),
@@ -70,7 +70,7 @@ PLAN_CASES = [
 @pytest.mark.parametrize("case,said", PLAN_CASES, ids=[s[:40] for _, s in PLAN_CASES])
 def test_plan_refuses_non_finite_or_out_of_range_inputs(tmp_path, case, said) -> None:
     argv = _plan(tmp_path, *case["extra"], **{k: v for k, v in case.items() if k != "extra"})
-    _refused(argv, tmp_path, f"slacktier plan: error: {said}")
+    _refused(argv, tmp_path, "slacktier plan: error: " + said.replace("{tiers}", str(tmp_path / "tiers.toml")))
     assert not (tmp_path / "out").exists()
 
 

@@ -116,7 +116,9 @@ def run_demo(cfg: DemoConfig) -> int:
     if cfg.timeline:
         t0 = time.perf_counter()
         print("\nStep timeline: B=32 chat decode steps, 4 placements x 3 shuffled runs, measured and the "
-              "planner's prediction made before them ...", flush=True)
+              "planner's prediction made before them. Every rank's regions sit in one file on this machine's one "
+              "disk, read by one process through that disk's one device queue: the paper's \"1 disk\" arrangement "
+              "(ranks sharing a disk), without the other ranks' processes ...", flush=True)
         print(timeline_demo(out, metrics=metrics))
         print(f"\n  timeline took {time.perf_counter() - t0:.0f} s")
     return 0
