@@ -127,6 +127,8 @@ def load_helper() -> ctypes.CDLL:
     lib.st_eng_detach.restype = i32
     lib.st_eng_hold.argtypes = [vp, i32]
     lib.st_eng_hold.restype = None
+    lib.st_eng_strict.argtypes = [vp, i32]
+    lib.st_eng_strict.restype = None
     lib.st_eng_wait.argtypes = [vp, vp, i64, vp]
     lib.st_eng_wait.restype = i32
     lib.st_eng_reads.argtypes = [vp, vp, vp, vp, vp]
@@ -227,6 +229,11 @@ class IoEngine:
     def hold(self, on: bool) -> None:
         """Admit no read while held (tests: a batch that lands late for real); close releases it."""
         self._lib.st_eng_hold(self._handle, int(on))
+
+    def strict(self, on: bool) -> None:
+        """Strict order (the default): a batch's first read waits until no earlier-priority read is in flight
+        (off: a later batch fills the depth an earlier one leaves)."""
+        self._lib.st_eng_strict(self._handle, int(on))
 
     def release(self, job: int) -> None:
         """Free a done job."""

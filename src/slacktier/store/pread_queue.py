@@ -3,7 +3,9 @@
 The fallback where io_uring cannot be set up (no compiler, a kernel without
 io_uring). min(queue_depth, PREAD_THREADS_MAX) threads per `io_threads` each
 take up to `CHUNK_READS` reads at a time from the head of the queue, so at
-most that many reads per thread run out of window order.
+most that many reads per thread run out of window order. Order is strict, as
+on the io_uring queue: a job's first read waits while an earlier-priority job
+has reads in flight.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ class PreadQueue(DeviceQueue):
         self._work = threading.Condition(lock)
         self._done = threading.Condition(lock)
         self._queue: list[tuple[int, int, _Job]] = []   # heap of (priority, arrival, job)
+        self._active: list[tuple[int, _Job]] = []         # jobs with reads handed out, not all landed
         self._jobs: dict[int, _Job] = {}
         self._clients: dict[int, _Client] = {}
         self._next = 1
@@ -137,7 +140,8 @@ class PreadQueue(DeviceQueue):
     def _worker(self) -> None:
         while True:
             with self._work:
-                while not self._queue and not self._stop or (self._held and not self._stop):
+                while (not self._queue and not self._stop or (self._held and not self._stop)
+                       or (self._queue and self._blocked(self._queue[0]))):
                     self._work.wait()
                 if not self._queue:
                     return
@@ -147,6 +151,7 @@ class PreadQueue(DeviceQueue):
                 job.admitted = hi
                 if lo == 0:
                     job.first_ns = time.perf_counter_ns()
+                    self._active.append((self._queue[0][0], job))
                 if hi == job.region.shape[0]:
                     heapq.heappop(self._queue)
                 c = self._clients[job.client]
@@ -168,7 +173,17 @@ class PreadQueue(DeviceQueue):
                 if job.landed == job.region.shape[0]:
                     job.end_ns = time.perf_counter_ns()
                     job.done = True
+                    self._active = [(p, j) for p, j in self._active if j is not job]
                     self._done.notify_all()
+                    self._work.notify_all()   # a job held back behind it may start
+
+    def _blocked(self, head: tuple[int, int, _Job]) -> bool:
+        """Strict window order, as the io_uring queue keeps it: a job's first read waits while a job of an
+        earlier priority has reads in flight (lock held)."""
+        priority, _, job = head
+        if job.admitted or self._stop:
+            return False
+        return any(j.admitted > j.landed and p < priority for p, j in self._active)
 
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
         with self._done:

@@ -127,6 +127,11 @@ class UringQueue(DeviceQueue):
     def hold(self, on: bool) -> None:
         self.engine.hold(on)
 
+    def strict_order(self, on: bool) -> None:
+        """Capability (benchmarks): strict order on (the default: a later layer's first read waits until no
+        earlier layer's read is in flight) or off (a later layer's reads fill the depth the earlier one leaves)."""
+        self.engine.strict(on)
+
     def trace(self, reads: int) -> None:
         self.engine.trace(reads)
         self._traced = reads
