@@ -5,7 +5,9 @@
 
 Two tables share one disk: layer 1's region and layer 14's region of one file,
 each behind its own O_DIRECT page source (slacktier.store.disk), as the engine
-opens them today. Each run draws page counts (P_1, P_14), submits layer 1's
+opens them; both sources read through the disk's one device queue (strict
+window order, store/devqueue.py), so a run before 2026-12-03 08:28 UTC in
+BENCHMARKS.md measured per-table queues and this one the shared queue. Each run draws page counts (P_1, P_14), submits layer 1's
 pages first and layer 14's right after, and times both to their last
 completion. The device model T_l = a + b P_l + c P_ahead + c_behind P_behind
 is fitted on the first two thirds of the runs (plan.fit.fit_device_read_model,
@@ -124,6 +126,11 @@ def others(P: np.ndarray, T: np.ndarray, n_fit: int) -> dict[str, tuple]:
     return out
 
 
+def _ratio(num: float, den: float) -> str:
+    """num / den, or "inf (term held at 0)" when the fit held the denominator's term at 0."""
+    return f"{num / den:.2f}" if den > 0 else "inf (term held at 0)"
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=90)
@@ -158,8 +165,8 @@ def main() -> int:
     m, q, h = fit.model, fit.quality, fit.held_out
     n_fit = fit.fit_runs
     print(f"device model: T_l = {m.intercept_ms:.3f} ms + {m.page_ms * 1e3:.2f} us P_l + {m.ahead_page_ms * 1e3:.2f} us "
-          f"P_ahead + {m.behind_page_ms * 1e3:.2f} us P_behind; b/c = {m.page_ms / m.ahead_page_ms:.2f}, "
-          f"b/c_behind = {m.page_ms / m.behind_page_ms:.2f}; fit {n_fit} runs: R^2 {q.r2:.3f}, RMSE "
+          f"P_ahead + {m.behind_page_ms * 1e3:.2f} us P_behind; b/c = {_ratio(m.page_ms, m.ahead_page_ms)}, "
+          f"b/c_behind = {_ratio(m.page_ms, m.behind_page_ms)}; fit {n_fit} runs: R^2 {q.r2:.3f}, RMSE "
           f"{q.rmse_ms:.3f} ms; held-out {P.shape[0] - n_fit} runs: R^2 {h.r2:.3f}, RMSE {h.rmse_ms:.3f} ms"
           + (f"; held at 0: {', '.join(fit.at_zero)}" if fit.at_zero else ""))
     rows = [("device model (a, b, c, c_behind)", q, h, "")]
@@ -184,7 +191,7 @@ def main() -> int:
              "| a ms | b us/page | c us/page (queued ahead) | c_behind us/page (queued behind) | b/c | fit R^2 | "
              "fit RMSE ms | held-out R^2 | held-out RMSE ms |", "|---|---|---|---|---|---|---|---|---|",
              f"| {m.intercept_ms:.3f} | {m.page_ms * 1e3:.2f} | {m.ahead_page_ms * 1e3:.2f} | "
-             f"{m.behind_page_ms * 1e3:.2f} | {m.page_ms / m.ahead_page_ms:.2f} | {q.r2:.3f} | {q.rmse_ms:.3f} | "
+             f"{m.behind_page_ms * 1e3:.2f} | {_ratio(m.page_ms, m.ahead_page_ms)} | {q.r2:.3f} | {q.rmse_ms:.3f} | "
              f"{h.r2:.3f} | {h.rmse_ms:.3f} |", "",
              "The same split with the other forms:", "", "| model | fit R^2 | fit RMSE ms | held-out R^2 | "
              "held-out RMSE ms | terms |", "|---|---|---|---|---|---|"]
