@@ -1,15 +1,21 @@
 """The serving engines' installed packages as test oracles: SGLang 0.5.23 and vLLM 0.33.0 on a CPU.
 
 `make setup` installs each engine with `pip install --no-deps` plus only the small
-dependencies its modules need to import (the `sglang-cpu` and `vllm-cpu` extras),
-never its CUDA stack. Where a package is missing or of another version, the tests
-that need it skip and say so.
+dependencies its modules need to import (pyproject's `engines-cpu` extra, also
+installed without dependencies), never its CUDA stack, into a folder of their
+own (`.venv/engines`, or SLACKTIER_ENGINES_DIR). Only the tests that use them put
+that folder on sys.path, at its end, when they first need it: PyPI's torchvision
+(a CUDA build, see below) would otherwise be seen by transformers in every test
+process and break its model imports. Where an engine is missing or of another
+version, the tests that need it skip and say so.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
+import sys
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -17,11 +23,21 @@ from types import ModuleType
 import pytest
 import torch
 
-SGLANG_VERSION = "0.5.23"
-VLLM_VERSION = "0.33.0"
+from slacktier.adapters.sglang import CHECKED_VERSION as SGLANG_VERSION
+from slacktier.adapters.vllm import CHECKED_VERSION as VLLM_VERSION
+
+
+ENGINES_DIR = Path(os.environ.get("SLACKTIER_ENGINES_DIR") or Path(__file__).resolve().parents[1] / ".venv" / "engines")
+
+
+def _engines_on_path() -> None:
+    if ENGINES_DIR.is_dir() and str(ENGINES_DIR) not in sys.path:
+        sys.path.append(str(ENGINES_DIR))
+        importlib.invalidate_caches()
 
 
 def _version(dist: str) -> str | None:
+    _engines_on_path()
     try:
         return metadata.version(dist)
     except metadata.PackageNotFoundError:
@@ -32,20 +48,11 @@ def skip_reason(dist: str, version: str) -> str | None:
     """Why a test of `dist`=`version` cannot run here, or None when it can."""
     found = _version(dist)
     if found is None:
-        return f"{dist} {version} is not installed (make setup installs it: pip install --no-deps {dist}=={version})"
+        return (f"{dist} {version} is not installed here ({ENGINES_DIR} has no {dist}): make setup installs it "
+                f"(pip install --no-deps --target .venv/engines {dist}=={version} and pyproject's engines-cpu extra)")
     if found != version:
         return f"{dist} {found} is installed; these tests read {dist} {version}"
     return None
-
-
-def package_dir(dist: str, version: str) -> Path:
-    """The installed package's folder, without importing it; skips the test when it is not there."""
-    reason = skip_reason(dist, version)
-    if reason:
-        pytest.skip(reason)
-    spec = importlib.util.find_spec(dist)
-    assert spec is not None and spec.submodule_search_locations, f"{dist} has metadata but no package"
-    return Path(next(iter(spec.submodule_search_locations)))
 
 
 def _torchvision_without_compiled_ops() -> None:

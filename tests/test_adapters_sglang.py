@@ -87,8 +87,9 @@ def _table(rows: int, seed: int, nan: bool = True) -> tuple[torch.Tensor, torch.
     if nan:
         w[::97, 3] = 0x7F
         s[::79, 2] = 0xFF
-    else:   # a real checkpoint's bytes: fp8 0x7F / 0xFF (NaN) become +-448
+    else:   # a real checkpoint's bytes: fp8 0x7F / 0xFF (NaN) become +-448, scales near 1
         w[(w & 0x7F) == 0x7F] ^= 1
+        s = rng.integers(115, 128, size=(rows, DIM // 32), dtype=np.uint8)
     w[::89, 5] = 0x80
     s[::83, 1] = 0x00
     return (torch.from_numpy(w).view(torch.float8_e4m3fn), torch.from_numpy(s).view(torch.float8_e8m0fnu))
@@ -286,7 +287,8 @@ def test_whole_engram_forward_equals_stock(sg, world, tp, monkeypatch, tmp_path)
         w, s = world.clean[layer]
         stock.embed.weight.weight_loader(stock.embed.weight, w)
         stock.embed.scale.weight_loader(stock.embed.scale, s)
-        with torch.no_grad():
+        with torch.no_grad():   # SGLang allocates them uninitialized; the checkpoint would fill them
+            stock.wkv.weight.normal_(0.0, 0.02)
             for p in ("q_weight", "k_weight"):
                 getattr(stock, p).normal_()
         n = len(world.tokens)

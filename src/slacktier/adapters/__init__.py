@@ -17,9 +17,16 @@ refuses, and what was verified where: docs/integrating.md.
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from slacktier.errors import ErrorKind, SlackTierError
+
+if TYPE_CHECKING:
+    from slacktier.engine import StepEngine
+
+log = logging.getLogger(__name__)
 
 #: the placeholder a control-file path may carry for the process's tensor-parallel rank
 TP_RANK_FIELD = "{tp_rank}"
@@ -33,4 +40,17 @@ def control_path(template: str, tp_rank: int) -> Path:
     return Path(template.replace(TP_RANK_FIELD, str(int(tp_rank))))
 
 
-__all__ = ["TP_RANK_FIELD", "control_path"]
+def finish_step(engine: StepEngine | None, failed: bool) -> None:
+    """end_step if a step is open; after a failed forward its own error is logged, not raised over the forward's."""
+    if engine is None or not engine.in_step:
+        return
+    if not failed:
+        engine.end_step()
+        return
+    try:
+        engine.end_step()
+    except SlackTierError as exc:
+        log.warning("end_step after a failed forward: %s", exc)
+
+
+__all__ = ["TP_RANK_FIELD", "control_path", "finish_step"]

@@ -60,7 +60,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import control_path
+from slacktier.adapters import control_path, finish_step
 from slacktier.config import ControlFile, TableConfig, load_control
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
@@ -206,19 +206,6 @@ class _Binding:
         if len(self.axis) != ids.shape[1]:
             ids = ids[:, self.axis, :]
         engine.begin_step(np.ascontiguousarray(ids, dtype=np.int64))
-
-    def finish(self, failed: bool) -> None:
-        """end_step if a step is open; after a failed forward its own error is logged, not raised over it."""
-        engine = self.engine
-        if engine is None or not engine.in_step:
-            return
-        if not failed:
-            engine.end_step()
-            return
-        try:
-            engine.end_step()
-        except SlackTierError as exc:
-            log.warning("end_step after a failed forward: %s", exc)
 
 
 _BINDINGS: dict[Path, _Binding] = {}
@@ -396,7 +383,7 @@ def _around_model_forward(original: Callable[..., Any], *args: Any, **kwargs: An
         failed = False
         return out
     finally:
-        binding.finish(failed)
+        finish_step(binding.engine, failed)
 
 
 def register() -> None:
