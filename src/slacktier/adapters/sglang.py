@@ -52,6 +52,8 @@ from __future__ import annotations
 import logging
 import os
 import pkgutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -372,18 +374,32 @@ def _after_hash(hash_ids: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         binding.begin(hash_ids)
 
 
-def _around_model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-    """DeepseekV4Model.forward: end_step after it, also when it raised."""
+def end_step() -> None:
+    """End this rank's step if one is open (an eager break that closes a step, as in a breakable CUDA graph)."""
+    binding = _current()
+    finish_step(binding.engine if binding is not None else None, False)
+
+
+@contextmanager
+def step() -> Iterator[None]:
+    """End this rank's step after the block, also when it raised: the patched DeepseekV4Model.forward is
+    `with step(): original forward`; a forward of one's own (a check script, another model) can use it too."""
     binding = _current()
     if binding is None:
-        return original(*args, **kwargs)
+        yield
+        return
     failed = True
     try:
-        out = original(*args, **kwargs)
+        yield
         failed = False
-        return out
     finally:
         finish_step(binding.engine, failed)
+
+
+def _around_model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """DeepseekV4Model.forward: end_step after it, also when it raised."""
+    with step():
+        return original(*args, **kwargs)
 
 
 def register() -> None:
@@ -411,4 +427,4 @@ def close() -> None:
 
 
 __all__ = ["CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "SglangServing", "check_scope", "check_version", "close",
-           "installed_version", "read_serving", "register"]
+           "end_step", "installed_version", "read_serving", "register", "step"]

@@ -24,16 +24,17 @@ ids of that rank's columns only ([T, L, 24 / TP]), so no foreign row exists.
 
 First version's scope, the rest refused at start-up (UNSUPPORTED): eager mode
 (`--enforce-eager`: the hooks are Python, outside any torch.compile or CUDA
-graph), TP dividing the 24 columns, pipeline, data (of the table) and prefill
-context parallel sizes 1 where the table would be DP-sharded
-(`embedding_across_dp` with DP > 1 is refused), the stock decode backend (not
-`latency_specialized`), no speculative decoding, the CUDA model file (not ROCm).
+graph); a TP size dividing the 24 columns; pipeline and prefill-context
+parallel sizes 1; tables not sharded across DP ranks (`embedding_across_dp`
+with DP > 1 is refused; DP replicas each with their own TP-sharded table are
+fine); the stock decode backend (not `latency_specialized`); no speculative
+decoding; the CUDA model file (not ROCm's).
 
 What runs on a CPU: vLLM's modules import and the plug-in loads through its
 entry point; the head shard geometry is checked against vLLM's own
 `ParallelEngramEmbedding` and SlackTier's rank regions; refusals. vLLM's lookup
 and hash are Triton kernels, so the rows themselves need a GPU
-(benchmarks/gpu_checks.py).
+(benchmarks/gpu_checks_plugins.py).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -360,19 +363,27 @@ def _ready_rows(original: Callable[..., torch.Tensor], engram: Any, num_tokens: 
     return staged
 
 
-def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+@contextmanager
+def step() -> Iterator[None]:
+    """End this worker's step after the block, also when it raised: the patched DeepseekV4Model.forward is
+    `with step(): original forward`; a forward of one's own (a check script) can use it too."""
     binding = _current()
     if binding is None:
-        return original(*args, **kwargs)
+        yield
+        return
     failed = True
     try:
-        out = original(*args, **kwargs)
+        yield
         failed = False
-        return out
     finally:
         if failed:
             binding.pending.clear()
         finish_step(binding.engine, failed)
+
+
+def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    with step():
+        return original(*args, **kwargs)
 
 
 _HOOKS = {"_create_embedding": _create_embedding, "prepare_embeddings": _prepare_embeddings,
@@ -415,4 +426,4 @@ def close() -> None:
 
 
 __all__ = ["CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "HeadShard", "ServedTable", "VllmServing", "check_scope",
-           "check_version", "close", "head_shard", "installed_version", "read_serving", "register"]
+           "check_version", "close", "head_shard", "installed_version", "read_serving", "register", "step"]
