@@ -38,18 +38,18 @@ def engram():
 def test_entry_point_loads_the_plugin_and_patches_engrams_seams(engram, monkeypatch):
     plugins = import_vllm("vllm.plugins")
     classes = [(getattr(import_vllm(m), c), method) for m, c, method in plug.PATCHED]
+    originals = [cls.__dict__[m] for cls, m in classes]
     monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
     plug.register()   # inert without the variable
-    assert not any(getattr(cls.__dict__[m], "__slacktier__", False) for cls, m in classes)
-    originals = [cls.__dict__[m] for cls, m in classes]
+    assert all(cls.__dict__[m] is original for (cls, m), original in zip(classes, originals))
     monkeypatch.setenv("VLLM_PLUGINS", "slacktier")
     monkeypatch.setenv(plug.CONTROL_ENV, "/etc/slacktier/rank{tp_rank}.toml")
     plugins.load_general_plugins()
-    for (cls, m), original in zip(classes, originals):
-        assert getattr(cls.__dict__[m], "__slacktier__", False), f"{cls.__name__}.{m} not patched"
-        assert cls.__dict__[m].__wrapped__ is original
+    patched = [cls.__dict__[m] for cls, m in classes]
+    for (cls, m), original, now in zip(classes, originals, patched):
+        assert now is not original and now.__wrapped__ is original, f"{cls.__name__}.{m} not patched"
     plug.register()   # vLLM may load plug-ins again in a process: patched once
-    assert all(cls.__dict__[m].__wrapped__ is original for (cls, m), original in zip(classes, originals))
+    assert [cls.__dict__[m] for cls, m in classes] == patched
 
 
 def _vllm_table(engram, monkeypatch, head_sizes: tuple[int, ...], tp: int, rank: int):
