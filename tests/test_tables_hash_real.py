@@ -8,17 +8,16 @@ Oracles:
 - a scalar pure-Python reference written here (per-token loops, Python ints, its own
   prime search via sympy.nextprime and its own multiplier derivation);
 - SGLang 0.5.23's own torch functions (compute_engram_hash_ids,
-  compute_hash_multipliers, build_compressed_token_map, _find_next_prime), executed
-  from the reference source where it is on this machine;
+  compute_hash_multipliers, build_compressed_token_map, _find_next_prime), imported
+  from the installed package (make setup installs it without its CUDA stack:
+  tests/engines.py);
 - transformers' Qwen4Exp n-gram embedding (installed), with its table swapped for an
   identity so it returns row ids.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import os
 import re
 import site
 from collections.abc import Callable
@@ -29,6 +28,7 @@ import pytest
 import sympy
 import torch
 
+from engines import import_sglang
 from slacktier.tables.compressed_vocab import DEEPSEEK_V4_COMPRESSED_VOCAB, build_compressed_token_map, \
     deepseek_v4_compressed_map
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout
@@ -37,9 +37,6 @@ from slacktier.tables.tokenizer import load_deepseek_tokenizer
 
 MIN_TOKENS = 100_000
 SHAREGPT_TOKENS = 70_000
-SGLANG_REF = Path(os.environ.get("SLACKTIER_SGLANG_REF", "/work/ref/sglang/sglang"))
-ENGRAM_PY = SGLANG_REF / "srt" / "layers" / "engram.py"
-QWEN4_PY = SGLANG_REF / "srt" / "models" / "qwen4_exp.py"
 _VALUE_RE = re.compile(r'"value":\s*"((?:[^"\\]|\\.)*)"')
 
 
@@ -250,15 +247,6 @@ def test_engram_batched_decode_and_chunked_prefill_equal_prefill(corpus, engram)
         assert_chunked_prefill_equals(engram, seq, whole, lambda: int(rng.integers(0, 300)))
 
 
-def _exec_functions(path: Path, names: set[str], namespace: dict) -> dict:
-    """Execute just the named top-level functions of a reference source file."""
-    tree = ast.parse(path.read_text())
-    nodes = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in names]
-    assert {n.name for n in nodes} == names
-    exec(compile(ast.Module(nodes, []), str(path), "exec"), namespace)
-    return namespace
-
-
 class _HFShim:
     """What build_compressed_token_map reads from a transformers tokenizer."""
 
@@ -269,14 +257,8 @@ class _HFShim:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
 
-needs_sglang = pytest.mark.skipif(not ENGRAM_PY.exists(), reason=f"SGLang 0.5.23 reference source not at {SGLANG_REF}")
-
-
-@needs_sglang
 def test_engram_equals_sglang_torch_functions(corpus, engram):
-    ns = _exec_functions(ENGRAM_PY, {"_is_prime", "_find_next_prime", "build_compressed_token_map",
-                                     "compute_hash_multipliers", "compute_engram_hash_ids"},
-                         {"torch": torch, "np": np, "_MILLER_RABIN_WITNESSES": (2, 3, 5, 7, 11, 13, 17, 19, 23, 29, 31, 37)})
+    ns = vars(import_sglang("sglang.srt.layers.engram"))
     lookup, size = ns["build_compressed_token_map"](_HFShim(load_deepseek_tokenizer()))
     assert size == DEEPSEEK_V4_COMPRESSED_VOCAB
     np.testing.assert_array_equal(np.array(lookup), deepseek_v4_compressed_map())
@@ -375,14 +357,9 @@ def test_ple_equals_transformers_qwen4exp(ple_corpus):
         np.testing.assert_array_equal(hasher.prefill(seq), want)
 
 
-@pytest.mark.skipif(not QWEN4_PY.exists(), reason=f"SGLang 0.5.23 reference source not at {SGLANG_REF}")
 def test_ple_eos_shift_equals_sglang(ple_corpus):
     """SGLang's _shift_right_ignore_eos on each token's [history(2), token] window, then its mixing loop."""
-    tree = ast.parse(QWEN4_PY.read_text())
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Qwen4ExpNGramEmbedding")
-    fn = next(n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_shift_right_ignore_eos")
-    ns: dict = {"torch": torch}
-    exec(compile(ast.Module([fn], []), str(QWEN4_PY), "exec"), ns)
+    shift = import_sglang("sglang.srt.models.qwen4_exp").Qwen4ExpNGramEmbedding._shift_right_ignore_eos
 
     class Self:
         eos_token_id = EOS
@@ -394,7 +371,7 @@ def test_ple_eos_shift_equals_sglang(ple_corpus):
     for seq in ple_corpus[:30]:
         contexts = torch.tensor(np.concatenate([np.full(2, EOS), seq]))
         contexts = contexts.unfold(0, 3, 1)  # [T, 3] windows, oldest first
-        shifted = [contexts] + [ns["_shift_right_ignore_eos"](Self(), contexts, s) for s in (1, 2)]
+        shifted = [contexts] + [shift(Self(), contexts, s) for s in (1, 2)]
         blocks = []
         for ngram in (2, 3):
             mix = shifted[0] * mult[0]

@@ -20,6 +20,7 @@ class ErrorKind(enum.Enum):
     CERTIFICATE = "certificate"      # a RedKnot artifact certificate that does not match
     UNAVAILABLE = "unavailable"      # a server or kernel facility that is not there
     TIMEOUT = "timeout"              # a read not done within its wait limit (it may still land later)
+    UNSUPPORTED = "unsupported"      # a serving engine's version or setting outside an adapter's checked scope
 
 
 class SlackTierError(Exception):

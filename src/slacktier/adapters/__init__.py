@@ -1,0 +1,56 @@
+"""adapters room: plug-ins that put the step engine inside the serving engines users run.
+
+Each module is one serving engine's plug-in, loaded by that engine's own
+plug-in mechanism and inert unless its one environment variable names a
+control file (`{tp_rank}` in the path picks the rank's own file):
+
+| module | engine, version checked | entry-point group | variable |
+|---|---|---|---|
+| `adapters.sglang` | SGLang 0.5.23 | `sglang.srt.plugins` | `SLACKTIER_SGLANG_CONTROL` |
+| `adapters.vllm` | vLLM 0.33.0 | `vllm.general_plugins` | `SLACKTIER_VLLM_CONTROL` |
+
+They use the engine's public API only (`StepEngine.from_config`, `begin_step`,
+`gather`, `end_step`) and import the serving engine lazily, so importing this
+room never imports SGLang or vLLM. How to turn them on, what each supports and
+refuses, and what was verified where: docs/integrating.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from slacktier.errors import ErrorKind, SlackTierError
+
+if TYPE_CHECKING:
+    from slacktier.engine import StepEngine
+
+log = logging.getLogger(__name__)
+
+#: the placeholder a control-file path may carry for the process's tensor-parallel rank
+TP_RANK_FIELD = "{tp_rank}"
+
+
+def control_path(template: str, tp_rank: int) -> Path:
+    """The control file of rank `tp_rank`: "/etc/st/rank{tp_rank}.toml", 2 -> /etc/st/rank2.toml."""
+    if not template.strip():
+        raise SlackTierError(ErrorKind.BAD_INPUT, "the control-file variable is empty",
+                             fix="name a control file, or unset the variable to leave the serving engine alone")
+    return Path(template.replace(TP_RANK_FIELD, str(int(tp_rank))))
+
+
+def finish_step(engine: StepEngine | None, failed: bool) -> None:
+    """end_step if a step is open; after a failed forward its own error is logged, not raised over the forward's."""
+    if engine is None or not engine.in_step:
+        return
+    if not failed:
+        engine.end_step()
+        return
+    try:
+        engine.end_step()
+    except SlackTierError as exc:
+        log.warning("end_step after a failed forward: %s", exc)
+
+
+__all__ = ["TP_RANK_FIELD", "control_path", "finish_step"]

@@ -1,0 +1,139 @@
+"""The vLLM plug-in against vLLM 0.33.0's own modules, on this CPU.
+
+What runs here: the plug-in loads through vLLM's load_general_plugins() from the
+`vllm.general_plugins` entry point and patches Engram's seams; the head shards it
+serves equal vLLM's own ParallelEngramEmbedding's and SlackTier's staged rank
+regions at TP 1, 2 and 4; settings outside its scope are refused.
+
+What does not: the rows. vLLM's Engram lookup and hash are Triton kernels with
+no CPU path, so rows against vLLM's own lookup need a GPU
+(benchmarks/gpu_checks_plugins.py, part 2).
+
+vLLM's ParallelEngramEmbedding asks its process groups for the TP size and rank
+and the GPU for its SM count; a CPU process has neither, so the geometry test
+states them through those same getters (pytest's monkeypatch) and builds the
+table on the meta device (vLLM's own no-allocation path).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from engines import VLLM_VERSION, import_vllm
+from slacktier.adapters import vllm as plug
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.engram_hash import EngramLayout
+from slacktier.tables.manifest import StagedLayout, plan_regions
+
+
+@pytest.fixture(scope="module")
+def engram():
+    return import_vllm(plug.ENGRAM_MODULE)
+
+
+def test_entry_point_loads_the_plugin_and_patches_engrams_seams(engram, monkeypatch):
+    plugins = import_vllm("vllm.plugins")
+    classes = [(getattr(import_vllm(m), c), method) for m, c, method in plug.PATCHED]
+    originals = [cls.__dict__[m] for cls, m in classes]
+    monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
+    plug.register()   # inert without the variable
+    assert all(cls.__dict__[m] is original for (cls, m), original in zip(classes, originals))
+    monkeypatch.setenv("VLLM_PLUGINS", "slacktier")
+    monkeypatch.setenv(plug.CONTROL_ENV, "/etc/slacktier/rank{tp_rank}.toml")
+    plugins.load_general_plugins()
+    patched = [cls.__dict__[m] for cls, m in classes]
+    for (cls, m), original, now in zip(classes, originals, patched):
+        assert now is not original and now.__wrapped__ is original, f"{cls.__name__}.{m} not patched"
+    plug.register()   # vLLM may load plug-ins again in a process: patched once
+    assert [cls.__dict__[m] for cls, m in classes] == patched
+
+
+def _vllm_table(engram, monkeypatch, head_sizes: tuple[int, ...], tp: int, rank: int):
+    """vLLM's own ParallelEngramEmbedding of TP rank `rank` of `tp`, built without rows (meta device)."""
+    monkeypatch.setattr(engram, "get_engram_dp_size", lambda: 1)
+    monkeypatch.setattr(engram, "get_tensor_model_parallel_world_size", lambda: tp)
+    monkeypatch.setattr(engram, "get_tensor_model_parallel_rank", lambda: rank)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: SimpleNamespace(multi_processor_count=1))
+    monkeypatch.setattr(torch.accelerator, "current_device_index", lambda: 0)
+    with torch.device("meta"):
+        return engram.ParallelEngramEmbedding(sum(head_sizes), 256, head_sizes)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_head_shards_equal_vllms_and_slacktiers_rank_regions(engram, monkeypatch, tp):
+    layout = EngramLayout.v41()
+    vllm_layout = engram.EngramLayout(SimpleNamespace(
+        engram_layer_ids=list(layout.layer_ids), engram_num_embeddings=list(layout.rows_per_layer),
+        engram_max_ngram_size=4, engram_n_heads=8, engram_head_dim=256, engram_compressed_vocab_size=99_092,
+        engram_pad_token_id=2, engram_vocab_size=16_000_000))
+    assert vllm_layout.primes == layout.primes
+    regions = plan_regions(StagedLayout.from_layout(layout), tp, ["t.bin"])
+    for i, layer in enumerate(layout.layer_ids):
+        head_sizes = tuple(p for order in vllm_layout.primes[i] for p in order)
+        for rank in range(tp):
+            theirs = _vllm_table(engram, monkeypatch, head_sizes, tp, rank)
+            ours = plug.ServedTable(layer, layout.layer_rows(layer), 256, head_sizes, tp, rank)
+            region = next(r for r in regions if r.layer == layer and r.rank == rank)
+            want = (theirs.head_start, theirs.part_n_hash_cols, theirs.vocab_start_idx, theirs.vocab_end_idx)
+            assert (ours.head_start, ours.part_n_hash_cols, ours.vocab_start_idx, ours.vocab_end_idx) == want
+            assert (region.row_start, region.row_start + region.rows) == want[2:]
+            assert ours.weight.shape == (0, 256) and ours.weight_scale_inv.shape == (0, 8)   # no rows allocated
+            assert (ours.dp_size, ours.cpu_offload, ours.n_hash_cols, ours.tp_size) == (1, False, 24, tp)
+
+
+def test_served_table_skips_the_checkpoints_rows():
+    table = plug.ServedTable(1, 2_400, 256, (100,) * 24, 2, 1)
+    for param in (table.weight, table.weight_scale_inv):
+        param.weight_loader(param, torch.zeros(2_400, param.shape[1]))   # a no-op: nothing to copy into
+        assert param.shape[0] == 0
+    with pytest.raises(SlackTierError, match="lookup of its own"):
+        table(torch.zeros(3, 24, dtype=torch.int64))
+
+
+def test_unchecked_version_is_refused_with_the_fix():
+    plug.check_version(VLLM_VERSION)
+    with pytest.raises(SlackTierError) as err:
+        plug.check_version("0.34.0")
+    assert err.value.kind is ErrorKind.UNSUPPORTED and f"vllm=={VLLM_VERSION}" in err.value.fix
+
+
+@pytest.mark.parametrize("change, words", [
+    (dict(enforce_eager=False), "torch.compile"),
+    (dict(tp_size=5), "unequal hash heads"),
+    (dict(pp_size=2), "pipeline"),
+    (dict(pcp_size=2), "prefill context"),
+    (dict(embedding_across_dp=True, dp_size=2), "across DP"),
+    (dict(decode_backend="latency_specialized"), "decode_backend"),
+    (dict(speculative=True), "speculative"),
+    (dict(rocm=True), "ROCm"),
+])
+def test_scope_refusals(change, words):
+    base = dict(version=VLLM_VERSION, tp_size=4, tp_rank=3)
+    plug.check_scope(plug.VllmServing(**base), 24)
+    plug.check_scope(plug.VllmServing(**base, embedding_across_dp=True), 24)   # one DP rank: not sharded
+    with pytest.raises(SlackTierError, match=words) as err:
+        plug.check_scope(plug.VllmServing(**base | change), 24)
+    assert err.value.kind is ErrorKind.UNSUPPORTED and err.value.fix
+
+
+def test_settings_are_read_from_vllms_own_config_classes(monkeypatch):
+    """read_serving reads fields vLLM's config classes have, from real ParallelConfig and EngramConfig objects."""
+    config = import_vllm("vllm.config")
+    engram_config = import_vllm("vllm.config.engram")
+    model_config = import_vllm("vllm.config.model")
+    distributed = import_vllm("vllm.distributed")
+    assert "enforce_eager" in {f.name for f in dataclasses.fields(model_config.ModelConfig)}
+    assert {"additional_config", "speculative_config", "engram_config"} <= \
+        {f.name for f in dataclasses.fields(config.VllmConfig)}
+    monkeypatch.setattr(distributed, "get_tensor_model_parallel_rank", lambda: 1)
+    vllm_config = SimpleNamespace(
+        parallel_config=config.ParallelConfig(tensor_parallel_size=2), engram_config=engram_config.EngramConfig(),
+        model_config=SimpleNamespace(enforce_eager=False), additional_config={}, speculative_config=None)
+    s = plug.read_serving(vllm_config)
+    assert (s.tp_size, s.tp_rank, s.pp_size, s.enforce_eager, s.decode_backend) == (2, 1, 1, False, "auto")
+    with pytest.raises(SlackTierError, match="--enforce-eager"):
+        plug.check_scope(s, 24)
