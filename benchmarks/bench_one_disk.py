@@ -20,10 +20,9 @@ What the two cores cost: four processes run their begin_steps at the same
 moment on 2 cores, so each rank's `s` (step start to begin_step returned)
 includes waiting for a core; the table prints s per rank.
 
-`--io-class rt` puts the short-window layer's reads in the block layer's
-real-time class (`[table.disk] io_class`), so mq-deadline can serve every
-rank's layer-1 reads before any rank's layer-14 reads; `--compare-io-class`
-runs both, alternating per round.
+An I/O priority class for the short-window layer's reads was measured with
+this benchmark (docs/bench-log/table2.md, 2026-12-03 09:03 UTC: no gain) and
+then removed from the product, so the option is gone here too.
 
     .venv/bin/python benchmarks/bench_one_disk.py --workload agent --batches 128 --runs 3 \\
         --log docs/bench-log/table2.md
@@ -136,15 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=8)
     ap.add_argument("--check-steps", type=int, default=4)
     ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
-    ap.add_argument("--io-class", default="", choices=("", "rt", "be", "idle"),
-                    help="[table.disk] io_class of the short-window layer's reads")
-    ap.add_argument("--compare-io-class", action="store_true", help="run without and with --io-class, alternating")
     ap.add_argument("--workdir", default="runs/one_disk")
     ap.add_argument("--delete", action="store_true", help="delete the staged shards at the end")
     ap.add_argument("--log", type=Path, help="append the dated block to this bench-log file")
     args = ap.parse_args(argv)
-    if args.compare_io_class and not args.io_class:
-        ap.error("--compare-io-class needs --io-class")
     base = FullRankConfig(workdir=args.workdir, ranks=args.ranks, workload=args.workload,
                           batches=tuple(int(b) for b in args.batches.split(",")), runs=args.runs,
                           decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
@@ -155,13 +149,13 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.ranks):   # staged one after another, before any rank starts stepping
         manifests.append(stage_rank_shard(dataclasses.replace(base, rank=r), progress=True))
     staged_gb = sum(m.total_pages for m in manifests) * 4096 / 1e9
-    variants = ["", args.io_class] if args.compare_io_class else [args.io_class]
+    variants = [""]
     by_variant: dict[str, dict] = {v: {k: [] for k in range(args.ranks)} for v in variants}
     peaks: dict[int, float] = {}
     try:
-        for rep in range(args.runs):   # variants alternate per round: the disk's rate drifts over minutes
-            for v in (variants if rep % 2 == 0 else variants[::-1]):
-                cfg = dataclasses.replace(base, runs=1, seed=base.seed + rep, short_window_io_class=v)
+        for rep in range(args.runs):
+            for v in variants:
+                cfg = dataclasses.replace(base, runs=1, seed=base.seed + rep)
                 out, rss = run_ranks(cfg, args.ranks)
                 for k, runs in out.items():
                     by_variant[v][k].extend(dataclasses.replace(r, rep=rep) for r in runs)

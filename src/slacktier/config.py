@@ -101,16 +101,17 @@ class DiskOptions(Options, frozen=True):
     """`[table.disk]`: how the O_DIRECT reads are driven.
 
     `queue_depth` and `io_threads` belong to the device's one queue (store/devqueue.py): the first table to
-    open it sets them. `io_class` is the block layer's I/O priority class of this table's reads ("rt", "be",
-    "idle"; "" leaves the process's own), so that the block layer can order the reads of several processes
-    sharing a disk (TP ranks); an I/O scheduler that honours classes (mq-deadline) is needed, and "rt" needs
-    CAP_SYS_ADMIN. Within one process the device queue already orders reads by window.
+    open it sets them.
+
+    There is no I/O priority class per table: putting the short-window layer's reads in the real-time class
+    (mq-deadline honours classes) did not shorten them when four TP rank processes shared this VM's disk
+    (docs/bench-log/table2.md, 2026-12-03 09:03 UTC: layer 1 read in 69.8 ms with the class, 69.3 without),
+    because ranks that step together each hold their later layer back until their earlier one landed.
     """
 
     engine: Literal["auto", "io_uring", "threads"] = "auto"
     queue_depth: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 128
     io_threads: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
-    io_class: Literal["", "rt", "be", "idle"] = ""
 
 
 class RedisOptions(Options, frozen=True):

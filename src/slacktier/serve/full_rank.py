@@ -74,7 +74,6 @@ class FullRankConfig:
     placements: tuple[str, ...] = ()  # names to run (default: all of timeline_placements)
     engram_vocab: int = 0             # 0: the full V4.1 tables; > 0: EngramLayout.scaled (tests, CI)
     wait_timeout_ms: float = 60_000.0  # the engine's longest wait for a layer's reads (a 4k-token prefill chunk)
-    short_window_io_class: str = ""   # [table.disk] io_class of the first layer's reads ("": the process's own)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.ranks:
@@ -230,21 +229,15 @@ def all_dram_bytes(manifest, rank: int) -> int:
 
 def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens: int):
     """The control file of the rank's process for `placement`'s engine-served (non-DRAM) layers, owned_only."""
-    from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig
+    from slacktier.config import ControlFile, EngineConfig, TableConfig
 
     served = [l for l in manifest.layout.layer_ids if placement.tier(l) != "dram"]
     # a prefill chunk reads up to ~24k pages per layer, seconds on a shared disk: past the 5 s default wait
     engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows,
                           max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
                           owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms)
-    def options(layer: int):
-        if placement.tier(layer) != "disk" or not cfg.short_window_io_class or layer != served[0]:
-            return None
-        return DiskOptions(io_class=cfg.short_window_io_class)
-
     tables = tuple(TableConfig(layer=l, manifest=str(manifest.path), source=placement.tier(l), rank=rank,
-                               cache_share=placement.share(l), order=order, options=options(l))
-                   for order, l in enumerate(served))
+                               cache_share=placement.share(l), order=order) for order, l in enumerate(served))
     return ControlFile(engine=engine, tables=tables), served
 
 

@@ -115,7 +115,8 @@ class DeviceQueue(abc.ABC):
     def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray,
                io_class: str = "") -> int:
         """Attach a client's regions (file, byte offset, page count and admission priority of each), their reads
-        in block-layer I/O priority class `io_class` ("" the process's own); its handle."""
+        in block-layer I/O priority class `io_class` ("" the process's own: what the disk tier uses, since a
+        class measured no gain, see slacktier.config.DiskOptions); its handle."""
 
     @abc.abstractmethod
     def detach(self, client: int) -> None:

@@ -220,7 +220,7 @@ class DiskSource(RegionSource):
                 pages = self._region_pages[idx]
                 # Window order: a layer's window grows with its depth, so the lower layer id is read first.
                 priority = np.array([self.regions[i].layer for i in members], np.int32)
-                client = q.attach(fd, offset, pages, priority, o.io_class)
+                client = q.attach(fd, offset, pages, priority)
             except BaseException:
                 release_queue(q)
                 raise

@@ -11,9 +11,7 @@ has reads in flight.
 from __future__ import annotations
 
 import heapq
-import logging
 import os
-from collections import Counter
 import threading
 import time
 from dataclasses import dataclass
@@ -30,9 +28,6 @@ from slacktier.tables.layout import PAGE_BYTES
 #: most threads per io_thread: 32 threads measured 9-11 us CPU per page against 20-30 us for 128, at no lower
 #: IOPS (docs/bench-log/disk.md, "Disk engine: random 4 KiB reads vs fio")
 PREAD_THREADS_MAX = 32
-log = logging.getLogger(__name__)
-#: tables whose io_class the threads engine could not apply, by class
-IO_CLASS_IGNORED: Counter[str] = Counter()
 #: reads one thread takes from the queue at a time: fewer lock round trips, little reordering
 CHUNK_READS = 4
 
@@ -92,9 +87,8 @@ class PreadQueue(DeviceQueue):
                io_class: str = "") -> int:
         if io_class:
             # the threads read for every client: a per-read class would need ioprio_set around each read
-            IO_CLASS_IGNORED[io_class] += 1
-            log.warning("device %s: io_class %r is not applied by the threads engine (io_uring sets it per read); "
-                        "its reads run in the process's own class", self.device.name, io_class)
+            raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_class {io_class!r} on the threads engine",
+                                 fix="use the io_uring engine, which sets the class per read")
         with self._work:
             client = self._next
             self._next += 1
