@@ -47,6 +47,8 @@ def test_relative_paths_resolve_against_the_control_files_folder(tmp_path):
     ('[engine]\ncache_rows = 10\nmax_cache_rows = 5\n' + TABLE, "above max_cache_rows"),
     ('[engine]\ndevice = "tpu"\n' + TABLE, "device 'tpu'"),
     ('[engine]\nwait_timeout_ms = 0\n' + TABLE, "wait_timeout_ms"),
+    ('[engine]\nwait_timeout_ms = inf\n' + TABLE, "<= 86400000.0 - at `$.wait_timeout_ms`"),
+    ('[engine]\nwait_timeout_ms = 1e13\n' + TABLE, "<= 86400000.0 - at `$.wait_timeout_ms`"),
     ('[engine]\nbogus = 1\n' + TABLE, "bogus"),
     ('[other]\n' + TABLE, "unknown sections"),
     (TABLE + 'cache_share = 1.5\n'.replace("cache_share", "order = 0\nx"), "x"),

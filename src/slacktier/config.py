@@ -229,7 +229,8 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
-    wait_timeout_ms: Annotated[float, msgspec.Meta(gt=0)] = 5000.0
+    # at most a day: inf or 1e13 ms used to pass here and overflow the first wait (issue 33)
+    wait_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=86_400_000)] = 5000.0
     verify_reads: bool | Literal["auto"] = "auto"
     lossy: bool = False
     check: bool = False

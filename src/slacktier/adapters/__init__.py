@@ -18,6 +18,8 @@ refuses, and what was verified where: docs/integrating.md.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -53,4 +55,18 @@ def finish_step(engine: StepEngine | None, failed: bool) -> None:
         log.warning("end_step after a failed forward: %s", exc)
 
 
-__all__ = ["TP_RANK_FIELD", "control_path", "finish_step"]
+@contextmanager
+def ending_step(engine: StepEngine | None, on_failure: Callable[[], object] | None = None) -> Iterator[None]:
+    """Run the block (a serving engine's forward), then `finish_step`, also when it raised; `on_failure` first
+    when it raised (a plug-in's own per-step state to drop)."""
+    failed = True
+    try:
+        yield
+        failed = False
+    finally:
+        if failed and on_failure is not None:
+            on_failure()
+        finish_step(engine, failed)
+
+
+__all__ = ["TP_RANK_FIELD", "control_path", "ending_step", "finish_step"]

@@ -52,7 +52,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import control_path, finish_step
+from slacktier.adapters import control_path, ending_step
 from slacktier.config import ControlFile, TableConfig, load_control
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
@@ -371,14 +371,8 @@ def step() -> Iterator[None]:
     if binding is None:
         yield
         return
-    failed = True
-    try:
+    with ending_step(binding.engine, binding.pending.clear):
         yield
-        failed = False
-    finally:
-        if failed:
-            binding.pending.clear()
-        finish_step(binding.engine, failed)
 
 
 def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
