@@ -264,7 +264,12 @@ def test_after_a_read_times_out_the_entry_reads_into_the_new_pool(files) -> None
             except SlackTierError as late:
                 assert late.kind is ErrorKind.TIMEOUT
             break
-        engine.end_step()
+        try:   # layer 1's pages go to the device first, so a later layer is often the one still in flight
+            engine.end_step()
+        except SlackTierError as late:
+            assert late.kind is ErrorKind.TIMEOUT
+            engine.wait_timeout_s = 30.0
+            break
     assert engine.retired_pools == 1
     for _ in range(4):   # the first reaps the timed-out jobs through Python's submit; the rest go from compiled code
         ids = ids_of(16)

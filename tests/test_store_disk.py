@@ -231,7 +231,7 @@ def test_a_batch_that_times_out_lands_later_in_its_own_pool_and_is_released(o_di
         assert np.array_equal(old.pages[0], staged.pages[0][3])
         src.wait(src.submit(_reads([(0, 1)]), new))   # reaps the late ticket
         assert not src.busy_or_closed()
-        assert queue.pools_held() == 1                # only the pool a ring still has registered is kept
+        assert not queue.holds(old)                   # released once its reads landed and no ring has it
     finally:
         src.close()
 

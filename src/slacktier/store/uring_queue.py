@@ -114,10 +114,11 @@ class UringQueue(DeviceQueue):
             for addr in [a for a, (p, live) in self._pools.items() if live <= 0 and a not in registered]:
                 del self._pools[addr]
 
-    def pools_held(self) -> int:
-        """Page pools kept mapped for this queue's jobs or ring registrations."""
+    def holds(self, pool: PageBufferPool) -> bool:
+        """Whether `pool` is kept mapped for this queue's jobs or a ring's registration."""
         with self._lock:
-            return len(self._pools)
+            held = self._pools.get(pool.base)
+            return held is not None and held[0] is pool
 
     def close(self) -> None:
         self.engine.close()
