@@ -146,3 +146,53 @@ def test_a_failing_table_fails_only_its_own_reads_on_a_shared_device(o_direct_di
     finally:
         s1.close()
         s14.close()
+
+
+@pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
+def test_pools_retired_by_timeouts_are_given_back_when_their_reads_land(o_direct_dir):
+    # Every step's wait times out (0.1 us), so the engine retires its page pool each step. The reads nobody
+    # waits for any more are dropped from the device queue, so the retired pools' memory comes back instead
+    # of piling up behind a device that fell behind (issue 33: 13.8 GB after 300 such steps).
+    staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=1, rows=20_000)
+    sources = {r.layer: DiskSource([r], DiskOptions(engine="io_uring")) for r in staged.specs}   # one per table
+    raws = {layer: synthetic_rows(int(layer_seed(7, layer)), 0, 20_000) for layer in (1, 14)}
+    tables = [TableSpec(layer=r.layer, row_start=0, rows=20_000, regions=(r,), source=sources[r.layer],
+                        cache_share=0.5, reference=ArrayRowReader(raws[r.layer])) for r in staged.specs]
+    engine = StepEngine(tables, RowCache(100), max_tokens=64, owned_sources=list(sources.values()),
+                        wait_timeout_s=1e-7, check=True)
+    queue = _queue("io_uring")
+    before = queue.pools_held()
+    rng = np.random.default_rng(3)
+    try:
+        for _ in range(120):
+            engine.begin_step(rng.integers(0, 20_000, (64, 2, 24)))
+            try:
+                engine.gather(1)
+                engine.gather(14)
+            except SlackTierError as exc:
+                assert exc.kind is ErrorKind.TIMEOUT
+            try:
+                engine.end_step()
+            except SlackTierError as exc:
+                assert exc.kind is ErrorKind.TIMEOUT
+        assert engine.retired_pools >= 60
+        assert queue.pools_held() - before <= 8     # the pools of the last few steps, not one per timeout
+        engine.wait_timeout_s = 30.0   # taken up with the next fresh pool: after at most one more timeout
+        served = 0
+        for _ in range(3):
+            engine.begin_step(rng.integers(0, 20_000, (64, 2, 24)))
+            try:
+                rows = [engine.gather(layer) for layer in (1, 14)]
+                engine.end_step()
+            except SlackTierError as exc:
+                assert exc.kind is ErrorKind.TIMEOUT
+                try:
+                    engine.end_step()   # the step's other layer may time out too
+                except SlackTierError as late:
+                    assert late.kind is ErrorKind.TIMEOUT
+                continue
+            assert all(r.shape == (64, 24, 256) for r in rows)
+            served += 1
+        assert served >= 2
+    finally:
+        engine.close()

@@ -8,7 +8,6 @@ import mmap
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -206,9 +205,10 @@ def test_the_helper_is_built_once_per_source_hash(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
-def test_a_batch_that_times_out_lands_later_in_its_own_pool_and_is_released(o_direct_dir):
-    # A held device queue makes a real late completion: the wait times out, the batch lands later into the
-    # pool it was given (kept mapped meanwhile), and the next batch, into a new pool, is exact.
+def test_a_batch_that_times_out_is_dropped_and_its_pool_given_back(o_direct_dir):
+    # A held device queue makes a real late batch: the wait times out, and the reads nobody waits for any
+    # more are dropped from the queue (none had reached the device), so nothing is written into the pool it
+    # was given, the queue gives that pool back, and the next batch, into a new pool, is exact.
     staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2)
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
     [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
@@ -219,29 +219,18 @@ def test_a_batch_that_times_out_lands_later_in_its_own_pool_and_is_released(o_di
         with pytest.raises(SlackTierError) as info:
             src.wait(late, timeout_s=0.05)
         assert info.value.kind is ErrorKind.TIMEOUT and "may still land" in str(info.value)
-        assert not old.pages.any()                    # nothing has landed yet
         with pytest.raises(SlackTierError) as info:   # a timed-out ticket is not waited twice
             src.wait(late)
         assert info.value.kind is ErrorKind.BAD_INPUT
         assert src.busy_or_closed()                   # compiled code must not queue past a ticket set aside
         src.hold(False)
-        src.wait(src.submit(_reads([(1, 2), (3, 4)]), new))
+        src.wait(src.submit(_reads([(1, 2), (3, 4)]), new))   # reaps the late ticket
         assert np.array_equal(new.pages[0], staged.pages[1][2]) and np.array_equal(new.pages[1], staged.pages[3][4])
-        _wait_until(lambda: np.array_equal(old.pages[1], staged.pages[2][7]))   # the late batch lands for real
-        assert np.array_equal(old.pages[0], staged.pages[0][3])
-        src.wait(src.submit(_reads([(0, 1)]), new))   # reaps the late ticket
+        assert not old.pages.any()                    # the dropped reads never wrote into it
         assert not src.busy_or_closed()
-        assert not queue.holds(old)                   # released once its reads landed and no ring has it
+        assert not queue.holds(old)                   # given back: no job and no ring holds it
     finally:
         src.close()
-
-
-def _wait_until(done, limit_s: float = 30.0) -> None:
-    """Poll `done` until true (a bound on a hang, not a timing assertion)."""
-    end = time.monotonic() + limit_s
-    while not done():
-        assert time.monotonic() < end, "the late batch never landed"
-        time.sleep(0.001)
 
 
 @pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")

@@ -127,6 +127,8 @@ def load_helper() -> ctypes.CDLL:
     lib.st_eng_detach.restype = i32
     lib.st_eng_hold.argtypes = [vp, i32]
     lib.st_eng_hold.restype = None
+    lib.st_eng_cancel.argtypes = [vp, vp]
+    lib.st_eng_cancel.restype = i32
     lib.st_eng_strict.argtypes = [vp, i32]
     lib.st_eng_strict.restype = None
     lib.st_eng_wait.argtypes = [vp, vp, i64, vp]
@@ -229,6 +231,10 @@ class IoEngine:
     def hold(self, on: bool) -> None:
         """Admit no read while held (tests: a batch that lands late for real); close releases it."""
         self._lib.st_eng_hold(self._handle, int(on))
+
+    def cancel(self, job: int) -> int:
+        """Cancel the job's reads not yet handed to the kernel (they land as -ECANCELED); how many."""
+        return self._lib.st_eng_cancel(self._handle, job) if self._handle is not None else 0
 
     def strict(self, on: bool) -> None:
         """Strict order (the default): a batch's first read waits until no earlier-priority read is in flight

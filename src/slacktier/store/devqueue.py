@@ -133,6 +133,11 @@ class DeviceQueue(abc.ABC):
         """Block until the job's reads landed (None when `timeout_s` passed first; the job stays queued)."""
 
     @abc.abstractmethod
+    def cancel(self, job: int) -> int:
+        """Drop the job's reads not yet handed to the device (nobody will wait for them: a timeout); they land
+        at once as -ECANCELED, and the job is done when its reads in flight land. How many were dropped."""
+
+    @abc.abstractmethod
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A landed job's n reads as submitted and their results: region, page, buffer, bytes read or -errno."""
 

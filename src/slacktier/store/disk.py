@@ -18,10 +18,13 @@ earlier layer's leave (issue 27). Two engines drive a queue:
   io_uring). Choosing it under ``engine="auto"`` is logged at WARNING and
   counted in `ENGINE_FALLBACKS`.
 
-A read that times out stays queued: its ticket is set aside and released
-once its jobs land, and the queue keeps every page pool a ring may have
+A batch whose wait times out is given up: its reads not yet handed to the
+device are dropped from the queue (nobody will wait for them; the step engine
+retires the pool), its ticket is set aside and released once the reads
+already in flight land, and the queue keeps every page pool a ring may have
 registered mapped until then, so the kernel never writes into memory that
-was handed to someone else.
+was handed to someone else. Retired pools so come back after a few steps,
+however many reads time out (tests/test_store_devqueue.py).
 
 Which engine runs is in `DiskSource.engine_name` and logged at INFO.
 
@@ -322,6 +325,11 @@ class DiskSource(RegionSource):
                 with self._lock:
                     self._tickets.pop(ticket, None)
                     self._abandoned.append(t)
+                # Nobody waits for this batch any more (the step engine retires its pool): the reads not yet
+                # handed to the device are dropped, so a device that fell behind catches up and the pool and
+                # its memory go back once the reads in flight land (issue 33: retired pools piled up to 13.8 GB).
+                for a, j, _ in t.jobs:
+                    a.queue.cancel(j)
                 raise timeout_error(type(self).__name__, ticket, t.pages, timeout_s)
             first_ns = landed.submit_ns if first_ns is None else min(first_ns, landed.submit_ns)
             end_ns = landed.end_ns if end_ns is None else max(end_ns, landed.end_ns)

@@ -10,6 +10,7 @@ has reads in flight.
 
 from __future__ import annotations
 
+import errno
 import heapq
 import os
 import threading
@@ -186,6 +187,25 @@ class PreadQueue(DeviceQueue):
                 return None
         bad = np.flatnonzero(j.res != PAGE_BYTES)
         return Landed(j.submit_ns, j.first_ns, j.end_ns, j.cpu_ns, int(bad[0]) if bad.size else -1)
+
+    def cancel(self, job: int) -> int:
+        with self._work:
+            j = self._jobs[job]
+            n = j.region.shape[0] - j.admitted
+            if j.done or n <= 0:
+                return 0
+            self._queue = [e for e in self._queue if e[2] is not j]
+            heapq.heapify(self._queue)
+            j.res[j.admitted:] = -errno.ECANCELED
+            j.admitted = j.region.shape[0]
+            j.landed += n
+            if j.landed == j.region.shape[0]:
+                j.end_ns = time.perf_counter_ns()
+                j.done = True
+                self._active = [(p, a) for p, a in self._active if a is not j]
+                self._done.notify_all()
+            self._work.notify_all()
+            return n
 
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         j = self._jobs[job]

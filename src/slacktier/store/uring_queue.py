@@ -95,6 +95,9 @@ class UringQueue(DeviceQueue):
         return Landed(int(info[INFO_SUBMIT_NS]), int(info[INFO_FIRST_NS]), int(info[INFO_END_NS]),
                       int(info[INFO_CPU_NS]), int(info[INFO_FIRST_BAD]))
 
+    def cancel(self, job: int) -> int:
+        return self.engine.cancel(job)
+
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return self.engine.reads(job, n)
 
@@ -113,6 +116,11 @@ class UringQueue(DeviceQueue):
             registered = self.engine.registered()
             for addr in [a for a, (p, live) in self._pools.items() if live <= 0 and a not in registered]:
                 del self._pools[addr]
+
+    def pools_held(self) -> int:
+        """Page pools kept mapped for this queue's jobs or ring registrations (every table on the device)."""
+        with self._lock:
+            return len(self._pools)
 
     def holds(self, pool: PageBufferPool) -> bool:
         """Whether `pool` is kept mapped for this queue's jobs or a ring's registration."""

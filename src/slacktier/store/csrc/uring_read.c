@@ -719,6 +719,30 @@ struct st_job *st_eng_submit(struct st_client *c, int n, const int32_t *region, 
     return j;
 }
 
+/* Cancel the reads of job j not yet handed to the kernel (a caller that stopped waiting for it: a timeout):
+ * they land at once as -ECANCELED, so the job is done when its reads already in flight land, and a device
+ * that fell behind does not keep reading for batches nobody waits for. Returns how many were cancelled. */
+int st_eng_cancel(struct st_eng *e, struct st_job *j) {
+    pthread_mutex_lock(&e->mu);
+    int n = 0;
+    if (!j->done && j->admitted < j->n) {
+        struct st_job **at = &e->queue;
+        while (*at && *at != j) at = &(*at)->next;
+        if (*at) *at = j->next;
+        n = j->n - j->admitted;
+        for (int i = j->admitted; i < j->n; i++) j->res[i] = -ECANCELED;
+        j->admitted = j->n;
+        j->landed += n;
+        if (j->landed == j->n) {
+            finish_job(j);
+            pthread_cond_broadcast(&e->done);
+        }
+        pthread_cond_broadcast(&e->work);   /* a batch held back behind it may go now */
+    }
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
 /* Block until job j is done, at most timeout_ns (< 0: no limit). 0 done, ETIMEDOUT not yet.
  * On done, info = [first bad read or -1, submit_ns, end_ns, cpu_ns, buffer registrations refused,
  * file registration refused (0/1), first read admitted ns]. */
