@@ -107,7 +107,8 @@ def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "
     ax.set_xlabel("depth of the layer that reads the table (k/L)")
     ax.set_ylabel("window / step")
     ax.set_xlim(0, 1)
-    ax.set_ylim(bottom=min(0.0, *(lw.window_frac for s in sweeps for lw in s.layers if lw.window_frac is not None)))
+    # min over a list: a sweep that found no window (a loaded machine) leaves only the 0.0
+    ax.set_ylim(bottom=min([0.0, *(lw.window_frac for s in sweeps for lw in s.layers if lw.window_frac is not None)]))
     ax.set_title(title or (sweeps[0].model if sweeps else ""), fontsize=9)
     ax.legend(fontsize=8, loc="upper left")
     fig.tight_layout()
