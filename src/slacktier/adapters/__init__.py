@@ -69,4 +69,12 @@ def ending_step(engine: StepEngine | None, on_failure: Callable[[], object] | No
         finish_step(engine, failed)
 
 
-__all__ = ["TP_RANK_FIELD", "control_path", "ending_step", "finish_step"]
+def close_engines(bindings: dict) -> None:
+    """Close the engine of every binding (an object with an `engine`, or None) and forget them all."""
+    for binding in bindings.values():
+        if binding.engine is not None:
+            binding.engine.close()
+    bindings.clear()
+
+
+__all__ = ["TP_RANK_FIELD", "close_engines", "control_path", "ending_step", "finish_step"]

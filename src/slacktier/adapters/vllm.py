@@ -52,7 +52,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import control_path, ending_step
+from slacktier.adapters import close_engines, control_path, ending_step
 from slacktier.config import ControlFile, TableConfig, load_control
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
@@ -413,10 +413,7 @@ def register() -> None:
 
 def close() -> None:
     """Close every engine this process built (tests; a worker ends with its engines)."""
-    for binding in _BINDINGS.values():
-        if binding.engine is not None:
-            binding.engine.close()
-    _BINDINGS.clear()
+    close_engines(_BINDINGS)
 
 
 __all__ = ["CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "HeadShard", "ServedTable", "VllmServing", "check_scope",
