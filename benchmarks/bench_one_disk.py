@@ -85,37 +85,36 @@ def run_ranks(base: FullRankConfig, ranks: int) -> tuple[dict, dict]:
     return out, rss
 
 
-def table(by_variant: dict[str, dict], ranks: int) -> str:
-    """Per variant and placement: the TP step's stall (the slowest rank per step), and each rank's figures."""
+def table(per_rank: dict[int, list], ranks: int) -> str:
+    """Per placement: the TP step's stall (the slowest rank per step), and each rank's figures."""
     lines = []
-    head = (f"{'io class':8} {'B':>4} {'placement':16} {'runs':>4} {'profile':>7} {'TP stall':>9} {'%':>6} "
+    head = (f"{'B':>4} {'placement':16} {'runs':>4} {'profile':>7} {'TP stall':>9} {'%':>6} "
             f"{'min..max':>12} {'p99 stall':>9} | per rank: stall ms, pages L1/L14, read ms L1/L14, s ms")
     lines.append(head)
-    for variant, per_rank in by_variant.items():
-        keys = sorted({(r.batch, r.placement) for r in per_rank[0]})
-        for batch, placement in keys:
-            runs = {k: [r for r in per_rank[k] if (r.batch, r.placement) == (batch, placement)] for k in range(ranks)}
-            tp_means, all_steps = [], []
-            for i in range(len(runs[0])):
-                per_step = np.max([runs[k][i].step_stalls_ms for k in range(ranks)], axis=0)
-                tp_means.append(float(per_step.mean()))
-                all_steps.extend(per_step.tolist())
-            step_ms = runs[0][0].step_ms
-            m = statistics.mean(tp_means)
-            cells = []
-            for k in range(ranks):
-                rs = runs[k]
-                s = [r.summary for r in rs]
-                layers = rs[0].served
-                pages = "/".join(f"{statistics.mean(x.pages[l] for x in s):.0f}" for l in layers)
-                reads = "/".join(f"{statistics.mean(x.read_ms[l] for x in s):.1f}" for l in layers)
-                cells.append(f"r{k} {statistics.mean(x.stall_ms for x in s):.1f}, {pages}, {reads}, "
-                             f"{statistics.mean(x.s_ms for x in s):.2f}")
-            lines.append(f"{variant or 'none':8} {batch:>4} {placement:16} {len(tp_means):>4} {step_ms:7.2f} "
-                         f"{m:6.2f} ms {100 * m / step_ms:+5.1f}% {min(tp_means):5.2f}..{max(tp_means):<5.2f} "
-                         f"{float(np.percentile(all_steps, 99)):9.2f} | " + "; ".join(cells))
-    checked = sum(r.checked_steps for v in by_variant.values() for rs in v.values() for r in rs)
-    bad = sum(r.mismatches for v in by_variant.values() for rs in v.values() for r in rs)
+    keys = sorted({(r.batch, r.placement) for r in per_rank[0]})
+    for batch, placement in keys:
+        runs = {k: [r for r in per_rank[k] if (r.batch, r.placement) == (batch, placement)] for k in range(ranks)}
+        tp_means, all_steps = [], []
+        for i in range(len(runs[0])):
+            per_step = np.max([runs[k][i].step_stalls_ms for k in range(ranks)], axis=0)
+            tp_means.append(float(per_step.mean()))
+            all_steps.extend(per_step.tolist())
+        step_ms = runs[0][0].step_ms
+        m = statistics.mean(tp_means)
+        cells = []
+        for k in range(ranks):
+            rs = runs[k]
+            s = [r.summary for r in rs]
+            layers = rs[0].served
+            pages = "/".join(f"{statistics.mean(x.pages[l] for x in s):.0f}" for l in layers)
+            reads = "/".join(f"{statistics.mean(x.read_ms[l] for x in s):.1f}" for l in layers)
+            cells.append(f"r{k} {statistics.mean(x.stall_ms for x in s):.1f}, {pages}, {reads}, "
+                         f"{statistics.mean(x.s_ms for x in s):.2f}")
+        lines.append(f"{batch:>4} {placement:16} {len(tp_means):>4} {step_ms:7.2f} "
+                     f"{m:6.2f} ms {100 * m / step_ms:+5.1f}% {min(tp_means):5.2f}..{max(tp_means):<5.2f} "
+                     f"{float(np.percentile(all_steps, 99)):9.2f} | " + "; ".join(cells))
+    checked = sum(r.checked_steps for rs in per_rank.values() for r in rs)
+    bad = sum(r.mismatches for rs in per_rank.values() for r in rs)
     lines.append(f"checker: {checked} decode steps after the timed ones (all ranks, all runs), every row against "
                  f"the table's source: {bad} mismatching rows")
     lines.append("TP stall: per timed step, the largest of the four ranks' stalls (each rank's step starts at a "
@@ -149,17 +148,15 @@ def main(argv: list[str] | None = None) -> int:
     for r in range(args.ranks):   # staged one after another, before any rank starts stepping
         manifests.append(stage_rank_shard(dataclasses.replace(base, rank=r), progress=True))
     staged_gb = sum(m.total_pages for m in manifests) * 4096 / 1e9
-    variants = [""]
-    by_variant: dict[str, dict] = {v: {k: [] for k in range(args.ranks)} for v in variants}
+    per_rank: dict[int, list] = {k: [] for k in range(args.ranks)}
     peaks: dict[int, float] = {}
     try:
         for rep in range(args.runs):
-            for v in variants:
-                cfg = dataclasses.replace(base, runs=1, seed=base.seed + rep)
-                out, rss = run_ranks(cfg, args.ranks)
-                for k, runs in out.items():
-                    by_variant[v][k].extend(dataclasses.replace(r, rep=rep) for r in runs)
-                    peaks[k] = max(peaks.get(k, 0.0), rss[k])
+            cfg = dataclasses.replace(base, runs=1, seed=base.seed + rep)
+            out, rss = run_ranks(cfg, args.ranks)
+            for k, runs in out.items():
+                per_rank[k].extend(dataclasses.replace(r, rep=rep) for r in runs)
+                peaks[k] = max(peaks.get(k, 0.0), rss[k])
     finally:
         if args.delete:
             for m in manifests:
@@ -181,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         + ", ".join(f"{peaks[k]:.2f}" for k in sorted(peaks)) + " GiB.",
         "",
         "```",
-        table(by_variant, args.ranks),
+        table(per_rank, args.ranks),
         "```",
     ])
     print(block)

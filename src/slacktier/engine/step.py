@@ -498,7 +498,7 @@ class StepEngine:
                     job = row[_N_COUNTS]
                     if job:
                         lane = lanes[i]
-                        self._reads.adopt(run.spec.layer, lane.source, lane.adopt(job, res.pages, pool, run.clock[1]),
+                        self._reads.adopt(run.spec.layer, lane.source, lane.adopt(job, res.pages, pool),
                                           res.pages)
                     if self.check:
                         run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather

@@ -101,7 +101,7 @@ class NativeLane:
         """The client's address, or 0 when the caller must use `submit` (lock held)."""
         return 0 if self.source.busy_or_closed() else self._client
 
-    def adopt(self, job: int, pages: int, pool: PageBufferPool, submit_ns: int) -> int:
+    def adopt(self, job: int, pages: int, pool: PageBufferPool) -> int:
         """Book a job compiled code queued on this client (lock held); its ticket for `DiskSource.wait`."""
         return self.source.book_native(job, pages, pool)
 
@@ -151,7 +151,7 @@ class DiskSource(RegionSource):
         for g, att in enumerate(self._attached):
             self._region_group[att.regions] = g
             self._region_local[att.regions] = np.arange(att.regions.shape[0], dtype=np.int32)
-        # one device and our regions in order: a batch goes over as it is
+        # one device holds all our regions, in order (its client's region i is ours): a batch goes over as it is
         self._direct = self._attached[0] if len(self._attached) == 1 else None
         self.devices = [att.queue.device.name for att in self._attached]
         log.info("DiskSource: engine %s, %d regions on device(s) %s, queue depth %d, %d worker(s) per device",
@@ -251,8 +251,7 @@ class DiskSource(RegionSource):
             n = region.shape[0]
             att = self._direct
             if (att is not None and page.shape[0] == n and buffer.shape[0] == n and _native_ok(region, _I32)
-                    and _native_ok(page, _I64) and _native_ok(buffer, _I32)
-                    and (att.regions.shape[0] == len(self.regions))):
+                    and _native_ok(page, _I64) and _native_ok(buffer, _I32)):
                 parts = [(att, region, page, buffer)]
             else:
                 copied = PageReads(np.array(region, dtype=np.int32), np.array(page, dtype=np.int64),
@@ -301,8 +300,7 @@ class DiskSource(RegionSource):
         several devices, or a subclass that overrides `submit`, such as a test's fault injector, which must
         see every batch)."""
         att = self._direct
-        if (att is None or not isinstance(att.queue, UringQueue) or type(self).submit is not DiskSource.submit
-                or att.regions.shape[0] != len(self.regions)):
+        if att is None or not isinstance(att.queue, UringQueue) or type(self).submit is not DiskSource.submit:
             return None
         return NativeLane(self, self._lock, att.queue.submit_address, att.client)
 

@@ -42,7 +42,6 @@ class UringQueue(DeviceQueue):
         self.engine = IoEngine(queue_depth, queue_depth, max(1, queue_depth // 8), PAGE_BYTES, io_threads)
         self._lock = threading.Lock()
         self._pools: dict[int, list] = {}   # pool address -> [pool, live jobs into it]
-        self._info = np.empty(INFO_FIELDS, dtype=np.int64)
         #: (buffer, file) registrations the kernel refused, as last counted (reads then run unregistered)
         self.refusals = (0, 0)
         self._traced = 0
