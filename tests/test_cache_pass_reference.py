@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from cache_reference import RefCache, RefLayer
 from slacktier.cache import LayerGeometry, PassScratch, RowCache
+from slacktier.cache.kernels import HAND
 
 # layer -> (row_start, rows, rank_starts, rank_region)
 LAYERS = {1: (0, 300, [0, 150, 300], [0, 1]), 14: (50, 200, [0, 200], [2])}
@@ -34,7 +35,7 @@ def _sync(ref: RefCache, cache: RowCache) -> None:
                 assert lay.directory.get(r) == s, f"layer {layer}: row {r} in slot {s}, the reference has it in " \
                                                    f"{lay.directory.get(r)}"
         state = cache.layer(layer)
-        new = RefLayer(owned=state.owned.tolist(), hand=0,
+        new = RefLayer(owned=state.owned.tolist(), hand=int(state.lstate[HAND]),   # reset where slots moved
                        directory=dict(zip(rows.tolist(), slots.tolist(), strict=True)))
         for s in set(lay.owned if lay else []) - set(new.owned):
             ref.slot_row.pop(s, None)
@@ -53,7 +54,7 @@ step_st = st.tuples(
 )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(max_slots=st.integers(0, 120), owned_only=st.booleans(), lossy=st.booleans(),
        steps=st.lists(step_st, min_size=1, max_size=12))
 def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, steps) -> None:
