@@ -20,8 +20,11 @@ begin_step: one compiled loop that does what any resolve must, and nothing
 else: one prefetched probe of each in-table lookup into that engine's own
 directory (cache.rowdir; before issue 28, the int32 array of a row per table
 row), then a stamped hash-table dedup of the pages of the rows it did not find.
-Before each of the two, the CPU caches are flushed (a 96 MiB sweep; this VM's
-L3 is 32 MiB), so both start cold, as a step does after the model's forward.
+Beside it, the floor with evictions: the same, plus what a full cache adds to a
+miss at the least (the next CLOCK slots' rows leave the directory, the missed
+rows enter it; run on a copy of the directory). Before each measurement the
+CPU caches are flushed (a 96 MiB sweep; this VM's L3 is 32 MiB), so all start
+cold, as a step does after the model's forward.
 
 Reported per engine and B: begin_step wall and thread-CPU time (min / median /
 max of the rounds' medians), the compiled pass alone (the engine's resolve +
@@ -90,6 +93,24 @@ else:  # pragma: no cover
             out[j] = dtab[rows[j]]
 
 
+if D is not None:
+    @njit(nogil=True, cache=True)
+    def _evict_all(dtab, rows, slot, victim_row, victim_slot):
+        """Each absent row takes the next victim's slot: its row leaves the directory, the new row enters."""
+        mask = dtab.shape[0] - 1
+        for k in range(victim_row.shape[0]):   # the victims' entries, in flight together
+            prefetch(dtab, D.home(victim_row[k], mask))
+        k = 0
+        for j in range(rows.shape[0]):
+            if slot[j] >= 0 or k >= victim_row.shape[0]:
+                continue
+            if victim_row[k] >= 0:
+                D.remove(dtab, victim_row[k], victim_slot[k])
+            D.insert(dtab, rows[j], victim_slot[k])
+            k += 1
+        return k
+
+
 @njit(nogil=True, cache=True)
 def _dedup_pages(rows, slot, htab, stamp, bits):
     """Pages of the rows without a slot, each counted once (a stamped open-addressing table)."""
@@ -118,6 +139,33 @@ class Floor:
         self.htab = np.zeros((1 << 16, 2), dtype=np.int64)
         self.stamp = 0
         self.slot = np.empty(COLUMNS * 4096, dtype=np.int64)
+
+    def run_evicting(self, ids: np.ndarray) -> float:
+        """us of the floor plus what a full cache adds to each miss at the least: the next CLOCK slots' rows
+        leave the directory and the missed rows enter it (on a copy of the directory, made before the clock)."""
+        if D is None:  # pragma: no cover - an earlier commit: no such directory
+            return float("nan")
+        cache = self.engine.cache
+        work = []
+        for axis, layer in enumerate(self.engine.layers):
+            lo, hi = self.shards[layer]
+            flat = ids[:, axis, :].reshape(-1)
+            rows = flat[(flat >= lo) & (flat < hi)] - lo
+            state = cache.layer(layer)
+            n = min(rows.shape[0], state.owned.shape[0])
+            hand = int(state.lstate[0])
+            victims = np.take(state.owned, np.arange(hand, hand + n), mode="wrap")
+            work.append((state.directory.copy(), rows, cache.slot_row[victims].copy(), victims.astype(np.int64)))
+        if FLUSH:
+            flush_caches()
+        t0 = time.perf_counter_ns()
+        for dtab, rows, victim_row, victim_slot in work:
+            slot = self.slot[:rows.shape[0]]
+            _probe_all(dtab, rows, slot)
+            _evict_all(dtab, rows, slot, victim_row, victim_slot)
+            self.stamp += 1
+            _dedup_pages(rows, slot, self.htab, self.stamp, 16)
+        return (time.perf_counter_ns() - t0) / 1e3
 
     def run(self, ids: np.ndarray) -> tuple[float, int]:
         """(us, pages) of the floor on ids [T, 2, 24]."""
@@ -183,6 +231,7 @@ FLUSH = True
 
 def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray) -> dict:
     """Floor, then begin_step, each after a cache flush; the step's reads and counters."""
+    evicting_us = floor.run_evicting(ids)
     if FLUSH:
         flush_caches()
     floor_us, floor_pages = floor.run(ids)
@@ -198,7 +247,7 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray) -> dict:
     counters = engine.end_step()
     lay = counters.layers.values()
     served = sum(c.lookups - c.zero_rows for c in lay)
-    return {"wall_us": (t1 - t0) / 1e3, "cpu_us": (c1 - c0) / 1e3, "floor_us": floor_us,
+    return {"wall_us": (t1 - t0) / 1e3, "cpu_us": (c1 - c0) / 1e3, "floor_us": floor_us, "evict_us": evicting_us,
             "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),
             "submit_us": sum(c.submit_us for c in lay), "hits": sum(c.hits for c in lay),
             "served": served, "pages": sum(c.pages_read for c in lay), "floor_pages": floor_pages}
@@ -268,8 +317,9 @@ def main() -> int:
                     results.setdefault((name, b), []).extend(got)
                     rounds.setdefault((name, b), []).append(
                         {k: statistics.median(g[k] for g in got)
-                         for k in ("wall_us", "cpu_us", "floor_us", "pass_us", "resolve_us", "submit_us")}
-                        | {"ratio": statistics.median(g["wall_us"] / g["floor_us"] for g in got)})
+                         for k in ("wall_us", "cpu_us", "floor_us", "evict_us", "pass_us", "resolve_us", "submit_us")}
+                        | {"ratio": statistics.median(g["wall_us"] / g["floor_us"] for g in got),
+                           "ratio_evict": statistics.median(g["wall_us"] / g["evict_us"] for g in got)})
                 print(f"round {r + 1}/{args.rounds} B={b} done", flush=True)
         dir_bytes = {name: sum(e.cache.layer(l).directory.nbytes for l in e.layers) for name, (e, _) in engines.items()}
         for e, _ in engines.values():
@@ -283,8 +333,8 @@ def main() -> int:
                                     "floor and begin_step each after a 96 MiB cache flush"),
              "| engine | B | lookups served / step | hit rate | pages / step | begin_step wall us (min / med / max "
              "of round medians) | thread CPU us (med) | compiled pass: resolve + submit us (med) | floor us (med) | "
-             "begin_step / floor (min / med / max) |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+             "begin_step / floor (min / med / max) | floor with evictions us (med) | begin_step / it (med) |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|"]
     doc = {"when": now, "machine": platform.node(), "args": vars(args), "directory_bytes": dir_bytes,
            "directory_bytes_4B_per_row": old_bytes, "rows": {}}
     for b in batches:
@@ -299,9 +349,11 @@ def main() -> int:
             res = statistics.median(r["resolve_us"] for r in rs)
             sub = statistics.median(r["submit_us"] for r in rs)
             fl = statistics.median(r["floor_us"] for r in rs)
+            ev = statistics.median(r["evict_us"] for r in rs)
+            rev = statistics.median(r["ratio_evict"] for r in rs)
             lines.append(f"| {name} | {b} | {served:,.0f} | {hit:.3f} | {pages:,.0f} | {wall[0]:.0f} / {wall[1]:.0f}"
                          f" / {wall[2]:.0f} | {cpu:.0f} | {res:.0f} + {sub:.0f} | {fl:.0f} | {ratio[0]:.2f} / {ratio[1]:.2f} / "
-                         f"{ratio[2]:.2f}x |")
+                         f"{ratio[2]:.2f}x | {ev:.0f} | {rev:.2f}x |")
             doc["rows"][f"{name}/{b}"] = {"rounds": rs, "served": served, "hit_rate": hit, "pages": pages}
     lines.append(f"directories of the rank (both layers): {dir_bytes['agent'] / 2**20:.1f} MiB, sized to the cache; "
                  f"4 B per shard row took {old_bytes / 2**20:.0f} MiB")
