@@ -56,7 +56,7 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from slacktier.cache.directory import (C_PAGES, N_COUNTS, NO_SEEN, LayerGeometry, PassResult, PassScratch,
+from slacktier.cache.directory import (N_COUNTS, Count, NO_SEEN, LayerGeometry, PassResult, PassScratch,
                                        resolve_layer)
 from slacktier.errors import ErrorKind, SlackTierError
 
@@ -122,7 +122,7 @@ R_DIR_LEN = 27     # the directory's entries (cache.rowdir)
 RECORD = 32
 
 # a layer's row of results (CompiledPass.out), read by Python with one tolist() for all layers
-O_JOB = N_COUNTS       # after the pass's counts (PassResult's fields): the C job of its pages, 0 none
+O_JOB = N_COUNTS       # after the pass's counts (directory.Count, PassResult's fields): its pages' C job, 0 none
 O_T0 = N_COUNTS + 1    # CLOCK_MONOTONIC ns (perf_counter_ns's clock) before the pass, after it, after submitting
 O_T1 = N_COUNTS + 2
 O_T2 = N_COUNTS + 3
@@ -236,7 +236,7 @@ def run_layers(ids, plan):
         res[O_T1] = t1
         res[O_T2] = t1
         res[O_JOB] = 0
-        pages = counts[C_PAGES]
+        pages = counts[Count.PAGES]
         if status != 0:
             plan[H_STOP] = li
             plan[H_WHY] = WHY_BAD
@@ -431,7 +431,7 @@ class CompiledPass:
             if res.pending:
                 sc = self.layers[i].scratch
                 self.states[i].pending = (sc.desc_kind, sc.desc_idx, res.pending)
-            got.append((res, row[N_COUNTS], row[N_COUNTS + 1:]))
+            got.append((res, row[O_JOB], row[O_T0:]))
         return got
 
     def submit_time(self, i: int, t2: int) -> None:

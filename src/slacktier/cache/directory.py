@@ -20,7 +20,7 @@ For each lookup (global row id g, local row r = g - row_start):
 
 Hits before the pass's first CLOCK victim search read no slot state: each stores
 its slot's reference bit (`ref`, a byte) and leaves its pin (the step stamp)
-pending, the first `counts[C_PENDING]` descriptors. The first victim search
+pending, the first `counts[Count.PENDING]` descriptors. The first victim search
 applies the pins before it (`settle_pins`) and hits after it pin at once, so
 CLOCK sees every pin it would have seen; `RowCache` applies pending pins before
 anything else in the step reads this layer's pins, and drops them at step end,
@@ -46,8 +46,9 @@ Worked example: rows 31 and 32 of a one-rank table, cache empty -> one page
 
 from __future__ import annotations
 
+from collections import namedtuple
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from enum import IntEnum
 
 import numpy as np
 from numba import njit
@@ -62,20 +63,25 @@ KIND_MISS = 1      # a row read this step: idx is the miss index
 KIND_ZERO = 2      # lossy: a row outside the seen-set, or a pad id: nothing read, zeros out
 KIND_FOREIGN = 3   # owned_only: another rank's row; the gather writes -0.0 (see fill_foreign)
 
-# counts[] fields written by resolve_layer, in PassResult's field order
-C_LOOKUPS = 0
-C_HITS = 1
-C_MISSES = 2     # unique rows read (M)
-C_PAGES = 3      # unique pages read (P)
-C_ZERO = 4       # lossy: skipped
-C_BYPASS = 5     # misses with no slot (served from the page buffer, not cached)
-C_REUSE = 6      # lookups served by a read already requested this step
-C_FOREIGN = 7    # owned_only: lookups of rows outside this process's shard
-C_BAD = 8        # index of the first bad row id, -1 if none
-C_PADDED = 9     # lookups of the pad id (zero rows)
-C_PENDING = 10   # descriptors [0, C_PENDING) whose KIND_SLOT pins are not applied yet (settle_pins)
-C_EVICTED = 11   # rows this pass evicted from the layer's slots
-N_COUNTS = 12
+class Count(IntEnum):
+    """The pass's counts: the one field list. resolve_layer writes counts[Count.X]; PassResult's fields, the
+    compiled pass's output row (cache.compiled) and the engine's LayerCounters (engine.counters) follow it."""
+
+    LOOKUPS = 0
+    HITS = 1
+    MISSES = 2       # unique rows read (M)
+    PAGES = 3        # unique pages read (P)
+    ZERO = 4         # lossy: rows outside the seen-set
+    BYPASS = 5       # misses with no slot (every slot pinned): served from the page buffer, not cached
+    REUSED = 6       # lookups served by a read already requested this step
+    FOREIGN = 7      # owned_only: lookups of rows another rank's process serves
+    BAD_INDEX = 8    # index of the first id outside the table, -1 if none (the pass stopped there)
+    PADDED = 9       # lookups of the pad id: zero rows, nothing read or cached
+    PENDING = 10     # descriptors [0, pending) hold hits whose pins wait for settle_pins
+    EVICTED = 11     # rows this pass evicted from the layer's slots
+
+
+N_COUNTS = len(Count)
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
@@ -159,22 +165,10 @@ class PassScratch:
         self.counts = np.zeros(N_COUNTS, dtype=np.int64)
 
 
-class PassResult(NamedTuple):
-    """What one layer's pass did; the first `misses` entries of the scratch's miss arrays and `pages` of its
-    page arrays are filled, and the first `lookups` descriptors."""
-
-    lookups: int
-    hits: int
-    misses: int       # unique rows read
-    pages: int        # unique pages read
-    zero: int         # lossy: rows outside the seen-set
-    bypass: int       # misses that got no slot (every slot pinned): served from the page buffer, not cached
-    reused: int       # lookups served by a read already requested this step
-    foreign: int      # owned_only: rows another rank serves
-    bad_index: int    # index of the first id outside the table, -1 if none (the pass stopped there)
-    padded: int = 0   # lookups of the pad id: zero rows, nothing read or cached
-    pending: int = 0  # descriptors [0, pending) hold hits whose pins wait for settle_pins
-    evicted: int = 0  # rows this pass evicted
+#: What one layer's pass did, one field per Count member (lower case), in its order: counts[] read with one
+#: tolist(). The first `misses` entries of the scratch's miss arrays and `pages` of its page arrays are filled,
+#: and the first `lookups` descriptors. The last three default to 0.
+PassResult = namedtuple("PassResult", [m.name.lower() for m in Count], defaults=(0, 0, 0))
 
 
 class StepTable:
@@ -228,7 +222,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     outside the table.
 
     owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
-    pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[C_PADDED].
+    pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[Count.PADDED].
     own_pos [N] int32, own_row [N] int64: scratch, where the in-table lookups are listed (position, local row).
     """
     shift = 64 - hbits
@@ -247,8 +241,8 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     evictions_before = evictions
     n_t, n_c = ids.shape
     n = n_t * n_c
-    counts[C_LOOKUPS] = n
-    counts[C_BAD] = -1
+    counts[Count.LOOKUPS] = n
+    counts[Count.BAD_INDEX] = -1
     status = 0
     done = n
     # First wave, the only sweep over every lookup. Every descriptor starts out foreign (two fills,
@@ -276,7 +270,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 desc_kind[i] = KIND_ZERO
                 n_padded += 1
             elif not owned_only:
-                counts[C_BAD] = i
+                counts[Count.BAD_INDEX] = i
                 status = 1
                 done = i
                 break
@@ -399,16 +393,16 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     lstate[HAND] = hand
     lstate[PINNED] = pinned
     lstate[EVICTIONS] = evictions
-    counts[C_HITS] = n_hits
-    counts[C_MISSES] = n_miss
-    counts[C_PAGES] = n_pages
-    counts[C_ZERO] = n_zero
-    counts[C_BYPASS] = n_bypass
-    counts[C_REUSE] = n_reuse
-    counts[C_FOREIGN] = n_foreign
-    counts[C_PADDED] = n_padded
-    counts[C_PENDING] = 0 if settled else done
-    counts[C_EVICTED] = evictions - evictions_before
+    counts[Count.HITS] = n_hits
+    counts[Count.MISSES] = n_miss
+    counts[Count.PAGES] = n_pages
+    counts[Count.ZERO] = n_zero
+    counts[Count.BYPASS] = n_bypass
+    counts[Count.REUSED] = n_reuse
+    counts[Count.FOREIGN] = n_foreign
+    counts[Count.PADDED] = n_padded
+    counts[Count.PENDING] = 0 if settled else done
+    counts[Count.EVICTED] = evictions - evictions_before
     return status
 
 

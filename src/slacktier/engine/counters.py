@@ -54,6 +54,20 @@ class LayerCounters:
 
 _LAYER_FIELDS = tuple(f.name for f in fields(LayerCounters))
 
+#: LayerCounters' fields a directory pass fills, each the sum of these fields of its cache.PassResult (the
+#: pass's counts, cache.directory.Count). A pass field named nowhere here is the pass's own (bad_index, pending).
+FROM_PASS: dict[str, tuple[str, ...]] = {
+    "lookups": ("lookups",), "hits": ("hits",), "reused": ("reused",), "rows_read": ("misses",),
+    "pages_read": ("pages",), "padded": ("padded",), "zero_rows": ("zero", "foreign", "padded"),
+    "bypass": ("bypass",), "evictions": ("evicted",),
+}
+
+
+def fill_from_pass(c: LayerCounters, res: tuple) -> None:
+    """Set `c`'s pass-filled fields (FROM_PASS) from a PassResult."""
+    for name, parts in FROM_PASS.items():
+        setattr(c, name, sum(getattr(res, p) for p in parts))
+
 
 @dataclass
 class StepCounters:

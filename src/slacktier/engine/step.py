@@ -83,7 +83,7 @@ from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
 from slacktier.config import ControlFile, load_control
 from slacktier.engine import build as B
-from slacktier.engine.counters import LayerCounters, StepCounters
+from slacktier.engine.counters import LayerCounters, StepCounters, fill_from_pass
 from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
@@ -495,17 +495,9 @@ class StepEngine:
     @staticmethod
     def _count(run: _LayerRun) -> LayerCounters:
         """The step's counters of `run`: its pass's result and clock readings, and what gather added."""
-        res, c = run.res, run.counters
+        c = run.counters
         t0, t1, t2 = run.clock
-        c.lookups = res.lookups
-        c.hits = res.hits
-        c.reused = res.reused
-        c.rows_read = res.misses
-        c.pages_read = res.pages
-        c.padded = res.padded
-        c.zero_rows = res.zero + res.foreign + res.padded
-        c.bypass = res.bypass
-        c.evictions = res.evicted
+        fill_from_pass(c, run.res)
         c.resolve_us = (t1 - t0) / 1e3
         c.submit_us = (t2 - t1) / 1e3
         return c
