@@ -74,7 +74,7 @@ from __future__ import annotations
 import os
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgspec
 import tomli_w
@@ -90,11 +90,21 @@ def _bad(message: str, fix: str, **where: Any) -> SlackTierError:
 
 
 class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
-    """Base of every tier's option table (`[table.<tier>]`)."""
+    """Base of every tier's option table (`[table.<tier>]`), and the tier's facts (class attributes), which code
+    outside `store/` reads instead of comparing the tier's name (`tier_facts`)."""
+
+    #: the whole table lives in host memory (the stock engines' own path: their plug-ins leave such layers alone)
+    holds_host_copy: ClassVar[bool] = False
+    #: what the tier's devices are: "host" (this process's memory), "file" (local files or block devices, the
+    #: manifest's targets), "remote" (servers named by the options' url)
+    device_kind: ClassVar[str] = "file"
 
 
 class DramOptions(Options, frozen=True):
     """The DRAM tier has no options: pages are copied from host memory."""
+
+    holds_host_copy: ClassVar[bool] = True
+    device_kind: ClassVar[str] = "host"
 
 
 class DiskOptions(Options, frozen=True):
@@ -126,6 +136,7 @@ class RedisOptions(Options, frozen=True):
     client version's own defaults.
     """
 
+    device_kind: ClassVar[str] = "remote"
     url: str = "redis://127.0.0.1:6379/0"
     prefix: str = ""
     socket_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] = 5000.0
@@ -211,6 +222,11 @@ def register_tier_options(name: str, options: type[Options]) -> None:
 def tier_names() -> tuple[str, ...]:
     """Names of the tiers a control file may name, built-in first."""
     return tuple(_TIER_OPTIONS)
+
+
+def tier_facts(name: str) -> type[Options]:
+    """Tier `name`'s facts (`Options.holds_host_copy`, `Options.device_kind`); BAD_INPUT for an unknown tier."""
+    return tier_options_type(name)
 
 
 def tier_options_type(name: str) -> type[Options]:

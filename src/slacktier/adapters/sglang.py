@@ -63,7 +63,7 @@ import numpy as np
 import torch
 
 from slacktier.adapters import close_engines, control_path, ending_step, finish_step
-from slacktier.config import ControlFile, TableConfig, load_control
+from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest
@@ -242,7 +242,7 @@ def _bind(hash_columns: int) -> _Binding | None:
     check_scope(serving, hash_columns)
     _check_patched()
     cfg = load_control(path)
-    served = tuple(t for t in cfg.tables if t.source != "dram")
+    served = tuple(t for t in cfg.tables if not tier_facts(t.source).holds_host_copy)
     if serving.tp_size > 1:
         for t in served:
             if t.rank != serving.tp_rank or not cfg.engine.owned_only:
@@ -255,7 +255,8 @@ def _bind(hash_columns: int) -> _Binding | None:
     binding = _Binding(path, cfg, serving, engine, _LAYER_IDS[0])
     _BINDINGS[path] = binding
     log.info("SlackTier serves Engram layers %s of TP rank %d from %s; layers %s stay on SGLang's tables",
-             [t.layer for t in served], serving.tp_rank, path, [t.layer for t in cfg.tables if t.source == "dram"])
+             [t.layer for t in served], serving.tp_rank, path,
+             [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
     return binding
 
 
@@ -337,7 +338,7 @@ def _around_embedding_init(original: Callable[..., None], module: torch.nn.Modul
     if binding is not None and t is None:
         raise SlackTierError(ErrorKind.MISSING, f"{binding.path} lists no table for Engram layer {layer_id}",
                              layer=layer_id, fix='add a [[table]] for it (source = "dram" leaves it to SGLang)')
-    if t is None or t.source == "dram":
+    if t is None or tier_facts(t.source).holds_host_copy:
         original(module, num_embeddings, dim, layer_id, column_bounds)
         return
     _adopt(binding, module, num_embeddings, dim, layer_id, column_bounds)

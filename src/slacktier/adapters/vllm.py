@@ -53,7 +53,7 @@ import numpy as np
 import torch
 
 from slacktier.adapters import close_engines, control_path, ending_step
-from slacktier.config import ControlFile, TableConfig, load_control
+from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest
@@ -273,7 +273,7 @@ def _bind(hash_columns: int) -> _Binding | None:
         return found
     check_scope(serving, hash_columns)
     cfg = load_control(path)
-    served = tuple(t for t in cfg.tables if t.source != "dram")
+    served = tuple(t for t in cfg.tables if not tier_facts(t.source).holds_host_copy)
     if serving.tp_size > 1:
         for t in served:
             if t.rank != serving.tp_rank:
@@ -285,7 +285,8 @@ def _bind(hash_columns: int) -> _Binding | None:
     engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads) if served else None
     binding = _BINDINGS[path] = _Binding(path, cfg, serving, engine)
     log.info("SlackTier serves Engram layers %s of TP rank %d from %s; layers %s stay on vLLM's tables",
-             [t.layer for t in served], serving.tp_rank, path, [t.layer for t in cfg.tables if t.source == "dram"])
+             [t.layer for t in served], serving.tp_rank, path,
+             [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
     return binding
 
 
@@ -331,7 +332,7 @@ def _create_embedding(original: Callable[..., Any], engram: Any, layout: Any, la
     if binding is not None and t is None:
         raise SlackTierError(ErrorKind.MISSING, f"{binding.path} lists no table for Engram layer {layer}", layer=layer,
                              fix='add a [[table]] for it (source = "dram" leaves it to vLLM)')
-    if t is None or t.source == "dram":
+    if t is None or tier_facts(t.source).holds_host_copy:
         return original(engram, layout, layer_hash_index)
     return _served_table(binding, layer, int(layout.num_embeddings[layer_hash_index]), int(layout.head_dim),
                          head_sizes)

@@ -81,7 +81,7 @@ from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassLayer, PassResult, Pass
 from slacktier.cache.compiled import WHY_BAD, CompiledPass
 from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
-from slacktier.config import ControlFile, load_control
+from slacktier.config import ControlFile, load_control, tier_facts, tier_names
 from slacktier.engine import build as B
 from slacktier.engine.counters import LayerCounters, StepCounters, fill_from_pass
 from slacktier.engine.reads import LayerReads
@@ -354,7 +354,8 @@ class StepEngine:
             else:
                 tier = getattr(spec.source, "tier", None) or type(spec.source).__name__
                 rank = spec.regions[0].rank if len(spec.regions) == 1 and self.owned_only else -1
-            host = sum(r.nbytes for r in spec.regions) if tier == "dram" else 0
+            host = sum(r.nbytes for r in spec.regions) if tier in tier_names() and tier_facts(tier).holds_host_copy \
+                else 0
             labels.append(LayerLabels(layer, tier, rank, self.cache.owned_slots(layer), host))
         self.metrics.bind(labels)
 

@@ -54,7 +54,7 @@ from typing import Sequence
 
 import tomli_w
 
-from slacktier.config import DramOptions, tier_names, tier_options_type
+from slacktier.config import tier_facts, tier_names
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.constants import DIRECTORY_BYTES_PER_ROW, PAGE_BYTES, ROWS_PER_PAGE
 from slacktier.plan.readmodel import DeviceReadModel
@@ -118,8 +118,8 @@ def directory_bytes(cache_slots: int) -> int:
 
 
 def in_host_memory(name: str) -> bool:
-    """Default of `holds_table`: the tier keeps whole pages in host memory (the DRAM tier's option type)."""
-    return name in tier_names() and tier_options_type(name) is DramOptions
+    """Default of `holds_table`: the tier keeps whole pages in host memory (its fact `holds_host_copy`)."""
+    return name in tier_names() and tier_facts(name).holds_host_copy
 
 
 def _bad(msg: str, fix: str) -> SlackTierError:

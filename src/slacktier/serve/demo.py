@@ -158,5 +158,7 @@ def timeline_demo(workdir: str | Path, metrics: bool = False, progress: bool = F
 def _uncached(job) -> bool:
     """The demo's fit configurations: both tables on disk, and layer 1 in DRAM with the other on disk (s and
     kappa are set on them, as the benchmark does; one placement alone lets kappa absorb what s misses)."""
-    name = job.placement.name
-    return name == "disk" or name.endswith("-disk")
+    from slacktier.config import tier_facts
+
+    p = job.placement
+    return p.cache_rows == 0 and any(tier_facts(tier).device_kind == "file" for _, tier in p.tiers)

@@ -210,6 +210,13 @@ class LayerSubset:
                                               for l, v in c.layers.items()})
 
 
+def _host_copy(tier: str) -> bool:
+    """The tier keeps the whole table in host memory: the stock path, not served through the engine here."""
+    from slacktier.config import tier_facts
+
+    return tier_facts(tier).holds_host_copy
+
+
 def host_memory_bytes(manifest, rank: int, placement) -> int:
     """Host memory of the rank's process for the tables under `placement` (computed): each DRAM layer's shard
     in pages, plus each engine-served layer's directory, sized to the cache slots it owns (cache.rowdir). The
@@ -221,12 +228,12 @@ def host_memory_bytes(manifest, rank: int, placement) -> int:
     from slacktier.cache.rowdir import entries_for
     from slacktier.cache.rowcache import split_slots
 
-    served = {l: placement.share(l) for l in manifest.layout.layer_ids if placement.tier(l) != "dram"}
+    served = {l: placement.share(l) for l in manifest.layout.layer_ids if not _host_copy(placement.tier(l))}
     slots = split_slots(placement.cache_rows, served) if served else {}
     total = 0
     for layer in manifest.layout.layer_ids:
         region = manifest.region(layer, rank)
-        if placement.tier(layer) == "dram":
+        if _host_copy(placement.tier(layer)):
             total += region.nbytes
         else:
             total += 8 * entries_for(slots.get(layer, 0))
@@ -243,7 +250,7 @@ def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens
     """The control file of the rank's process for `placement`'s engine-served (non-DRAM) layers, owned_only."""
     from slacktier.config import ControlFile, EngineConfig, TableConfig
 
-    served = [l for l in manifest.layout.layer_ids if placement.tier(l) != "dram"]
+    served = [l for l in manifest.layout.layer_ids if not _host_copy(placement.tier(l))]
     # a prefill chunk reads up to ~24k pages per layer, seconds on a shared disk: past the 5 s default wait
     engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows,
                           max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
