@@ -4,6 +4,7 @@
     python -m benchmarks.run micro --config quick         # one suite, one preset (default: quick)
     python -m benchmarks.run headline                     # what `make bench` runs
     python -m benchmarks.run micro --before HEAD~5 --after HEAD --rounds 3    # A/B: two commits, one suite
+    python -m benchmarks.run micro --only bench_tables_hash --before HEAD~5   # A/B of one script
 
 Each job is a script of the suite run in a fresh process from the repository
 root (`python -m benchmarks.<suite>.<script> ARGS`); it prints its own table and
@@ -144,16 +145,21 @@ SUITES: dict[str, Suite] = {
 HEADLINE = ("micro", "tier", "engine")
 
 
-def jobs_of(suite: str, config: str) -> tuple[Job, ...]:
-    """The jobs of `suite` under preset `config` ("headline" as a suite: every HEADLINE suite's headline jobs)."""
+def jobs_of(suite: str, config: str, only: str | None = None) -> tuple[Job, ...]:
+    """The jobs of `suite` under preset `config` ("headline" as a suite: every HEADLINE suite's headline jobs),
+    only those whose script name contains `only` when given."""
     if suite == "headline":
-        return tuple(j for s in HEADLINE for j in SUITES[s].presets["headline"])
-    if suite not in SUITES:
+        jobs = tuple(j for s in HEADLINE for j in SUITES[s].presets["headline"])
+    elif suite not in SUITES:
         raise SystemExit(f"unknown suite {suite!r}: one of {', '.join([*SUITES, 'headline'])}")
-    presets = SUITES[suite].presets
-    if config not in presets:
-        raise SystemExit(f"suite {suite!r} has no preset {config!r}: one of {', '.join(presets)}")
-    return presets[config]
+    elif config not in SUITES[suite].presets:
+        raise SystemExit(f"suite {suite!r} has no preset {config!r}: one of {', '.join(SUITES[suite].presets)}")
+    else:
+        jobs = SUITES[suite].presets[config]
+    picked = tuple(j for j in jobs if only is None or only in j.script)
+    if not picked:
+        raise SystemExit(f"no job of {suite} --config {config} matches --only {only!r}")
+    return picked
 
 
 def list_suites() -> str:
@@ -205,8 +211,8 @@ def _summary(out: Path, suite: str, config: str, outcomes: list[Outcome], **extr
     (out / "summary.json").write_text(json.dumps(doc, indent=1) + "\n")
 
 
-def run_suite(suite: str, config: str, out: Path) -> int:
-    outcomes = [run_job(job, out, str(i)) for i, job in enumerate(jobs_of(suite, config))]
+def run_suite(jobs: tuple[Job, ...], suite: str, config: str, out: Path) -> int:
+    outcomes = [run_job(job, out, str(i)) for i, job in enumerate(jobs)]
     rows = [(o.job.script, "ok" if o.rc == 0 else f"exit {o.rc}", f"{o.seconds:.1f}",
              ", ".join(f"{k} {v:.4g}" for k, v in o.figures.items()) or "-") for o in outcomes]
     print(f"\n{suite} --config {config}, {utc_stamp()}, {machine()}\n")
@@ -225,8 +231,8 @@ def _worktree(rev: str, parent: Path) -> Path:
     return path
 
 
-def run_ab(suite: str, config: str, before: str, after: str | None, rounds: int, seed: int, out: Path) -> int:
-    jobs = jobs_of(suite, config)
+def run_ab(jobs: tuple[Job, ...], suite: str, config: str, before: str, after: str | None, rounds: int, seed: int,
+           out: Path) -> int:
     with tempfile.TemporaryDirectory(prefix="slacktier-ab-") as tmp:
         trees = {"before": _worktree(before, Path(tmp))}
         trees["after"] = _worktree(after, Path(tmp)) if after else ROOT
@@ -267,6 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__.splitlines()[0])
     ap.add_argument("suite", nargs="?", help=f"one of {', '.join([*SUITES, 'headline'])}")
     ap.add_argument("--config", help="the preset: quick (default) or headline")
+    ap.add_argument("--only", help="run only the jobs whose script name contains this (e.g. bench_tables_hash)")
     ap.add_argument("--list", action="store_true", help="print the suites, presets and jobs, and exit")
     ap.add_argument("--before", help="A/B: the earlier commit (any git revision)")
     ap.add_argument("--after", help="A/B: the later commit (default: the working tree)")
@@ -278,15 +285,15 @@ def main(argv: list[str] | None = None) -> int:
         print(list_suites())
         return 0
     config = args.config or ("headline" if args.suite == "headline" else "quick")
-    jobs_of(args.suite, config)   # a bad name fails before anything runs
+    jobs = jobs_of(args.suite, config, args.only)   # a bad name fails before anything runs
     if args.after and not args.before:
         raise SystemExit("--after needs --before")
     stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime())
     out = args.out or ROOT / "runs" / "bench" / f"{args.suite}-{config}{'-ab' if args.before else ''}-{stamp}"
     out.mkdir(parents=True, exist_ok=True)
     if args.before:
-        return run_ab(args.suite, config, args.before, args.after, args.rounds, args.seed, out)
-    return run_suite(args.suite, config, out)
+        return run_ab(jobs, args.suite, config, args.before, args.after, args.rounds, args.seed, out)
+    return run_suite(jobs, args.suite, config, out)
 
 
 if __name__ == "__main__":

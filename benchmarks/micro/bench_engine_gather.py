@@ -41,7 +41,8 @@ from slacktier.tables.layout import ROW_BYTES
 from slacktier.tables.tokenizer import encode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
-from benchmarks._harness import append_to_section, command_line, machine, pyplot, save_figure, utc_stamp  # noqa: E402
+from benchmarks._harness import (append_to_section, command_line, machine, pyplot, save_figure,  # noqa: E402
+                                 utc_stamp, write_result)
 from benchmarks.engine.bench_engine_begin_step import SECTION, SUBSECTION  # noqa: E402
 
 LAYER = 1
@@ -159,6 +160,10 @@ def main() -> int:
                          f"{ref_med / med:.2f}x | {lut_med / med:.2f}x |")
     table_md = "\n".join(lines)
     print(table_md)
+    lut = "torch index_select + codec LUT"
+    write_result("micro.engine_gather", {
+        f"{way}_over_torch_lut_B{b}": statistics.median(results[(b, lut)]) / statistics.median(results[(b, name)])
+        for b in batches for way, name in (("warm", "engine warm (cache hits)"), ("cold", "engine cold (page buffers)"))})
     if args.png:
         fig, ax = pyplot().subplots(figsize=(7, 4))
         names = ["engine warm (cache hits)", "engine cold (page buffers)", base, "torch index_select + codec LUT"]

@@ -33,14 +33,18 @@ from slacktier.tables.engram_hash import EngramHasher, EngramLayout
 from slacktier.tables.ple_hash import PleHasher, PleLayout
 from slacktier.tables.tokenizer import load_deepseek_tokenizer
 
-SGLANG_ENGRAM = Path(os.environ.get("SLACKTIER_SGLANG_REF", "/work/ref/sglang/sglang")) / "srt/layers/engram.py"
+# SGLang 0.5.23 as `make setup` installs it for the tests (pip --no-deps into .venv/engines; tests/engines.py),
+# or a source checkout's sglang/ package folder named by SLACKTIER_SGLANG_REF
+_ENGINES = Path(os.environ.get("SLACKTIER_ENGINES_DIR") or Path(__file__).resolve().parents[2] / ".venv" / "engines")
+SGLANG_ENGRAM = Path(os.environ.get("SLACKTIER_SGLANG_REF") or _ENGINES / "sglang") / "srt/layers/engram.py"
 SECTION = "## Foundation: hashing and staging"
 OURS = "ours (default: integer divide)"
 SUBSECTION = "### Hashing"
 _VALUE_RE = re.compile(r'"value":\s*"((?:[^"\\]|\\.)*)"')
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
-from benchmarks._harness import append_to_section, command_line, machine, pyplot, save_figure, utc_stamp  # noqa: E402
+from benchmarks._harness import (append_to_section, command_line, machine, pyplot, save_figure,  # noqa: E402
+                                 utc_stamp, write_result)
 
 
 def sharegpt_tokens(n_tokens: int) -> np.ndarray:
@@ -184,6 +188,11 @@ def main(argv: list[str] | None = None) -> int:
                f"(target < 50 us: {'met' if ours[2] < 50 else 'NOT met'}); prefill median {ours[5] / 1e6:.2f} M tokens/s "
                f"(target > 1 M: {'met' if ours[5] > 1e6 else 'NOT met'}).")
     print(verdict)
+    sgl = next((r for r in rows if r[0][0] == "Engram L1+L14" and "SGLang" in r[0][1]), None)
+    write_result("micro.tables_hash", {
+        "engram_decode_us": ours[2], "engram_prefill_mtok_s": ours[5] / 1e6,
+        **({"sglang_decode_over_ours": sgl[2] / ours[2], "sglang_prefill_time_over_ours": ours[5] / sgl[5]}
+           if sgl else {})})
 
     if args.png is not None:
         fig, (ax1, ax2) = pyplot().subplots(1, 2, figsize=(11, 4))
