@@ -187,7 +187,8 @@ def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str
     return "\n".join(lines)
 
 
-def write_result(bench: str, figures: dict[str, float], path: str | Path | None = None, **context: object) -> Path | None:
+def write_result(bench: str, figures: dict[str, float], path: str | Path | None = None,
+                 **context: object) -> Path | None:
     """Write this run's `figures` (name -> number; the runner compares them in an A/B run) as JSON with the
     machine stamp, the command and `context`, to `path`, else to $SLACKTIER_BENCH_RESULT when the runner set it;
     returns the file written, or None when neither names one."""

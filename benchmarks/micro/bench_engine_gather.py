@@ -163,7 +163,8 @@ def main() -> int:
     lut = "torch index_select + codec LUT"
     write_result("micro.engine_gather", {
         f"{way}_over_torch_lut_B{b}": statistics.median(results[(b, lut)]) / statistics.median(results[(b, name)])
-        for b in batches for way, name in (("warm", "engine warm (cache hits)"), ("cold", "engine cold (page buffers)"))})
+        for b in batches
+        for way, name in (("warm", "engine warm (cache hits)"), ("cold", "engine cold (page buffers)"))})
     if args.png:
         fig, ax = pyplot().subplots(figsize=(7, 4))
         names = ["engine warm (cache hits)", "engine cold (page buffers)", base, "torch index_select + codec LUT"]
