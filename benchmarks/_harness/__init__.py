@@ -80,9 +80,10 @@ def save_figure(fig, path: str | Path, **savefig_kwargs) -> None:
 
 
 def bench_log(section: str, subsection: str | None = None) -> Path:
-    """The docs/bench-log/<area>.md file that holds the '## ' `section` (of those, the one that also holds
-    `subsection` under it, when one does)."""
-    holders = []
+    """The docs/bench-log/<area>.md file that holds the '## ' `section`: of those, the one that also holds
+    `subsection` under it, else the one with the most subsections under it (hot-path.md repeats the tier's
+    section heading for its one subsection)."""
+    holders: list[tuple[int, Path]] = []
     for path in sorted(BENCH_LOG.glob("*.md")):
         lines = path.read_text().split("\n")
         if section in lines:
@@ -90,10 +91,10 @@ def bench_log(section: str, subsection: str | None = None) -> Path:
             end = next((i for i, line in enumerate(after) if line.startswith("## ")), len(after))
             if subsection is not None and subsection in after[:end]:
                 return path
-            holders.append(path)
+            holders.append((sum(line.startswith("### ") for line in after[:end]), path))
     if not holders:
         raise SystemExit(f"no file in {BENCH_LOG} has the section {section!r}: add it to the area's log first")
-    return holders[0]
+    return max(holders, key=lambda h: h[0])[1]
 
 
 def append_to_section(block: str, section: str, subsection: str | None = None, path: Path | None = None) -> None:
