@@ -28,3 +28,8 @@ demo: setup
 test: setup
 	bash scripts/test.sh
 
+# The headline suites' benchmarks (benchmarks/README.md): long runs; fio is installed from Debian's packages when
+# missing. `$(BIN)/python -m benchmarks.run SUITE` runs one suite's quick preset.
+bench: setup
+	$(BIN)/python -m benchmarks.run headline
+

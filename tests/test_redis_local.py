@@ -142,11 +142,10 @@ def test_pause_stalls_reads(redis_cluster: LocalRedisCluster) -> None:
     reader = redis_cluster.client(port, admin=False, socket_timeout_s=0.2)
     assert reader.ping()
     redis_cluster.pause(port, 700)
-    began = time.monotonic()
-    with pytest.raises(redis.TimeoutError):
+    with pytest.raises(redis.TimeoutError):   # the 200 ms socket timeout, well inside the 700 ms pause
         reader.ping()
-    assert time.monotonic() - began < 0.6
-    _eventually(lambda: redis_cluster.client(port, socket_timeout_s=0.2).ping())
+    # a client that waits longer is answered when the pause ends: the node stalled, it did not fail
+    assert redis_cluster.client(port, admin=False, socket_timeout_s=30).ping()
 
 
 def test_no_secret_in_node_logs(redis_cluster: LocalRedisCluster) -> None:

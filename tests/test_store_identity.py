@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import time
 
 import crc32c
 import numpy as np
@@ -152,8 +151,32 @@ def test_redis_refuses_a_prefix_of_another_table_an_unfinished_load_or_none(serv
 
 def test_store_region_pages_writes_the_identity_after_the_pages(server):
     ident = TableIdentity("sha256:" + "ab" * 32, "cd" * 16)
-    spec = store_region_pages(server.url, "one", 1, 0, np.full((3, PAGE_BYTES), 5, np.uint8), identity=ident)
-    RedisSource([spec], RedisOptions(url=server.url), identity=ident).close()
+    pages = np.arange(3 * PAGE_BYTES, dtype=np.int64).reshape(3, PAGE_BYTES).astype(np.uint8) ^ 0x5A
+    watcher = redis.Redis.from_url(server.url)
+    try:
+        with watcher.monitor() as monitor:   # every command the server runs, in the order it ran them
+            spec = store_region_pages(server.url, "one", 1, 0, pages, identity=ident, pages_per_command=2)
+            redis.Redis.from_url(server.url).echo("end of load")
+            commands = []
+            for event in monitor.listen():
+                if "end of load" in event["command"]:
+                    break
+                commands.append(event["command"])
+    finally:
+        watcher.close()
+    writes = [i for i, c in enumerate(commands) if "one:1:0:" in c]
+    marks = [(i, "loading" in c) for i, c in enumerate(commands) if "one:identity" in c]
+    assert len(writes) == 2   # 3 pages, 2 per MSET
+    # the prefix is marked loading before any page lands and complete only after the last one
+    assert [loading for _, loading in marks] == [True, False]
+    assert marks[0][0] < writes[0] and writes[-1] < marks[1][0]
+    src = RedisSource([spec], RedisOptions(url=server.url), identity=ident)
+    try:
+        pool = PageBufferPool(3)
+        src.wait(src.submit(_reads([(0, 0), (0, 1), (0, 2)]), pool), timeout_s=5)
+        np.testing.assert_array_equal(pool.pages, pages)
+    finally:
+        src.close()
 
 
 def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server):
@@ -161,14 +184,12 @@ def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server)
     src = RedisSource([spec], RedisOptions(url=server.url, socket_timeout_ms=300))
     try:
         server.pause()  # connections stay open, nothing answers: without a socket timeout this blocks forever
-        t0 = time.monotonic()
         ticket = src.submit(_reads([(0, 1)]), PageBufferPool(1))
         with pytest.raises(SlackTierError) as info:
             src.wait(ticket, timeout_s=30)
-        elapsed_s = time.monotonic() - t0
+        # the socket timeout ended the batch (IO, naming it), not the 30 s wait (that would be a TIMEOUT)
         assert info.value.kind is ErrorKind.IO and "no reply within 300 ms" in str(info.value)
         assert (info.value.layer, info.value.rank, info.value.page) == (1, 0, 1)
-        assert elapsed_s < 2.0, elapsed_s  # one timeout (a timeout is never retried), plus slack
         server.resume()
         pool = PageBufferPool(1)
         src.wait(src.submit(_reads([(0, 0)]), pool), timeout_s=5)  # the source recovers with the server
@@ -179,10 +200,9 @@ def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server)
     # Opening against a paused server is bounded too.
     server.pause()
     try:
-        t0 = time.monotonic()
-        with pytest.raises(SlackTierError) as info:
+        with pytest.raises(SlackTierError) as info:   # without the socket timeout the open's PING never returns
             RedisSource([spec], RedisOptions(url=server.url, socket_timeout_ms=300))
-        assert info.value.kind is ErrorKind.UNAVAILABLE and time.monotonic() - t0 < 3.0
+        assert info.value.kind is ErrorKind.UNAVAILABLE and "timeout" in str(info.value).lower(), info.value
     finally:
         server.resume()
 

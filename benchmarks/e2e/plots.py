@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from benchmarks._common import pyplot, save_figure
+from benchmarks._harness import pyplot, save_figure
 from benchmarks.e2e.analysis import figure3_points, figure5_points, table2_rows
 from benchmarks.e2e.run import Results
 

@@ -22,7 +22,7 @@ import traceback
 from slacktier.errors import SlackTierError
 
 # verb -> module under slacktier.commands. The end-to-end benchmark is not a verb: it is an experiment beside the
-# package, `python benchmarks/bench_e2e_table2.py`.
+# package, `python benchmarks/paper/bench_e2e_table2.py`.
 VERBS = {
     "demo": "demo",
     "stage": "stage",

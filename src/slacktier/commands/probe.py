@@ -10,7 +10,7 @@ HELP = ("measure per-layer prefetch windows of a torch decoder (default: SmolLM2
 
 
 def __getattr__(name: str):
-    """`parse_layers` now lives in probe.report; benchmarks/bench_probe_windows.py still imports it from here.
+    """`parse_layers` now lives in probe.report; benchmarks/paper/bench_probe_windows.py still imports it from here.
 
     Resolved on first use: importing the probe (torch) at module load would slow every `slacktier` call.
     """

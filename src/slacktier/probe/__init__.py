@@ -5,14 +5,14 @@ hf.py (transformers) is not imported here; import slacktier.probe.hf to load rea
 
 from slacktier.probe.config import (NO_TARGET, ConfigWatcher, ProbeTarget, read_probe_config,
                                     write_probe_config)
-from slacktier.probe.hooks import CLOCKS, WindowProbe, clock_ns, find_decoder_layers
+from slacktier.probe.hooks import CLOCKS, Clock, SpinClock, WindowProbe, as_clock, clock_ns, find_decoder_layers
 from slacktier.probe.report import format_table, plot_windows, read_json, sweep_to_dict, write_json
 from slacktier.probe.sweep import (DelayPoint, LayerWindow, NoiseModel, SweepSettings, WindowSweep,
                                    measure_overhead, noise_model, sweep_windows)
 
 __all__ = [
-    "CLOCKS", "ConfigWatcher", "DelayPoint", "LayerWindow", "NO_TARGET", "NoiseModel", "ProbeTarget",
-    "SweepSettings", "WindowProbe", "WindowSweep", "clock_ns", "find_decoder_layers", "format_table",
+    "CLOCKS", "Clock", "ConfigWatcher", "DelayPoint", "LayerWindow", "NO_TARGET", "NoiseModel", "ProbeTarget",
+    "SpinClock", "SweepSettings", "WindowProbe", "WindowSweep", "as_clock", "clock_ns", "find_decoder_layers", "format_table",
     "measure_overhead", "noise_model", "plot_windows", "read_json", "read_probe_config", "sweep_to_dict",
     "sweep_windows",
     "write_json", "write_probe_config",

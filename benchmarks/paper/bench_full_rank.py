@@ -1,0 +1,142 @@
+"""One TP rank's full-size V4.1 shard on the step timeline: every rank's pages, then Table 2's rows for one rank.
+
+    # every rank's missed pages per full-batch decode step (no staging, no timing)
+    .venv/bin/python benchmarks/bench_full_rank.py pages --workload agent --batches 128 [--append]
+    # stage rank R's shard (52 GB, refused before writing if the disk lacks space) and time Table 2's rows on it
+    flock /tmp/slacktier-bench.lock nice -n -5 .venv/bin/python benchmarks/bench_full_rank.py timeline \\
+        --rank 3 --workload agent --batches 128 --runs 3 [--append]
+
+Device compute comes from a compute profile (default v41_paper); hashing,
+begin_step, the cache and every page read are real, on this machine's disk.
+`benchmarks/bench_timeline.py --full-rank R` runs the `timeline` part.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+from benchmarks._harness import bench_log, append_to_section, command_line, machine, utc_stamp  # noqa: E402
+
+from slacktier.serve.full_rank import (FullRankConfig, full_rank_table, peak_rss_gib, rank_page_counts,  # noqa: E402
+                                       rank_pages_table, run_full_rank)
+
+SECTION = "## Step timeline"
+
+
+def _append(title: str, regime: str, wall: float, table: str) -> None:
+    block = "\n".join([f"### {utc_stamp()}: {title}", "", regime, "",
+                       f"`{command_line(__file__)}` ({wall:.0f} s; {machine()})", "", "```", table, "```"])
+    append_to_section(block, SECTION)
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options of the `timeline` part (also `bench_timeline.py --full-rank R`)."""
+    ap.add_argument("--rank", type=int, default=3)
+    ap.add_argument("--workload", default="agent")
+    ap.add_argument("--batches", default="128")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--decode-steps", type=int, default=64, help="full-batch decode steps timed per run")
+    ap.add_argument("--warmup-steps", type=int, default=8, help="full-batch decode steps run first, not timed")
+    ap.add_argument("--start-spread-steps", type=int, default=32,
+                    help="the first B sessions start over this many decode steps (not in lockstep)")
+    ap.add_argument("--check-steps", type=int, default=4, help="checked decode steps after the timed ones")
+    ap.add_argument("--max-session-tokens", type=int, default=0, help="0: 4096 for agent, 1024 for chat")
+    ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
+    ap.add_argument("--profile", default="v41_paper")
+    ap.add_argument("--workdir", default="runs/full_rank")
+    ap.add_argument("--append", action="store_true", help=f"append the table to {bench_log(SECTION).name} ({SECTION})")
+
+
+def config(args: argparse.Namespace) -> FullRankConfig:
+    """The FullRankConfig of parsed arguments."""
+    return FullRankConfig(workdir=args.workdir, rank=args.rank, profile=args.profile, workload=args.workload,
+                          batches=tuple(int(b) for b in args.batches.split(",")), runs=args.runs,
+                          decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
+                          start_spread_steps=args.start_spread_steps,
+                          check_steps=args.check_steps,
+                          max_session_tokens=args.max_session_tokens,
+                          placements=tuple(p for p in args.placements.split(",") if p))
+
+
+def timeline(args: argparse.Namespace) -> int:
+    """Stage (or reuse) the rank's shard and run Table 2's placements on it."""
+    cfg = config(args)
+    t0 = time.perf_counter()
+    profile, manifest, runs = run_full_rank(cfg, progress=True)
+    wall = time.perf_counter() - t0
+    table = full_rank_table(profile, cfg, manifest, runs)
+    table += f"\npeak RSS of this process: {peak_rss_gib():.2f} GiB"
+    print(table)
+    steps = sorted({r.summary.steps for r in runs})
+    regime = (f"Regime: device compute from profile {profile.name} (the paper's V4.1 numbers, origin in the "
+              f"table's first line); host, cache and I/O real: rank {cfg.rank}'s full-size TP{cfg.ranks} shard of "
+              f"both Engram layers ({manifest.total_pages * 4096 / 1e9:.1f} GB, synthetic rows, V4.1 hash and "
+              f"layout) in one file on this VM's shared virtio disk (fio at QD 128: 29k-94k IOPS, median ~45k, "
+              "BENCHMARKS.md store section; vs the paper's NVMe), O_DIRECT, "
+              f"served by one process as that rank's (owned_only, its regions): the paper's \"4 disks\" "
+              "arrangement, one disk per rank (its \"1 disk\" rows, four ranks on one disk, are "
+              "bench_one_disk.py's); all tables of the process share the disk's one device queue; "
+              f"{cfg.workload} traffic "
+              f"(sessions within {cfg.max_session_tokens} tokens, {cfg.max_turns} turns), {cfg.decode_tokens} "
+              f"decode tokens per turn, {'/'.join(map(str, steps))} full-batch decode steps timed per run after "
+              f"{cfg.warmup_steps} untimed ones (first sessions' starts spread over {cfg.start_spread_steps} "
+              "steps), "
+              f"{cfg.runs} shuffled runs. A DRAM layer is the profile itself (stock path, not on the host's "
+              "begin_step path); its host memory is computed. This cannot show the device's gather, PCIe, "
+              "or the other three ranks' processes running beside this one (their pages are counted in the "
+              "`pages` table); the step is this rank's.")
+    if args.append:
+        _append(f"full-size rank {cfg.rank} shard, {cfg.workload}, B={args.batches}", regime, wall, table)
+    return 0
+
+
+def pages(args: argparse.Namespace) -> int:
+    """Every rank's pages per full-batch decode step, uncached and at the split cache's share."""
+    t0 = time.perf_counter()
+    out = []
+    for wl in args.workload.split(","):
+        for b in (int(x) for x in args.batches.split(",")):
+            cfg = FullRankConfig(workload=wl, batches=(b,), max_session_tokens=args.max_session_tokens,
+                                 start_spread_steps=args.start_spread_steps, engram_vocab=args.engram_vocab)
+            out += rank_page_counts(cfg, b, capacities=(0, 500_000), progress=False)
+    wall = time.perf_counter() - t0
+    table = rank_pages_table(out)
+    print(table)
+    regime = ("Regime: counts, not timings. The served CLOCK (pins per step) replayed over each TP4 rank's own "
+              "lookups (column sharding: rank k owns hash columns 6k..6k+5) of the "
+              + ("full V4.1 hash" if not args.engram_vocab else f"V4.1 hash over tables scaled to engram_vocab "
+                 f"{args.engram_vocab:,}") + ", on the "
+              "whole replay of the traffic (agent sessions within 4096 tokens, chat within 1024, 2 turns, "
+              f"128 decode tokens per turn, the first B sessions' starts spread over {args.start_spread_steps} "
+              "decode steps); pages = distinct 4 KiB pages of the rank's region missed per "
+              "full-batch decode step; cache rows are per layer and rank (500,000 = half of the 1M-row split "
+              "cache, and the layer-14-only cache).")
+    if args.append:
+        _append(f"every rank's pages per step ({args.workload}, B={args.batches})", regime, wall, table)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="part", required=True)
+    p = sub.add_parser("pages", help="every rank's missed pages per decode step")
+    p.add_argument("--workload", default="agent,chat")
+    p.add_argument("--batches", default="128")
+    p.add_argument("--max-session-tokens", type=int, default=0)
+    p.add_argument("--start-spread-steps", type=int, default=32)
+    p.add_argument("--engram-vocab", type=int, default=0,
+                   help="0: the full V4.1 tables; N: the same hash over scaled tables (bench_one_disk's quarter "
+                        "size is 4000000): pages per step should not change while the table dwarfs the cache")
+    p.add_argument("--append", action="store_true")
+    add_arguments(sub.add_parser("timeline", help="Table 2's rows on one rank's full-size shard"))
+    args = ap.parse_args(argv)
+    return pages(args) if args.part == "pages" else timeline(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
