@@ -7,9 +7,9 @@ must leave every outcome unchanged. This script prepares the Table 1 run's agent
 `--trace`; every run then evaluates CLOCK at 1M and 5M rows per layer, decode hit rates and a SHA-256 of each
 hit mask, and writes them to `--out`. Run it once per version (PYTHONPATH selects the source) and compare:
 
-    .venv/bin/python benchmarks/bench_clock_same.py --out runs/clock_same/new.json
-    PYTHONPATH=/path/to/old/src .venv/bin/python benchmarks/bench_clock_same.py --out runs/clock_same/old.json
-    .venv/bin/python benchmarks/bench_clock_same.py --compare runs/clock_same/old.json runs/clock_same/new.json
+    .venv/bin/python benchmarks/micro/bench_clock_same.py --out runs/clock_same/new.json
+    PYTHONPATH=/path/to/old/src .venv/bin/python benchmarks/micro/bench_clock_same.py --out runs/clock_same/old.json
+    .venv/bin/python benchmarks/micro/bench_clock_same.py --compare runs/clock_same/old.json runs/clock_same/new.json
 """
 
 from __future__ import annotations

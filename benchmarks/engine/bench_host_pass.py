@@ -32,7 +32,7 @@ submit counters), the floor, their ratio, the hit rate and pages per step, and
 the host memory of the rank's directories beside what 4 B per shard row took.
 `--json PATH` writes every figure.
 
-    .venv/bin/python benchmarks/bench_host_pass.py [--batches 32,64,128] [--rounds 3] [--steps 40]
+    .venv/bin/python benchmarks/engine/bench_host_pass.py [--batches 32,64,128] [--rounds 3] [--steps 40]
 """
 
 from __future__ import annotations
