@@ -121,41 +121,56 @@ def _replay(cfg: FullRankConfig, batch: int, hasher) -> Iterator:
 # ---- 1. every rank's pages ------------------------------------------------------------------------------
 
 def rank_page_counts(cfg: FullRankConfig, batch: int, capacities: Sequence[int] = (0, 500_000),
-                     progress: bool = False) -> list:
+                     progress: bool = False, partitions: Sequence[str] = ("columns",)) -> list:
     """RankPages of every rank and layer on the full replay of the traffic at `batch` (all full-batch decode
-    steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache)."""
+    steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache), under each
+    rank partition (tables.partition), all on the one trace."""
     from slacktier.workloads.hashing import EngramLookupHasher
     from slacktier.workloads.rank_pages import rank_pages
     from slacktier.workloads.replay import collect_trace
 
     hasher = EngramLookupHasher(cfg.layout())
     trace = collect_trace(_replay(cfg, batch, hasher), hasher, cfg.workload, batch, progress=progress)
-    return [r for layer in trace.layer_ids for rank in range(cfg.ranks)
-            for r in rank_pages(trace, layer, rank, cfg.ranks, capacities)]
+    return [r for part in partitions for layer in trace.layer_ids for rank in range(cfg.ranks)
+            for r in rank_pages(trace, layer, rank, cfg.ranks, capacities, part)]
+
+
+def _owned_text(columns: Sequence[int], orders: Sequence[int]) -> str:
+    """"cols 0..5, orders 2" for a run of columns; "cols 0,1,8,9,16,17, orders 2,3,4" otherwise."""
+    cols = sorted(columns)
+    run = cols == list(range(cols[0], cols[-1] + 1))
+    text = f"{cols[0]}..{cols[-1]}" if run else ",".join(map(str, cols))
+    return f"cols {text}, orders {','.join(map(str, orders))}"
 
 
 def rank_pages_table(results: Sequence) -> str:
-    """Per workload, B and cache: every rank's pages per full-batch decode step (layer 1 / layer 14) and decode
-    hit rate (layer 1), and the slowest rank (most pages over both layers)."""
+    """Per workload, B, cache and partition: every rank's pages per full-batch decode step (layer 1 / layer 14)
+    and decode hit rate (layer 1), the slowest rank (most pages over both layers) and its pages."""
     from slacktier.workloads.rank_pages import slowest_rank
 
     ranks = sorted({r.rank for r in results})
     layers = sorted({r.layer for r in results})
-    lines = [f"{'workload':8} {'B':>4} {'cache/layer':>11} {'steps':>5} "
-             + " ".join(f"{f'rank {k} pages L' + '/L'.join(map(str, layers)) + ' hit':>24}" for k in ranks)
-             + f" {'slowest':>7}"]
-    owns = {r.rank: f"cols {r.columns[0]}..{r.columns[1]}, orders {','.join(map(str, r.orders))}" for r in results}
-    lines.append(f"{'':8} {'':>4} {'':>11} {'':>5} " + " ".join(f"{owns[k]:>24}" for k in ranks))
+    parts = list(dict.fromkeys(r.partition for r in results))
+    width = 28
+    lines = [f"{'workload':8} {'B':>4} {'cache/layer':>11} {'partition':>9} {'steps':>5} "
+             + " ".join(f"{f'rank {k} pages L' + '/L'.join(map(str, layers)) + ' hit':>{width}}" for k in ranks)
+             + f" {'slowest':>7} {'its pages':>9}"]
+    for part in parts:
+        owns = {r.rank: _owned_text(r.columns, r.orders) for r in results if r.partition == part}
+        lines.append(f"{'':8} {'':>4} {'':>11} {part:>9} {'':>5} " + " ".join(f"{owns[k]:>{width}}" for k in ranks))
     keys = sorted({(r.workload, r.batch, r.capacity_rows) for r in results})
     for wl, batch, cap in keys:
-        rs = [r for r in results if (r.workload, r.batch, r.capacity_rows) == (wl, batch, cap)]
-        by = {(r.rank, r.layer): r for r in rs}
-        cells = []
-        for k in ranks:
-            pages = "/".join(f"{by[(k, l)].pages_mean:.0f}" for l in layers)
-            cells.append(f"{pages + f' {100 * by[(k, layers[0])].hit_rate:3.0f}%':>24}")
-        lines.append(f"{wl:8} {batch:>4} {cap:>11,} {rs[0].steps:>5} " + " ".join(cells)
-                     + f" {slowest_rank(rs, cap):>7}")
+        for part in parts:
+            rs = [r for r in results if (r.workload, r.batch, r.capacity_rows, r.partition) == (wl, batch, cap, part)]
+            by = {(r.rank, r.layer): r for r in rs}
+            cells = []
+            for k in ranks:
+                pages = "/".join(f"{by[(k, l)].pages_mean:.0f}" for l in layers)
+                cells.append(f"{pages + f' {100 * by[(k, layers[0])].hit_rate:3.0f}%':>{width}}")
+            slow = slowest_rank(rs, cap)
+            slow_pages = sum(by[(slow, l)].pages_mean for l in layers)
+            lines.append(f"{wl:8} {batch:>4} {cap:>11,} {part:>9} {rs[0].steps:>5} " + " ".join(cells)
+                         + f" {slow:>7} {slow_pages:>9.0f}")
     return "\n".join(lines)
 
 
