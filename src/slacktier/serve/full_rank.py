@@ -137,10 +137,9 @@ def rank_page_counts(cfg: FullRankConfig, batch: int, capacities: Sequence[int] 
 
 def _owned_text(columns: Sequence[int], orders: Sequence[int]) -> str:
     """"cols 0..5, orders 2" for a run of columns; "cols 0,1,8,9,16,17, orders 2,3,4" otherwise."""
-    cols = sorted(columns)
-    run = cols == list(range(cols[0], cols[-1] + 1))
-    text = f"{cols[0]}..{cols[-1]}" if run else ",".join(map(str, cols))
-    return f"cols {text}, orders {','.join(map(str, orders))}"
+    from slacktier.tables.partition import columns_text
+
+    return f"cols {columns_text(columns)}, orders {','.join(map(str, orders))}"
 
 
 def rank_pages_table(results: Sequence) -> str:

@@ -61,7 +61,8 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
 from slacktier.tables.odirect import write_file_atomic
-from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition, RowMap, StoredSpan, region_extent, stored_spans
+from slacktier.tables.partition import (DEFAULT_PARTITION, RankPartition, RowMap, StoredSpan, columns_text,
+                                       region_extent, stored_spans)
 from slacktier.tables.regions import Region, StagedRegion
 from slacktier.tables.table_layout import TableLayout
 
@@ -771,6 +772,6 @@ def check_tp_sharding(manifest: Manifest, tp_size: int, layers: Sequence[int] | 
             if (r.row_start, r.rows) != (lo, n):
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"{where}: layer {layer} rank {rank} region holds rows "
                                      f"[{r.row_start}, {r.row_start + r.rows}), TP {tp_size} {kind} sharding gives "
-                                     f"that rank columns {list(owned[rank])}, rows [{lo}, {lo + n})",
+                                     f"that rank columns {columns_text(owned[rank])}, rows [{lo}, {lo + n})",
                                      layer=layer, rank=rank, fix=f"stage the table again with --ranks {tp_size} "
                                      f"--partition {kind} from the model's hash layout")

@@ -71,6 +71,14 @@ def rank_columns(kind: str, n_columns: int, ranks: int, heads_per_order: int) ->
                  for k in range(ranks))
 
 
+def columns_text(columns: Sequence[int]) -> str:
+    """"0..5" for a run of columns, "0,1,8,9,16,17" otherwise."""
+    cols = sorted(int(c) for c in columns)
+    if cols == list(range(cols[0], cols[-1] + 1)):
+        return f"{cols[0]}..{cols[-1]}"
+    return ",".join(map(str, cols))
+
+
 @dataclass(frozen=True)
 class RankPartition:
     """A table's rank partition as the manifest records it: its kind and the columns of every rank."""
@@ -195,24 +203,25 @@ def region_extent(spans: Sequence[StoredSpan]) -> tuple[int, int]:
 
 @njit(nogil=True, cache=True)
 def _to_stored(ids, starts, shifts, rows, out):
-    """out = ids with every id in [0, rows) moved by its span's shift; other ids (pad, bad) copied as they are."""
-    flat = ids.reshape(-1)
-    o = out.reshape(-1)
+    """out[t, c] = ids[t, c] moved by its span's shift where it is in [0, rows); other ids (pad, bad) copied.
+
+    ids, out: [T, C] int64, any strides (a layer's slice of the step's [T, L, C] ids)."""
     n_spans = starts.shape[0]
-    for i in range(flat.shape[0]):
-        g = flat[i]
-        if g >= 0 and g < rows:
-            lo = 0
-            hi = n_spans - 1
-            while lo < hi:   # the last span starting at or before g
-                mid = (lo + hi + 1) >> 1
-                if starts[mid] <= g:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            o[i] = g + shifts[lo]
-        else:
-            o[i] = g
+    for t in range(ids.shape[0]):
+        for c in range(ids.shape[1]):
+            g = ids[t, c]
+            if g >= 0 and g < rows:
+                lo = 0
+                hi = n_spans - 1
+                while lo < hi:   # the last span starting at or before g
+                    mid = (lo + hi + 1) >> 1
+                    if starts[mid] <= g:
+                        lo = mid
+                    else:
+                        hi = mid - 1
+                out[t, c] = g + shifts[lo]
+            else:
+                out[t, c] = g
 
 
 @dataclass(frozen=True)
@@ -248,11 +257,18 @@ class RowMap:
                    np.array([s.stored_start - s.start for s in flat], dtype=np.int64), stored)
 
     def to_stored(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        """ids (any shape, int64) -> stored rows; ids outside [0, rows) are copied unchanged."""
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        """ids (int64, any shape; 2-D ones with any strides) -> stored rows, into `out` (same shape) when given;
+        ids outside [0, rows) are copied unchanged."""
+        ids = np.asarray(ids, dtype=np.int64)
         if out is None:
-            out = np.empty_like(ids)
-        _to_stored(ids, self.starts, self.shifts, np.int64(self.rows), out)
+            out = np.empty(ids.shape, dtype=np.int64)
+        if ids.ndim == 2:
+            _to_stored(ids, self.starts, self.shifts, np.int64(self.rows), out)
+        else:
+            flat = np.ascontiguousarray(ids).reshape(1, -1)
+            res = np.empty_like(flat)
+            _to_stored(flat, self.starts, self.shifts, np.int64(self.rows), res)
+            out[...] = res.reshape(ids.shape)
         return out
 
     def to_global(self, stored: np.ndarray) -> np.ndarray:
