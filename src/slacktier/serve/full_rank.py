@@ -74,6 +74,7 @@ class FullRankConfig:
     placements: tuple[str, ...] = ()  # names to run (default: all of timeline_placements)
     engram_vocab: int = 0             # 0: the full V4.1 tables; > 0: EngramLayout.scaled (tests, CI)
     wait_timeout_ms: float = 60_000.0  # the engine's longest wait for a layer's reads (a 4k-token prefill chunk)
+    partition: str = "columns"        # the rank partition the shard is staged and served under (tables.partition)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.ranks:
@@ -98,7 +99,8 @@ class FullRankConfig:
 
     @property
     def table_name(self) -> str:
-        return f"v41-rank{self.rank}" if not self.engram_vocab else f"v41x{self.engram_vocab}-rank{self.rank}"
+        name = f"v41-rank{self.rank}" if not self.engram_vocab else f"v41x{self.engram_vocab}-rank{self.rank}"
+        return name if self.partition == "columns" else f"{name}-{self.partition}"
 
     @property
     def manifest_path(self) -> Path:
@@ -184,13 +186,14 @@ def stage_rank_shard(cfg: FullRankConfig, progress: bool = False):
     layout = cfg.layout()
     if cfg.manifest_path.is_file():
         m = Manifest.load(cfg.manifest_path)
-        if ({r.rank for r in m.regions} == {cfg.rank} and m.ranks == cfg.ranks
+        if ({r.rank for r in m.regions} == {cfg.rank} and m.ranks == cfg.ranks and m.partition_kind == cfg.partition
                 and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(layout)):
             m.check_targets()
             return m
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     return stage_synthetic([cfg.target_path], layout, cfg.ranks, cfg.table_seed, overwrite=True,
-                           manifest_path=cfg.manifest_path, progress=progress, only_ranks=(cfg.rank,))
+                           manifest_path=cfg.manifest_path, progress=progress, only_ranks=(cfg.rank,),
+                           partition=cfg.partition, heads_per_order=layout.n_heads)
 
 
 # ---- 3. serving it on the timeline -----------------------------------------------------------------------
@@ -251,7 +254,8 @@ def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens
                           max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
                           owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms)
     tables = tuple(TableConfig(layer=l, manifest=str(manifest.path), source=placement.tier(l), rank=rank,
-                               cache_share=placement.share(l), order=order) for order, l in enumerate(served))
+                               partition=manifest.partition_kind, cache_share=placement.share(l), order=order)
+                   for order, l in enumerate(served))
     return ControlFile(engine=engine, tables=tables), served
 
 
