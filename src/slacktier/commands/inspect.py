@@ -164,8 +164,8 @@ def lines(report: dict[str, Any]) -> list[str]:
         out.append(f"manifest {m['manifest']}: {len(m['layers'])} layers, {m['ranks']} ranks, "
                    f"{len(m['targets'])} targets, source {m['source']}, rank partition {m['partition']}")
         if m["tp_checked"]:
-            out.append(f"  rank regions match TP {m['tp_checked']} {m['partition']} head sharding (whole hash columns "
-                       "per rank)")
+            out.append(f"  rank regions match TP {m['tp_checked']} head sharding (whole hash columns per rank, "
+                       f"{m['partition']} partition)")
         for d, target in enumerate(m["targets"]):
             out.append(f"  device {d}: {target}")
         for layer in m["layers"]:
