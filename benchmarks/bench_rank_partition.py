@@ -6,6 +6,8 @@ timeline stall of each partition's slowest rank on this disk.
     # the slowest rank of each partition served on the step timeline (disk-split placement, one disk per rank:
     # one rank's process on this VM's disk), the partitions interleaved in shuffled order, 3 runs each
     .venv/bin/python benchmarks/bench_rank_partition.py stall --workload agent --batch 128 --runs 3 --log
+    # what mapping the ids to stored rows adds to begin_step (warm steps, one process, both partitions)
+    .venv/bin/python benchmarks/bench_rank_partition.py cost --batch 128 --log
 
 `--log` appends the table to docs/bench-log/rank-partition.md. Each rank's shard is
 staged once per partition under --workdir (about 3.3 GB each at --engram-vocab
@@ -15,6 +17,7 @@ staged once per partition under --workdir (about 3.3 GB each at --engram-vocab
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -80,6 +83,19 @@ def curves(args: argparse.Namespace) -> int:
             split = rank_cache_rows(cv, total, unit_rows=5_000)
             rows = "/".join(f"{r // 1000}k" for r in split.cache_rows)
             lines.append(f"{part:9} {total:>11,} {even:6.0f} {rows:>40} {split.slowest_pages:8.0f}")
+    # each (partition, rank)'s curves in the planner's format: `slacktier plan --curves FILE` for that rank's process
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    for part in parts:
+        for k in range(cfg.ranks):
+            doc = {"workload": args.workload, "batch": args.batch, "partition": part, "rank": k, "layers": {
+                str(layer): {"capacity_rows": list(CAPACITIES), "pages_per_step": [
+                    next(r.pages_mean for r in res if (r.partition, r.rank, r.layer, r.capacity_rows) ==
+                         (part, k, layer, c)) for c in CAPACITIES]}
+                for layer in sorted({r.layer for r in res})}}
+            (out / f"curves-{args.workload}-b{args.batch}-{part}-rank{k}.json").write_text(json.dumps(doc, indent=1))
+    lines.append(f"\nper-rank miss curves for `slacktier plan --curves`: {out}/curves-{args.workload}-b{args.batch}-"
+                 "PARTITION-rankK.json")
     table = "\n".join(lines)
     print(table)
     if args.log:
@@ -152,17 +168,89 @@ def stall(args: argparse.Namespace) -> int:
     return 0
 
 
+def cost(args: argparse.Namespace) -> int:
+    """begin_step on warm steps (every lookup a hit) of one process serving a whole table staged
+    under each partition, interleaved: what mapping the ids to stored rows costs (balanced) against none."""
+    import tempfile
+
+    from slacktier.config import ControlFile, EngineConfig, TableConfig
+    from slacktier.engine.step import StepEngine
+    from slacktier.tables.engram_hash import EngramLayout
+    from slacktier.tables.stage import stage_synthetic
+
+    t0 = time.perf_counter()
+    layout = EngramLayout.scaled(args.engram_vocab)
+    parts = tuple(args.partitions.split(","))
+    rng = np.random.default_rng(0)
+    ids = np.stack([np.asarray(layout.layer_column_bounds(l)[:-1]) + rng.integers(
+        0, np.diff(layout.layer_column_bounds(l)), size=(args.batch, 24)) for l in layout.layer_ids], axis=1)
+    with tempfile.TemporaryDirectory(dir=args.workdir_parent) as tmp:
+        engines = {}
+        for p in parts:
+            m = stage_synthetic([Path(tmp) / f"{p}.bin"], layout, 4, 1, progress=False, partition=p)
+            tables = tuple(TableConfig(layer=l, manifest=m.path, partition=p, cache_share=0.5, order=i)
+                           for i, l in enumerate(layout.layer_ids))
+            engines[p] = StepEngine.from_config(ControlFile(engine=EngineConfig(cache_rows=4 * ids.size),
+                                                            tables=tables))
+        times: dict[str, list[float]] = {p: [] for p in parts}
+        try:
+            for rep in range(args.rounds):
+                for i in rng.permutation(len(parts)):
+                    e = engines[parts[i]]
+                    spent = 0
+                    for step in range(args.steps + (2 if rep == 0 else 0)):   # 2 first steps fill the cache
+                        t = time.perf_counter_ns()
+                        e.begin_step(ids)
+                        if step >= (2 if rep == 0 else 0):
+                            spent += time.perf_counter_ns() - t
+                        for layer in e.layers:   # untimed; a layer never gathered would leave its rows uncached
+                            e.gather(layer)
+                        e.end_step()
+                    times[parts[i]].append(spent / args.steps / 1e3)
+            mapping_us = None
+            if "balanced" in engines:   # the mapping alone, the least disturbed of many repeats
+                import timeit
+
+                e = engines["balanced"]
+                mapping_us = min(timeit.repeat(lambda: e._stored_ids(ids), number=200, repeat=30)) / 200 * 1e6
+        finally:
+            for e in engines.values():
+                e.close()
+    lines = [f"begin_step alone, warm (all hits; gather and end_step run untimed), B={args.batch}, 2 layers, one process serving the whole "
+             f"table (engram_vocab {args.engram_vocab:,}); {args.rounds} rounds of {args.steps} steps, interleaved",
+             f"{'partition':9} {'min us':>8} {'median us':>9} {'max us':>8}"]
+    for p in parts:
+        lines.append(f"{p:9} {min(times[p]):8.1f} {float(np.median(times[p])):9.1f} {max(times[p]):8.1f}")
+    if "columns" in times and "balanced" in times:
+        lines.append(f"balanced / columns, median: "
+                     f"{float(np.median(times['balanced'])) / float(np.median(times['columns'])):.2f}")
+    if mapping_us is not None:
+        lines.append(f"the mapping alone (StepEngine._stored_ids, min of 30 x 200 calls): {mapping_us:.1f} us per step")
+    table = "\n".join(lines)
+    print(table)
+    if args.log:
+        _log(f"the id mapping's cost on warm steps (B={args.batch})", "Regime: host CPU only, no reads (every "
+             "lookup hits); the two engines' rounds interleaved in shuffled order.", time.perf_counter() - t0, table)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="part", required=True)
-    for name in ("curves", "stall"):
+    for name in ("curves", "stall", "cost"):
         p = sub.add_parser(name)
         p.add_argument("--workload", default="agent")
         p.add_argument("--batch", type=int, default=128)
         p.add_argument("--partitions", default="columns,balanced")
-        p.add_argument("--engram-vocab", type=int, default=1_000_000 if name == "stall" else 0,
+        p.add_argument("--engram-vocab", type=int, default={"stall": 1_000_000, "cost": 20_000}.get(name, 0),
                        help="0: full V4.1 tables; N: the same hash over scaled tables")
         p.add_argument("--log", action="store_true", help=f"append the table to {LOG.relative_to(ROOT)}")
+        if name == "curves":
+            p.add_argument("--out", default="runs/rank_partition", help="where the per-rank curve files go")
+        if name == "cost":
+            p.add_argument("--rounds", type=int, default=15)
+            p.add_argument("--steps", type=int, default=50)
+            p.add_argument("--workdir-parent", default=None, help="where the small tables are staged (a temp dir)")
         if name == "stall":
             p.add_argument("--runs", type=int, default=3)
             p.add_argument("--decode-steps", type=int, default=64)
@@ -173,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
             p.add_argument("--seed", type=int, default=0)
             p.add_argument("--keep", action="store_true", help="keep the staged shards")
     args = ap.parse_args(argv)
-    return curves(args) if args.part == "curves" else stall(args)
+    return {"curves": curves, "stall": stall, "cost": cost}[args.part](args)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ stored row 215, page 14 of rank 0's region.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -201,25 +201,25 @@ def region_extent(spans: Sequence[StoredSpan]) -> tuple[int, int]:
     return spans[0].stored_start, spans[-1].stored_start + spans[-1].rows - spans[0].stored_start
 
 
+BUCKET_BITS = 12   # a RowMap's coarse index: 4096 buckets of row ids, each naming the span its first row is in
+
+
 @njit(nogil=True, cache=True)
-def _to_stored(ids, starts, shifts, rows, out):
+def _to_stored(ids, starts, shifts, first, bucket_shift, rows, out):
     """out[t, c] = ids[t, c] moved by its span's shift where it is in [0, rows); other ids (pad, bad) copied.
 
-    ids, out: [T, C] int64, any strides (a layer's slice of the step's [T, L, C] ids)."""
+    ids, out: [T, C] int64, any strides (a layer's slice of the step's [T, L, C] ids). The span of g is found
+    from its bucket's first span (first[g >> bucket_shift]) by a short forward scan: one compare where a bucket
+    lies inside one span, as almost all do."""
     n_spans = starts.shape[0]
     for t in range(ids.shape[0]):
         for c in range(ids.shape[1]):
             g = ids[t, c]
             if g >= 0 and g < rows:
-                lo = 0
-                hi = n_spans - 1
-                while lo < hi:   # the last span starting at or before g
-                    mid = (lo + hi + 1) >> 1
-                    if starts[mid] <= g:
-                        lo = mid
-                    else:
-                        hi = mid - 1
-                out[t, c] = g + shifts[lo]
+                k = first[g >> bucket_shift]
+                while k + 1 < n_spans and starts[k + 1] <= g:
+                    k += 1
+                out[t, c] = g + shifts[k]
             else:
                 out[t, c] = g
 
@@ -235,6 +235,14 @@ class RowMap:
     starts: np.ndarray        # [S] int64 global start of each span, ascending
     shifts: np.ndarray        # [S] int64 stored_start - start
     stored_rows: int          # rows of the layer's stored space (padding included)
+    bucket_shift: int = 0     # row id >> bucket_shift: its bucket (at most 2**BUCKET_BITS of them)
+    first: np.ndarray = field(default_factory=lambda: np.zeros(1, dtype=np.int64))  # [B] span of each bucket's row 0
+
+    def __post_init__(self) -> None:
+        shift = max(0, int(self.rows - 1).bit_length() - BUCKET_BITS)
+        lows = np.arange(((self.rows - 1) >> shift) + 1, dtype=np.int64) << shift
+        object.__setattr__(self, "bucket_shift", shift)
+        object.__setattr__(self, "first", np.searchsorted(self.starts, lows, side="right").astype(np.int64) - 1)
 
     @classmethod
     def of(cls, spans: Sequence[Sequence[StoredSpan]], rows: int) -> RowMap | None:
@@ -263,11 +271,11 @@ class RowMap:
         if out is None:
             out = np.empty(ids.shape, dtype=np.int64)
         if ids.ndim == 2:
-            _to_stored(ids, self.starts, self.shifts, np.int64(self.rows), out)
+            _to_stored(ids, self.starts, self.shifts, self.first, self.bucket_shift, self.rows, out)
         else:
             flat = np.ascontiguousarray(ids).reshape(1, -1)
             res = np.empty_like(flat)
-            _to_stored(flat, self.starts, self.shifts, np.int64(self.rows), res)
+            _to_stored(flat, self.starts, self.shifts, self.first, self.bucket_shift, self.rows, res)
             out[...] = res.reshape(ids.shape)
         return out
 
