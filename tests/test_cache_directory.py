@@ -47,11 +47,11 @@ def _check_outputs(cache: RowCache, ids: np.ndarray, geometry: LayerGeometry, sc
         r = g - geometry.row_start
         kind, idx = int(scratch.desc_kind[i]), int(scratch.desc_idx[i])
         if kind == KIND_SLOT:
-            assert cache.slot_row[idx] == r and cache.layer(1).directory[r] == idx
+            assert cache.slot_row[idx] == r and cache.slot_of(1, [r])[0] == idx
         elif kind == KIND_MISS:
             assert scratch.miss_row[idx] == r
             slot = int(scratch.miss_slot[idx])
-            assert slot == -1 or (cache.slot_row[slot] == r and cache.layer(1).directory[r] == slot)
+            assert slot == -1 or (cache.slot_row[slot] == r and cache.slot_of(1, [r])[0] == slot)
             rank = int(np.searchsorted(geometry.rank_starts, r, side="right")) - 1
             region, page = by_buf[int(scratch.miss_buf[idx])]
             assert region == geometry.rank_region[rank]
@@ -93,7 +93,7 @@ def test_row_filled_earlier_in_the_same_step_is_reused() -> None:
 def test_hits_before_any_victim_search_pin_later_and_clock_still_sees_them() -> None:
     cache = _cache(4)
     _step(cache, [1, 2, 3, 4])                       # the layer's four slots hold rows 1-4
-    slot = {r: int(cache.layer(1).directory[r]) for r in (1, 2, 3, 4)}
+    slot = {r: int(cache.slot_of(1, [r])[0]) for r in (1, 2, 3, 4)}
     scratch = PassScratch(64)
     before = cache.state.copy()
     cache.ref[:] = 0
@@ -116,8 +116,8 @@ def test_hits_before_any_victim_search_pin_later_and_clock_still_sees_them() -> 
     res = cache.resolve(1, np.array([1, 2, 3, 9]), TWO_RANKS, scratch)
     assert (res.hits, res.misses, res.pending) == (3, 1, 0)
     assert int(scratch.miss_slot[0]) == slot[4]
-    assert [int(cache.layer(1).directory[r]) for r in (1, 2, 3)] == [slot[1], slot[2], slot[3]]
-    assert cache.layer(1).directory[4] == -1 and cache.verify() == []
+    assert [int(cache.slot_of(1, [r])[0]) for r in (1, 2, 3)] == [slot[1], slot[2], slot[3]]
+    assert cache.slot_of(1, [4])[0] == -1 and cache.verify() == []
     cache.release_pins()
 
 

@@ -71,7 +71,7 @@ def test_cache_invariants(max_slots: int, share: float, ops: list) -> None:
                 assert exc.kind == ErrorKind.CAPACITY and used
         # Pinned slots are never evicted: every row used this step still sits in its slot.
         for (layer, r), s in used.items():
-            assert cache.layer(layer).directory[r] == s
+            assert cache.slot_of(layer, [r])[0] == s
             assert cache.slot_row[s] == r
         assert set(int(s) for s in cache.pinned()) == set(used.values())
         assert cache.verify() == []
@@ -201,23 +201,24 @@ def _thp_mode() -> str | None:
 
 @pytest.mark.skipif(_thp_mode() not in ("madvise", "never"), reason="needs THP in madvise or never mode: "
                     "there a large array gets no huge pages without numpy's advice")
-def test_a_large_directory_without_huge_pages_is_warned_about_and_counted(caplog) -> None:
-    """numpy's huge-page advice off, as on a kernel without THP: add_layer says so, with the fix, and counts it;
-    a small directory is not checked."""
+def test_a_large_directory_without_huge_pages_is_warned_about_and_counted(caplog, monkeypatch) -> None:
+    """numpy's huge-page advice off, as on a kernel without THP: the resize that builds a large directory says
+    so, with the fix, and counts it; a small directory is not checked. (The threshold is lowered to 1 MiB here:
+    a 64 MiB directory follows a layer of 4M slots, 1.1 GB of cache rows.)"""
     from numpy._core import multiarray
-    from slacktier.cache.rowcache import HUGE_PAGE_CHECK_BYTES, huge_page_share
+    from slacktier.cache import rowcache
+    monkeypatch.setattr(rowcache, "HUGE_PAGE_CHECK_BYTES", 2**20)
     was = multiarray._get_madvise_hugepage()
     multiarray._set_madvise_hugepage(False)
     try:
-        cache = RowCache(16)
+        cache = RowCache(2**17)
         with caplog.at_level("WARNING", logger="slacktier.cache.rowcache"):
-            cache.add_layer(1, 1000, 0.5)
-            cache.add_layer(14, HUGE_PAGE_CHECK_BYTES // 4, 0.5)
+            cache.add_layer(1, 1000, 0.0)
+            cache.add_layer(14, 10**6, 1.0)
     finally:
         multiarray._set_madvise_hugepage(was)
-    assert huge_page_share(cache.layer(14).directory) == 0.0
+    assert rowcache.huge_page_share(cache.layer(14).directory) == 0.0
     assert cache.small_page_directories == 1
     warned = [r.getMessage() for r in caplog.records if "huge pages" in r.getMessage()]
-    assert len(warned) == 1 and "layer 14's directory (64 MiB)" in warned[0] and "transparent_hugepage" in warned[0]
-    assert cache.layer(14).directory.min() == -1 == cache.layer(14).directory.max()   # still a whole directory
-
+    assert len(warned) == 1 and "layer 14's directory (2 MiB)" in warned[0] and "transparent_hugepage" in warned[0]
+    assert cache.cached(14)[0].size == 0 and cache.verify() == []   # a whole, empty directory

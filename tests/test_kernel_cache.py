@@ -9,7 +9,7 @@ from pathlib import Path
 
 import slacktier
 from slacktier import _kernel_cache
-from slacktier.engine import steppass
+from slacktier.cache import compiled as steppass
 
 
 def test_the_package_kernels_use_the_stamped_locator() -> None:

@@ -4,7 +4,7 @@ numba stamps a cached kernel with its own source file's mtime and size. A
 kernel that calls a kernel of another file compiles that callee into itself,
 so after the other file changed it kept running the old callee from the cache
 until its own file changed too. Found in issue 14's round (2026-12-02):
-`engine.steppass.run_layers` compiles `cache.directory.resolve_layer` into
+`cache.compiled.run_layers` compiles `cache.directory.resolve_layer` into
 itself, and an edit of the directory pass was absent from begin_step's compiled
 entry while the per-layer path ran it (the tests compare the two paths, and both
 passes were right, so they stayed green).
@@ -21,7 +21,7 @@ when it already is), so `import slacktier` itself does not import numba (half a
 second, which `slacktier --help` would pay).
 
 Worked example: edit `cache/directory.py`; the next process finds the stamp of
-`steppass.run_layers`'s cache index changed, ignores the index and compiles
+`compiled.run_layers`'s cache index changed, ignores the index and compiles
 `run_layers` again, with the new pass inlined.
 """
 

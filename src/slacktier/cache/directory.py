@@ -1,5 +1,8 @@
 """The directory pass of `begin_step`: one compiled loop per layer over its T x 24 lookups, on the one CLOCK.
 
+The directory is the layer's `cache.rowdir` hash table (row -> slot), sized to
+the slots the layer owns.
+
 For each lookup (global row id g, local row r = g - row_start):
 1. r in the directory, slot filled earlier this step -> reuse that read (miss m);
    r in the directory otherwise -> hit: record the slot, pin it;
@@ -49,6 +52,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from slacktier.cache import rowdir as D
 from slacktier.cache.kernels import EVICTIONS, HAND, PINNED, claim, filling, pin, prefetch, victim
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
@@ -89,7 +93,7 @@ class LayerGeometry:
     """
 
     row_start: int               # first global row id of the layer (ids minus this = local rows)
-    rows: int                    # local rows, the directory's length
+    rows: int                    # local rows this process serves (ids minus row_start fall in 0 .. rows)
     rank_starts: np.ndarray      # [R + 1] int64 local-row bounds of each rank's shard, 0 .. rows
     rank_region: np.ndarray      # [R] int32 source region index of each rank's shard
     seen: np.ndarray | None = None   # lossy mode: packed bitmap [ceil(rows / 8)] uint8 over local rows
@@ -229,6 +233,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     """
     shift = 64 - hbits
     mask = (np.int64(1) << hbits) - 1
+    dmask = directory.shape[0] - 1
     n_hits = 0
     n_miss = 0
     n_pages = 0
@@ -251,8 +256,8 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     # inside the sweep: 0.78x of the pass on warm steps, BENCHMARKS.md, issue 14). A pad id gets its
     # zero row, a bad id stops the pass; an in-table lookup is listed in own_pos / own_row, which the
     # later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4 rank),
-    # and its directory entry is prefetched: a random DRAM access (a V4.1 directory is 1.5 GB per
-    # layer). Prefetches retire at once, so this sweep has all of them in flight together; a sweep of
+    # and its directory entry is prefetched: a random DRAM access (`rowdir`: 16 MiB for a layer of 1M
+    # slots, beyond the last-level cache). Prefetches retire at once, so this sweep has all of them in flight together; a sweep of
     # loads instead held its loads in the core's window until they landed.
     n_own = 0
     i = 0
@@ -263,7 +268,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
             g = ids[t, c]
             r = g - row_start
             if r >= 0 and r < rows:
-                prefetch(directory, r)
+                prefetch(directory, D.home(r, dmask))
                 own_pos[n_own] = i
                 own_row[n_own] = r
                 n_own += 1
@@ -288,7 +293,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     hflat = htab.reshape(-1)
     for j in range(n_own):
         r = own_row[j]
-        s = directory[r]
+        s = D.find(directory, r)
         touch += s
         if s >= 0:
             prefetch(ref, s)
@@ -313,13 +318,13 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 j -= n_owned
             s = owned[j]
             if slot_layer[s] >= 0:
-                touch += directory[slot_row[s]]
+                touch += directory[D.home(slot_row[s], dmask)]
     lstate[SPARE] = touch
     settled = False
     for j in range(n_own):
         i = own_pos[j]
         r = own_row[j]
-        s = directory[r]
+        s = D.find(directory, r)
         if s >= 0:
             if not settled:   # no victim search yet: nothing is being filled, the pin can wait
                 ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step

@@ -34,6 +34,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from slacktier.cache import rowdir as D
+
 HAND = 0
 PINNED = 1
 EVICTIONS = 2
@@ -111,15 +113,17 @@ def victim(owned, state, ref, hand, pinned, step):
 
 @njit(nogil=True, cache=True, inline="always")
 def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, ref, step):
-    """Put `row` into `slot` (a victim: unpinned), pinned and marked filling; returns 1 if it evicted a row."""
+    """Put `row` into `slot` (a victim: unpinned), pinned and marked filling; returns 1 if it evicted a row.
+
+    directory: the layer's (`cache.rowdir`), which does not hold `row`."""
     evicted = 0
     if slot_layer[slot] >= 0:
         # Owned slots only ever hold rows of their owner layer, so this is our directory.
-        directory[slot_row[slot]] = -1
+        D.remove(directory, slot_row[slot], slot)
         evicted = 1
     slot_layer[slot] = layer_key
     slot_row[slot] = row
-    directory[row] = slot
+    D.insert(directory, row, slot)
     state[slot] = (step << 1) | FILL   # a victim is never pinned: this is a new pin
     ref[slot] = 1
     return evicted
@@ -138,7 +142,7 @@ def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, 
     evictions = lstate[EVICTIONS]
     for i in range(rows.shape[0]):
         r = rows[i]
-        s = directory[r]
+        s = D.find(directory, r)
         if s >= 0:
             pinned += pin(state, ref, s, step)
             out_slot[i] = s
@@ -165,9 +169,7 @@ def forget_slots(slots, directory, slot_layer, slot_row, state, ref):
         s = slots[i]
         if s < 0 or slot_layer[s] < 0:
             continue
-        r = slot_row[s]
-        if directory[r] == s:
-            directory[r] = -1
+        D.remove(directory, slot_row[s], s)
         slot_layer[s] = -1
         slot_row[s] = -1
         state[s] = (state[s] >> 1) << 1

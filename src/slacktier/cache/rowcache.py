@@ -5,8 +5,10 @@ lookups; `lookup` is the same policy for a batch of local rows without pages
 (both on the one CLOCK of `cache.kernels`).
 
 Memory: `max_slots` x (256 + 8) B on the device, reserved once; per slot 8 + 4
-+ 4 + 1 + 8 + 8 + 4 B of host bookkeeping; per cached layer a directory of
-4 B per row of the rows this process serves (int32, -1 = absent).
++ 4 + 1 + 8 + 8 + 4 B of host bookkeeping; per layer a directory (row -> slot,
+`cache.rowdir`) of 16-32 B per slot the layer owns (8 B entries at a load of at
+most 1/2, a power of two of them), whatever the table's row count: 16 MiB for
+a layer owning 1M slots.
 
 The slot budget `slots <= max_slots` is partitioned over layers by shares f_l
 (each layer gets round(f_l * slots) slots by largest remainder); each layer
@@ -22,25 +24,28 @@ slots, layer 14 owns 250; resize(slots=400) -> 300 and 100, layer 1 keeps its
 Huge pages: a directory's random reads are begin_step's floor, and their cost
 grows with the directory's size through address translation. On the project's
 machine (BENCHMARKS.md, `bench_directory_floor.py`) a random read from a 1.5 GB
-directory cost 1.9x one from 16 MiB in huge pages, and 3.1x in 4 KiB pages.
-numpy asks the kernel for transparent huge pages for large arrays; where the
-kernel gives a directory of 64 MiB or more less than half of them (THP off, or
-memory too fragmented), `add_layer` logs a warning with the fix and counts it
-in `small_page_directories`.
+array cost 1.9x one from 16 MiB in huge pages, and 3.1x in 4 KiB pages. The
+directory follows the slots, so it is that large only for a layer owning some
+4M slots or more. numpy asks the kernel for transparent huge pages for large
+arrays; where the kernel gives a directory of 64 MiB or more less than half of
+them (THP off, or memory too fragmented), the resize that built it logs a
+warning with the fix and counts it in `small_page_directories`.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
 from slacktier.cache import kernels as K
-from slacktier.cache.directory import (NO_SEEN, LayerGeometry, PassResult, PassScratch, StepTable, resolve_layer,
-                                       settle_layer)
+from slacktier.cache import rowdir as D
+from slacktier.cache.compiled import CompiledPass, PassLayer
+from slacktier.cache.directory import LayerGeometry, PassResult, PassScratch, StepTable, settle_layer
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 
@@ -56,9 +61,9 @@ class CacheLayer:
 
     layer: int
     key: int                 # small integer stored in slot_layer
-    rows: int                # directory length (rows this process serves)
+    rows: int                # rows this process serves (local rows 0 .. rows - 1)
     share: float
-    directory: np.ndarray    # [rows] int32, -1 = absent
+    directory: np.ndarray    # cache.rowdir's hash table of (row, slot), sized to the owned slots
     owned: np.ndarray        # [n] int32 slot ids
     lstate: np.ndarray = field(default_factory=K.empty_lstate)  # [hand, pinned, evictions, spare]
     # the last pass's hits whose pins wait (directory.settle_pins): (desc_kind, desc_idx, n), or None
@@ -167,7 +172,7 @@ class RowCache:
         self._next_key = 0
         self._table = StepTable()
         # bumped whenever a layer's arrays may be replaced (layers added or dropped, slots re-partitioned):
-        # the step engine's compiled entry names them by address (engine.steppass)
+        # the compiled pass names them by address (cache.compiled)
         self.generation = 0
         self.small_page_directories = 0   # directories add_layer warned about (see the module doc)
 
@@ -195,13 +200,11 @@ class RowCache:
         if layer in self._layers:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} already has a cache directory",
                                  fix="remove it first or use resize", layer=layer)
-        if rows < 0 or rows >= 2**40:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer rows {rows} outside 0..2**40",
+        if rows < 0 or rows >= D.ROW_LIMIT:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer rows {rows} outside 0..2**31",
                                  fix="split the table over more processes", layer=layer)
-        available_bytes(torch.device("cpu")).refuse(4 * int(rows), f"layer {layer}'s directory (4 B per row)")
         state = CacheLayer(layer=layer, key=self._next_key, rows=int(rows), share=float(share),
-                           directory=np.full(int(rows), -1, dtype=np.int32), owned=np.zeros(0, dtype=np.int32))
-        self._check_huge_pages(state)
+                           directory=D.empty(0), owned=np.zeros(0, dtype=np.int32))
         self._next_key += 1
         shares = {k: v.share for k, v in self._layers.items()} | {layer: float(share)}
         counts = split_slots(self.slots, shares)   # validate before mutating
@@ -257,7 +260,7 @@ class RowCache:
             self._layers[layer].share = f
 
     def _refuse_if_pinned(self, state: CacheLayer, target: int) -> None:
-        self._settle(state)
+        self.settle(state)
         pinned = int(np.count_nonzero(self._pinned_mask(state.owned)))
         if pinned > target:
             raise SlackTierError(ErrorKind.CAPACITY, f"layer {state.layer} has {pinned} slots pinned by the "
@@ -309,9 +312,16 @@ class RowCache:
             state.lstate[K.HAND] = 0
         for state in self._layers.values():
             state.lstate[K.PINNED] = int(np.count_nonzero(self._pinned_mask(state.owned)))
+            entries = D.entries_for(state.owned.shape[0])
+            if entries != state.directory.shape[0]:   # the slot count left the range its size serves
+                available_bytes(torch.device("cpu")).refuse(8 * entries, f"layer {state.layer}'s directory")
+                directory = np.full(entries, D.EMPTY, dtype=np.int64)
+                D.rebuild(directory, state.owned, state.key, self.slot_layer, self.slot_row)
+                state.directory = directory
+                self._check_huge_pages(state)
 
     # ---- steps --------------------------------------------------------------------------------------
-    def _settle(self, state: CacheLayer) -> None:
+    def settle(self, state: CacheLayer) -> None:
         """Apply the pins `resolve` left pending on `state`'s slots (its last pass's hits before any victim search).
 
         Called before anything reads this layer's pins or searches its slots for a victim within the step;
@@ -324,7 +334,7 @@ class RowCache:
 
     def _settle_all(self) -> None:
         for state in self._layers.values():
-            self._settle(state)
+            self.settle(state)
 
     def release_pins(self) -> None:
         """End the current step: every pin is released (one increment), pinned counts reset.
@@ -350,17 +360,28 @@ class RowCache:
                                  fix="pass local rows of the layer's shard", layer=layer)
         out_slot = np.empty(rows.shape[0], dtype=np.int32)
         out_hit = np.empty(rows.shape[0], dtype=np.uint8)
-        self._settle(state)
+        self.settle(state)
         K.admit_rows(state.key, rows, state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
                      self.state, self.ref, self.step, out_slot, out_hit)
         return out_slot, out_hit.astype(bool)
+
+    def step_table(self) -> StepTable:
+        """The stamped hash table a step's passes share (its pages and slot-less rows)."""
+        return self._table
+
+    def compiled_pass(self, layers: Sequence[PassLayer], *, columns: int, owned_only: bool = False,
+                      lossy: bool = False, pad_id: int = 0, pool_base: int = 0, pool_buffers: int = 0,
+                      submit_fn: int = 0) -> CompiledPass:
+        """The compiled pass over `layers` (window order) of this cache, as it is now (`cache.compiled`)."""
+        return CompiledPass(self, layers, columns=columns, owned_only=owned_only, lossy=lossy, pad_id=pad_id,
+                            pool_base=pool_base, pool_buffers=pool_buffers, submit_fn=submit_fn)
 
     def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
                 buf_base: int = 0, lossy: bool = False, owned_only: bool = False, pad_id: int = 0) -> PassResult:
         """Run `layer`'s directory pass over this step's ids (global row ids), outputs in `scratch`.
 
-        ids: [N] int64, or [T, C] int64 with any strides (lookup i = ids[i // C, i % C]): the engine
-        passes its step's [T, L, 24] slice of one layer as is, with no copy.
+        ids: [N] or [T, C] int64 (lookup i = ids[i // C, i % C]). The compiled pass of `begin_step`, over
+        one layer, its pages left for the caller to read.
 
         pad_id (negative; 0 = none): ids equal to it are padding, zero rows that touch nothing.
 
@@ -369,53 +390,26 @@ class RowCache:
         rows are KIND_FOREIGN instead of an error. On an id outside the table (result.bad_index >= 0)
         the pass stops there; what it claimed so far stays claimed (forget it, or end the step).
         """
-        state = self._layers.get(layer)
-        if state is None:
-            state = self.layer(layer)   # raises MISSING
-        if ids.ndim == 1:
-            ids = ids.reshape(1, -1)   # one row of lookups (a view)
-        n = ids.size
-        # The compiled pass has no bounds checks: these guard the arrays it indexes.
-        if n > scratch.capacity or geometry.rows != state.rows or ids.dtype is not _INT64 or ids.ndim != 2:
-            self._refuse_pass(state, ids, geometry, scratch)
-        seen = geometry.seen
-        if seen is None:
-            if lossy:
-                raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=layer,
-                                     fix="give the layer's geometry a seen bitmap, or turn lossy off")
-            seen = NO_SEEN
-        if state.pending is not None:   # a second pass of this layer in one step: the first's pins first
-            self._settle(state)
-        table = self._table
-        bits = table.prepare(n)
-        resolve_layer(ids, geometry.row_start, geometry.rows, owned_only, geometry.rank_starts,
-                      geometry.rank_region, lossy, seen, state.key, state.directory, state.owned, state.lstate,
-                      self.slot_layer, self.slot_row, self.state, self.ref, self.fill_miss, self.step,
-                      table.table, table.stamp, bits,
-                      scratch.desc_kind, scratch.desc_idx, scratch.miss_buf, scratch.miss_inpage,
-                      scratch.miss_slot, scratch.miss_row, scratch.page_region, scratch.page_no, scratch.page_buf,
-                      scratch.own_pos, scratch.own_row, buf_base, pad_id, scratch.counts)
-        # counts holds PassResult's fields in order; tuple.__new__ skips NamedTuple's slower keyword path.
-        result = tuple.__new__(PassResult, scratch.counts.tolist())
-        if result.pending:
-            state.pending = (scratch.desc_kind, scratch.desc_idx, result.pending)
-        return result
-
-    @staticmethod
-    def _refuse_pass(state: CacheLayer, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch) -> None:
-        if ids.ndim != 2 or ids.dtype is not _INT64:
+        ids = np.asarray(ids)
+        if ids.dtype != _INT64 or ids.ndim not in (1, 2):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype} {ids.shape}, want [N] or [T, C] int64",
-                                 layer=state.layer, fix="pass one layer's lookups as an int64 array")
+                                 layer=layer, fix="pass one layer's lookups as an int64 array")
         if ids.size > scratch.capacity:
             raise SlackTierError(ErrorKind.CAPACITY, f"{ids.size} lookups, scratch holds {scratch.capacity}",
-                                 layer=state.layer, fix="allocate PassScratch for the largest step")
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"geometry of {geometry.rows} rows, directory of {state.rows}",
-                             layer=state.layer, fix="re-add the layer with the table's row count")
+                                 layer=layer, fix="allocate PassScratch for the largest step")
+        rows = ids.reshape(1, -1) if ids.ndim == 1 else ids
+        step = np.ascontiguousarray(rows).reshape(rows.shape[0], 1, rows.shape[1])
+        cp = self.compiled_pass([PassLayer(layer, 0, geometry, scratch)], columns=step.shape[2],
+                                owned_only=owned_only, lossy=lossy, pad_id=pad_id)
+        cp.start(step.shape[0], buf_base)
+        cp.run(step)
+        ((result, _, _),) = cp.results(0, 0)
+        return result
 
     def forget(self, layer: int, slots: np.ndarray) -> None:
         """Drop the rows held in `slots` of `layer` (a fill that never arrived); slots < 0 are skipped."""
         state = self.layer(layer)
-        self._settle(state)
+        self.settle(state)
         K.forget_slots(np.ascontiguousarray(slots, dtype=np.int32), state.directory, self.slot_layer,
                        self.slot_row, self.state, self.ref)
 
@@ -433,10 +427,19 @@ class RowCache:
 
     # ---- inspection ---------------------------------------------------------------------------------
     def cached(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
-        """(local rows [n] int64, slots [n] int32) of every row `layer` holds now."""
-        state = self.layer(layer)
-        rows = np.flatnonzero(state.directory >= 0)
-        return rows.astype(np.int64), state.directory[rows].astype(np.int32)
+        """(local rows [n] int64, slots [n] int32) of every row `layer` holds now, in row order."""
+        return D.pairs(self.layer(layer).directory)
+
+    def slot_of(self, layer: int, rows: np.ndarray) -> np.ndarray:
+        """The slot holding each of `layer`'s local `rows` [n] ([n] int64, -1 where not cached)."""
+        rows = np.ascontiguousarray(rows, dtype=np.int64).reshape(-1)
+        out = np.empty(rows.shape[0], dtype=np.int64)
+        D.find_many(self.layer(layer).directory, rows, out)
+        return out
+
+    def directory_bytes(self) -> int:
+        """Host bytes of every layer's directory."""
+        return sum(state.directory.nbytes for state in self._layers.values())
 
     def owned_slots(self, layer: int) -> int:
         """Slots `layer` owns now."""
@@ -468,8 +471,14 @@ class RowCache:
             seen_owner[state.owned] = state.key
             if np.any(self.owner[state.owned] != state.key):
                 problems.append(f"owner array disagrees with layer {state.layer}'s slot list")
-            rows = np.flatnonzero(state.directory >= 0)
-            slots = state.directory[rows]
+            rows, slots = D.pairs(state.directory)
+            if np.unique(rows).shape[0] != rows.shape[0]:
+                problems.append(f"layer {state.layer}: a row is in the directory twice")
+            if np.any(self.slot_of(state.layer, rows) != slots):
+                problems.append(f"layer {state.layer}: a row its directory holds is not found by a lookup")
+            if rows.shape[0] > D.LOAD * state.directory.shape[0]:
+                problems.append(f"layer {state.layer}: directory of {state.directory.shape[0]} entries holds "
+                                f"{rows.shape[0]} rows")
             if np.unique(slots).shape[0] != slots.shape[0]:
                 problems.append(f"layer {state.layer}: two rows map to one slot")
             if np.any(self.slot_layer[slots] != state.key) or np.any(self.slot_row[slots] != rows):
@@ -487,7 +496,7 @@ class RowCache:
             problems.append(f"slots {used[orphan][:5]} hold rows of a removed layer")
         for key, state in keys.items():
             mine = used[self.slot_layer[used] == key]
-            bad = state.directory[self.slot_row[mine]] != mine
+            bad = self.slot_of(state.layer, self.slot_row[mine]) != mine
             if np.any(bad):
                 problems.append(f"layer {state.layer}: slots {mine[bad][:5]} claim rows whose directory "
                                 f"entry points elsewhere")

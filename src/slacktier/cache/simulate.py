@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from slacktier.cache import rowdir as D
 from slacktier.cache.directory import KIND_SLOT, N_COUNTS, resolve_layer
 from slacktier.errors import ErrorKind, SlackTierError
 
@@ -35,9 +36,9 @@ def _hash_bits(n):
 
 
 @njit(nogil=True, cache=True)
-def _replay(ids, step_starts, n_items, capacity, out):
+def _replay(ids, step_starts, n_items, capacity, dir_entries, out):
     # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; out: [M] int8 outcome per lookup
-    directory = np.full(n_items, -1, dtype=np.int32)
+    directory = np.full(dir_entries, -1, dtype=np.int64)   # rowdir's table for `capacity` slots (rowdir.empty)
     owned = np.arange(capacity).astype(np.int32)          # RowCache gives a lone layer slots 0..c-1 in order
     lstate = np.zeros(4, dtype=np.int64)
     slot_layer = np.full(capacity, -1, dtype=np.int32)
@@ -110,5 +111,5 @@ def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, 
         raise SlackTierError(ErrorKind.BAD_INPUT, f"step starts must rise from 0 to {m} lookups",
                              fix="pass the lookup index where each step begins, then the lookup count")
     out = np.empty(m, dtype=np.int8)
-    _replay(ids, starts, int(n_items), int(capacity), out)
+    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), out)
     return out

@@ -82,6 +82,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     """Per table: tier, devices, rank, cache slots and host bytes of the control file at `path`."""
     from slacktier.cache.rowcache import split_slots
     from slacktier.config import load_control
+    from slacktier.plan.tiers import directory_bytes
     from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
     from slacktier.tables.manifest import Manifest, check_tp_sharding
 
@@ -103,7 +104,8 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
             "devices": sorted({targets[r.device] for r in mine}) if t.source == "disk" else
             [getattr(t.options, "url", t.source)],
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
-            "table_bytes": table_bytes, "host_bytes": table_bytes if t.source == "dram" else 0,
+            "table_bytes": table_bytes, "directory_bytes": directory_bytes(slots.get(t.layer, 0)),
+            "host_bytes": (table_bytes if t.source == "dram" else 0) + directory_bytes(slots.get(t.layer, 0)),
         })
     # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
     pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES
@@ -184,7 +186,8 @@ def lines(report: dict[str, Any]) -> list[str]:
         for t in c["tables"]:
             out.append(f"  layer {t['layer']} (order {t['order']}): tier {t['tier']}, rank {t['rank']}, "
                        f"{t['rows']:,} rows ({_mib(t['table_bytes'])}) on {', '.join(t['devices'])}; cache "
-                       f"{t['cache_rows']:,} rows (share {t['cache_share']:g}); host memory {_mib(t['host_bytes'])}")
+                       f"{t['cache_rows']:,} rows (share {t['cache_share']:g}); host memory {_mib(t['host_bytes'])} "
+                       f"(directory {_mib(t['directory_bytes'])}, sized to the cache rows)")
         cache_host = c["cache_bytes"] if c["device"] == "cpu" else 0
         out.append(f"  host memory in all: {_mib(c['host_bytes'])} (tables {_mib(sum(t['host_bytes'] for t in c['tables']))}"
                    f", page buffer pool {_mib(c['page_pool_bytes'])}, row cache {_mib(cache_host)})")

@@ -7,12 +7,12 @@ One step, as data (DESIGN.md section 3):
         rows = engine.gather(l)       # [T, 24, 256] bf16 on the engine's device
     engine.end_step()                 # pins released, counters published
 
-`begin_step` runs the cache's directory pass once per layer in window order
-(the order of `tables`, short window first) and hands that layer's page list
-to its source before resolving the next layer, so the first layer's reads are
-in flight while the second is resolved. All of it is one compiled call
-(`engine.steppass`): the passes and the io_uring submissions run with no
-Python between layers; a layer whose pages go to another kind of source (DRAM,
+`begin_step` runs the cache's compiled pass (`cache.compiled`): each layer's
+directory pass in window order (the order of `tables`, short window first),
+and right after each pass that layer's page list goes to its device queue, so
+the first layer's reads are in flight while the second is resolved. It is one
+compiled call: the passes and the io_uring submissions run with no Python
+between layers; a layer whose pages go to another kind of source (DRAM,
 Redis, the thread engine) returns to Python, which submits them through the
 step's `LayerReads` and resumes the call at the next layer. `gather(l)` waits for layer l's reads only
 (`LayerReads.wait`), then one pass fills the missed rows' new cache slots and
@@ -42,7 +42,7 @@ to another one between steps, rebuilding only what changed.
 
 Per-rank mode (`owned_only=True`): a tensor-parallel rank's process serves only
 its own shard of each table (TableSpec row_start/rows = the rank's shard, one
-rank region), with a directory of 4 B per row of that shard. Row ids outside
+rank region). Row ids outside
 the shard are foreign: not resolved, not read, not cached, counted in
 zero_rows, and their output rows are -0.0 (bf16 0x8000), the way SGLang's
 per-rank host lookup zero-fills rows it does not own before its all-reduce.
@@ -77,12 +77,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from slacktier.cache import KIND_FOREIGN, KIND_MISS, NO_SEEN, PassResult, PassScratch, RowCache, fill_foreign
+from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassLayer, PassResult, PassScratch, RowCache, fill_foreign
+from slacktier.cache.compiled import WHY_BAD, CompiledPass
 from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
 from slacktier.config import ControlFile, load_control
 from slacktier.engine import build as B
-from slacktier.engine import steppass as SP
 from slacktier.engine.counters import LayerCounters, StepCounters
 from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
@@ -101,7 +101,6 @@ GATHER_IMPLS = ("auto", "numba", "torch")
 
 _NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
 _INT64 = np.dtype(np.int64)
-_N_COUNTS = len(PassResult._fields)
 
 
 @dataclass
@@ -122,10 +121,6 @@ class _LayerRun:
 
 class StepEngine:
     """Serves table layers from page sources through a row cache, step by step."""
-
-    # begin_step's passes in one compiled call (engine.steppass); False runs them one layer at a time from
-    # Python, the way they ran before (tests compare the two; benchmarks measure one beside the other)
-    _one_entry = True
 
     def __init__(self, tables: Sequence[TableSpec], cache: RowCache | None = None, device: str = "cpu", *,
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
@@ -173,7 +168,7 @@ class StepEngine:
         self._applying = False                   # inside apply: metrics are labelled once it is done
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
-        self._plan: SP.StepPlan | None = None   # built on the first step after any change it depends on
+        self._plan: _Plan | None = None   # built on the first step after any change it depends on
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
         self._configure(list(tables), ids_layers)
@@ -373,7 +368,7 @@ class StepEngine:
                                  fix="build a new engine; a closed one takes no more work")
 
     def _checked_ids(self, ids: np.ndarray) -> np.ndarray:
-        """`ids` as [T, L, 24] int64, or a BAD_INPUT error (counted in the metrics, when on)."""
+        """`ids` as C-contiguous [T, L, 24] int64, or a BAD_INPUT error (counted in the metrics, when on)."""
         try:
             if self._in_step:
                 raise SlackTierError(ErrorKind.BAD_INPUT, "begin_step while a step is open",
@@ -388,7 +383,7 @@ class StepEngine:
             if self.metrics is not None:
                 self.metrics.error(exc)
             raise
-        return ids
+        return np.ascontiguousarray(ids)   # the one layout the compiled pass takes
 
     def begin_step(self, ids: np.ndarray) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order).
@@ -400,7 +395,7 @@ class StepEngine:
         # misses (bench_begin_ab.py, two runs: the Python around the compiled call 0.89-0.94x, warm and fresh).
         plan = self._plan
         if (plan is None or self._in_step or self._closed or type(ids) is not np.ndarray or ids.dtype is not _INT64
-                or ids.shape[1:] != plan.ids_shape or ids.shape[0] > self._token_capacity
+                or ids.shape[1:] != plan.cp.ids_shape or ids.shape[0] > self._token_capacity
                 or not ids.flags.c_contiguous):
             self._refuse_if_closed()
             ids = self._checked_ids(ids)
@@ -414,10 +409,7 @@ class StepEngine:
         # This pass is on the step's critical path (Eq. 1's s): per layer it resolves, submits and keeps
         # the PassResult and three clock readings; end_step turns them into the layer's counters.
         try:
-            if self._one_entry:
-                self._resolve_compiled(ids)
-            else:
-                self._resolve_per_layer(ids)
+            self._resolve(ids)
         except BaseException as exc:
             self._abort_step()
             if self.metrics is not None:
@@ -432,88 +424,38 @@ class StepEngine:
             row_map.to_stored(ids[:, axis, :], out[:, axis, :])
         return out
 
-    def _resolve_per_layer(self, ids: np.ndarray) -> None:
-        """begin_step's passes one layer at a time from Python (`RowCache.resolve`, then the source's submit)."""
-        cache = self.cache
-        lossy, owned_only, pad_id = self.lossy, self.owned_only, self.pad_id
-        buf_base = 0
-        for layer in self._order:
-            run = self._layers[layer]
-            run.resolved = run.gathered = False
-            lookups = ids[:, run.axis, :]   # [T, 24] int64, a strided view the pass reads as is
-            if self.check:
-                run.ids = lookups.copy()   # the checker reads them at gather
-            spec = run.spec
-            sc = run.scratch
-            t0 = perf_counter_ns()
-            res = cache.resolve(layer, lookups, spec.geometry, sc, buf_base=buf_base, lossy=lossy,
-                                owned_only=owned_only, pad_id=pad_id)
-            t1 = perf_counter_ns()
-            run.res = res
-            run.resolved = True   # whatever it claimed must be released on abort
-            if res.bad_index >= 0:
-                self._refuse_row(run, lookups, res.bad_index)
-            if res.pages:
-                reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
-                                  buffer=sc.page_buf[:res.pages])
-                self._reads.submit(layer, spec.source, reads, self._pool)
-                buf_base += res.pages
-            run.clock = (t0, t1, perf_counter_ns())
-
-    def _resolve_compiled(self, ids: np.ndarray) -> None:
-        """begin_step's passes and io_uring submissions in one compiled call (engine.steppass); Python runs
-        between layers only where a layer's pages go to a source without a C engine, or an id is bad."""
-        cache = self.cache
-        table = cache._table
-        n_layers = len(self._order)
-        passes = max(1, n_layers)   # stamps the step's passes use: one per layer
-        bits = table.prepare(ids.shape[0] * self.columns, passes)
+    def _resolve(self, ids: np.ndarray) -> None:
+        """begin_step's passes and submissions: the cache's compiled pass over every layer (cache.compiled);
+        Python runs between layers only where a layer's pages go to a source without a C engine, or an id is
+        bad."""
         plan = self._plan
-        pool = self._pool
-        if (plan is None or plan.generation != cache.generation or plan.htab is not table.table
-                or plan.pool is not pool):
+        if plan is None or plan.cp.stale() or plan.pool is not self._pool:
             plan = self._plan = self._build_plan()
-        if not ids.flags.c_contiguous:
-            ids = np.ascontiguousarray(ids)   # one layout of the compiled entry, compiled once
-        a = plan.arr
-        a[SP.H_STEP] = cache.step
-        a[SP.H_STAMP] = table.stamp - passes + 1
-        a[SP.H_HBITS] = bits
-        for state in plan.states:   # pins an earlier pass left pending (none between steps), as resolve does
-            if state.pending is not None:
-                cache._settle(state)
-        runs, states, lanes = plan.runs, plan.states, plan.lanes
+        cp = plan.cp
+        cp.start(ids.shape[0])
+        runs, lanes, n_layers = plan.runs, plan.lanes, len(plan.runs)
+        pool, reads, check = self._pool, self._reads, self.check
         start = 0
         while True:
-            a[SP.H_START] = start
-            # The sources' locks are held around the call (see store.disk.NativeLane). A `with` per lock does not
+            # The clients' locks are held around the call (see store.disk.NativeLane). A `with` per lock does not
             # fit a set of locks that varies per plan, and ExitStack costs microseconds on this path.
             held = 0
             try:
-                for lane, fields in plan.natives:
+                for lane, layers in plan.natives:
                     lane.lock.acquire()
                     held += 1
                     handle = lane.handle()
-                    for at in fields:
-                        a[at] = handle
-                SP.run_layers(ids, a)   # starts at layer `start`; the first call also at page buffer 0
-                stop = int(a[SP.H_STOP])
-                rows = plan.out.tolist()   # per layer: the pass's counts, then job and clock readings
-                for i in range(start, min(stop + 1, n_layers)):
+                    for i in layers:
+                        cp.set_engine(i, handle)
+                stop, why = cp.run(ids, start)
+                for i, (res, job, clock) in enumerate(cp.results(start, stop), start):
                     run = runs[i]
-                    row = rows[i]
-                    res = run.res = tuple.__new__(PassResult, row[:_N_COUNTS])
+                    run.res = res
                     run.resolved = True   # whatever it claimed must be released on abort
-                    if res.pending:
-                        sc = run.scratch
-                        states[i].pending = (sc.desc_kind, sc.desc_idx, res.pending)
-                    run.clock = row[_N_COUNTS + 1:]   # its three clock readings, as a list
-                    job = row[_N_COUNTS]
+                    run.clock = clock
                     if job:
-                        lane = lanes[i]
-                        self._reads.adopt(run.spec.layer, lane.source, lane.adopt(job, res.pages, pool),
-                                          res.pages)
-                    if self.check:
+                        reads.adopt(run.spec.layer, lanes[i].source, lanes[i].adopt(job, res.pages, pool), res.pages)
+                    if check:
                         run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
             finally:
                 for lane, _ in plan.natives[:held]:
@@ -523,75 +465,36 @@ class StepEngine:
             # Layer `stop` is resolved: an id outside its table, or pages for Python to submit.
             run = runs[stop]
             res = run.res
-            if int(a[SP.H_WHY]) == SP.WHY_BAD:
+            if why == WHY_BAD:
                 self._refuse_row(run, ids[:, run.axis, :], res.bad_index)
             sc = run.scratch
-            reads = PageReads(region=sc.page_region[:res.pages], page=sc.page_no[:res.pages],
-                              buffer=sc.page_buf[:res.pages])
-            self._reads.submit(run.spec.layer, run.spec.source, reads, pool)
+            reads.submit(run.spec.layer, run.spec.source, PageReads(
+                region=sc.page_region[:res.pages], page=sc.page_no[:res.pages], buffer=sc.page_buf[:res.pages]), pool)
             run.clock = (run.clock[0], run.clock[1], perf_counter_ns())
             start = stop + 1
 
-    def _build_plan(self) -> SP.StepPlan:
-        """The compiled entry's plan for the engine's layers, cache and scratch as they are now."""
-        cache = self.cache
-        plan = SP.StepPlan(len(self._order), cache.generation, cache._table.table, self._pool, self.columns)
-        a = plan.arr
-        plan.put(SP.H_SLOT_LAYER, cache.slot_layer, SP.H_SLOTS)
-        for at, arr in ((SP.H_SLOT_ROW, cache.slot_row), (SP.H_STATE, cache.state), (SP.H_REF, cache.ref),
-                        (SP.H_FILL_MISS, cache.fill_miss)):
-            _same_length(arr, cache.slot_layer, "the cache's slot arrays")
-            plan.put(at, arr)
-        plan.put(SP.H_HTAB, cache._table.table, SP.H_HROWS)
-        a[SP.H_OWNED_ONLY] = self.owned_only
-        a[SP.H_LOSSY] = self.lossy
-        a[SP.H_PAD_ID] = self.pad_id
-        a[SP.H_CLOCK_FN] = SP.clock_gettime_address()
-        natives: dict[int, tuple[object, list[int]]] = {}   # per source: its NativeLane or None, its layers' R_ENGINE
-        for i, layer in enumerate(self._order):
-            run = self._layers[layer]
-            spec = run.spec
-            geo = spec.geometry
-            state = cache.layer(layer)
-            sc = run.scratch
-            if geo.rows != state.rows:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"geometry of {geo.rows} rows, directory of {state.rows}",
-                                     layer=layer, fix="re-add the layer with the table's row count")
-            if self.lossy and geo.seen is None:
-                raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=layer,
-                                     fix="give the layer's geometry a seen bitmap, or turn lossy off")
-            r = SP.StepPlan.record(i)
-            a[r + SP.R_AXIS] = run.axis
-            a[r + SP.R_ROW_START] = geo.row_start
-            a[r + SP.R_ROWS] = geo.rows
-            plan.put(r + SP.R_RANK_STARTS, geo.rank_starts)
-            plan.put(r + SP.R_RANK_REGION, geo.rank_region, r + SP.R_RANKS)
-            plan.put(r + SP.R_SEEN, geo.seen if geo.seen is not None else NO_SEEN, r + SP.R_SEEN_LEN)
-            a[r + SP.R_KEY] = state.key
-            plan.put(r + SP.R_DIRECTORY, state.directory)
-            plan.put(r + SP.R_OWNED, state.owned, r + SP.R_OWNED_LEN)
-            plan.put(r + SP.R_LSTATE, state.lstate)
-            plan.put(r + SP.R_DESC_KIND, sc.desc_kind, r + SP.R_CAPACITY)
-            for at, arr in ((SP.R_DESC_IDX, sc.desc_idx), (SP.R_MISS_BUF, sc.miss_buf),
-                            (SP.R_MISS_INPAGE, sc.miss_inpage), (SP.R_MISS_SLOT, sc.miss_slot),
-                            (SP.R_MISS_ROW, sc.miss_row), (SP.R_PAGE_REGION, sc.page_region),
-                            (SP.R_PAGE_NO, sc.page_no), (SP.R_PAGE_BUF, sc.page_buf),
-                            (SP.R_OWN_POS, sc.own_pos), (SP.R_OWN_ROW, sc.own_row)):
-                _same_length(arr, sc.desc_kind, "a pass scratch's arrays")
-                plan.put(r + at, arr)
-            plan.runs.append(run)
-            plan.states.append(state)
-            source = spec.source
+    def _build_plan(self) -> _Plan:
+        """The cache's compiled pass over the engine's layers, cache and scratch as they are now, with the
+        device queue client each layer's pages go to."""
+        runs = [self._layers[layer] for layer in self._order]
+        lanes: list[object | None] = []
+        natives: dict[int, tuple[object | None, list[int]]] = {}   # per source: its NativeLane or None, its layers
+        submit_fn = 0
+        for i, run in enumerate(runs):
+            source = run.spec.source
             if id(source) not in natives:   # native_lane: a capability of io_uring disk sources
                 make = getattr(source, "native_lane", None)
                 natives[id(source)] = (make() if callable(make) else None, [])
-            lane, fields = natives[id(source)]
+            lane, layers = natives[id(source)]
             if lane is not None:
-                fields.append(r + SP.R_ENGINE)
-                a[SP.H_SUBMIT_FN] = lane.submit_address
-            plan.lanes.append(lane)
-        plan.natives = [(lane, fields) for lane, fields in natives.values() if lane is not None]
-        return plan
+                layers.append(i)
+                submit_fn = lane.submit_address
+            lanes.append(lane)
+        cp = self.cache.compiled_pass(
+            [PassLayer(run.spec.layer, run.axis, run.spec.geometry, run.scratch) for run in runs],
+            columns=self.columns, owned_only=self.owned_only, lossy=self.lossy, pad_id=self.pad_id,
+            pool_base=self._pool.base, pool_buffers=self._pool.capacity, submit_fn=submit_fn)
+        return _Plan(cp, self._pool, runs, lanes, [(lane, layers) for lane, layers in natives.values() if lane])
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
         spec = run.spec
@@ -910,6 +813,17 @@ class StepEngine:
 
 
 @dataclass
+class _Plan:
+    """The step's compiled pass and the device queue clients its layers' pages go to (`_build_plan`)."""
+
+    cp: CompiledPass
+    pool: PageBufferPool            # the page pool it names; a new pool needs a new plan
+    runs: list[_LayerRun]           # the engine's layer runs, in window order
+    lanes: list[object | None]      # their sources' NativeLane (store.disk), None where Python submits
+    natives: list[tuple[object, list[int]]]   # (NativeLane, the indices of its layers), one per such client
+
+
+@dataclass
 class _Applied:
     """What an engine built from a control file serves, to tell what a new one changes."""
 
@@ -947,10 +861,3 @@ def _check_rank_sharding(resolved: dict[int, B.Resolved]) -> None:
     for layer, r in resolved.items():
         if r.config.rank >= 0 and layer in r.manifest.layout.column_bounds:
             check_tp_sharding(r.manifest, r.manifest.ranks, [layer])
-
-
-def _same_length(a: np.ndarray, like: np.ndarray, what: str) -> None:
-    """The compiled entry indexes without bounds checks: arrays it takes as one length must be one length."""
-    if a.shape[0] != like.shape[0]:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{what} differ in length ({a.shape[0]} != {like.shape[0]})",
-                             fix="a bug: report it with the control file")

@@ -10,7 +10,7 @@ from __future__ import annotations
 # ---- page layout (DESIGN section 2; slacktier.tables.layout) ----------------------------------------------
 PAGE_BYTES = 4096                  # bytes per page on every tier
 ROWS_PER_PAGE = 15                 # rows of 264 B per page
-DIRECTORY_BYTES_PER_ROW = 4        # bytes per row of an int32 row -> slot directory (paper section 5)
+DIRECTORY_BYTES_PER_ROW = 0        # per table row (paper: int32 row -> slot, 4 B; ours follows the cache)
 
 # ---- the paper's NVMe read-time model (paper section 4.1) --------------------------------------------------
 # One NVMe disk shared by four TP ranks, least squares over the paper's end-to-end runs (R^2 = 0.997):

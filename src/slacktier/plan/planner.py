@@ -75,7 +75,8 @@ def _predict(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], split: Ca
         TablePlan(layer=tab.layer, manifest=tab.manifest, source=tier.name, order=i,
                   cache_share=split.shares[i], cache_rows=split.shares[i] * cache_rows,
                   window_ms=tab.window_ms, pages_per_step=pages[i], read_ms=read_ms[tab.layer],
-                  stall_ms=exp.stall_of(tab.layer), host_bytes=tier.host_bytes(tab.rows))
+                  stall_ms=exp.stall_of(tab.layer),
+                  host_bytes=tier.host_bytes(tab.rows, int(split.shares[i] * cache_rows)))
         for i, (tab, tier) in enumerate(zip(tables, tiers)))
     return Plan(tables=plans, cache_rows=int(cache_rows), target_ms=target_ms, kappa_ms=kappa_ms,
                 resolve_ms=resolve_ms, slowdown_ms=exp.slowdown_ms,

@@ -8,9 +8,12 @@ queue, which admits reads in window order, so a table's read time is
 (plan.readmodel; paper: one NVMe disk, T_1 = 0.30 ms + 3.05 us * P_1 + 0.37 us * P_14).
 
 Host memory of a table on a tier: the whole table as 4 KiB pages if the tier
-keeps it in host memory (DRAM), plus a directory of `directory_bytes_per_row`
-per row (4 B, int32 row -> slot) for tiers that do not, plus the tier's page
-buffers (counted once per table that uses it).
+keeps it in host memory (DRAM), plus the table's cache directory, which
+follows the cache slots it owns (cache.rowdir: 16-32 B per slot), plus
+`directory_bytes_per_row` per table row for tiers that do not hold the table
+(0 by default: an implementation with a per-row directory, as the paper's
+int32 row -> slot array, sets 4), plus the tier's page buffers (counted once
+per table that uses it).
 
 A tiers file (TOML), as `slacktier probe --read-fit` writes it, holds one [[tier]] per device queue:
 
@@ -23,7 +26,7 @@ A tiers file (TOML), as `slacktier probe --read-fit` writes it, holds one [[tier
     ahead_page_ms = 0.00305    # c: ms per page queued ahead of it on this tier (earlier-window tables)
     behind_page_ms = 0.00037   # c_behind: ms per page queued behind it (later-window tables)
     holds_table = false        # default: true for the DRAM tier only
-    directory_bytes_per_row = 4
+    directory_bytes_per_row = 0
     buffer_bytes = 67108864
 
     [tier.fit]                 # optional, written by the read fit: what the numbers came from
@@ -53,6 +56,7 @@ import tomli_w
 
 from slacktier.config import DramOptions, tier_names, tier_options_type
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.cache.rowdir import entries_for
 from slacktier.plan.constants import DIRECTORY_BYTES_PER_ROW, PAGE_BYTES, ROWS_PER_PAGE
 from slacktier.plan.readmodel import DeviceReadModel
 
@@ -99,11 +103,16 @@ class TierSpec:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"negative host-memory size for tier {self.name}",
                                  fix="sizes are >= 0 bytes")
 
-    def host_bytes(self, rows: int) -> int:
-        """Host memory one table of `rows` rows costs on this tier."""
+    def host_bytes(self, rows: int, cache_slots: int = 0) -> int:
+        """Host memory one table of `rows` rows, owning `cache_slots` cache slots, costs on this tier."""
         table = -(-rows // ROWS_PER_PAGE) * PAGE_BYTES if self.holds_table else 0  # whole pages
-        directory = 0 if self.holds_table else self.directory_bytes_per_row * rows
-        return table + directory + self.buffer_bytes
+        per_row = 0 if self.holds_table else self.directory_bytes_per_row * rows
+        return table + per_row + directory_bytes(cache_slots) + self.buffer_bytes
+
+
+def directory_bytes(cache_slots: int) -> int:
+    """Host bytes of a table's cache directory when it owns `cache_slots` slots (cache.rowdir)."""
+    return 8 * entries_for(int(cache_slots))
 
 
 def in_host_memory(name: str) -> bool:

@@ -44,7 +44,6 @@ from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, Ti
                                       TimelineSummary, load_profile, run_replay, summarize, sweep_sessions,
                                       timeline_placements)
 
-DIRECTORY_BYTES_PER_ROW = 4   # int32 row -> slot, per row of the rank's shard (DESIGN section 2)
 MAX_SESSION_TOKENS = {"agent": 4096, "chat": 1024}   # agent: 305 sessions fit 4096 tokens, 5 fit 1024
 
 
@@ -209,8 +208,15 @@ class LayerSubset:
         self.engine = engine
         self.axes = list(axes)
 
+    def prepare(self, ids: np.ndarray) -> np.ndarray:
+        """The step's ids of the served layers, as the engine takes them (C-contiguous), before the step."""
+        return np.ascontiguousarray(np.asarray(ids)[:, self.axes, :])
+
     def begin_step(self, ids: np.ndarray) -> None:
-        self.engine.begin_step(np.asarray(ids)[:, self.axes, :])
+        """ids: prepared (`prepare`); the warm-up's unprepared [T, L, C] ids are cut here."""
+        if ids.shape[1] != len(self.axes):
+            ids = self.prepare(ids)
+        self.engine.begin_step(ids)
 
     def gather(self, layer: int) -> object:
         return self.engine.gather(layer)
@@ -223,18 +229,24 @@ class LayerSubset:
 
 def host_memory_bytes(manifest, rank: int, placement) -> int:
     """Host memory of the rank's process for the tables under `placement` (computed): each DRAM layer's shard
-    in pages, plus each engine-served layer's directory (4 B per shard row). The row cache is device memory.
+    in pages, plus each engine-served layer's directory, sized to the cache slots it owns (cache.rowdir). The
+    row cache is device memory.
 
-    Worked example: rank 3 of V4.1, layer 1 in DRAM (6,400,168 pages = 26.2 GB) and layer 14 on disk
-    (96,005,118 rows -> 384 MB of directory) -> 26.6 GB.
+    Worked example: rank 3 of V4.1, layer 1 in DRAM (6,400,168 pages = 26.2 GB) and layer 14 on disk with
+    500,000 cache rows (a directory of 2**20 entries, 8 MiB) -> 26.2 GB.
     """
+    from slacktier.cache.rowdir import entries_for
+    from slacktier.cache.rowcache import split_slots
+
+    served = {l: placement.share(l) for l in manifest.layout.layer_ids if placement.tier(l) != "dram"}
+    slots = split_slots(placement.cache_rows, served) if served else {}
     total = 0
     for layer in manifest.layout.layer_ids:
         region = manifest.region(layer, rank)
         if placement.tier(layer) == "dram":
             total += region.nbytes
         else:
-            total += DIRECTORY_BYTES_PER_ROW * region.rows
+            total += 8 * entries_for(slots.get(layer, 0))
     return total
 
 
@@ -405,6 +417,7 @@ def full_rank_table(profile: ComputeProfile, cfg: FullRankConfig, manifest, runs
     lines.append("overhead: mean measured stall per step (wait for rows past each layer's scheduled start, plus "
                  "begin_step overrun; dequant pass excluded); min..max over shuffled runs; p99 step = profile + p99 "
                  "stall; Eq. 1 from the same steps' s and read times; host GB computed (DRAM shards in pages + "
-                 "4 B/row directories; the cache is device memory); hit over decode lookups; pg = pages read per "
-                 "step; s = step start to begin_step returned (hash + resolve + submit).")
+                 "the directories, sized to the cache; the cache is device memory); hit over decode lookups; pg = pages "
+                 "read per step; s = begin_step from its call to its return (resolve + submit; the step's ids are "
+                 "pulled and hashed before the step starts).")
     return "\n".join(lines)

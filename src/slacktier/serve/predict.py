@@ -256,14 +256,17 @@ def run_delayed_replay(runner: TimelineRunner, engine: DelayedEngine, steps: Ite
     out: list[TimelineStep] = []
     clock = runner.clock
     while len(out) < decode_steps:
-        t0 = clock.now()
+        tp = clock.now()
         st = next(steps, None)
         if st is None:
             break
-        engine.t0 = t0
         if st.kind == "decode" and st.num_tokens == batch:
-            out.append(runner.step(st.ids, t0=t0))
+            ids = runner.prepare(st.ids)
+            prepare_ms = (clock.now() - tp) * 1e3
+            engine.t0 = clock.now()
+            out.append(runner.step(ids, prepare_ms))
         else:
+            engine.t0 = clock.now()
             runner.warm(st.ids)
     return out
 

@@ -182,7 +182,7 @@ def timeline_table(profile, runs: Sequence, planner_ms: Mapping[tuple[int, str],
     l1, l2 = layers[:2]
     lines.append(f"{'B':>4} {'placement':18} {'runs':>4} {'profile':>7} {'stall/step':>10} {'%':>6} {'min..max':>13} "
                  f"{'Eq.1':>6} {'%':>6} " + (f"{'planner':>7} {'%':>6} " if planner_ms is not None else "") +
-                 f"{'p99':>6} {'s':>5} {'begin':>5} {f'read L{l1}':>8} {f'read L{l2}':>8} "
+                 f"{'p99':>6} {'s':>5} {'prep':>5} {f'read L{l1}':>8} {f'read L{l2}':>8} "
                  f"{f'pg L{l1}':>6} {f'pg L{l2}':>6} {f'hit L{l1}':>6} {f'hit L{l2}':>6} {'pass':>5}")
     spans: dict[int, list[tuple[str, float, float]]] = {}
     for (batch, name), rs in sorted(groups.items(), key=lambda kv: (kv[0][0], stat([r.summary.stall_ms
@@ -198,7 +198,7 @@ def timeline_table(profile, runs: Sequence, planner_ms: Mapping[tuple[int, str],
         lines.append(
             f"{batch:>4} {name:18} {len(rs):>4} {step:7.2f} {m:7.2f} ms {100 * m / step:+5.1f}% {lo:6.2f}..{hi:<6.2f}"
             f"{pred:6.2f} {100 * pred / step:+5.1f}% " + _planner_cell(planner_ms, batch, name, step) +
-            f"{avg(lambda s: s.p99_stall_ms):6.2f} {avg(lambda s: s.s_ms):5.2f} {avg(lambda s: s.begin_ms):5.2f} "
+            f"{avg(lambda s: s.p99_stall_ms):6.2f} {avg(lambda s: s.s_ms):5.2f} {avg(lambda s: s.prepare_ms):5.2f} "
             f"{avg(lambda s: s.read_ms[l1]):8.2f} {avg(lambda s: s.read_ms[l2]):8.2f} "
             f"{avg(lambda s: s.pages[l1]):6.0f} {avg(lambda s: s.pages[l2]):6.0f} "
             f"{fmt_pct(avg(lambda s: s.hit_rate[l1])):>6} {fmt_pct(avg(lambda s: s.hit_rate[l2])):>6} "
@@ -210,8 +210,9 @@ def timeline_table(profile, runs: Sequence, planner_ms: Mapping[tuple[int, str],
                      f"{sum(r.mismatches for r in checked)} mismatching rows")
     lines.append("stall/step: measured wait for rows past each layer's scheduled start (and begin_step overrun), "
                  "the dequant pass ('pass', ms, all layers) excluded; Eq. 1: predicted from the same steps' s and "
-                 "read times; min..max over shuffled runs; ms and % of the profile's step. s: step start until "
-                 "begin_step returned (pulling and hashing the step, then begin_step); begin: begin_step alone."
+                 "read times; min..max over shuffled runs; ms and % of the profile's step. s: begin_step, from "
+                 "its call to its return (the step starts there); prep: pulling and hashing the step's ids from the "
+                 "replay before the step (the benchmark's work, not a server's; not on the timeline)."
                  + (" planner: predicted before the runs from the profile's windows, the read fit, the fit half's "
                     "miss-page curves and the fit configurations' s(B) and kappa (serve.predict)."
                     if planner_ms is not None else ""))

@@ -7,7 +7,8 @@ needs its rows) and the step's total compute, at a few batch sizes.
 
 One decode step (`TimelineRunner.step`), all times from t0 = step start:
 
-    host: pull ids (hash), engine.begin_step(ids)                -> s
+    before t0: pull the step's ids (hash them)                     -> prepare (reported apart)
+    host: engine.begin_step(ids)                                  -> s (its call to its return)
     for each lookup layer l in depth order:
         sleep until sched_l = W_l + (stalls so far)  (time.sleep, spin the last ~100 us)
         engine.gather(l), called at c_l              -> returns at g_l
@@ -25,7 +26,14 @@ stall, also a layer whose rows were ready before its start (BENCHMARKS.md,
 engine publishes counters only at `end_step`, so while the step runs the next
 layer's schedule is shifted by g_l - sched_l minus layer l's non-waiting gather
 time of the previous step (g - c - wait; an estimate); the recorded stalls and
-the step's end use this step's counters. Worked example: W1 = 0.27, W14 = 9.35, total 29.41;
+the step's end use this step's counters.
+
+Why the ids are prepared before the step's clock starts: pulling a step from
+the replay (history windows, positions, slot bookkeeping in Python) and hashing
+it is the benchmark's work, not the server's: a serving engine's scheduler has
+the step's tokens before the step, and SGLang hashes on the device. So `s` is
+`begin_step` alone, as a server pays it (issue 28); the preparation is kept
+in `prepare_ms`. Worked example: W1 = 0.27, W14 = 9.35, total 29.41;
 begin_step takes 0.5 ms, layer 1's gather is called at 0.5 ms, waits 0.4 ms
 for its reads and returns at 1.0 ms after a 0.1 ms pass: stall_1 = 0.5 + 0.4 -
 0.27 = 0.63; layer 14 is scheduled at 9.98 ms; its rows are ready, so
@@ -239,7 +247,7 @@ class TimelineStep:
 
     index: int
     tokens: int
-    s_ms: float                     # step start -> begin_step returned (pull, hash, resolve, submit)
+    s_ms: float                     # begin_step, from its call to its return (resolve, submit): the step's start
     step_ms: float                  # profile total + measured stalls
     stall_ms: dict[int, float]      # measured: scheduled start -> rows ready (wait for reads + begin_step overrun)
     predicted_ms: dict[int, float]  # Eq. 1 from s_ms and read_ms
@@ -249,7 +257,8 @@ class TimelineStep:
     pages: dict[int, int]
     hits: dict[int, int]
     lookups: dict[int, int]
-    begin_ms: float = 0.0           # begin_step alone (resolve, submit); s_ms - begin_ms: pulling and hashing the step
+    begin_ms: float = 0.0           # = s_ms (kept for runs stored when s also held the pulling and hashing)
+    prepare_ms: float = 0.0         # pulling and hashing the step's ids, before its clock started (not in s)
 
     @property
     def stall_total_ms(self) -> float:
@@ -282,14 +291,18 @@ class TimelineRunner:
             self.engine.gather(layer)
         self.engine.end_step()
 
-    def step(self, ids: np.ndarray, t0: float | None = None) -> TimelineStep:
-        """One decode step of ids [T, L, 24] int64; `t0`: when the step started (before pulling/hashing its ids)."""
+    def prepare(self, ids: np.ndarray) -> np.ndarray:
+        """The step's ids as the engine takes them (an engine's own `prepare`, e.g. a rank's layer subset)."""
+        prep = getattr(self.engine, "prepare", None)
+        return prep(ids) if prep is not None else ids
+
+    def step(self, ids: np.ndarray, prepare_ms: float = 0.0) -> TimelineStep:
+        """One decode step of prepared ids [T, L, 24] int64 (`prepare`); the step starts at the begin_step call.
+        `prepare_ms`: what pulling and preparing them took, recorded apart."""
         clock = self.clock
-        t0 = clock.now() if t0 is None else t0
-        tb = clock.now()
+        t0 = clock.now()
         self.engine.begin_step(ids)
         s = clock.now() - t0
-        begin = clock.now() - tb
         sched: dict[int, float] = {}
         called: dict[int, float] = {}
         done: dict[int, float] = {}
@@ -319,7 +332,7 @@ class TimelineRunner:
             wait_ms={l: c[l].wait_us / 1e3 for l in self.layers},
             gather_ms={l: c[l].gather_us / 1e3 for l in self.layers},
             pages={l: int(c[l].pages_read) for l in self.layers}, hits={l: int(c[l].hits) for l in self.layers},
-            lookups={l: int(c[l].lookups) for l in self.layers}, begin_ms=begin * 1e3)
+            lookups={l: int(c[l].lookups) for l in self.layers}, begin_ms=s * 1e3, prepare_ms=prepare_ms)
 
 
 def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int, warm: bool = True,
@@ -331,22 +344,25 @@ def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps
     The first `warmup_steps` full-batch decode steps run on the timeline but are not recorded (first-call
     costs, a cache filling); `warm=False` skips the non-timed steps on the engine, all but the first with
     `warm_first` (an uncached placement: nothing a prefill reads survives the step; the first warms the code).
-    `before_step` runs before each step is pulled: TP ranks in several processes meet there (a barrier), so
-    every rank's step starts together, as in a tensor-parallel forward."""
+    Each step's ids are pulled and prepared before its clock starts (`TimelineStep.prepare_ms`, module doc).
+    `before_step` runs after that, just before the step: TP ranks in several processes meet there (a barrier),
+    so every rank's step starts together, as in a tensor-parallel forward."""
     it: Iterator = iter(steps)
     out: list[TimelineStep] = []
     clock = runner.clock
     warmed_once = not warm_first
     skip = warmup_steps
     while len(out) < decode_steps:
-        if before_step is not None:
-            before_step()
-        t0 = clock.now()
-        st = next(it, None)   # pulling a step hashes its tokens: host work, inside s for a decode step
+        tp = clock.now()
+        st = next(it, None)   # pulling a step hashes its tokens: the benchmark's work, before the step's clock
         if st is None:
             break
         if st.kind == "decode" and st.num_tokens == batch:
-            step = runner.step(st.ids, t0=t0)
+            ids = runner.prepare(st.ids)
+            prepare_ms = (clock.now() - tp) * 1e3
+            if before_step is not None:
+                before_step()
+            step = runner.step(ids, prepare_ms)
             if skip > 0:
                 skip -= 1
             else:
@@ -371,7 +387,8 @@ class TimelineSummary:
     gather_ms: dict[int, float]
     pages: dict[int, float]
     hit_rate: dict[int, float]
-    begin_ms: float = float("nan")   # the part of s_ms that is begin_step itself (NaN: a run stored before it was kept)
+    begin_ms: float = float("nan")   # begin_step itself (= s_ms since issue 28; NaN: a run stored before it was kept)
+    prepare_ms: float = float("nan")  # pulling and hashing a step, before its clock (NaN: a run stored before)
 
 
 def summarize(steps: Sequence[TimelineStep]) -> TimelineSummary:
@@ -392,7 +409,7 @@ def summarize(steps: Sequence[TimelineStep]) -> TimelineSummary:
         gather_ms={l: mean(lambda s: s.gather_ms[l]) for l in layers},
         pages={l: mean(lambda s: s.pages[l]) for l in layers},
         hit_rate={l: sum(s.hits[l] for s in steps) / max(1, sum(s.lookups[l] for s in steps)) for l in layers},
-        begin_ms=mean(lambda s: s.begin_ms))
+        begin_ms=mean(lambda s: s.begin_ms), prepare_ms=mean(lambda s: s.prepare_ms))
 
 
 # ---- placements on a scaled table, shuffled runs (the demo's section and benchmarks/bench_timeline.py) ------

@@ -105,7 +105,7 @@ def _submit_kernel():
 
 @functools.cache
 def submit_address() -> int:
-    """Address of st_eng_submit, for compiled code that calls it by address (engine.steppass)."""
+    """Address of st_eng_submit, for compiled code that calls it by address (cache.compiled)."""
     return ctypes.cast(ctypes.CDLL(str(build_helper())).st_eng_submit, ctypes.c_void_p).value
 
 

@@ -296,7 +296,7 @@ class DiskSource(RegionSource):
 
     def native_lane(self) -> NativeLane | None:
         """Capability: compiled code may queue batches straight on this source's io_uring client
-        (engine.steppass); None when every batch must go through `submit` (the thread engine, regions on
+        (cache.compiled); None when every batch must go through `submit` (the thread engine, regions on
         several devices, or a subclass that overrides `submit`, such as a test's fault injector, which must
         see every batch)."""
         att = self._direct

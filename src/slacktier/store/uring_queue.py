@@ -6,7 +6,7 @@ while a ring may have them registered: the kernel pins a registered pool's
 pages, and a new pool mapped at a freed pool's address would otherwise be
 written through the old registration.
 
-Compiled code (engine/steppass.py) queues a batch straight on a client with
+Compiled code (cache/compiled.py) queues a batch straight on a client with
 `st_eng_submit`, by address: `submit_address()` and the client handle.
 """
 

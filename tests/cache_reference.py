@@ -1,0 +1,139 @@
+"""A plain-Python reference of one layer's directory pass (cache.directory) and its CLOCK (cache.kernels).
+
+It keeps its own directory (a dict), slot rows, pins, fill marks and reference
+bits, and resolves a step's lookups one by one in order, the way the module doc
+of `cache.directory` states the policy: hit (pin), reuse of a read this step,
+pad, foreign, lossy zero, miss (page buffer, CLOCK victim or none). The compiled
+pass defers hits' pins and walks its lookups in waves; the outcome must be the
+same lookup for lookup.
+
+Worked example: 2 slots, lookups [5, 7, 5, 9] on an empty layer -> 5 and 7 claim
+slots 0 and 1, 5 reuses its own fill (miss 0), 9 finds both slots pinned and is
+read without a slot (bypass).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from slacktier.cache import KIND_FOREIGN, KIND_MISS, KIND_SLOT, KIND_ZERO
+
+ROWS_PER_PAGE = 15
+
+
+@dataclass
+class RefLayer:
+    """One layer's slots as the reference sees them: `owned` in CLOCK order, and the rows they hold."""
+
+    owned: list[int]
+    hand: int = 0
+    directory: dict[int, int] = field(default_factory=dict)   # row -> slot
+
+
+@dataclass
+class RefPass:
+    kinds: list[int]
+    idx: list[int]          # slot (hits) or miss index
+    miss_rows: list[int]
+    miss_slots: list[int]
+    pages: list[tuple[int, int]]   # (region, page) in the order first read
+    counts: dict[str, int]
+
+
+class RefCache:
+    """Slots shared by layers (each owns its own), pins by step, CLOCK reference bits and fill marks."""
+
+    def __init__(self) -> None:
+        self.step = 0
+        self.pinned: dict[int, int] = {}     # slot -> step that pinned it
+        self.filling: dict[int, int] = {}    # slot -> miss index of this step's read that fills it
+        self.ref: dict[int, int] = {}
+        self.slot_row: dict[int, int] = {}
+        self.layers: dict[int, RefLayer] = {}
+
+    def end_step(self) -> None:
+        self.step += 1
+        self.filling.clear()
+
+    def _victim(self, lay: RefLayer) -> int:
+        n = len(lay.owned)
+        pinned = sum(1 for s in lay.owned if self.pinned.get(s) == self.step)
+        if n == 0 or pinned >= n:
+            return -1
+        if lay.hand >= n:
+            lay.hand = 0
+        for _ in range(2 * n + 1):
+            s = lay.owned[lay.hand]
+            lay.hand = (lay.hand + 1) % n
+            if self.pinned.get(s) == self.step:
+                continue
+            if self.ref.get(s, 0):
+                self.ref[s] = 0
+                continue
+            return s
+        return -1
+
+    def resolve(self, layer: int, ids: list[int], *, row_start: int, rows: int, rank_starts: list[int],
+                rank_region: list[int], owned_only: bool = False, seen: set[int] | None = None,
+                pad_id: int = 0) -> RefPass:
+        lay = self.layers[layer]
+        out = RefPass([KIND_FOREIGN] * len(ids), [-1] * len(ids), [], [], [],
+                      dict(hits=0, reused=0, zero=0, padded=0, foreign=0, bypass=0, evicted=0, bad_index=-1))
+        c = out.counts
+        bypassed: dict[int, int] = {}        # row -> miss index, read this step without a slot
+        page_buf: dict[tuple[int, int], int] = {}
+        for i, g in enumerate(ids):
+            r = g - row_start
+            if not 0 <= r < rows:
+                if pad_id < 0 and g == pad_id:
+                    out.kinds[i] = KIND_ZERO
+                    c["padded"] += 1
+                elif owned_only:
+                    c["foreign"] += 1
+                else:
+                    c["bad_index"] = i
+                    break
+                continue
+            s = lay.directory.get(r, -1)
+            if s >= 0:
+                if s in self.filling:
+                    out.kinds[i], out.idx[i] = KIND_MISS, self.filling[s]
+                    c["reused"] += 1
+                else:
+                    self.pinned[s] = self.step
+                    self.ref[s] = 1
+                    out.kinds[i], out.idx[i] = KIND_SLOT, s
+                    c["hits"] += 1
+                continue
+            if r in bypassed:
+                out.kinds[i], out.idx[i] = KIND_MISS, bypassed[r]
+                c["reused"] += 1
+                continue
+            if seen is not None and r not in seen:
+                out.kinds[i] = KIND_ZERO
+                c["zero"] += 1
+                continue
+            k = max(j for j in range(len(rank_region)) if rank_starts[j] <= r)
+            key = (rank_region[k], (r - rank_starts[k]) // ROWS_PER_PAGE)
+            if key not in page_buf:
+                page_buf[key] = len(out.pages)
+                out.pages.append(key)
+            m = len(out.miss_rows)
+            out.miss_rows.append(r)
+            s = self._victim(lay)
+            out.miss_slots.append(s)
+            if s >= 0:
+                old = self.slot_row.get(s)
+                if old is not None:
+                    del lay.directory[old]
+                    c["evicted"] += 1
+                self.slot_row[s] = r
+                lay.directory[r] = s
+                self.pinned[s] = self.step
+                self.ref[s] = 1
+                self.filling[s] = m
+            else:
+                bypassed[r] = m
+                c["bypass"] += 1
+            out.kinds[i], out.idx[i] = KIND_MISS, m
+        return out

@@ -1,0 +1,116 @@
+"""The cache's compiled pass, lookup for lookup, against a plain-Python reference (tests/cache_reference.py).
+
+Random steps over two layers mix hits, repeats within a step, pad ids, ids
+outside the table (foreign with owned_only, else the pass stops there and the
+step is abandoned), lossy rows outside the seen-set, layers whose slots are all
+pinned (rows read without a slot) and evictions; the cache is resized between
+steps. After every pass the descriptors, misses, slots, pages and counts must
+equal the reference's; after every resize the rows the cache still holds must
+be rows the reference held in the same slots (no row is ever found in a stale
+slot), and the cache's invariants hold.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cache_reference import RefCache, RefLayer
+from slacktier.cache import LayerGeometry, PassScratch, RowCache
+from slacktier.cache.kernels import HAND
+
+# layer -> (row_start, rows, rank_starts, rank_region)
+LAYERS = {1: (0, 300, [0, 150, 300], [0, 1]), 14: (50, 200, [0, 200], [2])}
+PAD = -1
+
+
+def _sync(ref: RefCache, cache: RowCache) -> None:
+    """Take the cache's slot partition after a resize, once its rows are checked against the reference's."""
+    for layer in LAYERS:
+        rows, slots = cache.cached(layer)
+        lay = ref.layers.get(layer)
+        if lay is not None:
+            for r, s in zip(rows.tolist(), slots.tolist(), strict=True):
+                assert lay.directory.get(r) == s, f"layer {layer}: row {r} in slot {s}, the reference has it in " \
+                                                   f"{lay.directory.get(r)}"
+        state = cache.layer(layer)
+        new = RefLayer(owned=state.owned.tolist(), hand=int(state.lstate[HAND]),   # reset where slots moved
+                       directory=dict(zip(rows.tolist(), slots.tolist(), strict=True)))
+        for s in set(lay.owned if lay else []) - set(new.owned):
+            ref.slot_row.pop(s, None)
+            ref.ref[s] = 0
+        for s in new.owned:
+            if s not in new.directory.values():
+                ref.slot_row.pop(s, None)
+            ref.ref[s] = int(cache.ref[s])
+        ref.layers[layer] = new
+
+
+step_st = st.tuples(
+    st.sampled_from([None, 0, 3, 17, 60, 120]),          # resize before the step (None: keep)
+    st.floats(0.0, 1.0),                                  # layer 1's share after it
+    st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=60),   # (hot row, kind)
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(max_slots=st.integers(0, 120), owned_only=st.booleans(), lossy=st.booleans(),
+       steps=st.lists(step_st, min_size=1, max_size=12))
+def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, steps) -> None:
+    cache = RowCache(max_slots, slots=max_slots)
+    seen_rows = set(range(0, 200, 3)) if lossy else None
+    geos = {}
+    for layer, (start, rows, starts, regions) in LAYERS.items():
+        seen = None
+        if lossy:
+            bits = np.zeros(rows, dtype=np.uint8)
+            bits[sorted(seen_rows)] = 1
+            seen = np.packbits(bits, bitorder="little")
+        geos[layer] = LayerGeometry(start, rows, np.array(starts), np.array(regions), seen)
+        cache.add_layer(layer, rows, 0.5)
+    ref = RefCache()
+    _sync(ref, cache)
+    scratch = PassScratch(64)
+    for resize, share, lookups in steps:
+        if resize is not None:
+            cache.resize(slots=min(resize, max_slots), shares={1: share, 14: 1.0 - share})
+            _sync(ref, cache)
+        for layer, (start, rows, starts, regions) in LAYERS.items():
+            ids = []
+            for hot, kind in lookups:
+                if kind == 0:
+                    ids.append(PAD)
+                elif kind == 1 and owned_only:
+                    ids.append(start + rows + hot)              # another rank's row
+                elif kind == 1 and hot == 40:
+                    ids.append(start + rows + 5)                # outside the table: the pass stops
+                else:
+                    ids.append(start + (hot * 7 + kind) % rows)  # a small hot set: hits and repeats
+            got = cache.resolve(layer, np.array(ids, dtype=np.int64), geos[layer], scratch, owned_only=owned_only,
+                                lossy=lossy, pad_id=PAD)
+            want = ref.resolve(layer, ids, row_start=start, rows=rows, rank_starts=starts, rank_region=regions,
+                               owned_only=owned_only, seen=seen_rows if lossy else None, pad_id=PAD)
+            n = len(ids)
+            assert scratch.desc_kind[:n].tolist() == want.kinds
+            assert scratch.desc_idx[:n].tolist() == want.idx
+            assert scratch.miss_row[:got.misses].tolist() == want.miss_rows
+            assert scratch.miss_slot[:got.misses].tolist() == want.miss_slots
+            assert list(zip(scratch.page_region[:got.pages].tolist(), scratch.page_no[:got.pages].tolist(),
+                            strict=True)) == want.pages
+            c = want.counts
+            assert (got.hits, got.reused, got.zero, got.padded, got.foreign, got.bypass, got.evicted,
+                    got.bad_index) == (c["hits"], c["reused"], c["zero"], c["padded"], c["foreign"], c["bypass"],
+                                       c["evicted"], c["bad_index"])
+            if got.bad_index >= 0:   # the engine abandons the step: this layer's fills are forgotten
+                slots = scratch.miss_slot[:got.misses].copy()
+                cache.forget(layer, slots)
+                lay = ref.layers[layer]
+                for s in slots.tolist():
+                    if s >= 0:
+                        del lay.directory[ref.slot_row.pop(s)]
+                        ref.ref[s] = 0
+                break
+        cache.release_pins()
+        ref.end_step()
+        assert cache.verify() == []
