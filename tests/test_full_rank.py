@@ -194,11 +194,12 @@ def test_full_rank_timeline_on_a_scaled_table(tmp_path):
         assert r.summary.steps == 3 and r.checked_steps == 2 and r.mismatches == 0
         assert all(p > 0 for p in r.summary.pages.values())
     assert by["disk"].summary.hit_rate == {1: 0.0, 14: 0.0}
-    # host memory (computed): a DRAM layer's shard in pages, 4 B per row of directory for the others
-    r1, r14 = manifest.region(1, 3), manifest.region(14, 3)
-    assert by["l1-dram-l14-disk"].host_bytes == r1.nbytes + 4 * r14.rows
+    # host memory (computed): a DRAM layer's shard in pages, a directory sized to its cache rows for the others
+    r1 = manifest.region(1, 3)
+    assert by["l1-dram-l14-disk"].host_bytes == r1.nbytes + 8 * 16   # no cache rows: the least directory
     assert by["disk"].host_bytes == host_memory_bytes(manifest, 3, Placement("x", ((1, "disk"), (14, "disk")))) \
-        == 4 * (r1.rows + r14.rows)
+        == 2 * 8 * 16
+    assert by["disk-split"].host_bytes == 2 * 8 * 4096   # 2,048 cache rows each
     table = full_rank_table(profile, cfg, manifest, runs)
     assert table.splitlines()[0] == profile.header and "host DRAM (all)" in table and "0 mismatching rows" in table
 

@@ -58,10 +58,11 @@ def test_inspect_demo_table_and_control_file(demo_table, tmp_path: Path, capsys)
     t1, t14 = c["tables"]
     assert (t1["tier"], t1["rank"], t1["cache_rows"], t1["rows"]) == ("dram", "all", 6144, 300_000)
     assert (t14["tier"], t14["rank"], t14["cache_rows"], t14["rows"]) == ("disk", 1, 2048, 150_000)
-    assert t1["host_bytes"] == 20_000 * 4096 and t14["host_bytes"] == 0
+    # the DRAM table's pages, and each table's directory, sized to its cache rows (8 B entries, >= 2 per row)
+    assert t1["host_bytes"] == 20_000 * 4096 + 8 * 16384 and t14["host_bytes"] == 8 * 4096
     assert t14["devices"] == [demo_table.targets[demo_table.region(second, 1).device]]
     assert c["page_pool_bytes"] == 64 * 24 * 2 * 4096
-    assert c["host_bytes"] == 20_000 * 4096 + c["page_pool_bytes"] + 8192 * 264
+    assert c["host_bytes"] == 20_000 * 4096 + 8 * 16384 + 8 * 4096 + c["page_pool_bytes"] + 8192 * 264
     # The same as text.
     assert cli.main(["inspect", str(control), demo_table.path]) == 0
     text = capsys.readouterr().out
@@ -144,7 +145,7 @@ def test_inspect_predicts_the_control_files_placement_as_the_planner_does(demo_t
         {first: "disk", second: "disk"}, {first: 0.75, second: 0.25}, load_tiers(tiers),
         load_miss_curves(curves).by_layer, 8192, kappa_ms=0.05)
     assert got["slowdown_ms"] == want.slowdown_ms > 0.05
-    assert got["host_bytes"] == want.host_bytes == 2 * (4 * DEMO.rows + 1048576)
+    assert got["host_bytes"] == want.host_bytes == 8 * 16384 + 8 * 4096 + 2 * 1048576
     assert [(t["layer"], t["source"], t["cache_share"], t["read_ms"]) for t in got["tables"]] == \
         [(t.layer, t.source, t.cache_share, t.read_ms) for t in want.tables]
     # the split is the control file's, not re-optimised: layer 1 sits behind 6144 rows

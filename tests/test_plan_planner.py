@@ -17,6 +17,7 @@ from slacktier.plan import (PAPER_NVME, DeviceReadModel, MissCurve, ReadFitRecor
                             control_file, format_plan, load_miss_curves, load_tiers, make_plan, plan_comment,
                             predict_fixed_placement, predict_placement, split_cost_ms, write_plan, write_tiers)
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows
+from slacktier.plan.tiers import directory_bytes
 
 
 def convex_curve(p0: float, tau: float, cap: float = 1e6, points: int = 9) -> MissCurve:
@@ -126,9 +127,9 @@ def test_table_goes_to_disk_exactly_when_its_reads_fit_its_window(pages, window_
     assert plan.tables[0].source == expected
     assert plan.slowdown_ms == 0.0
     if expected == "disk":
-        assert plan.host_bytes == 4 * 15_000 + (1 << 20)
+        assert plan.host_bytes == directory_bytes(0) + (1 << 20)   # a directory sized to no cache slots
     else:
-        assert plan.host_bytes == pages_for_rows(15_000) * PAGE_BYTES
+        assert plan.host_bytes == pages_for_rows(15_000) * PAGE_BYTES + directory_bytes(0)
 
 
 @pytest.mark.parametrize("window_ms,expected", [(1.0, "disk"), (np.nextafter(1.0, 0.0), "dram"), (1.5, "disk")])
@@ -184,7 +185,7 @@ def test_fixed_placement_exact_numbers():
     assert [t.read_ms for t in p.tables] == pytest.approx([0.6198, 0.727])
     assert p.slowdown_ms == pytest.approx(0.3498 + 0.1)
     assert [t.cache_rows for t in p.tables] == pytest.approx([200.0, 300.0])
-    assert p.host_bytes == 2 * DISK.host_bytes(1000)
+    assert p.host_bytes == DISK.host_bytes(1000, 200) + DISK.host_bytes(1000, 300)
     # Layer 14 submitted first (the control file's order): it pays no contention, layer 1 waits behind its 40.
     q = predict_fixed_placement(tables, {1: "disk", 14: "disk"}, {1: 0.2, 14: 0.3}, [DRAM, DISK], curves, 1000,
                                 order={1: 1, 14: 0})
@@ -251,7 +252,7 @@ def test_plan_page_layout_matches_the_tables_room():
     assert (tiers.PAGE_BYTES, tiers.ROWS_PER_PAGE) == (layout.PAGE_BYTES, layout.ROWS_PER_PAGE)
     dram = TierSpec("dram", DeviceReadModel(0.0, 0.0, 0.0, 0.0), holds_table=True)
     for rows in (1, 15, 16, 384_006_168):
-        assert dram.host_bytes(rows) == layout.pages_for_rows(rows) * layout.PAGE_BYTES
+        assert dram.host_bytes(rows) == layout.pages_for_rows(rows) * layout.PAGE_BYTES + tiers.directory_bytes(0)
 
 
 def test_tiers_file_of_the_first_form_maps_to_the_device_model(tmp_path):

@@ -180,9 +180,9 @@ def test_run_replay_warms_prefill_and_times_full_decode_steps():
     assert summ.hit_rate[1] == pytest.approx(3 / 96)
 
 
-def test_s_splits_into_pulling_the_step_and_begin_step():
-    """s runs from the step's start, before its ids are pulled (hashed), until begin_step returns; begin_ms is
-    begin_step alone, so s - begin is the pulling."""
+def test_s_is_begin_step_alone_and_pulling_the_step_is_reported_apart():
+    """The step's clock starts at the begin_step call: s is begin_step alone (what a server pays); pulling and
+    hashing the step from the replay happen before it and are kept in prepare_ms."""
     class Pulled:
         kind, num_tokens = "decode", 4
         ids = np.zeros((4, 2, 24), dtype=np.int64)
@@ -198,10 +198,10 @@ def test_s_splits_into_pulling_the_step_and_begin_step():
 
     steps = run_replay(runner, replay(), 4, 3)
     for st in steps:
-        assert st.begin_ms == pytest.approx(0.05)
-        assert st.s_ms == pytest.approx(0.45)
+        assert st.s_ms == pytest.approx(0.05) and st.begin_ms == pytest.approx(0.05)
+        assert st.prepare_ms == pytest.approx(0.4)
     summ = summarize(steps)
-    assert summ.begin_ms == pytest.approx(0.05) and summ.s_ms == pytest.approx(0.45)
+    assert summ.s_ms == pytest.approx(0.05) and summ.prepare_ms == pytest.approx(0.4)
 
 
 def test_runner_on_a_real_engine_records_counters():

@@ -49,7 +49,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 from llvmlite import ir
@@ -59,9 +59,6 @@ from numba.extending import intrinsic
 from slacktier.cache.directory import (C_PAGES, N_COUNTS, NO_SEEN, LayerGeometry, PassResult, PassScratch,
                                        resolve_layer)
 from slacktier.errors import ErrorKind, SlackTierError
-
-if TYPE_CHECKING:
-    from slacktier.cache.rowcache import RowCache
 
 _INT64 = np.dtype(np.int64)
 
@@ -277,6 +274,24 @@ def clock_gettime_address() -> int:
 _CLOCK_FN = clock_gettime_address()
 
 
+class _Cache(Protocol):
+    """What a compiled pass reads of its `cache.rowcache.RowCache` (which builds it: no import back)."""
+
+    generation: int
+    step: int
+    slot_layer: np.ndarray
+    slot_row: np.ndarray
+    state: np.ndarray
+    ref: np.ndarray
+    fill_miss: np.ndarray
+
+    def layer(self, layer: int): ...
+
+    def step_table(self): ...
+
+    def settle(self, state) -> None: ...
+
+
 @dataclass(frozen=True)
 class PassLayer:
     """One layer of a compiled pass: where its lookups sit in the step's ids, its rows, and its outputs."""
@@ -296,7 +311,7 @@ class CompiledPass:
     that client's lock.
     """
 
-    def __init__(self, cache: RowCache, layers: Sequence[PassLayer], *, columns: int, owned_only: bool,
+    def __init__(self, cache: _Cache, layers: Sequence[PassLayer], *, columns: int, owned_only: bool,
                  lossy: bool, pad_id: int, pool_base: int, pool_buffers: int, submit_fn: int = 0) -> None:
         n = len(layers)
         self._cache = cache

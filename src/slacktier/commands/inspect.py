@@ -82,7 +82,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     """Per table: tier, devices, rank, cache slots and host bytes of the control file at `path`."""
     from slacktier.cache.rowcache import split_slots
     from slacktier.config import load_control
-    from slacktier.plan.tiers import directory_bytes
+    from slacktier.cache.rowdir import entries_for
     from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
     from slacktier.tables.manifest import Manifest, check_tp_sharding
 
@@ -104,8 +104,8 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
             "devices": sorted({targets[r.device] for r in mine}) if t.source == "disk" else
             [getattr(t.options, "url", t.source)],
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
-            "table_bytes": table_bytes, "directory_bytes": directory_bytes(slots.get(t.layer, 0)),
-            "host_bytes": (table_bytes if t.source == "dram" else 0) + directory_bytes(slots.get(t.layer, 0)),
+            "table_bytes": table_bytes, "directory_bytes": 8 * entries_for(slots.get(t.layer, 0)),
+            "host_bytes": (table_bytes if t.source == "dram" else 0) + 8 * entries_for(slots.get(t.layer, 0)),
         })
     # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
     pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES

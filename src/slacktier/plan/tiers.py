@@ -56,7 +56,6 @@ import tomli_w
 
 from slacktier.config import DramOptions, tier_names, tier_options_type
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.cache.rowdir import entries_for
 from slacktier.plan.constants import DIRECTORY_BYTES_PER_ROW, PAGE_BYTES, ROWS_PER_PAGE
 from slacktier.plan.readmodel import DeviceReadModel
 
@@ -111,8 +110,11 @@ class TierSpec:
 
 
 def directory_bytes(cache_slots: int) -> int:
-    """Host bytes of a table's cache directory when it owns `cache_slots` slots (cache.rowdir)."""
-    return 8 * entries_for(int(cache_slots))
+    """Host bytes of a table's cache directory when it owns `cache_slots` slots: cache.rowdir's 8 B entries, at
+    least two per slot, a power of two of them, at least 16 (the cache room is above this one, so the rule is
+    restated here; tests/test_plan_tiers.py holds the two equal)."""
+    need = max(16, 2 * max(int(cache_slots), 0))
+    return 8 * (1 << (need - 1).bit_length())
 
 
 def in_host_memory(name: str) -> bool:

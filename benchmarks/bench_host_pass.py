@@ -1,0 +1,316 @@
+"""begin_step against its floor, one TP4 rank of V4.1, uncached and at agent traffic's hit rates (issue 28).
+
+One process serves what one TP rank's process serves: both V4.1 Engram layers'
+shards of `--rank` (default 3, the rank of 4-gram heads, which misses most),
+`owned_only`, each shard a sparse file read through the io_uring device queue
+(so begin_step submits real reads: layer 1's are in flight while layer 14 is
+resolved), a row cache of `--cache-rows` (default 1M) split half and half.
+Two engines of that shape, side by side, step by step:
+
+- `uncached`: every step looks up rows drawn at random from the rank's shard
+  (6 of 24 columns; the other 18 are other ranks' rows), into a cache already
+  filled by random rows: every lookup misses and evicts. At B = 128 that is 768
+  lookups per layer, the figure of the issue.
+- `agent`: the built-in agent traffic (real trajectories, DeepSeek-V4
+  tokenizer, the V4.1 hash), replayed B sessions at a time; prefill chunks warm
+  the cache off the clock; full-batch decode steps are timed.
+
+The floor, measured in the same process on the same step's ids just before
+begin_step: one compiled loop that does what any resolve must, and nothing
+else: one prefetched probe of each in-table lookup into that engine's own
+directory (cache.rowdir; before issue 28, the int32 array of a row per table
+row), then a stamped hash-table dedup of the pages of the rows it did not find.
+Before each of the two, the CPU caches are flushed (a 96 MiB sweep; this VM's
+L3 is 32 MiB), so both start cold, as a step does after the model's forward.
+
+Reported per engine and B: begin_step wall and thread-CPU time (min / median /
+max of the rounds' medians), the compiled pass alone (the engine's resolve +
+submit counters), the floor, their ratio, the hit rate and pages per step, and
+the host memory of the rank's directories beside what 4 B per shard row took.
+`--json PATH` writes every figure.
+
+    .venv/bin/python benchmarks/bench_host_pass.py [--batches 32,64,128] [--rounds 3] [--steps 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from numba import njit
+
+from slacktier.cache import RowCache
+from slacktier.cache.kernels import prefetch
+from slacktier.engine.step import StepEngine
+from slacktier.engine.tables import TableSpec
+from slacktier.store.disk import DiskSource
+from slacktier.tables.engram_hash import EngramLayout
+from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
+from slacktier.tables.regions import Region
+
+try:   # the directory of issue 28; before it, an int32 array of one entry per shard row
+    from slacktier.cache import rowdir as D
+except ImportError:  # pragma: no cover - a run against an earlier commit (--src)
+    D = None
+
+RANKS = 4
+COLUMNS = 24
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_FLUSH = np.ones(96 * 2**20 // 8, dtype=np.int64)
+
+
+def flush_caches() -> int:
+    """Read 96 MiB (3x this VM's L3) so the next measurement starts with cold CPU caches."""
+    return int(_FLUSH.sum())
+
+
+if D is not None:
+    @njit(nogil=True, cache=True)
+    def _probe_all(dtab, rows, out):
+        mask = dtab.shape[0] - 1
+        for j in range(rows.shape[0]):   # all probes' lines in flight together, as the pass does
+            prefetch(dtab, D.home(rows[j], mask))
+        for j in range(rows.shape[0]):
+            out[j] = D.find(dtab, rows[j])
+else:  # pragma: no cover
+    @njit(nogil=True, cache=True)
+    def _probe_all(dtab, rows, out):
+        for j in range(rows.shape[0]):
+            prefetch(dtab, rows[j])
+        for j in range(rows.shape[0]):
+            out[j] = dtab[rows[j]]
+
+
+@njit(nogil=True, cache=True)
+def _dedup_pages(rows, slot, htab, stamp, bits):
+    """Pages of the rows without a slot, each counted once (a stamped open-addressing table)."""
+    mask = (np.int64(1) << bits) - 1
+    pages = 0
+    for j in range(rows.shape[0]):
+        if slot[j] >= 0:
+            continue
+        key = rows[j] // ROWS_PER_PAGE
+        h = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(64 - bits))
+        while htab[h, 0] == stamp and htab[h, 1] != key:
+            h = (h + 1) & mask
+        if htab[h, 0] != stamp:
+            htab[h, 0] = stamp
+            htab[h, 1] = key
+            pages += 1
+    return pages
+
+
+class Floor:
+    """The minimal resolve of a step on one engine's directories (module doc)."""
+
+    def __init__(self, engine: StepEngine, shards: dict[int, tuple[int, int]]) -> None:
+        self.engine = engine
+        self.shards = shards
+        self.htab = np.zeros((1 << 16, 2), dtype=np.int64)
+        self.stamp = 0
+        self.slot = np.empty(COLUMNS * 4096, dtype=np.int64)
+
+    def run(self, ids: np.ndarray) -> tuple[float, int]:
+        """(us, pages) of the floor on ids [T, 2, 24]."""
+        t0 = time.perf_counter_ns()
+        pages = 0
+        for axis, layer in enumerate(self.engine.layers):
+            lo, hi = self.shards[layer]
+            flat = ids[:, axis, :].reshape(-1)
+            rows = flat[(flat >= lo) & (flat < hi)] - lo
+            slot = self.slot[:rows.shape[0]]
+            _probe_all(self.engine.cache.layer(layer).directory, rows, slot)
+            self.stamp += 1
+            pages += _dedup_pages(rows, slot, self.htab, self.stamp, 16)
+        return (time.perf_counter_ns() - t0) / 1e3, pages
+
+
+def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank: int, max_tokens: int
+                      ) -> tuple[StepEngine, dict[int, tuple[int, int]]]:
+    """One rank of TP4: both layers' shards of `rank` (a sparse file each, io_uring), owned_only."""
+    tables, sources, shards = [], [], {}
+    for i, layer in enumerate(layout.layer_ids):
+        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), rank, RANKS)
+        path = folder / f"layer{layer}.rank{rank}.sparse"
+        region = Region(layer=layer, rank=rank, path=str(path), offset_bytes=0, pages=pages_for_rows(hi - lo),
+                        row_start=lo, rows=hi - lo)
+        with open(path, "wb") as f:
+            f.truncate(region.pages * PAGE_BYTES)   # sparse: reads return zeros, no disk space used
+        source = DiskSource([region])
+        sources.append(source)
+        tables.append(TableSpec(layer=layer, row_start=lo, rows=hi - lo, source=source, cache_share=0.5,
+                                regions=(region,)))
+        shards[layer] = (lo, hi)
+    engine = StepEngine(tables, RowCache(cache_rows), max_tokens=max_tokens, owned_sources=sources,
+                        owned_only=True)
+    return engine, shards
+
+
+def random_ids(layout: EngramLayout, shards: dict, rank: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    """ids [T, 2, 24]: the rank's 6 columns random rows of its shard, the other 18 other ranks' rows."""
+    ids = np.empty((tokens, len(layout.layer_ids), COLUMNS), dtype=np.int64)
+    per = COLUMNS // RANKS
+    for axis, layer in enumerate(layout.layer_ids):
+        lo, hi = shards[layer]
+        ids[:, axis, :] = rng.integers(0, lo if lo > 0 else hi, (tokens, COLUMNS)) + (0 if lo > 0 else hi)
+        ids[:, axis, rank * per:(rank + 1) * per] = rng.integers(lo, hi, (tokens, per))
+    return ids
+
+
+def agent_steps(layout: EngramLayout, batch: int, seed: int):
+    """The built-in agent traffic replayed `batch` sessions at a time (serve.timeline's sessions)."""
+    from slacktier.serve.timeline import SweepConfig, sweep_sessions
+    from slacktier.workloads.hashing import EngramLookupHasher
+    from slacktier.workloads.replay import ReplayConfig, replay_steps
+
+    cfg = SweepConfig(workload="agent", max_session_tokens=4096, max_turns=2, seed=seed)
+    pool = sweep_sessions(cfg, batch)
+    rc = ReplayConfig(batch=batch, decode_tokens=128, prefill_chunk_tokens=4096, start_spread_steps=32, seed=seed)
+    return replay_steps(pool, EngramLookupHasher(layout), rc)
+
+
+FLUSH = True
+
+
+def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray) -> dict:
+    """Floor, then begin_step, each after a cache flush; the step's reads and counters."""
+    if FLUSH:
+        flush_caches()
+    floor_us, floor_pages = floor.run(ids)
+    if FLUSH:
+        flush_caches()
+    c0 = time.thread_time_ns()
+    t0 = time.perf_counter_ns()
+    engine.begin_step(ids)
+    t1 = time.perf_counter_ns()
+    c1 = time.thread_time_ns()
+    for layer in engine.layers:
+        engine.gather(layer)
+    counters = engine.end_step()
+    lay = counters.layers.values()
+    served = sum(c.lookups - c.zero_rows for c in lay)
+    return {"wall_us": (t1 - t0) / 1e3, "cpu_us": (c1 - c0) / 1e3, "floor_us": floor_us,
+            "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),
+            "submit_us": sum(c.submit_us for c in lay), "hits": sum(c.hits for c in lay),
+            "served": served, "pages": sum(c.pages_read for c in lay), "floor_pages": floor_pages}
+
+
+def warm(engine: StepEngine, ids: np.ndarray) -> None:
+    engine.begin_step(ids)
+    for layer in engine.layers:
+        engine.gather(layer)
+    engine.end_step()
+
+
+def mmm(values: list[float]) -> tuple[float, float, float]:
+    v = sorted(values)
+    return v[0], statistics.median(v), v[-1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", default="32,64,128")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=40, help="timed decode steps per (round, engine, B)")
+    ap.add_argument("--cache-rows", type=int, default=1_000_000, help="the rank's cache rows, both layers")
+    ap.add_argument("--rank", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dir", default="", help="where the sparse shard files go (default: a temp dir)")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--no-flush", action="store_true", help="no cache flush before the floor and begin_step")
+    args = ap.parse_args()
+    global FLUSH
+    FLUSH = not args.no_flush
+    batches = [int(b) for b in args.batches.split(",")]
+    layout = EngramLayout.v41()
+    rng = np.random.default_rng(args.seed)
+    results: dict[tuple[str, int], list[dict]] = {}
+    rounds: dict[tuple[str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory(dir=args.dir or None) as d:
+        engines = {}
+        for name in ("uncached", "agent"):
+            sub = Path(d) / name
+            sub.mkdir()
+            engines[name] = build_rank_engine(layout, sub, args.cache_rows, args.rank, 4096)
+        shard_rows = {l: hi - lo for l, (lo, hi) in engines["agent"][1].items()}
+        engine, shards = engines["uncached"]
+        t = time.perf_counter()
+        for _ in range(int(1.2 * args.cache_rows / (2 * 6 * 4096)) + 1):   # fill the cache with random rows
+            warm(engine, random_ids(layout, shards, args.rank, 4096, rng))
+        print(f"uncached engine's cache filled in {time.perf_counter() - t:.0f} s", flush=True)
+        floors = {name: Floor(e, s) for name, (e, s) in engines.items()}
+        replays = {b: agent_steps(layout, b, args.seed) for b in batches}
+        for r in range(args.rounds):
+            order = list(rng.permutation(batches))
+            for b in order:
+                b = int(b)
+                for name in ("uncached", "agent"):
+                    engine, shards = engines[name]
+                    got = []
+                    while len(got) < args.steps:
+                        if name == "uncached":
+                            got.append(run_one(engine, floors[name], random_ids(layout, shards, args.rank, b, rng)))
+                            continue
+                        st = next(replays[b])   # prefill chunks and part-batch steps warm the cache off the clock
+                        if st.kind == "decode" and st.num_tokens == b:
+                            got.append(run_one(engine, floors[name], np.ascontiguousarray(st.ids)))
+                        else:
+                            warm(engine, np.ascontiguousarray(st.ids))
+                    results.setdefault((name, b), []).extend(got)
+                    rounds.setdefault((name, b), []).append(
+                        {k: statistics.median(g[k] for g in got)
+                         for k in ("wall_us", "cpu_us", "floor_us", "pass_us", "resolve_us", "submit_us")}
+                        | {"ratio": statistics.median(g["wall_us"] / g["floor_us"] for g in got)})
+                print(f"round {r + 1}/{args.rounds} B={b} done", flush=True)
+        dir_bytes = {name: sum(e.cache.layer(l).directory.nbytes for l in e.layers) for name, (e, _) in engines.items()}
+        for e, _ in engines.values():
+            e.close()
+    old_bytes = 4 * sum(shard_rows.values())
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    lines = [f"begin_step against its floor: rank {args.rank} of TP4, V4.1 (both layers' shards, owned_only), "
+             f"io_uring reads in flight, cache {args.cache_rows:,} rows split 0.5/0.5; {now}, {platform.node()}, "
+             f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.steps} steps per engine and B, B in shuffled "
+             f"order per round; " + ("no cache flush" if args.no_flush else
+                                    "floor and begin_step each after a 96 MiB cache flush"),
+             "| engine | B | lookups served / step | hit rate | pages / step | begin_step wall us (min / med / max "
+             "of round medians) | thread CPU us (med) | compiled pass: resolve + submit us (med) | floor us (med) | "
+             "begin_step / floor (min / med / max) |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|"]
+    doc = {"when": now, "machine": platform.node(), "args": vars(args), "directory_bytes": dir_bytes,
+           "directory_bytes_4B_per_row": old_bytes, "rows": {}}
+    for b in batches:
+        for name in ("uncached", "agent"):
+            got, rs = results[name, b], rounds[name, b]
+            wall = mmm([r["wall_us"] for r in rs])
+            ratio = mmm([r["ratio"] for r in rs])
+            served = statistics.mean(g["served"] for g in got)
+            hit = sum(g["hits"] for g in got) / max(1, sum(g["served"] for g in got))
+            pages = statistics.median(g["pages"] for g in got)
+            cpu = statistics.median(r["cpu_us"] for r in rs)
+            res = statistics.median(r["resolve_us"] for r in rs)
+            sub = statistics.median(r["submit_us"] for r in rs)
+            fl = statistics.median(r["floor_us"] for r in rs)
+            lines.append(f"| {name} | {b} | {served:,.0f} | {hit:.3f} | {pages:,.0f} | {wall[0]:.0f} / {wall[1]:.0f}"
+                         f" / {wall[2]:.0f} | {cpu:.0f} | {res:.0f} + {sub:.0f} | {fl:.0f} | {ratio[0]:.2f} / {ratio[1]:.2f} / "
+                         f"{ratio[2]:.2f}x |")
+            doc["rows"][f"{name}/{b}"] = {"rounds": rs, "served": served, "hit_rate": hit, "pages": pages}
+    lines.append(f"directories of the rank (both layers): {dir_bytes['agent'] / 2**20:.1f} MiB, sized to the cache; "
+                 f"4 B per shard row took {old_bytes / 2**20:.0f} MiB")
+    print("\n".join(lines))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(doc, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
