@@ -170,10 +170,10 @@ def _served(sg: SimpleNamespace, world: SimpleNamespace, layer: int) -> Any:
 
 
 def _control(path: Path, manifest: str, *, rank: int = -1, owned_only: bool = False,
-             dram: tuple[int, ...] = ()) -> Path:
+             dram: tuple[int, ...] = (), partition: str = "columns") -> Path:
     tables = tuple(TableConfig(layer=layer, manifest=manifest, source="dram" if layer in dram else "disk",
                                options=None if layer in dram else DiskOptions(queue_depth=32), rank=rank,
-                               cache_share=0.5, order=i) for i, layer in enumerate(LAYERS))
+                               cache_share=0.5, order=i, partition=partition) for i, layer in enumerate(LAYERS))
     return write_control(ControlFile(engine=EngineConfig(cache_rows=4_000, owned_only=owned_only), tables=tables),
                          path)
 
@@ -261,6 +261,42 @@ def test_tp2_rank_rows_and_their_sum_equal_stock(sg, world, tp, monkeypatch, tmp
         for rank in range(2):   # each rank's output as SGLang's own, +0.0 in the other rank's rows
             _assert_same_rows(served_rank[rank][i], stock_rank[rank][i])
         _assert_same_rows(served_rank[0][i] + served_rank[1][i], stock_rank[0][i] + stock_rank[1][i])
+
+
+def test_balanced_partition_ranks_sum_to_the_stock_tp2_sum(sg, world, tp, monkeypatch, tmp_path):
+    """Balanced: each rank serves 4 heads of every order (+0.0 elsewhere, its columns equal to the stock TP 1
+    rows there); the sum over ranks equals SGLang's own TP 2 sum bit for bit (each element is its owner's value
+    plus +0.0, whichever rank owns it)."""
+    ckpt = world.dir / "tp2.safetensors"
+    manifest = stage_checkpoint(ckpt, [tmp_path / "balanced.bin"], ranks=2, expected=world.st_layout,
+                                partition="balanced", progress=False).path
+    with tp(1, 0):
+        whole = _step(sg, world, {layer: _stock(sg, world, layer) for layer in LAYERS}, lookup="owned")
+    stock_rank, served_rank = [], []
+    for rank in range(2):
+        _control(tmp_path / f"rank{rank}.toml", manifest, rank=rank, owned_only=True, partition="balanced")
+    for rank in range(2):
+        with tp(2, rank):
+            monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
+            stock_rank.append(_step(sg, world, {layer: _stock(sg, world, layer) for layer in LAYERS},
+                                    lookup="owned"))
+            monkeypatch.setenv(plug.CONTROL_ENV, str(tmp_path / "rank{tp_rank}.toml"))
+            served = {layer: _served(sg, world, layer) for layer in LAYERS}
+            served_rank.append(_step(sg, world, served, lookup="owned"))
+    owned = [[c for o in range(3) for c in range(8 * o + 4 * rank, 8 * o + 4 * rank + 4)] for rank in range(2)]
+    for i in range(len(LAYERS)):
+        for rank in range(2):
+            got = served_rank[rank][i]
+            _assert_same_rows(got[:, owned[rank]], whole[i][:, owned[rank]])
+            others = [c for c in range(24) if c not in owned[rank]]
+            assert bool((_bits(got[:, others]) == 0).all())   # +0.0, SGLang's own fill
+        _assert_same_rows(served_rank[0][i] + served_rank[1][i], stock_rank[0][i] + stock_rank[1][i])
+    # the same control files over a columns-staged table: refused at start-up, naming both partitions
+    _control(tmp_path / "wrong0.toml", world.manifests["tp2"], rank=0, owned_only=True, partition="balanced")
+    with tp(2, 0):
+        monkeypatch.setenv(plug.CONTROL_ENV, str(tmp_path / "wrong{tp_rank}.toml"))
+        with pytest.raises(SlackTierError, match="'columns' rank partition.*'balanced'"):
+            _served(sg, world, LAYERS[0])
 
 
 def test_dram_table_stays_on_sglangs_own_path(sg, world, tp, monkeypatch, tmp_path):

@@ -28,6 +28,7 @@ from slacktier.adapters import vllm as plug
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.manifest import StagedLayout, plan_regions
+from slacktier.tables.stage import stage_synthetic
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +84,52 @@ def test_head_shards_equal_vllms_and_slacktiers_rank_regions(engram, monkeypatch
             assert (region.row_start, region.row_start + region.rows) == want[2:]
             assert ours.weight.shape == (0, 256) and ours.weight_scale_inv.shape == (0, 8)   # no rows allocated
             assert (ours.dp_size, ours.cpu_offload, ours.n_hash_cols, ours.tp_size) == (1, False, 24, tp)
+
+
+@pytest.mark.parametrize("kind", ["columns", "balanced"])
+def test_ranks_columns_all_gathered_through_vllms_embed_equal_the_whole_table(engram, monkeypatch, tmp_path, kind):
+    """TP 2 under each partition: each rank's engine serves the columns its ServedTable looks up; vLLM's own
+    Engram.embed all-gathers them (the collective as a concatenation in one process) and the patched embed puts
+    them in column order: bit for bit the rows of one engine serving the whole table."""
+    import numpy as np
+
+    from slacktier.config import ControlFile, EngineConfig, TableConfig
+    from slacktier.engine.step import StepEngine
+
+    layout = EngramLayout.scaled(200)
+    m = stage_synthetic([tmp_path / "t.bin"], layout, 2, 9, progress=False, partition=kind)
+
+    def engine(rank: int, columns: int) -> StepEngine:
+        tables = tuple(TableConfig(layer=layer, manifest=m.path, rank=rank, partition=kind, cache_share=0.5, order=i)
+                       for i, layer in enumerate(layout.layer_ids))
+        return StepEngine.from_config(ControlFile(engine=EngineConfig(cache_rows=500, check=True), tables=tables),
+                                      columns=columns)
+
+    rng = np.random.default_rng(4)
+    ids = np.stack([np.asarray(layout.layer_column_bounds(layer)[:-1]) + rng.integers(0, np.diff(
+        layout.layer_column_bounds(layer)), size=(8, 24)) for layer in layout.layer_ids], axis=1)   # [8, 2, 24]
+    embed = engram.Engram.__dict__["embed"]
+    embed = getattr(embed, "__wrapped__", embed)   # vLLM's own, whether or not the plug-in is registered
+    with engine(-1, 24) as whole, engine(0, 12) as r0, engine(1, 12) as r1:
+        served = {}
+        for rank, e in enumerate((r0, r1)):
+            tables = {layer: plug.ServedTable(layer, layout.layer_rows(layer), 256, tuple(int(x) for x in np.diff(
+                layout.layer_column_bounds(layer))), 2, rank, m.partition) for layer in layout.layer_ids}
+            cols = tables[layout.layer_ids[0]].columns
+            e.begin_step(np.ascontiguousarray(ids[:, :, cols]))
+            served[rank] = tables
+        whole.begin_step(ids)
+        for layer in layout.layer_ids:
+            parts = [r0.gather(layer), r1.gather(layer)]
+            monkeypatch.setattr(engram, "tensor_model_parallel_all_gather", lambda rows, dim: torch.cat(parts, dim))
+            for rank in range(2):
+                ns = SimpleNamespace(embed_tokens=served[rank][layer], use_sequence_parallel=False,
+                                     _ready_rows=lambda n, rank=rank: parts[rank])
+                got = plug._embed(embed, ns, torch.zeros(8, 24, dtype=torch.int64))
+                assert torch.equal(got.view(torch.int16), whole.gather(layer).view(torch.int16))
+        for e in (whole, r0, r1):
+            e.end_step()
+        assert sum(c.mismatches for e in (whole, r0, r1) for c in e.totals.values()) == 0
 
 
 def test_served_table_skips_the_checkpoints_rows():

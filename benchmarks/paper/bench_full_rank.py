@@ -103,12 +103,14 @@ def pages(args: argparse.Namespace) -> int:
         for b in (int(x) for x in args.batches.split(",")):
             cfg = FullRankConfig(workload=wl, batches=(b,), max_session_tokens=args.max_session_tokens,
                                  start_spread_steps=args.start_spread_steps, engram_vocab=args.engram_vocab)
-            out += rank_page_counts(cfg, b, capacities=(0, 500_000), progress=False)
+            out += rank_page_counts(cfg, b, capacities=tuple(int(c) for c in args.capacities.split(",")),
+                                    progress=False, partitions=tuple(args.partitions.split(",")))
     wall = time.perf_counter() - t0
     table = rank_pages_table(out)
     print(table)
     regime = ("Regime: counts, not timings. The served CLOCK (pins per step) replayed over each TP4 rank's own "
-              "lookups (column sharding: rank k owns hash columns 6k..6k+5) of the "
+              f"lookups under rank partition(s) {args.partitions} (columns: rank k owns hash columns 6k..6k+5, "
+              "the engines' sharding; balanced: heads 2k, 2k+1 of every order) of the "
               + ("full V4.1 hash" if not args.engram_vocab else f"V4.1 hash over tables scaled to engram_vocab "
                  f"{args.engram_vocab:,}") + ", on the "
               "whole replay of the traffic (agent sessions within 4096 tokens, chat within 1024, 2 turns, "
@@ -132,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--engram-vocab", type=int, default=0,
                    help="0: the full V4.1 tables; N: the same hash over scaled tables (bench_one_disk's quarter "
                         "size is 4000000): pages per step should not change while the table dwarfs the cache")
+    p.add_argument("--capacities", default="0,500000", help="cache rows per layer and rank (0: uncached)")
+    p.add_argument("--partitions", default="columns", help="rank partitions, side by side on one trace "
+                   "(tables.partition: columns, balanced)")
     p.add_argument("--append", action="store_true")
     add_arguments(sub.add_parser("timeline", help="Table 2's rows on one rank's full-size shard"))
     args = ap.parse_args(argv)

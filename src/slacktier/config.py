@@ -36,6 +36,8 @@ Schema (every key but `layer` and `manifest` has a default):
     manifest = "t.manifest.json"   # the staged table (relative paths: from the control file's folder)
     source = "disk"         # a registered tier: "dram" | "disk" | "redis" | a plug-in's name
     rank = -1               # serve only this rank's region (-1: every rank); pair with owned_only
+    partition = "columns"   # the rank partition the manifest was staged with: "columns" | "balanced"
+                            # (tables.partition); another than the manifest's is refused at open
     targets = []            # optional: replace the manifest's target paths, by device index
     cache_share = 0.5       # fraction of cache_rows for this layer (shares sum to <= 1)
     order = 0               # lower is resolved and submitted first (short window first)
@@ -273,6 +275,7 @@ class TableConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
     source: str = "disk"
     options: Options | None = None
     rank: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    partition: Literal["columns", "balanced"] = "columns"   # tables.partition.PARTITIONS
     targets: tuple[str, ...] = ()
     cache_share: Annotated[float, msgspec.Meta(ge=0.0, le=1.0)] = 0.0
     order: int = 0

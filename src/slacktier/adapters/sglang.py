@@ -45,6 +45,13 @@ not yet checked on a GPU); no speculative decoding; no two-batch overlap. At
 TP > 1 each rank's control file serves that rank's region (`rank = N`,
 `owned_only = true`), staged with `--ranks TP`; a region that is not SGLang's
 shard of the table, or a table staged for another hash layout, is refused.
+
+Rank partitions (tables.partition): a table staged with `--partition balanced`
+(and `partition = "balanced"` on its [[table]]s) gives every rank as many heads
+of each n-gram order instead of SGLang's contiguous columns, so no rank reads
+most of the step's pages. SGLang's all-reduce sums whatever each rank fills, so
+nothing else changes: each rank's `_owned_rows` is its partition's columns'
+rows, +0.0 in the others, and the TP sum is the stock one bit for bit.
 """
 
 from __future__ import annotations
@@ -66,7 +73,7 @@ from slacktier.adapters import close_engines, control_path, ending_step, finish_
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.manifest import Manifest
+from slacktier.tables.manifest import Manifest, check_tp_sharding
 
 log = logging.getLogger(__name__)
 
@@ -297,7 +304,16 @@ def _adopt(binding: _Binding, module: torch.nn.Module, num_embeddings: int, dim:
                              f"(layer {layer_id}: {len(bounds) - 1} columns ending at row {bounds[-1]}, the model's "
                              f"{len(column_bounds) - 1} ending at {column_bounds[-1]})", layer=layer_id,
                              fix="stage the table from this model's checkpoint (or its config's layout)")
-    if (spec.row_start, spec.rows) != (start, end - start):
+    owned_columns = None
+    if t.partition != "columns":
+        # Another partition than SGLang's own: the region is not SGLang's shard_range, by design; the manifest
+        # must be cut for this TP size, and the rows this rank serves are its partition's columns.
+        m = Manifest.load(t.manifest)
+        check_tp_sharding(m, s.tp_size, [layer_id])
+        if s.tp_size > 1:
+            owned_columns = torch.zeros(len(column_bounds) - 1, dtype=torch.bool)
+            owned_columns[list(m.partition.columns[s.tp_rank])] = True
+    elif (spec.row_start, spec.rows) != (start, end - start):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer_id}: {binding.path} serves rows [{spec.row_start}, "
                              f"{spec.row_start + spec.rows}), SGLang's TP {s.tp_size} rank {s.tp_rank} owns "
                              f"[{start}, {end})", layer=layer_id, rank=s.tp_rank,
@@ -318,6 +334,7 @@ def _adopt(binding: _Binding, module: torch.nn.Module, num_embeddings: int, dim:
     module.weight.weight_loader = _skip_rows
     module.scale.weight_loader = _skip_rows
     module._slacktier_layer = layer_id
+    module._slacktier_owned_columns = owned_columns   # [24] bool under a non-columns partition at TP > 1
     binding.adopted.add(layer_id)
 
 
@@ -362,8 +379,12 @@ def _around_owned_rows(original: Callable[..., torch.Tensor], module: torch.nn.M
                              fix="a step's lookups must be the hash ids its hasher returned (no DP or CP gather)")
     rows = rows.to(indices.device, non_blocking=True)
     if module.tp_size > 1:
-        local = indices - module.row_start
-        owned = (local >= 0) & (local < module.rows)
+        columns = module.__dict__.get("_slacktier_owned_columns")
+        if columns is not None:   # a partition other than SGLang's: this rank owns whole columns
+            owned = columns.to(indices.device).expand(indices.shape)
+        else:
+            local = indices - module.row_start
+            owned = (local >= 0) & (local < module.rows)
         rows = rows.masked_fill(~owned.unsqueeze(-1), 0.0)   # +0.0, SGLang's own fill (the engine's is -0.0)
     return rows
 

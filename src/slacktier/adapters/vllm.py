@@ -14,6 +14,7 @@ against vLLM 0.33.0 (another version is refused when the plug-in loads):
 | `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader skips the checkpoint's copy, and vLLM's own head shard geometry |
 | `Engram.prepare_embeddings` | collects the rank's hash columns of every served layer; `begin_step` once, when the last one arrives |
 | `Engram._ready_rows` | fills the persistent `staged_rows` slice from `gather(layer)` and returns it |
+| `Engram.embed` | under a partition other than columns, puts the all-gathered columns back in column order |
 | `nvidia.model.DeepseekV4Model.forward` | `end_step()` after the forward, also when it raised |
 
 A table placed in host DRAM (`source = "dram"`) keeps vLLM's own table and
@@ -21,6 +22,13 @@ lookup. vLLM shards the 24 hash columns (heads) over TP and each rank looks up
 its own columns only, then all-gathers them: each rank's control file serves
 its own region (`rank = N`, staged with `--ranks TP`), and the engine takes
 ids of that rank's columns only ([T, L, 24 / TP]), so no foreign row exists.
+
+Rank partitions (tables.partition): a table staged with `--partition balanced`
+(`partition = "balanced"` on its [[table]]s) gives every rank as many heads of
+each n-gram order. Each rank then looks up its partition's columns (not vLLM's
+contiguous head shard) and vLLM's all-gather concatenates them in rank order;
+the patched `embed` indexes the gathered columns back into column order (one
+index_select on the device), so the projection sees vLLM's own layout.
 
 First version's scope, the rest refused at start-up (UNSUPPORTED): eager mode
 (`--enforce-eager`: the hooks are Python, outside any torch.compile or CUDA
@@ -56,7 +64,8 @@ from slacktier.adapters import close_engines, control_path, ending_step
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.manifest import Manifest
+from slacktier.tables.manifest import Manifest, check_tp_sharding
+from slacktier.tables.partition import RankPartition
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +79,7 @@ PATCHED: tuple[tuple[str, str, str], ...] = (
     (ENGRAM_MODULE, "Engram", "_create_embedding"),
     (ENGRAM_MODULE, "Engram", "prepare_embeddings"),
     (ENGRAM_MODULE, "Engram", "_ready_rows"),
+    (ENGRAM_MODULE, "Engram", "embed"),
     (MODEL_MODULE, "DeepseekV4Model", "forward"),
 )
 
@@ -187,7 +197,7 @@ class ServedTable(torch.nn.Module):
     """
 
     def __init__(self, layer: int, num_embeddings: int, dim: int, head_sizes: tuple[int, ...], tp_size: int,
-                 tp_rank: int) -> None:
+                 tp_rank: int, partition: RankPartition | None = None) -> None:
         super().__init__()
         shard = head_shard(head_sizes, tp_size, tp_rank)
         self.layer = layer
@@ -205,6 +215,14 @@ class ServedTable(torch.nn.Module):
         self.vocab_start_idx = shard.row_start
         self.vocab_end_idx = shard.row_end
         self.part_num_embeddings = shard.row_end - shard.row_start
+        # the hash columns this rank looks up, and (another partition than vLLM's) where each column sits in the
+        # all-gather of the ranks' columns: None when that is column order (vLLM's own head shards)
+        if partition is None or partition.kind == "columns" or tp_size == 1:
+            self.columns = slice(shard.head_start, shard.head_start + shard.heads)
+            self.gathered_order: torch.Tensor | None = None
+        else:
+            self.columns = torch.tensor(partition.columns[tp_rank], dtype=torch.long)
+            self.gathered_order = torch.from_numpy(partition.gathered_order())
         self.weight = torch.nn.Parameter(torch.empty(0, dim, dtype=torch.float8_e4m3fn), requires_grad=False)
         self.weight_scale_inv = torch.nn.Parameter(torch.empty(0, dim // _FP8_BLOCK, dtype=torch.uint8),
                                                    requires_grad=False)
@@ -249,7 +267,8 @@ class _Binding:
         if table.layer in self.pending:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"prepare_embeddings twice for layer {table.layer} in one step",
                                  layer=table.layer, fix="one forward prepares each Engram layer once")
-        self.pending[table.layer] = hash_ids[:, table.head_start:table.head_start + table.part_n_hash_cols]
+        columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
+        self.pending[table.layer] = hash_ids[:, columns]
         if len(self.pending) < len(engine.layers):
             return
         ids = torch.stack([self.pending[layer] for layer in engine.ids_layers], dim=1)   # [T, L, 24 / TP]
@@ -306,14 +325,17 @@ def _served_table(binding: _Binding, layer: int, num_embeddings: int, dim: int,
     t = binding.table(layer)
     assert t is not None
     s = binding.serving
-    table = ServedTable(layer, num_embeddings, dim, head_sizes, s.tp_size, s.tp_rank)
-    bounds = Manifest.load(t.manifest).layout.column_bounds.get(layer)
+    m = Manifest.load(t.manifest)
+    table = ServedTable(layer, num_embeddings, dim, head_sizes, s.tp_size, s.tp_rank, m.partition)
+    bounds = m.layout.column_bounds.get(layer)
     model_bounds = tuple(int(b) for b in np.cumsum((0, *head_sizes)))
     if bounds is not None and tuple(bounds) != model_bounds:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"{t.manifest} was staged for another hash layout than the model's",
                              layer=layer, fix="stage the table from this model's checkpoint (or its config's layout)")
     spec = binding.engine.table(layer)
-    if (spec.row_start, spec.row_start + spec.rows) != (table.vocab_start_idx, table.vocab_end_idx):
+    if t.partition != "columns":   # not vLLM's head shards, by design: the manifest must be cut for this TP
+        check_tp_sharding(m, s.tp_size, [layer])
+    elif (spec.row_start, spec.row_start + spec.rows) != (table.vocab_start_idx, table.vocab_end_idx):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: {binding.path} serves rows [{spec.row_start}, "
                              f"{spec.row_start + spec.rows}), vLLM's TP {s.tp_size} rank {s.tp_rank} holds "
                              f"[{table.vocab_start_idx}, {table.vocab_end_idx})", layer=layer, rank=s.tp_rank,
@@ -364,6 +386,14 @@ def _ready_rows(original: Callable[..., torch.Tensor], engram: Any, num_tokens: 
     return staged
 
 
+def _embed(original: Callable[..., torch.Tensor], engram: Any, hash_ids: torch.Tensor) -> torch.Tensor:
+    rows = original(engram, hash_ids)   # [T, 24, 256]: vLLM's all-gather of the ranks' columns, in rank order
+    order = getattr(engram.embed_tokens, "gathered_order", None)
+    if order is None:
+        return rows
+    return rows.index_select(1, order.to(rows.device))
+
+
 @contextmanager
 def step() -> Iterator[None]:
     """End this worker's step after the block, also when it raised: the patched DeepseekV4Model.forward is
@@ -382,7 +412,7 @@ def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> A
 
 
 _HOOKS = {"_create_embedding": _create_embedding, "prepare_embeddings": _prepare_embeddings,
-          "_ready_rows": _ready_rows, "forward": _model_forward}
+          "_ready_rows": _ready_rows, "embed": _embed, "forward": _model_forward}
 
 
 def _wrap(original: Callable[..., Any], hook: Callable[..., Any]) -> Callable[..., Any]:

@@ -61,13 +61,20 @@ def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     layers = []
     for layer in m.layout.layer_ids:
         bounds = m.layout.column_bounds.get(layer)
+        n_cols = len(bounds) - 1 if bounds else 0
+        owned = (m.partition.columns if m.partition is not None else
+                 [range(k * n_cols // m.ranks, (k + 1) * n_cols // m.ranks) for k in range(m.ranks)]
+                 if n_cols and n_cols % m.ranks == 0 else None)
         regions = [{"rank": r.rank, "row_start": r.row_start, "rows": r.rows, "device": r.device,
-                    "target": m.targets[r.device], "pages": r.pages, "bytes": r.nbytes}
+                    "target": m.targets[r.device], "pages": r.pages, "bytes": r.nbytes,
+                    "columns": list(owned[r.rank]) if owned is not None else None,
+                    "spans": [[s.start, s.rows] for s in m.spans(layer, r.rank)]}
                    for r in sorted((r for r in m.regions if r.layer == layer), key=lambda r: r.rank)]
         layers.append({"layer": layer, "rows": m.layout.rows[layer],
                        "columns": len(bounds) - 1 if bounds else None, "ranks": m.ranks, "regions": regions,
                        "bytes": sum(r["bytes"] for r in regions)})
-    return {"manifest": str(m.path or path), "ranks": m.ranks, "targets": list(m.targets),
+    return {"manifest": str(m.path or path), "ranks": m.ranks, "partition": m.partition_kind,
+            "targets": list(m.targets),
             "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None, "layers": layers}
 
 
@@ -152,21 +159,26 @@ def _mib(n: int) -> str:
 
 def lines(report: dict[str, Any]) -> list[str]:
     """The report as text a person reads."""
+    from slacktier.tables.partition import columns_text
+
     out: list[str] = []
     m = report.get("manifest_report")
     if m:
         out.append(f"manifest {m['manifest']}: {len(m['layers'])} layers, {m['ranks']} ranks, "
-                   f"{len(m['targets'])} targets, source {m['source']}")
+                   f"{len(m['targets'])} targets, source {m['source']}, rank partition {m['partition']}")
         if m["tp_checked"]:
-            out.append(f"  rank regions match TP {m['tp_checked']} head sharding (whole hash columns per rank)")
+            out.append(f"  rank regions match TP {m['tp_checked']} head sharding (whole hash columns per rank, "
+                       f"{m['partition']} partition)")
         for d, target in enumerate(m["targets"]):
             out.append(f"  device {d}: {target}")
         for layer in m["layers"]:
             cols = f", {layer['columns']} hash columns" if layer["columns"] else ""
             out.append(f"  layer {layer['layer']}: {layer['rows']:,} rows{cols}, {_mib(layer['bytes'])}")
+            stored = "stored rows" if m["partition"] != "columns" else "rows"
             for r in layer["regions"]:
-                out.append(f"    rank {r['rank']}: rows [{r['row_start']:,}, {r['row_start'] + r['rows']:,}) on "
-                           f"device {r['device']}, {r['pages']:,} pages, {_mib(r['bytes'])}")
+                cols = f"columns {columns_text(r['columns'])}, " if r["columns"] else ""
+                out.append(f"    rank {r['rank']}: {cols}{stored} [{r['row_start']:,}, {r['row_start'] + r['rows']:,}) "
+                           f"on device {r['device']}, {r['pages']:,} pages, {_mib(r['bytes'])}")
     c = report.get("control_report")
     if c:
         out.append(f"control file {c['control']}: device {c['device']}, cache {c['cache_rows']:,} rows in use of "

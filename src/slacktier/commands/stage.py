@@ -105,6 +105,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--only-ranks", metavar="R,R",
                    help="write only these ranks' shards (cut for --ranks ranks), as one rank's machine holds them; "
                         "e.g. --ranks 4 --only-ranks 3")
+    p.add_argument("--partition", choices=("columns", "balanced"), default="columns",
+                   help="which hash columns each rank's region holds: columns (the engines' own contiguous head "
+                        "shards, default) or balanced (as many heads of each n-gram order per rank; serve it with "
+                        'partition = "balanced" in each [[table]])')
     p.add_argument("--manifest", metavar="PATH", help="manifest path (default <first target>.manifest.json)")
     p.add_argument("--max-bytes", type=int, metavar="N", help="refuse if a file target would exceed N bytes")
     p.add_argument("--overwrite", action="store_true", help="replace a target that holds another table")
@@ -130,13 +134,15 @@ def run(args: argparse.Namespace) -> int:
         common["writers"] = args.writers
     if args.only_ranks:
         common["only_ranks"] = parse_ranks(args.only_ranks, args.ranks)
+    common["partition"] = args.partition
     t0 = time.perf_counter()
     if args.synthetic:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,
                             overwrite=args.overwrite, **common)
     elif args.engram:
-        m = stage_synthetic(args.target, engram_layout(args.engram), args.ranks, args.seed,
-                            overwrite=args.overwrite, **common)
+        layout = engram_layout(args.engram)
+        m = stage_synthetic(args.target, layout, args.ranks, args.seed, overwrite=args.overwrite,
+                            heads_per_order=layout.n_heads, **common)
     else:
         m = stage_checkpoint(args.checkpoint, args.target, args.ranks, layers=layers, overwrite=args.overwrite,
                              **common)

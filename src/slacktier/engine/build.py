@@ -29,6 +29,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
 from slacktier.store.registry import get_tier, open_source, verify_identity
 from slacktier.tables.manifest import Manifest
+from slacktier.tables.partition import RowMap
 from slacktier.tables.regions import Region
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,7 @@ class Resolved:
     crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified
     data_key: tuple
     source_key: tuple
+    row_map: RowMap | None = None          # global row id -> stored row (None under the columns partition)
 
 
 def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
@@ -54,10 +56,19 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     if t.layer not in m.layout.rows:
         raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no layer {t.layer} (it has "
                              f"{sorted(m.layout.rows)})", layer=t.layer, fix="point the table at its manifest")
+    if t.partition != m.partition_kind:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"manifest {t.manifest} was staged with the {m.partition_kind!r} "
+                             f"rank partition, the control file serves layer {t.layer} as {t.partition!r}: its rank "
+                             "regions would hold other hash columns", layer=t.layer,
+                             fix=f'set partition = "{m.partition_kind}" on the table (or restage the table with '
+                                 f'--partition {t.partition})')
     rank = t.rank if t.rank >= 0 else None
     # In rank order, with the control file's target overrides (a Redis tier reads its own key prefix).
     regions = tuple(m.runtime_regions(layer=t.layer, rank=rank, targets=t.targets))
     rows, row_start = m.layout.rows[t.layer], 0
+    row_map = m.row_map(t.layer)
+    if row_map is not None:   # the regions' rows are stored rows (tables.partition): so is the directory
+        rows = row_map.stored_rows
     if rank is not None:   # one rank's shard: the directory covers only its rows
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
@@ -66,7 +77,7 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
                      if r.layer == t.layer and (rank is None or r.rank == rank))
     data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
     source_key = (t.source, t.options, regions, crcs is not None, m.identity)
-    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -94,10 +105,10 @@ def check_kept_source(r: Resolved) -> None:
 def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
     """What the engine serves for one resolved table; with `check`, the checker regenerates rows from the
     manifest's own source (seed or checkpoint) rather than reading the medium the engine reads."""
-    reference = SourceRowReader(r.manifest, r.config.layer, r.row_start) if check else None
+    reference = SourceRowReader(r.manifest, r.config.layer, r.row_start, r.row_map) if check else None
     return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
                      cache_share=r.config.cache_share, seen=_seen(r.config, r.rows),
-                     reference=reference)
+                     reference=reference, row_map=r.row_map)
 
 
 def _seen(t: TableConfig, rows: int) -> np.ndarray | None:

@@ -28,6 +28,7 @@ from slacktier.tables.checkpoint_source import CheckpointSource
 from slacktier.tables.codec import reference_dequant, split_raw
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
 from slacktier.tables.manifest import Manifest
+from slacktier.tables.partition import RowMap
 from slacktier.tables.regions import Region
 from slacktier.tables.synthetic_source import SyntheticSource
 
@@ -113,7 +114,7 @@ class SourceRowReader:
     mean reading the whole checkpoint, so it is not recomputed here).
     """
 
-    def __init__(self, manifest: Manifest, layer: int, row_start: int) -> None:
+    def __init__(self, manifest: Manifest, layer: int, row_start: int, row_map: RowMap | None = None) -> None:
         spec = manifest.source
         kind = spec.get("kind")
         if kind == "synthetic":
@@ -135,10 +136,12 @@ class SourceRowReader:
                                  layer=layer, fix="stage the table again")
         self.layer = layer
         self.row_start = int(row_start)
+        self.row_map = row_map   # local rows are stored rows of a partition (tables.partition): to global ids
 
     def read(self, local_rows: np.ndarray) -> np.ndarray:
         """local_rows [n] -> [n, 264] uint8, from the source."""
-        return self.source.rows(self.layer, np.asarray(local_rows, dtype=np.int64) + self.row_start)
+        rows = np.asarray(local_rows, dtype=np.int64) + self.row_start
+        return self.source.rows(self.layer, rows if self.row_map is None else self.row_map.to_global(rows))
 
 
 def reference_gather(raw_rows: np.ndarray) -> torch.Tensor:

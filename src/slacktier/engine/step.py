@@ -214,6 +214,9 @@ class StepEngine:
             self._layers[t.layer] = run
             self.totals.setdefault(t.layer, LayerCounters())
         self._order = layer_ids
+        # (axis, map) of every layer served under a rank partition other than columns (tables.partition)
+        self._row_maps = [(run.axis, run.spec.row_map) for run in self._layers.values()
+                          if run.spec.row_map is not None]
         tokens, self._token_capacity = self._token_capacity, 0
         if tokens:
             self._ensure_capacity(tokens)   # scratch for new layers, a pool for the new layer count
@@ -398,6 +401,8 @@ class StepEngine:
             self._refuse_if_closed()
             ids = self._checked_ids(ids)
             self._ensure_capacity(ids.shape[0])
+        if self._row_maps:   # a rank partition other than columns: the pass reads stored rows
+            ids = self._stored_ids(ids)
         tokens = ids.shape[0]
         self._in_step = True
         self._step += 1
@@ -411,6 +416,14 @@ class StepEngine:
             if self.metrics is not None:
                 self.metrics.error(exc)
             raise
+
+    def _stored_ids(self, ids: np.ndarray) -> np.ndarray:
+        """The step's ids with each partitioned layer's global row ids as its stored rows (TableSpec.row_map);
+        pad and out-of-table ids unchanged, so the pass refuses or pads them as before."""
+        out = ids.copy()
+        for axis, row_map in self._row_maps:
+            row_map.to_stored(ids[:, axis, :], out[:, axis, :])
+        return out
 
     def _resolve(self, ids: np.ndarray) -> None:
         """begin_step's passes and submissions: the cache's compiled pass over every layer (cache.compiled);

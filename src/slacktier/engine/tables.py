@@ -22,6 +22,7 @@ from slacktier.cache import LayerGeometry
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
 from slacktier.tables.layout import pages_for_rows, shard_bounds
+from slacktier.tables.partition import RowMap
 from slacktier.tables.regions import Region
 
 
@@ -33,7 +34,9 @@ class TableSpec:
     (bit r % 8 of byte r // 8, little bit order); rows whose bit is clear are
     not read and come out as zeros. `reference` (checker): where to read the
     rows independently of the source; None lets the checker map the regions'
-    files itself.
+    files itself. `row_map` (a rank partition other than columns, tables.partition):
+    the step's global row ids -> the stored rows `row_start`/`rows` and the
+    regions index; begin_step maps the ids before its directory pass.
     """
 
     layer: int
@@ -45,6 +48,7 @@ class TableSpec:
     seen: np.ndarray | None = None
     reference: object | None = None       # a slacktier.engine.checker.RowReader
     region_index: tuple[int, ...] = ()    # regions[i]'s index in the source's region list (default: i)
+    row_map: RowMap | None = None         # global row id -> stored row; None: they are the same (columns)
     geometry: LayerGeometry = field(init=False, repr=False)   # what the directory pass needs (cache room)
 
     def __post_init__(self) -> None:

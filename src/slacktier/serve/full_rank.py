@@ -73,6 +73,7 @@ class FullRankConfig:
     placements: tuple[str, ...] = ()  # names to run (default: all of timeline_placements)
     engram_vocab: int = 0             # 0: the full V4.1 tables; > 0: EngramLayout.scaled (tests, CI)
     wait_timeout_ms: float = 60_000.0  # the engine's longest wait for a layer's reads (a 4k-token prefill chunk)
+    partition: str = "columns"        # the rank partition the shard is staged and served under (tables.partition)
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.ranks:
@@ -97,7 +98,8 @@ class FullRankConfig:
 
     @property
     def table_name(self) -> str:
-        return f"v41-rank{self.rank}" if not self.engram_vocab else f"v41x{self.engram_vocab}-rank{self.rank}"
+        name = f"v41-rank{self.rank}" if not self.engram_vocab else f"v41x{self.engram_vocab}-rank{self.rank}"
+        return name if self.partition == "columns" else f"{name}-{self.partition}"
 
     @property
     def manifest_path(self) -> Path:
@@ -120,41 +122,55 @@ def _replay(cfg: FullRankConfig, batch: int, hasher) -> Iterator:
 # ---- 1. every rank's pages ------------------------------------------------------------------------------
 
 def rank_page_counts(cfg: FullRankConfig, batch: int, capacities: Sequence[int] = (0, 500_000),
-                     progress: bool = False) -> list:
+                     progress: bool = False, partitions: Sequence[str] = ("columns",)) -> list:
     """RankPages of every rank and layer on the full replay of the traffic at `batch` (all full-batch decode
-    steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache)."""
+    steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache), under each
+    rank partition (tables.partition), all on the one trace."""
     from slacktier.workloads.hashing import EngramLookupHasher
     from slacktier.workloads.rank_pages import rank_pages
     from slacktier.workloads.replay import collect_trace
 
     hasher = EngramLookupHasher(cfg.layout())
     trace = collect_trace(_replay(cfg, batch, hasher), hasher, cfg.workload, batch, progress=progress)
-    return [r for layer in trace.layer_ids for rank in range(cfg.ranks)
-            for r in rank_pages(trace, layer, rank, cfg.ranks, capacities)]
+    return [r for part in partitions for layer in trace.layer_ids for rank in range(cfg.ranks)
+            for r in rank_pages(trace, layer, rank, cfg.ranks, capacities, part)]
+
+
+def _owned_text(columns: Sequence[int], orders: Sequence[int]) -> str:
+    """"cols 0..5, orders 2" for a run of columns; "cols 0,1,8,9,16,17, orders 2,3,4" otherwise."""
+    from slacktier.tables.partition import columns_text
+
+    return f"cols {columns_text(columns)}, orders {','.join(map(str, orders))}"
 
 
 def rank_pages_table(results: Sequence) -> str:
-    """Per workload, B and cache: every rank's pages per full-batch decode step (layer 1 / layer 14) and decode
-    hit rate (layer 1), and the slowest rank (most pages over both layers)."""
+    """Per workload, B, cache and partition: every rank's pages per full-batch decode step (layer 1 / layer 14)
+    and decode hit rate (layer 1), the slowest rank (most pages over both layers) and its pages."""
     from slacktier.workloads.rank_pages import slowest_rank
 
     ranks = sorted({r.rank for r in results})
     layers = sorted({r.layer for r in results})
-    lines = [f"{'workload':8} {'B':>4} {'cache/layer':>11} {'steps':>5} "
-             + " ".join(f"{f'rank {k} pages L' + '/L'.join(map(str, layers)) + ' hit':>24}" for k in ranks)
-             + f" {'slowest':>7}"]
-    owns = {r.rank: f"cols {r.columns[0]}..{r.columns[1]}, orders {','.join(map(str, r.orders))}" for r in results}
-    lines.append(f"{'':8} {'':>4} {'':>11} {'':>5} " + " ".join(f"{owns[k]:>24}" for k in ranks))
+    parts = list(dict.fromkeys(r.partition for r in results))
+    width = 28
+    lines = [f"{'workload':8} {'B':>4} {'cache/layer':>11} {'partition':>9} {'steps':>5} "
+             + " ".join(f"{f'rank {k} pages L' + '/L'.join(map(str, layers)) + ' hit':>{width}}" for k in ranks)
+             + f" {'slowest':>7} {'its pages':>9}"]
+    for part in parts:
+        owns = {r.rank: _owned_text(r.columns, r.orders) for r in results if r.partition == part}
+        lines.append(f"{'':8} {'':>4} {'':>11} {part:>9} {'':>5} " + " ".join(f"{owns[k]:>{width}}" for k in ranks))
     keys = sorted({(r.workload, r.batch, r.capacity_rows) for r in results})
     for wl, batch, cap in keys:
-        rs = [r for r in results if (r.workload, r.batch, r.capacity_rows) == (wl, batch, cap)]
-        by = {(r.rank, r.layer): r for r in rs}
-        cells = []
-        for k in ranks:
-            pages = "/".join(f"{by[(k, l)].pages_mean:.0f}" for l in layers)
-            cells.append(f"{pages + f' {100 * by[(k, layers[0])].hit_rate:3.0f}%':>24}")
-        lines.append(f"{wl:8} {batch:>4} {cap:>11,} {rs[0].steps:>5} " + " ".join(cells)
-                     + f" {slowest_rank(rs, cap):>7}")
+        for part in parts:
+            rs = [r for r in results if (r.workload, r.batch, r.capacity_rows, r.partition) == (wl, batch, cap, part)]
+            by = {(r.rank, r.layer): r for r in rs}
+            cells = []
+            for k in ranks:
+                pages = "/".join(f"{by[(k, l)].pages_mean:.0f}" for l in layers)
+                cells.append(f"{pages + f' {100 * by[(k, layers[0])].hit_rate:3.0f}%':>{width}}")
+            slow = slowest_rank(rs, cap)
+            slow_pages = sum(by[(slow, l)].pages_mean for l in layers)
+            lines.append(f"{wl:8} {batch:>4} {cap:>11,} {part:>9} {rs[0].steps:>5} " + " ".join(cells)
+                         + f" {slow:>7} {slow_pages:>9.0f}")
     return "\n".join(lines)
 
 
@@ -169,13 +185,14 @@ def stage_rank_shard(cfg: FullRankConfig, progress: bool = False):
     layout = cfg.layout()
     if cfg.manifest_path.is_file():
         m = Manifest.load(cfg.manifest_path)
-        if ({r.rank for r in m.regions} == {cfg.rank} and m.ranks == cfg.ranks
+        if ({r.rank for r in m.regions} == {cfg.rank} and m.ranks == cfg.ranks and m.partition_kind == cfg.partition
                 and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(layout)):
             m.check_targets()
             return m
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     return stage_synthetic([cfg.target_path], layout, cfg.ranks, cfg.table_seed, overwrite=True,
-                           manifest_path=cfg.manifest_path, progress=progress, only_ranks=(cfg.rank,))
+                           manifest_path=cfg.manifest_path, progress=progress, only_ranks=(cfg.rank,),
+                           partition=cfg.partition, heads_per_order=layout.n_heads)
 
 
 # ---- 3. serving it on the timeline -----------------------------------------------------------------------
@@ -256,7 +273,8 @@ def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens
                           max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
                           owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms)
     tables = tuple(TableConfig(layer=l, manifest=str(manifest.path), source=placement.tier(l), rank=rank,
-                               cache_share=placement.share(l), order=order) for order, l in enumerate(served))
+                               partition=manifest.partition_kind, cache_share=placement.share(l), order=order)
+                   for order, l in enumerate(served))
     return ControlFile(engine=engine, tables=tables), served
 
 

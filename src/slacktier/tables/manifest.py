@@ -30,6 +30,14 @@ range at load (integers are JSON integers, never floats or booleans; a region's
 device, rank, rows, offset and checksum range agree with the rest of the
 manifest), so a malformed manifest is refused naming its key.
 
+Rank partition (`tables.partition`): which hash columns each rank's region
+holds. A manifest without a "partition" key is `columns`, the engines' own
+contiguous head shards (every manifest written before partitions existed);
+another partition is recorded as {"kind", "heads_per_order", "rank_columns"},
+checked at load to give every column to exactly one rank by its kind's rule,
+and then a region's row_start/rows are its rows in the layer's stored space
+(`Manifest.pieces` maps them to global rows).
+
 Worked example: 2 layers x 1,000 rows, 2 ranks, one target -> regions
 (layer 1, rank 0) at offset 4096 with 34 pages (500 rows), (layer 1, rank 1) at
 4096 + 34 * 4096, and so on; checksum of page 3 of (layer 1, rank 1) is entry
@@ -38,6 +46,7 @@ Worked example: 2 layers x 1,000 rows, 2 ranks, one target -> regions
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -52,6 +61,8 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
 from slacktier.tables.odirect import write_file_atomic
+from slacktier.tables.partition import (DEFAULT_PARTITION, RankPartition, RowMap, StoredSpan, columns_text,
+                                       region_extent, stored_spans)
 from slacktier.tables.regions import Region, StagedRegion
 from slacktier.tables.table_layout import TableLayout
 
@@ -146,7 +157,7 @@ def new_stage_id() -> str:
 
 
 def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
-                 only_ranks: Sequence[int] | None = None) -> list[StagedRegion]:
+                 only_ranks: Sequence[int] | None = None, partition: RankPartition | None = None) -> list[StagedRegion]:
     """Place every (layer, rank) region: the i-th staged rank on target i % len(targets), packed after each header
     page (all ranks staged: rank r on target r % len(targets)).
 
@@ -168,8 +179,10 @@ def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
     regions: list[StagedRegion] = []
     crc_first = 0
     for layer in layout.layer_ids:
+        spans = layer_spans(layout, layer, ranks, partition)
         for i, rank in enumerate(staged):
-            start, end = layout.shard(layer, rank, ranks)
+            start, rows = region_extent(spans[rank])
+            end = start + rows
             device = i % len(targets)
             pages = pages_for_rows(end - start)
             regions.append(StagedRegion(layer, rank, device, targets[device], next_offset[device], pages, start,
@@ -177,6 +190,27 @@ def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
             next_offset[device] += pages * PAGE_BYTES
             crc_first += pages
     return regions
+
+
+def layer_spans(layout: StagedLayout, layer: int, ranks: int,
+                partition: RankPartition | None) -> list[list[StoredSpan]]:
+    """Per rank, the global row spans of `layer` its region holds and where they are stored (tables.partition)."""
+    return stored_spans(partition, layout.column_bounds.get(layer), layout.rows[layer], ranks)
+
+
+def region_pieces(region: StagedRegion, spans: Sequence[StoredSpan]) -> list[StagedRegion]:
+    """`region` as one piece per span: contiguous global rows (row_start global) at their own pages and checksums.
+
+    Staging and verification read and write rows through these. Worked example (tables.partition's): rank 0's
+    balanced region -> pieces of rows [0, 200) at its page 0, [800, 1000) at page 14, [1600, 1800) at page 28.
+    """
+    out = []
+    for s in spans:
+        page0 = (s.stored_start - region.row_start) // ROWS_PER_PAGE
+        out.append(dataclasses.replace(region, offset_bytes=region.offset_bytes + page0 * PAGE_BYTES,
+                                       pages=pages_for_rows(s.rows), row_start=s.start, rows=s.rows,
+                                       crc_first_page=region.crc_first_page + page0))
+    return out
 
 
 def target_bytes(regions: list[StagedRegion], n_targets: int) -> list[int]:
@@ -212,6 +246,31 @@ class Manifest:
     format_version: int = FORMAT_VERSION
     created_utc: str = ""
     stage_id: str = ""              # the staging run's random id, also in every target header ("" before it existed)
+    partition: RankPartition | None = None   # None: columns (contiguous head shards, the engines' own)
+
+    @property
+    def partition_kind(self) -> str:
+        """The rank partition's name: "columns" (also every manifest written before partitions) or "balanced"."""
+        return self.partition.kind if self.partition is not None else DEFAULT_PARTITION
+
+    def spans(self, layer: int, rank: int) -> list[StoredSpan]:
+        """The global row spans of (layer, rank)'s region and their stored rows (one span under columns)."""
+        if not 0 <= rank < self.ranks:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"rank {rank} outside 0..{self.ranks - 1}",
+                                 fix="pass a rank the table was staged with", layer=layer, rank=rank)
+        return layer_spans(self.layout, layer, self.ranks, self.partition)[rank]
+
+    def row_map(self, layer: int) -> RowMap | None:
+        """Global row id -> stored row of `layer`; None where they are the same (columns)."""
+        if self.partition is None or self.partition.kind == DEFAULT_PARTITION:
+            return None
+        return RowMap.of(layer_spans(self.layout, layer, self.ranks, self.partition), self.layout.rows[layer])
+
+    def pieces(self, region: StagedRegion) -> list[StagedRegion]:
+        """`region` as pieces of contiguous global rows (`region_pieces`); the region itself under columns."""
+        if self.row_map(region.layer) is None:
+            return [region]
+        return region_pieces(region, self.spans(region.layer, region.rank))
 
     @property
     def source_digest(self) -> str:
@@ -295,7 +354,7 @@ class Manifest:
             "checksums": {"algorithm": "crc32c", "unit": "page", "file": self.crc_file, "sha256": self.crc_sha256,
                           "pages": self.total_pages},
             "source": self.source, "stage_id": self.stage_id,
-        }
+        } | ({"partition": self.partition.to_json()} if self.partition is not None else {})
 
     def save(self, path: str | Path) -> None:
         """Write the manifest JSON, with its own digest, atomically (temp file + rename; nothing left on failure)."""
@@ -361,7 +420,7 @@ def check_manifest_digest(doc: Mapping[str, Any], path: str) -> None:
 
 _REGION_KEYS = ("layer", "rank", "device", "path", "offset_bytes", "pages", "row_start", "rows", "crc_first_page")
 _TOP_KEYS = {"format", "format_version", "created_utc", "layout", "ranks", "targets", "regions", "checksums",
-             "source", "stage_id", DIGEST_KEY}
+             "source", "stage_id", "partition", DIGEST_KEY}
 
 
 class _Fields:
@@ -492,6 +551,8 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
         raise f.bad("$.checksums.file", crc_file, "a file name beside the manifest")
     crc_sha = _digest_text(f.get(cs, "sha256", "$.checksums.sha256"), "$.checksums.sha256", f)
     total_pages = f.int(f.get(cs, "pages", "$.checksums.pages"), "$.checksums.pages", 1)
+    partition = _partition_from_json(d.get("partition"), layout, ranks, f)
+    spans = {layer: layer_spans(layout, layer, ranks, partition) for layer in layout.layer_ids}
     regions: list[StagedRegion] = []
     crc_next = 0
     end_of: dict[int, list[tuple[int, int, int]]] = {}
@@ -513,7 +574,8 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
         offset = f.int(v["offset_bytes"], f"{key}.offset_bytes", TARGET_HEADER_BYTES)
         if offset % PAGE_BYTES:
             raise f.bad(f"{key}.offset_bytes", offset, "a multiple of 4096")
-        lo, hi = layout.shard(layer, rank, ranks)
+        lo, n = region_extent(spans[layer][rank])
+        hi = lo + n
         row_start = f.int(v["row_start"], f"{key}.row_start")
         rows = f.int(v["rows"], f"{key}.rows", 1)
         if row_start != lo:
@@ -543,7 +605,30 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
                     source=_source_from_json(f.get(d, "source", "$.source"), f),
                     crc_file=crc_file, crc_sha256=crc_sha, total_pages=total_pages, path=path,
                     format_version=FORMAT_VERSION, created_utc=f.str(d.get("created_utc", ""), "$.created_utc"),
-                    stage_id=f.str(d.get("stage_id", ""), "$.stage_id"))
+                    stage_id=f.str(d.get("stage_id", ""), "$.stage_id"), partition=partition)
+
+
+def _partition_from_json(d: Any, layout: StagedLayout, ranks: int, f: _Fields) -> RankPartition | None:
+    """The manifest's "partition" (absent: columns), refused unless it gives every hash column of every layer to
+    exactly one rank, by its kind's rule."""
+    if d is None:
+        return None
+    f.keys(d if isinstance(d, dict) else {}, ("kind", "heads_per_order", "rank_columns"), "$.partition")
+    kind = f.str(f.get(d, "kind", "$.partition.kind"), "$.partition.kind")
+    hpo = f.int(f.get(d, "heads_per_order", "$.partition.heads_per_order"), "$.partition.heads_per_order", 1)
+    cols = f.list(f.get(d, "rank_columns", "$.partition.rank_columns"), "$.partition.rank_columns")
+    columns = tuple(tuple(f.int(c, f"$.partition.rank_columns[{k}][{i}]") for i, c in
+                          enumerate(f.list(rc, f"$.partition.rank_columns[{k}]"))) for k, rc in enumerate(cols))
+    part = RankPartition(kind, hpo, columns)
+    for layer in layout.layer_ids:
+        bounds = layout.column_bounds.get(layer)
+        if bounds is None:
+            raise f.bad(f"$.layout.column_bounds.{layer}", None, f"the hash-column bounds a {kind!r} partition needs")
+        try:
+            part.check(len(bounds) - 1, ranks, f"manifest {f.path}: $.partition")
+        except SlackTierError as exc:
+            raise SlackTierError(exc.kind, exc.message, fix=exc.fix) from None
+    return part
 
 
 def default_manifest_path(target: str) -> Path:
@@ -643,26 +728,28 @@ def check_target_header(path: str | Path, device: int, identity: TableIdentity, 
 
 
 def check_tp_sharding(manifest: Manifest, tp_size: int, layers: Sequence[int] | None = None) -> None:
-    """Refuse (BAD_INPUT) a manifest whose rank regions are not the head sharding vLLM and SGLang use at `tp_size`.
+    """Refuse (BAD_INPUT) a manifest whose rank regions are not `tp_size` ranks' whole heads under its partition.
 
-    The serving engines split an Engram layer's hash heads (columns) evenly over the
-    tensor-parallel ranks, each rank holding whole per-head subtables: rank k of
-    `tp_size` owns columns [k * C / tp, (k + 1) * C / tp), i.e. global rows
-    [bounds[k * C / tp], bounds[(k + 1) * C / tp]). So the manifest must have been
-    staged with `ranks == tp_size` (num_shards == TP), every layer must record its
-    column bounds, the column count must divide by `tp_size`, and each (layer, rank)
-    region must hold exactly its rank's rows.
+    The serving engines split an Engram layer's hash heads (columns) over the
+    tensor-parallel ranks, each rank holding whole per-head subtables. Under
+    `columns` (the engines' own sharding) rank k of `tp_size` owns columns
+    [k * C / tp, (k + 1) * C / tp), i.e. global rows [bounds[k * C / tp], bounds[(k + 1) * C / tp]);
+    under `balanced` it owns as many heads of each order (tables.partition). So the
+    manifest must have been staged with `ranks == tp_size` (num_shards == TP),
+    every layer must record its column bounds, the column count must divide by
+    `tp_size`, and each (layer, rank) region must hold exactly its rank's rows.
 
-    Worked example: 24 columns of 100 rows each, tp 4 -> rank 1 owns columns 6..11,
+    Worked example: 24 columns of 100 rows each, tp 4, columns -> rank 1 owns columns 6..11,
     rows [600, 1200); a table staged with ranks = 2 is refused for tp 4.
     """
     if tp_size < 1:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tensor-parallel size {tp_size}", fix="pass a TP size >= 1")
     where = manifest.path or "the manifest"
+    kind = manifest.partition_kind
     if manifest.ranks != tp_size:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"{where} was staged with {manifest.ranks} ranks (num_shards), "
                              f"the serving engine runs TP {tp_size}: rank regions would not match its head shards",
-                             fix=f"stage the table again with --ranks {tp_size}")
+                             fix=f"stage the table again with --ranks {tp_size} --partition {kind}")
     for layer in (manifest.layout.layer_ids if layers is None else layers):
         bounds = manifest.layout.column_bounds.get(layer)
         if bounds is None:
@@ -674,15 +761,17 @@ def check_tp_sharding(manifest: Manifest, tp_size: int, layers: Sequence[int] | 
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{where}: layer {layer} has {cols} hash columns, which "
                                  f"TP {tp_size} cannot split into whole heads", layer=layer,
                                  fix=f"run TP at a divisor of {cols}")
-        per = cols // tp_size
+        spans = layer_spans(manifest.layout, layer, tp_size, manifest.partition)
+        owned = (manifest.partition.columns if manifest.partition is not None
+                 else [range(k * cols // tp_size, (k + 1) * cols // tp_size) for k in range(tp_size)])
         # a table staged for some ranks only (`stage --only-ranks`, one rank's machine) is checked on those
         staged = sorted({r.rank for r in manifest.regions if r.layer == layer}) or list(range(tp_size))
         for rank in staged:
-            lo, hi = bounds[rank * per], bounds[(rank + 1) * per]
+            lo, n = region_extent(spans[rank])
             r = manifest.region(layer, rank)
-            if (r.row_start, r.row_start + r.rows) != (lo, hi):
+            if (r.row_start, r.rows) != (lo, n):
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"{where}: layer {layer} rank {rank} region holds rows "
-                                     f"[{r.row_start}, {r.row_start + r.rows}), TP {tp_size} head sharding gives "
-                                     f"that rank columns {rank * per}..{(rank + 1) * per - 1}, rows [{lo}, {hi})",
+                                     f"[{r.row_start}, {r.row_start + r.rows}), TP {tp_size} {kind} sharding gives "
+                                     f"that rank columns {columns_text(owned[rank])}, rows [{lo}, {lo + n})",
                                      layer=layer, rank=rank, fix=f"stage the table again with --ranks {tp_size} "
-                                     "from the model's hash layout")
+                                     f"--partition {kind} from the model's hash layout")

@@ -36,7 +36,8 @@ from tqdm import tqdm
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
-    new_stage_id, parse_header, plan_regions, target_bytes
+    layer_spans, new_stage_id, parse_header, plan_regions, region_pieces, target_bytes
+from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition
 from slacktier.tables.odirect import DirectFile, aligned_array, os_error, probe_target, write_file_atomic
 from slacktier.tables.regions import StagedRegion
 from slacktier.tables.row_source import RowSource
@@ -239,8 +240,12 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                 manifest_path: str | Path | None = None, max_bytes: int | None = None, overwrite: bool = False,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffered: bool = False, progress: bool = True,
                 fillers: int = DEFAULT_FILLERS, writers: int = DEFAULT_WRITERS,
-                stats: StageStats | None = None, only_ranks: Sequence[int] | None = None) -> Manifest:
+                stats: StageStats | None = None, only_ranks: Sequence[int] | None = None,
+                partition: str = DEFAULT_PARTITION, heads_per_order: int = 8) -> Manifest:
     """Stage `source` as `ranks` shards per layer onto `targets` (ranks round-robin); returns the saved manifest.
+
+    `partition` picks the hash columns of each rank's region (tables.partition: "columns", the engines' own
+    sharding, or "balanced", as many heads of each order per rank; `heads_per_order`: 8 on V4.1 and Qwen3.8).
 
     `stats`, if given, receives the run's bytes, time and writer busy time. `only_ranks` writes only those
     ranks' shards (cut for `ranks` ranks; see manifest.plan_regions), as one rank's machine holds them.
@@ -256,7 +261,15 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     if len(set(paths)) != len(paths):
         raise SlackTierError(ErrorKind.BAD_INPUT, "a target is listed twice", fix="list each target once")
     layout = source.layout
-    regions = plan_regions(layout, ranks, paths, only_ranks)
+    part = None
+    if partition != DEFAULT_PARTITION:
+        cols = {len(b) - 1 for b in layout.column_bounds.values()}
+        if len(cols) != 1 or len(layout.column_bounds) != len(layout.rows):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"the {partition!r} partition needs every layer's hash-column "
+                                 "bounds, the same column count in each", fix="stage from the model's hash layout "
+                                 "(--engram v41, or a checkpoint), or --partition columns")
+        part = RankPartition.make(partition, cols.pop(), ranks, heads_per_order)
+    regions = plan_regions(layout, ranks, paths, only_ranks, part)
     need = target_bytes(regions, len(paths))
     block_targets = [os.path.exists(p) and Path(p).is_block_device() for p in paths]
     if manifest_path is None:
@@ -291,8 +304,10 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                     os.posix_fallocate(f.fd, 0, n)  # reserve the space now: no ENOSPC halfway through
                 except OSError as exc:
                     raise os_error(exc, f"reserving {n} bytes for {f.path}") from None
-        chunks = [(region, first_row) for region in regions
-                  for first_row in range(0, region.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
+        pieces = [p for region in regions for p in (region_pieces(region, layer_spans(
+            layout, region.layer, ranks, part)[region.rank]) if part is not None else [region])]
+        chunks = [(piece, first_row) for piece in pieces
+                  for first_row in range(0, piece.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
         writer = _Writer(files, n_buffers=8 + writers, chunk_bytes=chunk_bytes, n_threads=writers)
         fill_total_s = 0.0
         bar = tqdm(total=total_pages * PAGE_BYTES, unit="B", unit_scale=True, desc="stage", disable=not progress)
@@ -328,7 +343,7 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     write_file_atomic(crc_path, crc_bytes, what="checksum file")
     manifest = Manifest(layout=layout, ranks=ranks, targets=paths, regions=regions, source=source.spec(),
                         crc_file=crc_file, crc_sha256=hashlib.sha256(crc_bytes).hexdigest(), total_pages=total_pages,
-                        stage_id=stage_id, created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                        stage_id=stage_id, partition=part, created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     try:
         manifest.save(manifest_path)
     except BaseException:

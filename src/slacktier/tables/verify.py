@@ -159,7 +159,11 @@ def _check_rows(m: Manifest, files: list[DirectFile], source: RowSource, rows_pe
                 progress: bool, report: VerifyReport) -> None:
     rng = np.random.default_rng(seed)
     page = aligned_array(PAGE_BYTES)
-    for r in tqdm(m.regions, desc="verify rows", unit="region", disable=not progress):
+    # pieces: contiguous global rows each (the region itself under columns; one per column span otherwise);
+    # base: the piece's first page in its region, so a mismatch names the region's page
+    pieces = [(p, (p.offset_bytes - region.offset_bytes) // PAGE_BYTES) for region in m.regions
+              for p in m.pieces(region)]
+    for r, base in tqdm(pieces, desc="verify rows", unit="region", disable=not progress):
         if r.rows == 0:
             continue
         picks = np.unique(np.concatenate([[0, r.rows - 1],
@@ -174,7 +178,7 @@ def _check_rows(m: Manifest, files: list[DirectFile], source: RowSource, rows_pe
                 except SlackTierError as exc:
                     if exc.kind != ErrorKind.IO:
                         raise
-                    report.mismatches.append(Mismatch("read", r.layer, r.rank, p, row=r.row_start + local,
+                    report.mismatches.append(Mismatch("read", r.layer, r.rank, base + p, row=r.row_start + local,
                                                       detail=exc.message))
                     current = -1
                     continue
@@ -183,6 +187,6 @@ def _check_rows(m: Manifest, files: list[DirectFile], source: RowSource, rows_pe
             got = page[at:at + ROW_BYTES]
             if not np.array_equal(got, expect):
                 diff = np.flatnonzero(got != expect)
-                report.mismatches.append(Mismatch("row", r.layer, r.rank, p, row=r.row_start + local, detail=(
+                report.mismatches.append(Mismatch("row", r.layer, r.rank, base + p, row=r.row_start + local, detail=(
                     f"{diff.size} of {ROW_BYTES} bytes differ, first at byte {int(diff[0])} of the row")))
             report.rows_checked += 1
