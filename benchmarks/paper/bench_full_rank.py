@@ -49,6 +49,9 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
     ap.add_argument("--profile", default="v41_paper")
     ap.add_argument("--workdir", default="runs/full_rank")
+    ap.add_argument("--engram-vocab", type=int, default=0,
+                    help="0: the full-size shard; > 0: the V4.1 hash over tables scaled to this vocabulary "
+                         "(4,000,000: a quarter of the rows, 13 GB for rank 3)")
     ap.add_argument("--append", action="store_true", help=f"append the table to {bench_log(SECTION).name} ({SECTION})")
 
 
@@ -59,7 +62,7 @@ def config(args: argparse.Namespace) -> FullRankConfig:
                           decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
                           start_spread_steps=args.start_spread_steps,
                           check_steps=args.check_steps,
-                          max_session_tokens=args.max_session_tokens,
+                          max_session_tokens=args.max_session_tokens, engram_vocab=args.engram_vocab,
                           placements=tuple(p for p in args.placements.split(",") if p))
 
 
@@ -74,7 +77,10 @@ def timeline(args: argparse.Namespace) -> int:
     print(table)
     steps = sorted({r.summary.steps for r in runs})
     regime = (f"Regime: device compute from profile {profile.name} (the paper's V4.1 numbers, origin in the "
-              f"table's first line); host, cache and I/O real: rank {cfg.rank}'s full-size TP{cfg.ranks} shard of "
+              f"table's first line); host, cache and I/O real: rank {cfg.rank}'s "
+              + ("full-size" if not cfg.engram_vocab else f"scaled (engram_vocab {cfg.engram_vocab:,}: its pages "
+                 "per step are the full size's, its directories the cache's, so s and reads are too; its rows "
+                 "fewer)") + f" TP{cfg.ranks} shard of "
               f"both Engram layers ({manifest.total_pages * 4096 / 1e9:.1f} GB, synthetic rows, V4.1 hash and "
               f"layout) in one file on this VM's shared virtio disk (fio at QD 128: 29k-94k IOPS, median ~45k, "
               "BENCHMARKS.md store section; vs the paper's NVMe), O_DIRECT, "
@@ -91,7 +97,8 @@ def timeline(args: argparse.Namespace) -> int:
               "or the other three ranks' processes running beside this one (their pages are counted in the "
               "`pages` table); the step is this rank's.")
     if args.append:
-        _append(f"full-size rank {cfg.rank} shard, {cfg.workload}, B={args.batches}", regime, wall, table)
+        size = "full-size" if not cfg.engram_vocab else f"scaled (engram_vocab {cfg.engram_vocab:,})"
+        _append(f"{size} rank {cfg.rank} shard, {cfg.workload}, B={args.batches}", regime, wall, table)
     return 0
 
 

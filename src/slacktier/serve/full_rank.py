@@ -386,7 +386,8 @@ def full_rank_table(profile: ComputeProfile, cfg: FullRankConfig, manifest, runs
     gb = 1e9
     shard = ", ".join(f"layer {l}: {manifest.region(l, cfg.rank).rows:,} rows" for l in layers)
     lines = [profile.header,
-             f"rank {cfg.rank} of TP{cfg.ranks}, full-size V4.1 shard ({shard}), {cfg.workload} traffic, "
+             f"rank {cfg.rank} of TP{cfg.ranks}, {'full-size' if not cfg.engram_vocab else 'scaled'} V4.1 shard "
+             f"({shard}), {cfg.workload} traffic, "
              f"{cfg.decode_tokens} decode tokens per turn",
              f"{'B':>4} {'placement':16} {'runs':>4} {'profile':>7} {'overhead':>9} {'%':>6} {'min..max ms':>12} "
              f"{'p99 step':>8} {'Eq.1':>5} {'host GB':>7} "
