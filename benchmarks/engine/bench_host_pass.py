@@ -15,16 +15,17 @@ Two engines of that shape, side by side, step by step:
   tokenizer, the V4.1 hash), replayed B sessions at a time; prefill chunks warm
   the cache off the clock; full-batch decode steps are timed.
 
-The floor, measured in the same process on the same step's ids just before
-begin_step: one compiled loop that does what any resolve must, and nothing
-else: one prefetched probe of each in-table lookup into that engine's own
-directory (cache.rowdir; before issue 28, the int32 array of a row per table
-row), then a stamped hash-table dedup of the pages of the rows it did not find.
-Beside it, the floor with evictions: the same, plus what a full cache adds to a
-miss at the least (the next CLOCK slots' rows leave the directory, the missed
-rows enter it; run on a copy of the directory). Before each measurement the
-CPU caches are flushed (a 96 MiB sweep; this VM's L3 is 32 MiB), so all start
-cold, as a step does after the model's forward.
+The floor, measured in the same process on the same traffic, on alternate steps
+(begin_step is timed on the others; every step is gathered and ended, so each
+timed part follows a whole step): one compiled loop that does what any resolve
+must, and nothing else: one prefetched probe of each in-table lookup into that
+engine's own directory (cache.rowdir; before issue 28, the int32 array of a row
+per table row), then a stamped hash-table dedup of the pages of the rows it did
+not find. A full cache's evictions (the victim's row leaves the directory,
+the missed row enters it) are not in the floor: they are in the compiled pass,
+whose own time is reported beside it. Before each timed part the CPU
+caches are flushed (a 96 MiB sweep; this VM's L3 is 32 MiB), as after the
+model's forward; `--no-flush` times them as they come.
 
 Reported per engine and B: begin_step wall and thread-CPU time (min / median /
 max of the rounds' medians), the compiled pass alone (the engine's resolve +
@@ -93,24 +94,6 @@ else:  # pragma: no cover
             out[j] = dtab[rows[j]]
 
 
-if D is not None:
-    @njit(nogil=True, cache=True)
-    def _evict_all(dtab, rows, slot, victim_row, victim_slot):
-        """Each absent row takes the next victim's slot: its row leaves the directory, the new row enters."""
-        mask = dtab.shape[0] - 1
-        for k in range(victim_row.shape[0]):   # the victims' entries, in flight together
-            prefetch(dtab, D.home(victim_row[k], mask))
-        k = 0
-        for j in range(rows.shape[0]):
-            if slot[j] >= 0 or k >= victim_row.shape[0]:
-                continue
-            if victim_row[k] >= 0:
-                D.remove(dtab, victim_row[k], victim_slot[k])
-            D.insert(dtab, rows[j], victim_slot[k])
-            k += 1
-        return k
-
-
 @njit(nogil=True, cache=True)
 def _dedup_pages(rows, slot, htab, stamp, bits):
     """Pages of the rows without a slot, each counted once (a stamped open-addressing table)."""
@@ -139,33 +122,6 @@ class Floor:
         self.htab = np.zeros((1 << 16, 2), dtype=np.int64)
         self.stamp = 0
         self.slot = np.empty(COLUMNS * 4096, dtype=np.int64)
-
-    def run_evicting(self, ids: np.ndarray) -> float:
-        """us of the floor plus what a full cache adds to each miss at the least: the next CLOCK slots' rows
-        leave the directory and the missed rows enter it (on a copy of the directory, made before the clock)."""
-        if D is None:  # pragma: no cover - an earlier commit: no such directory
-            return float("nan")
-        cache = self.engine.cache
-        work = []
-        for axis, layer in enumerate(self.engine.layers):
-            lo, hi = self.shards[layer]
-            flat = ids[:, axis, :].reshape(-1)
-            rows = flat[(flat >= lo) & (flat < hi)] - lo
-            state = cache.layer(layer)
-            n = min(rows.shape[0], state.owned.shape[0])
-            hand = int(state.lstate[0])
-            victims = np.take(state.owned, np.arange(hand, hand + n), mode="wrap")
-            work.append((state.directory.copy(), rows, cache.slot_row[victims].copy(), victims.astype(np.int64)))
-        if FLUSH:
-            flush_caches()
-        t0 = time.perf_counter_ns()
-        for dtab, rows, victim_row, victim_slot in work:
-            slot = self.slot[:rows.shape[0]]
-            _probe_all(dtab, rows, slot)
-            _evict_all(dtab, rows, slot, victim_row, victim_slot)
-            self.stamp += 1
-            _dedup_pages(rows, slot, self.htab, self.stamp, 16)
-        return (time.perf_counter_ns() - t0) / 1e3
 
     def run(self, ids: np.ndarray) -> tuple[float, int]:
         """(us, pages) of the floor on ids [T, 2, 24]: the compiled loops alone (each layer's in-shard rows are
@@ -234,10 +190,15 @@ def agent_steps(layout: EngramLayout, batch: int, seed: int):
 FLUSH = True
 
 
-def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray) -> dict:
-    """Floor, then begin_step, each after a cache flush; the step's reads and counters."""
-    evicting_us = floor.run_evicting(ids)
-    floor_us, floor_pages = floor.run(ids)
+def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, floors: bool) -> dict:
+    """One step: with `floors`, the floor is timed on its ids and begin_step is not; otherwise begin_step is
+    not; otherwise begin_step is timed. Each timed part after a cache flush (unless --no-flush); the step is
+    gathered and ended either way, so the engine sees every step and each timed part follows a whole step."""
+    out: dict = {}
+    if floors:
+        out["floor_us"], out["floor_pages"] = floor.run(ids)
+        warm(engine, ids)
+        return out
     if FLUSH:
         flush_caches()
     c0 = time.thread_time_ns()
@@ -249,11 +210,10 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray) -> dict:
         engine.gather(layer)
     counters = engine.end_step()
     lay = counters.layers.values()
-    served = sum(c.lookups - c.zero_rows for c in lay)
-    return {"wall_us": (t1 - t0) / 1e3, "cpu_us": (c1 - c0) / 1e3, "floor_us": floor_us, "evict_us": evicting_us,
+    return {"wall_us": (t1 - t0) / 1e3, "cpu_us": (c1 - c0) / 1e3,
             "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),
             "submit_us": sum(c.submit_us for c in lay), "hits": sum(c.hits for c in lay),
-            "served": served, "pages": sum(c.pages_read for c in lay), "floor_pages": floor_pages}
+            "served": sum(c.lookups - c.zero_rows for c in lay), "pages": sum(c.pages_read for c in lay)}
 
 
 def warm(engine: StepEngine, ids: np.ndarray) -> None:
@@ -307,22 +267,24 @@ def main() -> int:
                 b = int(b)
                 for name in ("uncached", "agent"):
                     engine, shards = engines[name]
-                    got = []
-                    while len(got) < args.steps:
+                    got, fl = [], []   # timed begin_steps, timed floors: alternate steps
+                    while len(got) < args.steps or len(fl) < args.steps:
                         if name == "uncached":
-                            got.append(run_one(engine, floors[name], random_ids(layout, shards, args.rank, b, rng)))
-                            continue
-                        st = next(replays[b])   # prefill chunks and part-batch steps warm the cache off the clock
-                        if st.kind == "decode" and st.num_tokens == b:
-                            got.append(run_one(engine, floors[name], np.ascontiguousarray(st.ids)))
+                            ids = random_ids(layout, shards, args.rank, b, rng)
                         else:
-                            warm(engine, np.ascontiguousarray(st.ids))
+                            st = next(replays[b])   # prefill chunks and part-batch steps warm the cache, untimed
+                            if st.kind != "decode" or st.num_tokens != b:
+                                warm(engine, np.ascontiguousarray(st.ids))
+                                continue
+                            ids = np.ascontiguousarray(st.ids)
+                        on_floor = len(fl) < len(got)
+                        (fl if on_floor else got).append(run_one(engine, floors[name], ids, on_floor))
                     results.setdefault((name, b), []).extend(got)
+                    med = {k: statistics.median(g[k] for g in got)
+                           for k in ("wall_us", "cpu_us", "pass_us", "resolve_us", "submit_us")}
+                    med |= {"floor_us": statistics.median(f["floor_us"] for f in fl)}
                     rounds.setdefault((name, b), []).append(
-                        {k: statistics.median(g[k] for g in got)
-                         for k in ("wall_us", "cpu_us", "floor_us", "evict_us", "pass_us", "resolve_us", "submit_us")}
-                        | {"ratio": statistics.median(g["wall_us"] / g["floor_us"] for g in got),
-                           "ratio_evict": statistics.median(g["wall_us"] / g["evict_us"] for g in got)})
+                        med | {"ratio": med["wall_us"] / med["floor_us"], "pass_ratio": med["resolve_us"] / med["floor_us"]})
                 print(f"round {r + 1}/{args.rounds} B={b} done", flush=True)
         dir_bytes = {name: sum(e.cache.layer(l).directory.nbytes for l in e.layers) for name, (e, _) in engines.items()}
         for e, _ in engines.values():
@@ -332,12 +294,12 @@ def main() -> int:
     lines = [f"begin_step against its floor: rank {args.rank} of TP4, V4.1 (both layers' shards, owned_only), "
              f"io_uring reads in flight, cache {args.cache_rows:,} rows split 0.5/0.5; {now}, {platform.node()}, "
              f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.steps} steps per engine and B, B in shuffled "
-             f"order per round; " + ("no cache flush" if args.no_flush else
-                                    "floor and begin_step each after a 96 MiB cache flush"),
+             f"order per round, begin_step and the floors timed on alternate steps (each after a whole step); "
+             + ("no cache flush" if args.no_flush else "each timed part after a 96 MiB cache flush"),
              "| engine | B | lookups served / step | hit rate | pages / step | begin_step wall us (min / med / max "
              "of round medians) | thread CPU us (med) | compiled pass: resolve + submit us (med) | floor us (med) | "
-             "begin_step / floor (min / med / max) | floor with evictions us (med) | begin_step / it (med) |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|"]
+             "begin_step / floor (min / med / max of rounds) | compiled resolve / floor (med) |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
     doc = {"when": now, "machine": platform.node(), "args": vars(args), "directory_bytes": dir_bytes,
            "directory_bytes_4B_per_row": old_bytes, "rows": {}}
     for b in batches:
@@ -352,11 +314,10 @@ def main() -> int:
             res = statistics.median(r["resolve_us"] for r in rs)
             sub = statistics.median(r["submit_us"] for r in rs)
             fl = statistics.median(r["floor_us"] for r in rs)
-            ev = statistics.median(r["evict_us"] for r in rs)
-            rev = statistics.median(r["ratio_evict"] for r in rs)
+            rp = statistics.median(r["pass_ratio"] for r in rs)
             lines.append(f"| {name} | {b} | {served:,.0f} | {hit:.3f} | {pages:,.0f} | {wall[0]:.0f} / {wall[1]:.0f}"
                          f" / {wall[2]:.0f} | {cpu:.0f} | {res:.0f} + {sub:.0f} | {fl:.0f} | {ratio[0]:.2f} / {ratio[1]:.2f} / "
-                         f"{ratio[2]:.2f}x | {ev:.0f} | {rev:.2f}x |")
+                         f"{ratio[2]:.2f}x | {rp:.2f}x |")
             doc["rows"][f"{name}/{b}"] = {"rounds": rs, "served": served, "hit_rate": hit, "pages": pages}
     lines.append(f"directories of the rank (both layers): {dir_bytes['agent'] / 2**20:.1f} MiB, sized to the cache; "
                  f"4 B per shard row took {old_bytes / 2**20:.0f} MiB")
