@@ -192,7 +192,7 @@ FLUSH = True
 
 def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, floors: bool) -> dict:
     """One step: with `floors`, the floor is timed on its ids and begin_step is not; otherwise begin_step is
-    not; otherwise begin_step is timed. Each timed part after a cache flush (unless --no-flush); the step is
+    timed. Each timed part after a cache flush (unless --no-flush); the step is
     gathered and ended either way, so the engine sees every step and each timed part follows a whole step."""
     out: dict = {}
     if floors:
