@@ -20,13 +20,14 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 import pytest
 import redis
 import torch
 
 from slacktier.cache import RowCache
-from slacktier.config import ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig
+from slacktier.config import MAX_CACHE_ROWS, ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig
 from slacktier.engine import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
@@ -521,3 +522,63 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
             admin.close()
             engine.close()
     run.check_clean(1_000_000)
+
+
+class RefusingDisk(DiskSource):
+    """A disk tier whose open is refused (a device gone between the control file's writing and its apply)."""
+
+    def __init__(self, regions, options=None, **kw) -> None:
+        raise SlackTierError(ErrorKind.UNAVAILABLE, "the disk went away", fix="plug it back in")
+
+
+register_tier("refusing_disk", RefusingDisk, DiskOptions)
+
+
+def _served(engine: StepEngine) -> tuple:
+    """What a refused apply must leave as it was: the control file, sources, timeouts, modes, cached rows."""
+    cache = engine.cache
+    return (engine.config, tuple(engine.table(layer).source for layer in engine.layers), engine.wait_timeout_s,
+            engine.lossy, engine.check, cache.max_slots, cache.slots,
+            tuple((cache.owned_slots(layer), *(a.tobytes() for a in cache.cached(layer))) for layer in engine.layers))
+
+
+def test_a_refused_apply_leaves_the_engine_exactly_as_it_was(staged, o_direct_dir: Path, monkeypatch) -> None:
+    """A refusal at each stage of apply (manifest, source, seen-set, lossy, cache memory, metrics) changes
+    nothing: the same sources, timeouts, cache size and cached rows, and the next steps serve exactly."""
+    cfg = control(staged, "disk", cache_rows=2000, max_cache_rows=20_000, wait_timeout_ms=5000.0)
+    engine = StepEngine.from_config(cfg)
+    run = Run(engine, staged, seed=7)
+    run.steps(3)
+    bad_seen = o_direct_dir / "seen.txt"
+    bad_seen.write_text("1 2 3\n")
+
+    def tables(**change) -> ControlFile:
+        return ControlFile(engine=cfg.engine, tables=tuple(
+            TableConfig(**(msgspec.structs.asdict(t) | (change if t.layer == 14 else {}))) for t in cfg.tables))
+
+    refused = {
+        "manifest": tables(manifest=str(o_direct_dir / "gone.manifest.json")),
+        "source": tables(source="refusing_disk", options=None),
+        "seen-set": tables(seen=str(bad_seen)),
+        # the campaign's case: a tiny timeout and a larger cache came along with the refused lossy mode
+        "lossy": cfg.replace(lossy=True, wait_timeout_ms=0.001, cache_rows=5000),
+        "cache memory": cfg.replace(cache_rows=2000, max_cache_rows=MAX_CACHE_ROWS),
+        "metrics": cfg.replace(metrics=True, wait_timeout_ms=0.001),
+    }
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(o_direct_dir / "no-such-dir"))
+    for stage, bad in refused.items():
+        before = _served(engine)
+        with pytest.raises(SlackTierError) as exc:
+            engine.apply(bad)
+        assert exc.value.kind in (ErrorKind.MISSING, ErrorKind.UNAVAILABLE, ErrorKind.BAD_INPUT,
+                                  ErrorKind.CAPACITY), stage
+        after = _served(engine)
+        assert after == before, stage
+        run.steps(2)
+        assert run.errors == [] and run.wrong == 0, stage
+    engine.apply(cfg.replace(cache_rows=5000))   # and an accepted one still switches
+    assert engine.cache.slots == 5000
+    run.steps(2)
+    run.check_clean(17 * TOKENS * 24 * 2)
+    assert run.errors == []
+    engine.close()
