@@ -13,9 +13,12 @@ be served, in the faulted step or after it. Each tier runs >= 1M lookups.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -36,8 +39,9 @@ from slacktier.store.redis_source import load_regions_into_redis
 from slacktier.store.registry import register_tier
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
-from slacktier.tables.manifest import manifest_digest
+from slacktier.tables.manifest import Manifest, manifest_digest
 from slacktier.tables.stage import SyntheticSource, stage_synthetic, stage_table
+from slacktier.tables import page_writer
 from slacktier.tables.testing import FailingSource
 
 ROWS = {1: 30_000, 14: 45_000}
@@ -262,11 +266,22 @@ def test_redis_tier_survives_a_corrupted_value_and_a_paused_server(staged, redis
     engine.close()
 
 
-def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_direct_dir: Path) -> None:
+def _ignoring_target_locks(monkeypatch) -> None:
+    """Stage as a process that ignores the targets' locks would (an older version, another tool)."""
+    monkeypatch.setattr(page_writer, "lock_target", lambda fd, path, exclusive: None)
+
+
+def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_direct_dir: Path,
+                                                                      monkeypatch) -> None:
     cfg = control(staged, "disk")
     engine = StepEngine.from_config(cfg)
     Run(engine, staged).steps(2)
-    # Another table is staged over the same target (its own manifest); the old manifest now names the wrong bytes.
+    with pytest.raises(SlackTierError) as exc:   # the engine's shared lock refuses the stage, naming the target
+        stage_synthetic([staged.targets[0]], ROWS, 2, 12, overwrite=True, progress=False,
+                        manifest_path=o_direct_dir / "other.manifest.json")
+    assert exc.value.kind is ErrorKind.TARGET and f"target {staged.targets[0]} is in use" in exc.value.message
+    # Another table is staged over the same target anyway (its own manifest); the old manifest names wrong bytes.
+    _ignoring_target_locks(monkeypatch)
     stage_synthetic([staged.targets[0]], ROWS, 2, 12, overwrite=True, progress=False,
                     manifest_path=o_direct_dir / "other.manifest.json")
     for open_it in (lambda: engine.apply(cfg), lambda: StepEngine.from_config(cfg),
@@ -277,12 +292,13 @@ def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_
     engine.close()
 
 
-def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path) -> None:
+def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path, monkeypatch) -> None:
     """The same table restaged and interrupted: the target says "staging" until the end, and is refused.
 
     (Many small chunks and the default fillers: a failing row source once left the other fillers waiting
     forever for the buffers the failed chunks never gave back.)"""
     engine = StepEngine.from_config(control(staged, "disk"))
+    _ignoring_target_locks(monkeypatch)
     with pytest.raises(RuntimeError, match="row source failed"):
         stage_table(FailingSource(staged.layout, 11, fail_after=2), staged.targets, 2, overwrite=True,
                     progress=False, chunk_bytes=4 * PAGE_BYTES, manifest_path=o_direct_dir / "half.manifest.json")
@@ -581,4 +597,59 @@ def test_a_refused_apply_leaves_the_engine_exactly_as_it_was(staged, o_direct_di
     run.steps(2)
     run.check_clean(17 * TOKENS * 24 * 2)
     assert run.errors == []
+    engine.close()
+
+
+# A second process staging the same target (table seed 12) with small chunks, so that it writes while the
+# engine steps; "ignore-lock" stages as a process that ignores the targets' locks would.
+_RESTAGE = """
+import sys
+from slacktier.tables import page_writer
+from slacktier.tables.stage import stage_synthetic
+if sys.argv[1] == "ignore-lock":
+    page_writer.lock_target = lambda fd, path, exclusive: None
+stage_synthetic([sys.argv[2]], {1: 30_000, 14: 45_000}, 2, 12, overwrite=True, progress=False,
+                manifest_path=sys.argv[3], chunk_bytes=4 * 4096, writers=1, fillers=1)
+"""
+
+
+def _sha(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_a_restage_from_another_process_never_has_its_rows_served(staged, o_direct_dir: Path) -> None:
+    """The campaign's case (disk, verify_reads and check off: 5,757 wrong rows before): `slacktier stage` on a
+    target an engine serves from is refused (rc 2, one line naming the target and the fix, nothing written);
+    a stage that ignores the lock, racing the engine's steps from another process, never has a row served:
+    every batch read after its header changed fails [target], and every row served is the old table's,
+    compared with the old table's own source. Applying the new manifest then serves the new table exactly."""
+    engine = StepEngine.from_config(control(staged, "disk", verify_reads=False, check=False,
+                                            wait_timeout_ms=5000.0))
+    run = Run(engine, staged, seed=9)
+    run.steps(3)
+    target, other = staged.targets[0], o_direct_dir / "other.manifest.json"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    before = _sha(target)
+    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1:30000,14:45000",
+                          "--ranks", "2", "--seed", "12", "--target", target, "--manifest", str(other),
+                          "--overwrite", "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"target {target} is in use" in res.stderr and "Fix: stop the engines that serve it" in res.stderr
+    assert _sha(target) == before and not other.exists()
+    run.steps(2)
+    assert run.errors == [] and run.wrong == 0
+
+    racer = subprocess.Popen([sys.executable, "-c", _RESTAGE, "ignore-lock", target, str(other)], env=env)
+    while racer.poll() is None:
+        run.step()
+    assert racer.returncode == 0
+    run.steps(10)
+    assert run.wrong == 0 and run.lookups >= 15 * TOKENS * 24
+    assert run.errors and {e.kind for e in run.errors} == {ErrorKind.TARGET}
+    assert f"target {target} was staged again under this engine" in run.errors[-1].message
+    new = Manifest.load(other)
+    engine.apply(control(new, "disk", verify_reads=False, check=False, wait_timeout_ms=5000.0))
+    fresh = Run(engine, new, seed=10)
+    fresh.steps(5)
+    assert fresh.errors == [] and fresh.wrong == 0
     engine.close()
