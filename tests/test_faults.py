@@ -653,3 +653,52 @@ def test_a_restage_from_another_process_never_has_its_rows_served(staged, o_dire
     fresh.steps(5)
     assert fresh.errors == [] and fresh.wrong == 0
     engine.close()
+
+
+# A checkpoint-staged table served with check on; the checkpoint is truncated under the engine. Run in its own
+# process: a checker that mapped the checkpoint would die of SIGBUS there, which must read as a failure here.
+_TRUNCATED_CHECKPOINT = """
+import os, sys
+import numpy as np, torch
+from safetensors.torch import save_file
+from slacktier.config import ControlFile, EngineConfig, TableConfig
+from slacktier.engine import StepEngine
+from slacktier.errors import SlackTierError
+from slacktier.tables.stage import stage_checkpoint
+
+d = sys.argv[1]
+raw = np.random.default_rng(0).integers(0, 256, size=(3000, 264), dtype=np.uint8)
+t = torch.from_numpy(raw)
+save_file({"layers.1.engram.embed.weight": t[:, :256].contiguous().view(torch.float8_e4m3fn),
+           "layers.1.engram.embed.scale": t[:, 256:].contiguous().view(torch.float8_e8m0fnu)}, d + "/ck.safetensors")
+m = stage_checkpoint(d + "/ck.safetensors", [d + "/t.bin"], 1, progress=False)
+engine = StepEngine.from_config(ControlFile(engine=EngineConfig(check=True, wait_timeout_ms=5000.0, cache_rows=100),
+                                            tables=(TableConfig(layer=1, manifest=m.path, cache_share=1.0),)))
+
+def step(row):
+    ids = np.full((1, 1, 24), row, dtype=np.int64)
+    engine.begin_step(ids)
+    try:
+        engine.gather(1)   # the checker compares every row with the checkpoint's, bit for bit
+        print("served", row)
+    except SlackTierError as exc:
+        print("refused", row, exc.kind.value, exc.message)
+    engine.end_step()
+
+step(2999)
+os.truncate(d + "/ck.safetensors", 60_000)   # the scales (24 kB) and ~140 rows of weights stay
+step(2999)
+step(1)
+engine.close()
+"""
+
+
+def test_a_checkpoint_truncated_under_the_checker_is_an_error_not_sigbus(o_direct_dir: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    res = subprocess.run([sys.executable, "-c", _TRUNCATED_CHECKPOINT, str(o_direct_dir)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("served 2999")
+    assert lines[1].startswith("refused 2999 io checkpoint ") and "ends inside rows 2999..2999" in lines[1]
+    assert lines[2].startswith("served 1")   # rows before the cut are still checked and served

@@ -164,6 +164,10 @@ def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
     if not staged or staged[0] < 0 or staged[-1] >= ranks:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"ranks to stage {list(only_ranks or [])} outside 0..{ranks - 1}",
                              fix=f"pick ranks below --ranks {ranks}")
+    for layer in layout.layer_ids:
+        if layout.rows[layer] < ranks:   # a rank of no rows: an empty region no tier can serve
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} has {layout.rows[layer]} rows, fewer than its "
+                                 f"{ranks} ranks", layer=layer, fix="use at most one rank per row (--ranks)")
     next_offset = [TARGET_HEADER_BYTES] * len(targets)
     regions: list[StagedRegion] = []
     crc_first = 0
