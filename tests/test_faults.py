@@ -19,6 +19,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -30,7 +31,8 @@ import redis
 import torch
 
 from slacktier.cache import RowCache
-from slacktier.config import MAX_CACHE_ROWS, ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig
+from slacktier.config import (MAX_CACHE_ROWS, ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig,
+                              load_control)
 from slacktier.engine import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
@@ -702,3 +704,150 @@ def test_a_checkpoint_truncated_under_the_checker_is_an_error_not_sigbus(o_direc
     assert lines[0].startswith("served 2999")
     assert lines[1].startswith("refused 2999 io checkpoint ") and "ends inside rows 2999..2999" in lines[1]
     assert lines[2].startswith("served 1")   # rows before the cut are still checked and served
+
+
+def test_the_thread_engine_leaves_no_thread_after_close_even_after_a_timeout(staged) -> None:
+    """engine = "threads" with io_threads = 4: after a step whose reads timed out and exact steps after it,
+    close() joins every thread it started (the campaign found two left alive)."""
+    before = set(threading.enumerate())
+    engine = StepEngine.from_config(control(staged, "held_disk", DiskOptions(engine="threads", io_threads=4),
+                                            wait_timeout_ms=200.0))
+    run = Run(engine, staged, seed=11)
+    run.steps(2)
+    HeldDisk.hold()
+    try:
+        run.step()
+    finally:
+        HeldDisk.release()
+    assert run.errors and all(e.kind is ErrorKind.TIMEOUT for e in run.errors)
+    run.errors.clear()
+    run.steps(3)
+    assert run.errors == [] and run.wrong == 0
+    engine.close()
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
+def test_a_step_larger_than_memory_is_refused_before_allocating(staged) -> None:
+    """500,000 tokens in one step would need ~200 GB of scratch and page buffers: refused [capacity] before any
+    is allocated (the campaign's 2,000,000 tokens raised OSError from the pool's mmap), and the engine serves."""
+    engine = StepEngine.from_config(control(staged, "disk", wait_timeout_ms=5000.0))
+    run = Run(engine, staged, seed=12)
+    run.steps(2)
+    with pytest.raises(SlackTierError) as exc:
+        engine.begin_step(np.zeros((500_000, len(ROWS), 24), dtype=np.int64))
+    assert exc.value.kind is ErrorKind.CAPACITY and "steps of 500000 tokens" in exc.value.message
+    assert "GiB needed" in exc.value.message and not engine.in_step
+    run.steps(3)
+    assert run.errors == [] and run.wrong == 0
+    engine.close()
+
+
+# Run without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (root otherwise reads a mode-000 file): each of target,
+# manifest and checksum file made unreadable in turn, for the disk and DRAM tiers; then a target made
+# unreadable while an engine serves from it.
+_UNREADABLE = """
+import os, sys
+import numpy as np
+from slacktier.config import ControlFile, EngineConfig, TableConfig
+from slacktier.engine import StepEngine
+from slacktier.errors import SlackTierError
+from slacktier.tables.codec import dequantize_bits
+from slacktier.tables.stage import SyntheticSource, stage_synthetic
+
+d = sys.argv[1]
+m = stage_synthetic([d + "/t.bin"], {1: 3000}, 1, 0, progress=False)
+def cfg(tier):
+    return ControlFile(engine=EngineConfig(verify_reads=True, wait_timeout_ms=5000.0),
+                       tables=(TableConfig(layer=1, manifest=m.path, source=tier),))
+for path in (m.targets[0], m.path, str(m.crc_path())):
+    for tier in ("disk", "dram"):
+        os.chmod(path, 0)
+        try:
+            StepEngine.from_config(cfg(tier)).close()
+            print("opened", tier, path)
+        except SlackTierError as exc:
+            print("refused", tier, exc.kind.value, path in exc.message, exc.message)
+        os.chmod(path, 0o644)
+truth = SyntheticSource(m.layout, 0)
+for tier in ("disk", "dram"):
+    engine = StepEngine.from_config(cfg(tier))
+    os.chmod(m.targets[0], 0)
+    wrong = failed = 0
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ids = rng.integers(0, 3000, (8, 1, 24))
+        engine.begin_step(ids)
+        try:
+            got = engine.gather(1).reshape(-1, 256).view(torch.int16).numpy()
+            want = dequantize_bits(truth.rows(1, ids.reshape(-1))).view(np.int16)
+            wrong += int((got != want).any(axis=1).sum())
+        except SlackTierError:
+            failed += 1
+        engine.end_step()
+    print("serving", tier, failed, wrong)
+    os.chmod(m.targets[0], 0o644)
+    engine.close()
+""".replace("import numpy as np", "import numpy as np, torch")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root's file-permission override with setpriv")
+def test_unreadable_files_are_named_and_a_target_made_unreadable_while_serving_keeps_serving(o_direct_dir) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    res = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                          _UNREADABLE, str(o_direct_dir)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("refused")]
+    assert len(refused) == 6, res.stdout
+    assert all(" io True " in line and "Permission denied" in line for line in refused), res.stdout
+    assert "serving disk 0 0" in lines and "serving dram 0 0" in lines   # open descriptors keep serving, exactly
+
+
+_METRICS_DIR = """
+import sys
+from slacktier.config import ControlFile, EngineConfig, TableConfig
+from slacktier.engine import StepEngine
+from slacktier.errors import SlackTierError
+try:
+    StepEngine.from_config(ControlFile(engine=EngineConfig(metrics=True),
+                                       tables=(TableConfig(layer=1, manifest=sys.argv[1], source="dram"),))).close()
+    print("built")
+except SlackTierError as exc:
+    print("refused", exc.kind.value, exc.message)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root's file-permission override with setpriv")
+@pytest.mark.parametrize("what", ["missing", "file", "read-only"])
+def test_a_bad_prometheus_multiproc_dir_is_refused_naming_it(staged, tmp_path, what) -> None:
+    """PROMETHEUS_MULTIPROC_DIR set (before prometheus_client is imported) to a missing folder, a file or a
+    read-only folder: the engine is refused naming it, where the first step used to crash in prometheus_client."""
+    where = tmp_path / "prom"
+    if what == "file":
+        where.write_text("")
+    elif what == "read-only":
+        where.mkdir(mode=0o555)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"),
+               PROMETHEUS_MULTIPROC_DIR=str(where))
+    res = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                          _METRICS_DIR, str(staged.path)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith(f"refused bad_input PROMETHEUS_MULTIPROC_DIR {where} "), res.stdout
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), 1e10, 0.0, -1.0, True])
+def test_a_wait_timeout_the_platform_cannot_wait_is_refused_at_build(staged, timeout_s) -> None:
+    with pytest.raises(SlackTierError) as exc:
+        StepEngine.from_config(control(staged, "disk"), wait_timeout_s=timeout_s)
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "wait_timeout_s" in exc.value.message
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e13", "0"])
+def test_a_wait_timeout_the_platform_cannot_wait_is_refused_in_the_control_file(staged, tmp_path, value) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[engine]\nwait_timeout_ms = {value}\n[[table]]\nlayer = 1\nmanifest = "{staged.path}"\n')
+    with pytest.raises(SlackTierError) as exc:
+        load_control(path)
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "wait_timeout_ms" in exc.value.message

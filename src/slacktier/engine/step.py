@@ -158,7 +158,7 @@ class StepEngine:
         # naming layer, rank and page. check_raise=False only counts and logs them (a diagnostic run that
         # wants every mismatch of a step counted; those rows are served).
         self.check_raise = bool(check_raise)
-        self.wait_timeout_s = wait_timeout_s
+        self.wait_timeout_s = _checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)
         self._closed = False
         self._in_step = False
@@ -887,6 +887,17 @@ def _widened_ids(ids: np.ndarray) -> np.ndarray:
         return ids.astype(np.int64)
     raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want int64 (or int32) row ids",
                          fix="pass the hasher's int64 row ids; an unsigned, float or bool array is never cast")
+
+
+def _checked_timeout(timeout_s: float | None) -> float | None:
+    """`timeout_s` when None (no bound) or a number in (0, 86400] (a day, as the control file's wait_timeout_ms);
+    anything else (inf, NaN, 1e13 overflow the platform's wait) is refused naming it (BAD_INPUT)."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 86_400:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"wait_timeout_s {timeout_s!r} is outside (0, 86400]",
+                             fix="bound reads' waits by at most a day (or None for no bound)")
+    return float(timeout_s)
 
 
 def _checked_pad_id(pad_id: int) -> int:

@@ -279,7 +279,11 @@ class Manifest:
         p = self.crc_path()
         if not p.exists():
             raise SlackTierError(ErrorKind.MISSING, f"checksum file {p} is missing", fix="restage the table")
-        data = p.read_bytes()
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise SlackTierError(ErrorKind.IO, f"cannot read checksum file {p}: {exc.strerror}",
+                                 fix="check the file's permissions (the engine's user must read it)") from None
         if hashlib.sha256(data).hexdigest() != self.crc_sha256:
             raise SlackTierError(ErrorKind.CHECKSUM, f"checksum file {p} does not match its manifest digest",
                                  fix="restage the table")
