@@ -543,10 +543,15 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
 
 
 class RefusingDisk(DiskSource):
-    """A disk tier whose open is refused (a device gone between the control file's writing and its apply)."""
+    """The disk tier, whose open is refused while `refusing` (a device gone between the control file's writing
+    and its apply); otherwise the disk tier as it is (the registry's completeness test opens every tier)."""
 
-    def __init__(self, regions, options=None, **kw) -> None:
-        raise SlackTierError(ErrorKind.UNAVAILABLE, "the disk went away", fix="plug it back in")
+    refusing = False
+
+    def __init__(self, regions, options=None, *, page_crc32c=None, identity=None) -> None:
+        if RefusingDisk.refusing:
+            raise SlackTierError(ErrorKind.UNAVAILABLE, "the disk went away", fix="plug it back in")
+        super().__init__(regions, options, page_crc32c=page_crc32c, identity=identity)
 
 
 register_tier("refusing_disk", RefusingDisk, DiskOptions)
@@ -584,6 +589,7 @@ def test_a_refused_apply_leaves_the_engine_exactly_as_it_was(staged, o_direct_di
         "metrics": cfg.replace(metrics=True, wait_timeout_ms=0.001),
     }
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(o_direct_dir / "no-such-dir"))
+    monkeypatch.setattr(RefusingDisk, "refusing", True)
     for stage, bad in refused.items():
         before = _served(engine)
         with pytest.raises(SlackTierError) as exc:
