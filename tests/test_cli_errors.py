@@ -42,8 +42,8 @@ def _stage(tmp_path: Path, *args: str) -> list[str]:
     (["--engram", "inf"], "--engram"),
     (["--engram", "many"], "--engram"),
     (["--synthetic", "1:100", "--layers", "1"], "--layers picks checkpoint layers"),
-    (["--synthetic", "1:100", "--ranks", "0"], "ranks >= 1"),
-    (["--synthetic", "1:100", "--chunk-mib", "0"], "whole pages"),
+    (["--synthetic", "1:100", "--ranks", "0"], "--ranks '0' is not a whole number in 1..65536"),
+    (["--synthetic", "1:100", "--chunk-mib", "0"], "--chunk-mib '0' is not a whole number in 1..1024"),
 ])
 def test_bad_stage_arguments_are_refused_before_writing(tmp_path, capsys, args, expect):
     _refused(capsys, _stage(tmp_path, *args), expect)

@@ -13,21 +13,27 @@ be served, in the faulted step or after it. Each tier runs >= 1M lookups.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import shutil
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import msgspec
 import numpy as np
 import pytest
 import redis
 import torch
 
 from slacktier.cache import RowCache
-from slacktier.config import ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig
+from slacktier.config import (MAX_CACHE_ROWS, ControlFile, DiskOptions, EngineConfig, RedisOptions, TableConfig,
+                              load_control)
 from slacktier.engine import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
@@ -36,8 +42,9 @@ from slacktier.store.redis_source import load_regions_into_redis
 from slacktier.store.registry import register_tier
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
-from slacktier.tables.manifest import manifest_digest
+from slacktier.tables.manifest import Manifest, manifest_digest
 from slacktier.tables.stage import SyntheticSource, stage_synthetic, stage_table
+from slacktier.tables import page_writer
 from slacktier.tables.testing import FailingSource
 
 ROWS = {1: 30_000, 14: 45_000}
@@ -262,11 +269,22 @@ def test_redis_tier_survives_a_corrupted_value_and_a_paused_server(staged, redis
     engine.close()
 
 
-def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_direct_dir: Path) -> None:
+def _ignoring_target_locks(monkeypatch) -> None:
+    """Stage as a process that ignores the targets' locks would (an older version, another tool)."""
+    monkeypatch.setattr(page_writer, "lock_target", lambda fd, path, exclusive: None)
+
+
+def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_direct_dir: Path,
+                                                                      monkeypatch) -> None:
     cfg = control(staged, "disk")
     engine = StepEngine.from_config(cfg)
     Run(engine, staged).steps(2)
-    # Another table is staged over the same target (its own manifest); the old manifest now names the wrong bytes.
+    with pytest.raises(SlackTierError) as exc:   # the engine's shared lock refuses the stage, naming the target
+        stage_synthetic([staged.targets[0]], ROWS, 2, 12, overwrite=True, progress=False,
+                        manifest_path=o_direct_dir / "other.manifest.json")
+    assert exc.value.kind is ErrorKind.TARGET and f"target {staged.targets[0]} is in use" in exc.value.message
+    # Another table is staged over the same target anyway (its own manifest); the old manifest names wrong bytes.
+    _ignoring_target_locks(monkeypatch)
     stage_synthetic([staged.targets[0]], ROWS, 2, 12, overwrite=True, progress=False,
                     manifest_path=o_direct_dir / "other.manifest.json")
     for open_it in (lambda: engine.apply(cfg), lambda: StepEngine.from_config(cfg),
@@ -277,12 +295,13 @@ def test_a_table_restaged_underneath_is_refused_at_open_and_at_reload(staged, o_
     engine.close()
 
 
-def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path) -> None:
+def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path, monkeypatch) -> None:
     """The same table restaged and interrupted: the target says "staging" until the end, and is refused.
 
     (Many small chunks and the default fillers: a failing row source once left the other fillers waiting
     forever for the buffers the failed chunks never gave back.)"""
     engine = StepEngine.from_config(control(staged, "disk"))
+    _ignoring_target_locks(monkeypatch)
     with pytest.raises(RuntimeError, match="row source failed"):
         stage_table(FailingSource(staged.layout, 11, fail_after=2), staged.targets, 2, overwrite=True,
                     progress=False, chunk_bytes=4 * PAGE_BYTES, manifest_path=o_direct_dir / "half.manifest.json")
@@ -527,3 +546,320 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
             admin.close()
             engine.close()
     run.check_clean(1_000_000)
+
+
+class RefusingDisk(DiskSource):
+    """The disk tier, whose open is refused while `refusing` (a device gone between the control file's writing
+    and its apply); otherwise the disk tier as it is (the registry's completeness test opens every tier)."""
+
+    refusing = False
+
+    def __init__(self, regions, options=None, *, page_crc32c=None, identity=None) -> None:
+        if RefusingDisk.refusing:
+            raise SlackTierError(ErrorKind.UNAVAILABLE, "the disk went away", fix="plug it back in")
+        super().__init__(regions, options, page_crc32c=page_crc32c, identity=identity)
+
+
+register_tier("refusing_disk", RefusingDisk, DiskOptions)
+
+
+def _served(engine: StepEngine) -> tuple:
+    """What a refused apply must leave as it was: the control file, sources, timeouts, modes, cached rows."""
+    cache = engine.cache
+    return (engine.config, tuple(engine.table(layer).source for layer in engine.layers), engine.wait_timeout_s,
+            engine.lossy, engine.check, cache.max_slots, cache.slots,
+            tuple((cache.owned_slots(layer), *(a.tobytes() for a in cache.cached(layer))) for layer in engine.layers))
+
+
+def test_a_refused_apply_leaves_the_engine_exactly_as_it_was(staged, o_direct_dir: Path, monkeypatch) -> None:
+    """A refusal at each stage of apply (manifest, source, seen-set, lossy, cache memory, metrics) changes
+    nothing: the same sources, timeouts, cache size and cached rows, and the next steps serve exactly."""
+    cfg = control(staged, "disk", cache_rows=2000, max_cache_rows=20_000, wait_timeout_ms=5000.0)
+    engine = StepEngine.from_config(cfg)
+    run = Run(engine, staged, seed=7)
+    run.steps(3)
+    bad_seen = o_direct_dir / "seen.txt"
+    bad_seen.write_text("1 2 3\n")
+
+    def tables(**change) -> ControlFile:
+        return ControlFile(engine=cfg.engine, tables=tuple(
+            TableConfig(**(msgspec.structs.asdict(t) | (change if t.layer == 14 else {}))) for t in cfg.tables))
+
+    refused = {
+        "manifest": tables(manifest=str(o_direct_dir / "gone.manifest.json")),
+        "source": tables(source="refusing_disk", options=None),
+        "seen-set": tables(seen=str(bad_seen)),
+        # the campaign's case: a tiny timeout and a larger cache came along with the refused lossy mode
+        "lossy": cfg.replace(lossy=True, wait_timeout_ms=0.001, cache_rows=5000),
+        "cache memory": cfg.replace(cache_rows=2000, max_cache_rows=MAX_CACHE_ROWS),
+        "metrics": cfg.replace(metrics=True, wait_timeout_ms=0.001),
+    }
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(o_direct_dir / "no-such-dir"))
+    monkeypatch.setattr(RefusingDisk, "refusing", True)
+    for stage, bad in refused.items():
+        before = _served(engine)
+        with pytest.raises(SlackTierError) as exc:
+            engine.apply(bad)
+        assert exc.value.kind in (ErrorKind.MISSING, ErrorKind.UNAVAILABLE, ErrorKind.BAD_INPUT,
+                                  ErrorKind.CAPACITY), stage
+        after = _served(engine)
+        assert after == before, stage
+        run.steps(2)
+        assert run.errors == [] and run.wrong == 0, stage
+    engine.apply(cfg.replace(cache_rows=5000))   # and an accepted one still switches
+    assert engine.cache.slots == 5000
+    run.steps(2)
+    run.check_clean(17 * TOKENS * 24 * 2)
+    assert run.errors == []
+    engine.close()
+
+
+# A second process staging the same target (table seed 12) with small chunks, so that it writes while the
+# engine steps; "ignore-lock" stages as a process that ignores the targets' locks would.
+_RESTAGE = """
+import sys
+from slacktier.tables import page_writer
+from slacktier.tables.stage import stage_synthetic
+if sys.argv[1] == "ignore-lock":
+    page_writer.lock_target = lambda fd, path, exclusive: None
+stage_synthetic([sys.argv[2]], {1: 30_000, 14: 45_000}, 2, 12, overwrite=True, progress=False,
+                manifest_path=sys.argv[3], chunk_bytes=4 * 4096, writers=1, fillers=1)
+"""
+
+
+def _sha(path: str) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_a_restage_from_another_process_never_has_its_rows_served(staged, o_direct_dir: Path) -> None:
+    """The campaign's case (disk, verify_reads and check off: 5,757 wrong rows before): `slacktier stage` on a
+    target an engine serves from is refused (rc 2, one line naming the target and the fix, nothing written);
+    a stage that ignores the lock, racing the engine's steps from another process, never has a row served:
+    every batch read after its header changed fails [target], and every row served is the old table's,
+    compared with the old table's own source. Applying the new manifest then serves the new table exactly."""
+    engine = StepEngine.from_config(control(staged, "disk", verify_reads=False, check=False,
+                                            wait_timeout_ms=5000.0))
+    run = Run(engine, staged, seed=9)
+    run.steps(3)
+    target, other = staged.targets[0], o_direct_dir / "other.manifest.json"
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    before = _sha(target)
+    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1:30000,14:45000",
+                          "--ranks", "2", "--seed", "12", "--target", target, "--manifest", str(other),
+                          "--overwrite", "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"target {target} is in use" in res.stderr and "Fix: stop the engines that serve it" in res.stderr
+    assert _sha(target) == before and not other.exists()
+    run.steps(2)
+    assert run.errors == [] and run.wrong == 0
+
+    racer = subprocess.Popen([sys.executable, "-c", _RESTAGE, "ignore-lock", target, str(other)], env=env)
+    while racer.poll() is None:
+        run.step()
+    assert racer.returncode == 0
+    run.steps(10)
+    assert run.wrong == 0 and run.lookups >= 15 * TOKENS * 24
+    assert run.errors and {e.kind for e in run.errors} == {ErrorKind.TARGET}
+    assert f"target {target} was staged again under this engine" in run.errors[-1].message
+    new = Manifest.load(other)
+    engine.apply(control(new, "disk", verify_reads=False, check=False, wait_timeout_ms=5000.0))
+    fresh = Run(engine, new, seed=10)
+    fresh.steps(5)
+    assert fresh.errors == [] and fresh.wrong == 0
+    engine.close()
+
+
+# A checkpoint-staged table served with check on; the checkpoint is truncated under the engine. Run in its own
+# process: a checker that mapped the checkpoint would die of SIGBUS there, which must read as a failure here.
+_TRUNCATED_CHECKPOINT = """
+import os, sys
+import numpy as np, torch
+from safetensors.torch import save_file
+from slacktier.config import ControlFile, EngineConfig, TableConfig
+from slacktier.engine import StepEngine
+from slacktier.errors import SlackTierError
+from slacktier.tables.stage import stage_checkpoint
+
+d = sys.argv[1]
+raw = np.random.default_rng(0).integers(0, 256, size=(3000, 264), dtype=np.uint8)
+t = torch.from_numpy(raw)
+save_file({"layers.1.engram.embed.weight": t[:, :256].contiguous().view(torch.float8_e4m3fn),
+           "layers.1.engram.embed.scale": t[:, 256:].contiguous().view(torch.float8_e8m0fnu)}, d + "/ck.safetensors")
+m = stage_checkpoint(d + "/ck.safetensors", [d + "/t.bin"], 1, progress=False)
+engine = StepEngine.from_config(ControlFile(engine=EngineConfig(check=True, wait_timeout_ms=5000.0, cache_rows=100),
+                                            tables=(TableConfig(layer=1, manifest=m.path, cache_share=1.0),)))
+
+def step(row):
+    ids = np.full((1, 1, 24), row, dtype=np.int64)
+    engine.begin_step(ids)
+    try:
+        engine.gather(1)   # the checker compares every row with the checkpoint's, bit for bit
+        print("served", row)
+    except SlackTierError as exc:
+        print("refused", row, exc.kind.value, exc.message)
+    engine.end_step()
+
+step(2999)
+os.truncate(d + "/ck.safetensors", 60_000)   # the scales (24 kB) and ~140 rows of weights stay
+step(2999)
+step(1)
+engine.close()
+"""
+
+
+def test_a_checkpoint_truncated_under_the_checker_is_an_error_not_sigbus(o_direct_dir: Path) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    res = subprocess.run([sys.executable, "-c", _TRUNCATED_CHECKPOINT, str(o_direct_dir)], capture_output=True,
+                         text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0].startswith("served 2999")
+    assert lines[1].startswith("refused 2999 io checkpoint ") and "ends inside rows 2999..2999" in lines[1]
+    assert lines[2].startswith("served 1")   # rows before the cut are still checked and served
+
+
+def test_the_thread_engine_leaves_no_thread_after_close_even_after_a_timeout(staged) -> None:
+    """engine = "threads" with io_threads = 4: after a step whose reads timed out and exact steps after it,
+    close() joins every thread it started (the campaign found two left alive)."""
+    before = set(threading.enumerate())
+    engine = StepEngine.from_config(control(staged, "held_disk", DiskOptions(engine="threads", io_threads=4),
+                                            wait_timeout_ms=200.0))
+    run = Run(engine, staged, seed=11)
+    run.steps(2)
+    HeldDisk.hold()
+    try:
+        run.step()
+    finally:
+        HeldDisk.release()
+    assert run.errors and all(e.kind is ErrorKind.TIMEOUT for e in run.errors)
+    run.errors.clear()
+    run.steps(3)
+    assert run.errors == [] and run.wrong == 0
+    engine.close()
+    assert [t.name for t in set(threading.enumerate()) - before if t.is_alive()] == []
+
+
+def test_a_step_larger_than_memory_is_refused_before_allocating(staged) -> None:
+    """500,000 tokens in one step would need ~200 GB of scratch and page buffers: refused [capacity] before any
+    is allocated (the campaign's 2,000,000 tokens raised OSError from the pool's mmap), and the engine serves."""
+    engine = StepEngine.from_config(control(staged, "disk", wait_timeout_ms=5000.0))
+    run = Run(engine, staged, seed=12)
+    run.steps(2)
+    with pytest.raises(SlackTierError) as exc:
+        engine.begin_step(np.zeros((500_000, len(ROWS), 24), dtype=np.int64))
+    assert exc.value.kind is ErrorKind.CAPACITY and "steps of 500000 tokens" in exc.value.message
+    assert "GiB needed" in exc.value.message and not engine.in_step
+    run.steps(3)
+    assert run.errors == [] and run.wrong == 0
+    engine.close()
+
+
+# Run without CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH (root otherwise reads a mode-000 file): each of target,
+# manifest and checksum file made unreadable in turn, for the disk and DRAM tiers; then a target made
+# unreadable while an engine serves from it.
+_UNREADABLE = """
+import os, sys
+import numpy as np
+from slacktier.config import ControlFile, EngineConfig, TableConfig
+from slacktier.engine import StepEngine
+from slacktier.errors import SlackTierError
+from slacktier.tables.codec import dequantize_bits
+from slacktier.tables.stage import SyntheticSource, stage_synthetic
+
+d = sys.argv[1]
+m = stage_synthetic([d + "/t.bin"], {1: 3000}, 1, 0, progress=False)
+def cfg(tier):
+    return ControlFile(engine=EngineConfig(verify_reads=True, wait_timeout_ms=5000.0),
+                       tables=(TableConfig(layer=1, manifest=m.path, source=tier),))
+for path in (m.targets[0], m.path, str(m.crc_path())):
+    for tier in ("disk", "dram"):
+        os.chmod(path, 0)
+        try:
+            StepEngine.from_config(cfg(tier)).close()
+            print("opened", tier, path)
+        except SlackTierError as exc:
+            print("refused", tier, exc.kind.value, path in exc.message, exc.message)
+        os.chmod(path, 0o644)
+truth = SyntheticSource(m.layout, 0)
+for tier in ("disk", "dram"):
+    engine = StepEngine.from_config(cfg(tier))
+    os.chmod(m.targets[0], 0)
+    wrong = failed = 0
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        ids = rng.integers(0, 3000, (8, 1, 24))
+        engine.begin_step(ids)
+        try:
+            got = engine.gather(1).reshape(-1, 256).view(torch.int16).numpy()
+            want = dequantize_bits(truth.rows(1, ids.reshape(-1))).view(np.int16)
+            wrong += int((got != want).any(axis=1).sum())
+        except SlackTierError:
+            failed += 1
+        engine.end_step()
+    print("serving", tier, failed, wrong)
+    os.chmod(m.targets[0], 0o644)
+    engine.close()
+""".replace("import numpy as np", "import numpy as np, torch")
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root's file-permission override with setpriv")
+def test_unreadable_files_are_named_and_a_target_made_unreadable_while_serving_keeps_serving(o_direct_dir) -> None:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
+    res = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                          _UNREADABLE, str(o_direct_dir)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    lines = res.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("refused")]
+    assert len(refused) == 6, res.stdout
+    assert all(" io True " in line and "Permission denied" in line for line in refused), res.stdout
+    assert "serving disk 0 0" in lines and "serving dram 0 0" in lines   # open descriptors keep serving, exactly
+
+
+_METRICS_DIR = """
+import sys
+from slacktier.config import ControlFile, EngineConfig, TableConfig
+from slacktier.engine import StepEngine
+from slacktier.errors import SlackTierError
+try:
+    StepEngine.from_config(ControlFile(engine=EngineConfig(metrics=True),
+                                       tables=(TableConfig(layer=1, manifest=sys.argv[1], source="dram"),))).close()
+    print("built")
+except SlackTierError as exc:
+    print("refused", exc.kind.value, exc.message)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("setpriv") is None,
+                    reason="drops root's file-permission override with setpriv")
+@pytest.mark.parametrize("what", ["missing", "file", "read-only"])
+def test_a_bad_prometheus_multiproc_dir_is_refused_naming_it(staged, tmp_path, what) -> None:
+    """PROMETHEUS_MULTIPROC_DIR set (before prometheus_client is imported) to a missing folder, a file or a
+    read-only folder: the engine is refused naming it, where the first step used to crash in prometheus_client."""
+    where = tmp_path / "prom"
+    if what == "file":
+        where.write_text("")
+    elif what == "read-only":
+        where.mkdir(mode=0o555)
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"),
+               PROMETHEUS_MULTIPROC_DIR=str(where))
+    res = subprocess.run(["setpriv", "--bounding-set=-dac_override,-dac_read_search", sys.executable, "-c",
+                          _METRICS_DIR, str(staged.path)], capture_output=True, text=True, env=env, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.startswith(f"refused bad_input PROMETHEUS_MULTIPROC_DIR {where} "), res.stdout
+
+
+@pytest.mark.parametrize("timeout_s", [float("inf"), float("nan"), 1e10, 0.0, -1.0, True])
+def test_a_wait_timeout_the_platform_cannot_wait_is_refused_at_build(staged, timeout_s) -> None:
+    with pytest.raises(SlackTierError) as exc:
+        StepEngine.from_config(control(staged, "disk"), wait_timeout_s=timeout_s)
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "wait_timeout_s" in exc.value.message
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "-inf", "1e13", "0"])
+def test_a_wait_timeout_the_platform_cannot_wait_is_refused_in_the_control_file(staged, tmp_path, value) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text(f'[engine]\nwait_timeout_ms = {value}\n[[table]]\nlayer = 1\nmanifest = "{staged.path}"\n')
+    with pytest.raises(SlackTierError) as exc:
+        load_control(path)
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "wait_timeout_ms" in exc.value.message

@@ -54,6 +54,10 @@ def test_a_file_tier_opens_its_own_table_and_refuses_one_restaged_over_it(name, 
     try:
         _read_all(src, a)
         verify_identity(name, a.specs, None, ident)  # a kept source re-checked, nothing reopened
+        if name == "disk":   # it reads the targets while open: they are locked against a stage
+            with pytest.raises(SlackTierError, match="is in use"):
+                stage_synthetic(o_direct_dir, layers=(1,), ranks=2, rows=100, devices=2, seed=2, overwrite=True)
+            src.close()
         # Another table restaged over the same targets: the old manifest's identity no longer matches.
         b = stage_synthetic(o_direct_dir, layers=(1,), ranks=2, rows=100, devices=2, seed=2, overwrite=True)
         assert b.manifest.identity.source_digest != ident.source_digest

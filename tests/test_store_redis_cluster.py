@@ -350,3 +350,33 @@ def test_tls_cluster_serves_exact_pages_and_a_cluster_gone_fails_within_the_time
         with pytest.raises(SlackTierError) as info:
             RedisClusterSource(table.specs, reader, identity=table.manifest.identity)
         assert info.value.kind is ErrorKind.UNAVAILABLE
+
+
+@pytest.mark.parametrize("pages,tag_buckets", [(1, 64), (2, 64), (3, 64), (5, 64), (17, 16), (63, 64), (64, 64),
+                                               (65, 64), (100, 64), (1, 16384), (40, 16384)])
+def test_a_load_of_any_region_size_serves_exactly(redis_cluster, tmp_path, pages, tag_buckets) -> None:
+    """Regions from 1 page up, tag_buckets above and below their pages: the loader records at most the smallest
+    region's pages as its groups, so a load that returned always serves (issue 33: more buckets than pages
+    left groups no load could complete, and a rerun said complete); every page read back is exact."""
+    staged = stage_synthetic(tmp_path / "small", layers=(1,), ranks=2, rows=pages * 15, seed=pages)
+    prefix = f"small-{pages}-{tag_buckets}"
+    loader = options(redis_cluster, redis_cluster.loader)
+    first = load_manifest(loader, staged.manifest, prefix=prefix, tag_buckets=tag_buckets)
+    assert first.tag_buckets == min(tag_buckets, pages) and first.written == first.groups == 2 * first.tag_buckets
+    assert first.pages == 2 * pages
+    again = load_manifest(loader, staged.manifest, prefix=prefix, tag_buckets=tag_buckets)
+    assert again.written == 0 and again.generation == first.generation
+    src = RedisClusterSource(staged.specs, options(redis_cluster, redis_cluster.reader, prefix=prefix),
+                             page_crc32c=crcs_of(staged.manifest), identity=staged.manifest.identity)
+    try:
+        assert read_all(src, staged, n=4 * pages)[2]
+    finally:
+        src.close()
+
+
+@pytest.mark.parametrize("tag_buckets", [0, -1, 16385])
+def test_a_tag_bucket_count_outside_the_slots_is_refused(redis_cluster, table, tag_buckets) -> None:
+    with pytest.raises(SlackTierError) as exc:
+        load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest, prefix="never",
+                      tag_buckets=tag_buckets)
+    assert exc.value.kind is ErrorKind.BAD_INPUT and "tag_buckets" in exc.value.message

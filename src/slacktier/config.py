@@ -74,6 +74,7 @@ live here because the planner, which may import only this module, builds them.
 from __future__ import annotations
 
 import os
+import urllib.parse
 import tomllib
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -151,6 +152,15 @@ class RedisOptions(Options, frozen=True):
         scheme, sep, rest = self.url.partition("://")
         if not sep or scheme not in ("redis", "rediss", "unix"):
             raise _bad(f"redis url {self.url!r}", 'write it as "redis://host:port" (or rediss:// for TLS)')
+        if scheme != "unix":   # host and port as redis-py will read them: a bad one fails here, naming the url
+            try:
+                parsed = urllib.parse.urlsplit(self.url)
+                parsed.port   # ValueError: not a number, or outside 0..65535
+                if not parsed.hostname:
+                    raise ValueError("no host")
+            except ValueError as exc:
+                raise _bad(f"redis url {self.url!r}: {exc}", 'write it as "redis://host:port" with a port in '
+                           '1..65535 (an IPv6 host in brackets: "redis://[::1]:6379")') from None
         userinfo = rest.split("/", 1)[0].rpartition("@")[0]
         if ":" in userinfo or "password=" in self.url.lower():
             raise _bad("the redis url carries a password", "put the secret in the environment "
@@ -407,7 +417,14 @@ def load_control(path: str | Path) -> ControlFile:
     if not p.is_file():
         raise SlackTierError(ErrorKind.MISSING, f"control file {p} does not exist",
                              fix="write one (schema: slacktier.config), or let `slacktier plan` write it")
-    return parse_control(p.read_text(), p)
+    try:
+        text = p.read_text()
+    except UnicodeDecodeError as exc:
+        raise _bad(f"{p} is not TOML text: {exc}", "pass the control file (.toml) itself") from None
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.IO, f"cannot read control file {p}: {exc.strerror}",
+                             fix="check the path and its permissions") from None
+    return parse_control(text, p)
 
 
 def write_control(cfg: ControlFile, path: str | Path, comment: str = "") -> Path:

@@ -26,7 +26,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from slacktier.commands._args import MAX_MS, finite
+from slacktier.commands._args import MAX_MS, finite, whole
 from slacktier.commands.plan import add_window_arguments
 
 HELP = "describe a staged table's manifest and/or an engine control file: rows, ranks, regions, tiers, cache, memory"
@@ -36,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the inspect verb."""
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a manifest (.json), a control file (.toml), or one of each")
-    p.add_argument("--tp", type=int, default=0,
+    p.add_argument("--tp", type=whole("--tp", 1, 1 << 16), default=0,
                    help="check the rank regions against vLLM's/SGLang's head sharding at this TP size")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     pred = p.add_argument_group("predicted slowdown of the control file's placement (as `slacktier plan` takes)")

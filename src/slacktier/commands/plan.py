@@ -71,7 +71,7 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
     """Windows (ms) per decoder layer from a probe JSON, optionally rescaled to another step time."""
     try:
         sweeps = json.loads(path.read_text())["sweeps"]
-    except (FileNotFoundError, json.JSONDecodeError, KeyError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a probe JSON: {exc!r}",
                              fix="pass the JSON `slacktier probe` wrote") from exc
     try:

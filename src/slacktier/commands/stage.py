@@ -6,6 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
+from slacktier.commands._args import whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 if TYPE_CHECKING:
@@ -29,6 +30,8 @@ def parse_layer_rows(text: str) -> dict[int, int]:
     """'1:1000000,14:1000000' -> {1: 1000000, 14: 1000000}; a layer listed twice or a non-number is refused."""
     out: dict[int, int] = {}
     fix = "write LAYER:ROWS,LAYER:ROWS with each layer once, e.g. 1:1000000,14:1000000"
+    if not text.strip():
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--synthetic is empty", fix=fix)
     try:
         for item in text.split(","):
             layer_text, rows_text = item.split(":")
@@ -98,10 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
                           "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one")
     p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram layer found)")
-    p.add_argument("--seed", type=int, default=0, help="synthetic table seed (default 0)")
+    p.add_argument("--seed", type=whole("--seed", 0, 2**63 - 1), default=0, help="synthetic table seed (default 0)")
     p.add_argument("--target", action="append", required=True, metavar="PATH",
                    help="a file or raw block device; repeat for several (ranks map round-robin)")
-    p.add_argument("--ranks", type=int, default=1, help="tensor-parallel ranks: shards per layer (default 1)")
+    p.add_argument("--ranks", type=whole("--ranks", 1, 1 << 16), default=1,
+                   help="tensor-parallel ranks: shards per layer (default 1)")
     p.add_argument("--only-ranks", metavar="R,R",
                    help="write only these ranks' shards (cut for --ranks ranks), as one rank's machine holds them; "
                         "e.g. --ranks 4 --only-ranks 3")
@@ -110,10 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "shards, default) or balanced (as many heads of each n-gram order per rank; serve it with "
                         'partition = "balanced" in each [[table]])')
     p.add_argument("--manifest", metavar="PATH", help="manifest path (default <first target>.manifest.json)")
-    p.add_argument("--max-bytes", type=int, metavar="N", help="refuse if a file target would exceed N bytes")
+    p.add_argument("--max-bytes", type=whole("--max-bytes", 1), metavar="N",
+                   help="refuse if a file target would exceed N bytes")
     p.add_argument("--overwrite", action="store_true", help="replace a target that holds another table")
-    p.add_argument("--chunk-mib", type=int, default=4, help="write chunk in MiB (default 4)")
-    p.add_argument("--writers", type=int, default=None,
+    p.add_argument("--chunk-mib", type=whole("--chunk-mib", 1, 1024), default=4, help="write chunk in MiB (default 4)")
+    p.add_argument("--writers", type=whole("--writers", 1, 64), default=None,
                    help="O_DIRECT writes in flight, one writer thread each (default: the stager's, 4)")
     p.add_argument("--buffered", action="store_true",
                    help="write through the page cache instead of O_DIRECT (logged; for filesystems without O_DIRECT)")
@@ -136,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         common["only_ranks"] = parse_ranks(args.only_ranks, args.ranks)
     common["partition"] = args.partition
     t0 = time.perf_counter()
-    if args.synthetic:
+    if args.synthetic is not None:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,
                             overwrite=args.overwrite, **common)
     elif args.engram:

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from slacktier.commands._args import whole
 
 HELP = "verify a staged table: every page's CRC32C and N random rows per region against the source"
 
 
+MAX_VERIFY_ROWS = 10**7   # random rows per region checked against the source (drawn with replacement)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("manifest", help="the table's manifest (.manifest.json)")
-    p.add_argument("--rows", type=int, default=200, help="random rows per (layer, rank) region (default 200)")
-    p.add_argument("--seed", type=int, default=0, help="seed for picking the rows (default 0)")
+    p.add_argument("--rows", type=whole("--rows", 0, MAX_VERIFY_ROWS), default=200,
+                   help="random rows per (layer, rank) region (default 200)")
+    p.add_argument("--seed", type=whole("--seed", 0, 2**63 - 1), default=0,
+                   help="seed for picking the rows (default 0)")
     p.add_argument("--checkpoint", nargs="+", metavar="PATH", help="checkpoint path(s), if moved since staging")
     p.add_argument("--no-pages", action="store_true", help="skip the page checksum pass")
     p.add_argument("--buffered", action="store_true", help="read through the page cache instead of O_DIRECT")
@@ -26,6 +34,10 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.tables.verify import verify_table
 
     manifest = args.manifest
+    for path in args.checkpoint or ():
+        if not Path(path).exists():
+            raise SlackTierError(ErrorKind.MISSING, f"--checkpoint {path} does not exist",
+                                 fix="pass the checkpoint's current path (a file or its directory)")
     if args.redigest:
         if args.no_pages or args.rows < 1:
             raise SlackTierError(ErrorKind.BAD_INPUT, "--redigest records a digest only after every page and rows "

@@ -137,6 +137,7 @@ class EngineMetrics:
     """An engine's metrics in `registry` (default: prometheus_client's global one)."""
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        check_multiproc_dir()
         self.registry = REGISTRY if registry is None else registry
         self._fam = _families(self.registry)
         self._series: dict[int, _LayerSeries] = {}
@@ -189,6 +190,22 @@ class EngineMetrics:
         rank = lab.values()[2] if lab is not None else "all"
         self._fam.errors.labels(getattr(kind, "value", "internal"), "" if layer is None else str(layer),
                                 rank).inc()
+
+
+def check_multiproc_dir() -> None:
+    """Refuse (BAD_INPUT) a PROMETHEUS_MULTIPROC_DIR that is not a writable folder, before a step writes there.
+
+    prometheus_client would otherwise fail deep inside the first step's counter update (a missing folder, a
+    file, a read-only folder)."""
+    path = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if not path:
+        return
+    fix = "point PROMETHEUS_MULTIPROC_DIR at an empty folder this process can write, or unset it"
+    if not os.path.isdir(path):
+        what = "is a file" if os.path.exists(path) else "does not exist"
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"PROMETHEUS_MULTIPROC_DIR {path} {what}", fix=fix)
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"PROMETHEUS_MULTIPROC_DIR {path} is not writable", fix=fix)
 
 
 def check_metrics_address(addr: str, port: int) -> None:

@@ -79,6 +79,8 @@ import torch
 
 from slacktier.cache import KIND_FOREIGN, KIND_MISS, PassLayer, PassResult, PassScratch, RowCache, fill_foreign
 from slacktier.cache.compiled import WHY_BAD, CompiledPass
+from slacktier.cache.rowcache import available_bytes, split_slots
+from slacktier.cache.rowdir import ROW_LIMIT
 from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
 from slacktier.config import ControlFile, load_control, tier_facts, tier_names
@@ -88,7 +90,7 @@ from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
-from slacktier.tables.layout import ROW_BYTES, ROW_VALUES, ROWS_PER_PAGE
+from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROW_VALUES, ROWS_PER_PAGE
 from slacktier.tables.manifest import check_tp_sharding
 
 if TYPE_CHECKING:
@@ -101,6 +103,9 @@ GATHER_IMPLS = ("auto", "numba", "torch")
 
 _NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
 _INT64 = np.dtype(np.int64)
+# PassScratch's arrays per lookup: desc_kind 1, desc_idx 8, miss_buf/inpage/slot 4 each, miss_row 8,
+# page_region 4, page_no 8, page_buf 4, own_pos 4, own_row 8
+_SCRATCH_BYTES_PER_LOOKUP = 57
 
 
 @dataclass
@@ -153,7 +158,7 @@ class StepEngine:
         # naming layer, rank and page. check_raise=False only counts and logs them (a diagnostic run that
         # wants every mismatch of a step counted; those rows are served).
         self.check_raise = bool(check_raise)
-        self.wait_timeout_s = wait_timeout_s
+        self.wait_timeout_s = _checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)
         self._closed = False
         self._in_step = False
@@ -165,7 +170,6 @@ class StepEngine:
         self._reads = LayerReads(wait_timeout_s)
         self.retired_pools = 0   # pools given up after a read timed out (its buffers may still be written)
         self._applied: _Applied | None = None   # set when built from a ControlFile
-        self._applying = False                   # inside apply: metrics are labelled once it is done
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
         self._plan: _Plan | None = None   # built on the first step after any change it depends on
@@ -177,13 +181,20 @@ class StepEngine:
             self._bind_metrics()
 
     # ---- configuration ------------------------------------------------------------------------
+    # A change is built in full (`_prepare`: checks, cache geometry, scratch, page pool, checker readers) before
+    # anything the engine serves changes (`_commit`), so a refused change leaves the engine exactly as it was.
     def _configure(self, tables: list[TableSpec], ids_layers: Sequence[int] | None,
                    invalidate: Sequence[int] = (), cache_rows: int | None = None) -> None:
+        self._commit(self._prepare(tables, ids_layers, invalidate, cache_rows, self.cache, self.lossy, self.check))
+
+    def _prepare(self, tables: list[TableSpec], ids_layers: Sequence[int] | None, invalidate: Sequence[int],
+                 cache_rows: int | None, cache: RowCache, lossy: bool, check: bool) -> _Layout:
+        """Everything `tables` need, checked and allocated, with nothing the engine serves changed yet."""
         layer_ids = [t.layer for t in tables]
         if len(set(layer_ids)) != len(layer_ids):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"layers {layer_ids} listed twice",
                                  fix="give each table layer once")
-        if self.lossy and any(t.seen is None for t in tables):
+        if lossy and any(t.seen is None for t in tables):
             missing = [t.layer for t in tables if t.seen is None]
             raise SlackTierError(ErrorKind.BAD_INPUT, f"lossy mode needs a seen-set for layers {missing}",
                                  layer=missing[0], fix="give each table a seen bitmap, or turn lossy off")
@@ -191,38 +202,86 @@ class StepEngine:
         if sorted(axis) != sorted(layer_ids):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ids_layers {axis} do not match the tables {layer_ids}",
                                  fix="list every table layer once, in the order of the ids' layer axis")
-        # Cache: drop gone layers, re-create ones whose row count changed, forget ones whose data changed.
-        for layer in list(self.cache.layers):
-            if layer not in layer_ids:
-                self.cache.remove_layer(layer)
-        for t in tables:
-            if t.layer in self.cache.layers and self.cache.layer(t.layer).rows != t.rows:
-                self.cache.remove_layer(t.layer)
-            elif t.layer in self.cache.layers and t.layer in invalidate:
-                self.cache.invalidate_layer(t.layer)
-        for t in tables:
-            if t.layer not in self.cache.layers:
-                self.cache.add_layer(t.layer, t.rows, 0.0)
-        self.cache.resize(slots=cache_rows, shares={t.layer: t.cache_share for t in tables})
-        old = self._layers
-        self._layers = {}
-        self._plan = None
+        # Cache geometry, checked the way RowCache checks it, before the cache is touched.
+        slots = cache.slots if cache_rows is None else int(cache_rows)
+        if not 0 <= slots <= cache.max_slots:
+            raise SlackTierError(ErrorKind.CAPACITY, f"cache budget {slots} rows outside 0..{cache.max_slots}",
+                                 fix="reserve a larger max_cache_rows or ask for fewer rows")
+        split_slots(slots, {t.layer: t.cache_share for t in tables})
+        for t in tables:   # directories are sized to the cache's slots: only the row count is checked
+            if not 0 <= t.rows < ROW_LIMIT:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"layer rows {t.rows} outside 0..2**31",
+                                     fix="split the table over more processes", layer=t.layer)
+        runs: dict[int, _LayerRun] = {}
         for t in tables:
             run = _LayerRun(spec=t, axis=axis.index(t.layer), scratch=PassScratch(1))
-            if t.layer in old and t.layer not in invalidate and old[t.layer].spec.regions == t.regions:
-                run.reader = old[t.layer].reader if t.reference is None else None
-            self._layers[t.layer] = run
-            self.totals.setdefault(t.layer, LayerCounters())
-        self._order = layer_ids
+            old = self._layers.get(t.layer)
+            if old is not None and t.layer not in invalidate and old.spec.regions == t.regions:
+                run.reader = old.reader if t.reference is None else None
+            runs[t.layer] = run
+        pool, tokens = self._allocate(list(runs.values()), self._token_capacity)
+        if check:
+            for run in runs.values():
+                self._reader(run)
+        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens)
+
+    def _commit(self, layout: _Layout) -> None:
+        """Serve `layout` (built by `_prepare`): from here on nothing is refused."""
+        moved = layout.cache.device != self.device
+        if layout.cache is not self.cache:
+            for layer in list(self.cache.layers):
+                self.cache.remove_layer(layer)
+            self.cache = layout.cache
+        cache = self.cache
+        rows = {t.layer: t.rows for t in layout.tables}
+        # Cache: drop gone layers, re-create ones whose row count changed, forget ones whose data changed.
+        for layer in list(cache.layers):
+            if layer not in rows or cache.layer(layer).rows != rows[layer]:
+                cache.remove_layer(layer)
+            elif layer in layout.invalidate:
+                cache.invalidate_layer(layer)
+        for t in layout.tables:
+            if t.layer not in cache.layers:
+                cache.add_layer(t.layer, t.rows, 0.0)
+        cache.resize(slots=layout.slots, shares={t.layer: t.cache_share for t in layout.tables})
+        self._layers = layout.runs
+        self._order = layout.order
         # (axis, map) of every layer served under a rank partition other than columns (tables.partition)
         self._row_maps = [(run.axis, run.spec.row_map) for run in self._layers.values()
                           if run.spec.row_map is not None]
-        tokens, self._token_capacity = self._token_capacity, 0
-        if tokens:
-            self._ensure_capacity(tokens)   # scratch for new layers, a pool for the new layer count
-        if self.check:
-            for run in self._layers.values():
-                self._reader(run)
+        self._plan = None
+        for t in layout.tables:
+            self.totals.setdefault(t.layer, LayerCounters())
+        if layout.pool is not self._pool or moved:
+            self._unpin_pool()
+            self._pool = layout.pool
+            if moved:
+                self.device = layout.cache.device
+                self.gather_impl = "numba" if self.device.type == "cpu" else "torch"
+            if self._pool is not None and self.device.type == "cuda":
+                self._pin_pool()
+        self._token_capacity = layout.tokens
+
+    def _allocate(self, runs: list[_LayerRun], tokens: int) -> tuple[PageBufferPool | None, int]:
+        """Scratch (into `runs`) and a page pool for steps of up to `tokens` tokens; the current pool when it
+        is the right size. Refused (CAPACITY) before allocating when host memory cannot hold them."""
+        if tokens <= 0:
+            return self._pool, 0
+        n = tokens * self.columns
+        pages = n * max(1, len(runs))
+        need = len(runs) * n * _SCRATCH_BYTES_PER_LOOKUP + pages * PAGE_BYTES
+        available_bytes(torch.device("cpu")).refuse(need, f"scratch and page buffers for steps of {tokens} tokens "
+                                                          f"({pages} pages)")
+        try:
+            scratch = [PassScratch(n) for _ in runs]
+            pool = self._pool if self._pool is not None and self._pool.capacity == pages else PageBufferPool(pages)
+        except (MemoryError, OSError) as exc:
+            raise SlackTierError(ErrorKind.CAPACITY, f"scratch and page buffers for steps of {tokens} tokens "
+                                 f"({need / 2**30:.2f} GiB) could not be allocated: {exc}",
+                                 fix="send fewer tokens per step (split the batch), or lower max_tokens") from None
+        for run, s in zip(runs, scratch, strict=True):
+            run.scratch = s
+        return pool, tokens
 
     def reconfigure(self, tables: Sequence[TableSpec], *, cache_rows: int | None = None,
                     ids_layers: Sequence[int] | None = None, invalidate: Sequence[int] = (),
@@ -241,24 +300,17 @@ class StepEngine:
                                  fix="call end_step first; configuration changes between steps")
         if pad_id is not None:
             _checked_pad_id(pad_id)
-        before = (self.lossy, self.check, self.owned_only)
-        if lossy is not None:
-            self.lossy = bool(lossy)
+        lossy = self.lossy if lossy is None else bool(lossy)
+        check = self.check if check is None else bool(check)
+        self._commit(self._prepare(list(tables), ids_layers, invalidate, cache_rows, self.cache, lossy, check))
+        self.lossy, self.check = lossy, check
         if owned_only is not None:
             self.owned_only = bool(owned_only)
-        if check is not None:
-            self.check = bool(check)
-        try:
-            self._configure(list(tables), ids_layers, invalidate, cache_rows)
-        except BaseException:
-            self.lossy, self.check, self.owned_only = before
-            raise
         if owned_sources is not None:
             self._owned_sources = list(owned_sources)
         if pad_id is not None:
             self.pad_id = int(pad_id)
-        self._plan = None
-        if self.metrics is not None and not self._applying:
+        if self.metrics is not None:
             self._bind_metrics()
 
     def replace_cache(self, cache: RowCache) -> None:
@@ -269,20 +321,8 @@ class StepEngine:
         if cache.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
                                  fix='use device="cpu" or run on a machine with a GPU')
-        moved = cache.device != self.device
-        for layer in list(self.cache.layers):
-            self.cache.remove_layer(layer)
-        self.cache = cache
-        self._plan = None
-        for t in (run.spec for run in self._layers.values()):
-            cache.add_layer(t.layer, t.rows, 0.0)
-        cache.resize(shares={run.spec.layer: run.spec.cache_share for run in self._layers.values()})
-        if moved:
-            self._unpin_pool()
-            self.device = cache.device
-            self.gather_impl = "numba" if self.device.type == "cpu" else "torch"
-            if self.device.type == "cuda":
-                self._pin_pool()
+        tables = [self._layers[layer].spec for layer in self._order]
+        self._commit(self._prepare(tables, self.ids_layers, (), None, cache, self.lossy, self.check))
 
     @property
     def layers(self) -> tuple[int, ...]:
@@ -316,18 +356,17 @@ class StepEngine:
         return run.reader
 
     def _ensure_capacity(self, tokens: int) -> None:
-        """Scratch and page pool for steps of up to `tokens` tokens."""
+        """Scratch and page pool for steps of up to `tokens` tokens (refused, CAPACITY, before allocating
+        what host memory cannot hold; the engine is unchanged then)."""
         if tokens <= self._token_capacity:
             return
-        n = tokens * self.columns
+        pool, _ = self._allocate(list(self._layers.values()), tokens)
         self._plan = None
-        for run in self._layers.values():
-            run.scratch = PassScratch(n)
-        pages = n * max(1, len(self._layers))
-        self._unpin_pool()
-        self._pool = PageBufferPool(pages)
-        if self.device.type == "cuda":
-            self._pin_pool()
+        if pool is not self._pool:
+            self._unpin_pool()
+            self._pool = pool
+            if self.device.type == "cuda":
+                self._pin_pool()
         self._token_capacity = tokens
 
     def _pin_pool(self) -> None:  # pragma: no cover - needs a GPU
@@ -769,31 +808,36 @@ class StepEngine:
             specs = [B.table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
             invalidate = [layer for layer, r in resolved.items()
                           if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
+            _checked_pad_id(eng.pad_id)
             old_eng = live.control.engine
+            cache = self.cache
             if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
-                self.replace_cache(RowCache(eng.max_cache_rows, eng.device, slots=0))
-            self.wait_timeout_s = eng.wait_timeout_ms / 1e3
-            self._reads = LayerReads(self.wait_timeout_s)
-            self._applying = True
-            try:
-                self.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
-                                 owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
-                                 owned_only=eng.owned_only, pad_id=eng.pad_id)
-            finally:
-                self._applying = False
+                if torch.device(eng.device).type == "cuda" and not torch.cuda.is_available():
+                    raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
+                                         fix='use device="cpu" or run on a machine with a GPU')
+                cache = RowCache(eng.max_cache_rows, eng.device, slots=0)
+            layout = self._prepare(specs, None, invalidate, eng.cache_rows, cache, eng.lossy, eng.check)
+            metrics = self.metrics
+            if eng.metrics and metrics is None:
+                from slacktier.engine.metrics import EngineMetrics
+                metrics = EngineMetrics()
+            elif not eng.metrics and old_eng.metrics:
+                metrics = None   # switched off by the control file (a host-given one stays otherwise)
         except BaseException:
             for s in opened.values():
                 s.close()
             raise
+        # Everything is built: switch. Nothing below refuses, so a refused apply changed nothing above.
+        self._commit(layout)
+        self.lossy, self.check, self.owned_only, self.pad_id = eng.lossy, eng.check, eng.owned_only, eng.pad_id
+        self._owned_sources = list(sources.values())
+        self.wait_timeout_s = eng.wait_timeout_ms / 1e3
+        self._reads = LayerReads(self.wait_timeout_s)
         for s in live.sources.values():
             if all(s is not kept for kept in sources.values()):
                 s.close()
         self._applied = _Applied(cfg, resolved, sources)
-        if eng.metrics and self.metrics is None:
-            from slacktier.engine.metrics import EngineMetrics
-            self.metrics = EngineMetrics()
-        elif not eng.metrics and live.control.engine.metrics:
-            self.metrics = None   # switched off by the control file (a host-given one stays otherwise)
+        self.metrics = metrics
         if self.metrics is not None:
             self._bind_metrics()
         log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
@@ -817,6 +861,20 @@ class _Plan:
 
 
 @dataclass
+class _Layout:
+    """A configuration change, checked and allocated by `StepEngine._prepare`, served once committed."""
+
+    tables: list[TableSpec]
+    runs: dict[int, _LayerRun]
+    order: list[int]
+    cache: RowCache           # the engine's cache, or a new one that replaces it
+    slots: int                # the cache's slot budget
+    invalidate: tuple[int, ...]
+    pool: PageBufferPool | None
+    tokens: int               # steps of up to this many tokens fit the runs' scratch and the pool
+
+
+@dataclass
 class _Applied:
     """What an engine built from a control file serves, to tell what a new one changes."""
 
@@ -835,6 +893,17 @@ def _widened_ids(ids: np.ndarray) -> np.ndarray:
         return ids.astype(np.int64)
     raise SlackTierError(ErrorKind.BAD_INPUT, f"ids are {ids.dtype}, want int64 (or int32) row ids",
                          fix="pass the hasher's int64 row ids; an unsigned, float or bool array is never cast")
+
+
+def _checked_timeout(timeout_s: float | None) -> float | None:
+    """`timeout_s` when None (no bound) or a number in (0, 86400] (a day, as the control file's wait_timeout_ms);
+    anything else (inf, NaN, 1e13 overflow the platform's wait) is refused naming it (BAD_INPUT)."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) or not 0 < timeout_s <= 86_400:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"wait_timeout_s {timeout_s!r} is outside (0, 86400]",
+                             fix="bound reads' waits by at most a day (or None for no bound)")
+    return float(timeout_s)
 
 
 def _checked_pad_id(pad_id: int) -> int:

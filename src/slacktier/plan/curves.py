@@ -93,6 +93,11 @@ def _points(values: object, key: str, hi: float) -> tuple[float, ...]:
 
 def miss_curves_from_dict(doc: dict) -> MissCurves:
     """Parse the characterization JSON document into curves, every point checked (`_points`)."""
+    fix = '{"workload":..,"batch":..,"layers":{"1":{"capacity_rows":[..],"pages_per_step":[..]}}}'
+    if not isinstance(doc, dict) or not isinstance(doc.get("layers"), dict):
+        what = type(doc.get("layers")).__name__ if isinstance(doc, dict) else f"the document is a {type(doc).__name__}"
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve document is malformed: `layers` is {what}, want an "
+                             "object of layer id -> curve", fix=f"write {fix}")
     try:
         layers = {int(k): MissCurve(_points(v["capacity_rows"], f"layers.{k}.capacity_rows", MAX_CAPACITY_ROWS),
                                     _points(v["pages_per_step"], f"layers.{k}.pages_per_step", MAX_PAGES_PER_STEP))
@@ -102,10 +107,9 @@ def miss_curves_from_dict(doc: dict) -> MissCurves:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"miss curves' batch is {batch!r}, want a whole number",
                                  fix="pass the JSON the characterization wrote")
         return MissCurves(workload=str(doc.get("workload", "")), batch=batch, by_layer=layers)
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve document is malformed: {exc!r}",
-                             fix='write {"workload":..,"batch":..,"layers":{"1":{"capacity_rows":[..],'
-                                 '"pages_per_step":[..]}}}') from exc
+                             fix=f"write {fix}") from exc
 
 
 def load_miss_curves(path: str | Path) -> MissCurves:
@@ -116,7 +120,10 @@ def load_miss_curves(path: str | Path) -> MissCurves:
     except FileNotFoundError as exc:
         raise SlackTierError(ErrorKind.MISSING, f"miss-curve file {p} not found",
                              fix="run `slacktier characterize` first or pass the right path") from exc
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve file {p} is not JSON: {exc}",
-                             fix="pass the JSON the characterization wrote") from exc
+                             fix="pass the JSON the characterization wrote") from None
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.IO, f"cannot read miss-curve file {p}: {exc.strerror}",
+                             fix="check the path and its permissions") from None
     return miss_curves_from_dict(doc)

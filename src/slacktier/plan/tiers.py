@@ -246,9 +246,12 @@ def load_tiers(path: str | Path) -> tuple[TierSpec, ...]:
         doc = tomllib.loads(p.read_text())
     except FileNotFoundError as exc:
         raise SlackTierError(ErrorKind.MISSING, f"tiers file {p} not found", fix="pass the right path") from exc
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers file {p} is not TOML: {exc}",
-                             fix="write one [[tier]] table per tier") from exc
+                             fix="write one [[tier]] table per tier") from None
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.IO, f"cannot read tiers file {p}: {exc.strerror}",
+                             fix="check the path and its permissions") from None
     try:
         return tiers_from_dict(doc)
     except SlackTierError as exc:

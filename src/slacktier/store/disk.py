@@ -55,7 +55,8 @@ from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.store.uring_queue import REGISTRATION_SKIPS, UringQueue  # noqa: F401 (counted there, read here)
 from slacktier.tables.layout import PAGE_BYTES
-from slacktier.tables.manifest import TableIdentity
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, TableIdentity
+from slacktier.tables.odirect import lock_target
 from slacktier.tables.regions import Region
 
 log = logging.getLogger(__name__)
@@ -120,8 +121,6 @@ class DiskSource(RegionSource):
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
         super().__init__(regions, page_crc32c=page_crc32c)
         self.options = opts = typed_options(options, DiskOptions)
-        if identity is not None:
-            self.verify_identity(self.regions, opts, identity)
         # DiskOptions is a msgspec struct: its bounds hold when parsed from a control file, not when built in code.
         if opts.engine not in ENGINES:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown disk engine {opts.engine!r}",
@@ -131,6 +130,8 @@ class DiskSource(RegionSource):
                                  f"{opts.io_threads}", fix="use 1 <= queue_depth <= 4096 and 1 <= io_threads <= 64")
         self.queue_depth = opts.queue_depth
         self._fds: dict[str, int] = {}
+        self._head_fds: dict[str, int] = {}              # per target: a buffered fd holding its shared lock
+        self._heads: list[tuple[str, int, bytes]] = []   # per target: path, that fd, its header page at open
         self._attached: list[_Attached] = []
         self._lock = threading.Lock()
         self._tickets: dict[int, _Ticket] = {}
@@ -138,6 +139,9 @@ class DiskSource(RegionSource):
         self._abandoned: list[_Ticket] = []   # timed out: their jobs are released once they land
         try:
             self._open_files()
+            if identity is not None:   # under the targets' shared locks: no stage changes them from here on
+                self.verify_identity(self.regions, opts, identity)
+            self._read_heads()
             self.engine_name = self._choose_engine(opts.engine)
             self._warm()
             self._attach()
@@ -170,17 +174,17 @@ class DiskSource(RegionSource):
     def _open_files(self) -> None:
         for spec in self.regions:
             if spec.path not in self._fds:
+                # A buffered descriptor holds the target's shared lock and re-reads its header page; the O_DIRECT
+                # one reads pages. Not the same one: an io_uring ring that registered the O_DIRECT file keeps it
+                # open until the ring next idles, and the lock would outlive close() by that long.
+                head_fd = self._open(spec, os.O_RDONLY | os.O_CLOEXEC, "")
+                self._head_fds[spec.path] = head_fd
                 try:
-                    self._fds[spec.path] = os.open(spec.path, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC)
-                except FileNotFoundError as exc:
-                    raise SlackTierError(ErrorKind.MISSING, f"region file {spec.path} does not exist",
-                                         layer=spec.layer, rank=spec.rank,
-                                         fix="stage the table first, or fix the path in the manifest") from exc
-                except OSError as exc:
-                    fix = ("put regions on a filesystem that supports O_DIRECT (not tmpfs)"
-                           if exc.errno == 22 else "check the file's permissions")
-                    raise SlackTierError(ErrorKind.IO, f"cannot open {spec.path} with O_DIRECT: {exc.strerror}",
-                                         layer=spec.layer, rank=spec.rank, fix=fix) from exc
+                    lock_target(head_fd, spec.path, exclusive=False)
+                except SlackTierError as exc:
+                    raise SlackTierError(exc.kind, exc.message, layer=spec.layer, rank=spec.rank,
+                                         fix=exc.fix) from None
+                self._fds[spec.path] = self._open(spec, os.O_RDONLY | os.O_DIRECT | os.O_CLOEXEC, " with O_DIRECT")
             fd = self._fds[spec.path]
             st = os.fstat(fd)
             size = os.lseek(fd, 0, os.SEEK_END) if stat.S_ISBLK(st.st_mode) else st.st_size
@@ -190,6 +194,36 @@ class DiskSource(RegionSource):
                 raise SlackTierError(ErrorKind.IO, f"{spec.path} holds {size} bytes, region ends at {end}",
                                      layer=spec.layer, rank=spec.rank, page=first_missing,
                                      fix="the file is truncated; stage the region again")
+
+    @staticmethod
+    def _open(spec: Region, flags: int, how: str) -> int:
+        try:
+            return os.open(spec.path, flags)
+        except FileNotFoundError as exc:
+            raise SlackTierError(ErrorKind.MISSING, f"region file {spec.path} does not exist",
+                                 layer=spec.layer, rank=spec.rank,
+                                 fix="stage the table first, or fix the path in the manifest") from exc
+        except OSError as exc:
+            fix = ("put regions on a filesystem that supports O_DIRECT (not tmpfs)"
+                   if exc.errno == 22 else "check the file's permissions")
+            raise SlackTierError(ErrorKind.IO, f"cannot open {spec.path}{how}: {exc.strerror}",
+                                 layer=spec.layer, rank=spec.rank, fix=fix) from None
+
+    def _read_heads(self) -> None:
+        """Each target's header page as it is now (under its shared lock), for `_restaged` to compare."""
+        self._heads = [(path, fd, os.pread(fd, TARGET_HEADER_BYTES, 0)) for path, fd in self._head_fds.items()]
+
+    def _restaged(self) -> str | None:
+        """The first target whose header page changed since this source opened it, or None.
+
+        A stage writes every target's header ("staging", a new stage id) and syncs it before it writes any
+        row, so a batch that landed before this re-read and finds the header unchanged read no restaged row,
+        even from a stage that ignored the targets' locks. One buffered 4 KiB pread per target (a page-cache
+        hit; an O_DIRECT write drops the cached page, so the re-read sees it)."""
+        for path, fd, head in self._heads:
+            if os.pread(fd, TARGET_HEADER_BYTES, 0) != head:
+                return path
+        return None
 
     def _choose_engine(self, engine: str) -> str:
         if engine == "threads":
@@ -342,6 +376,14 @@ class DiskSource(RegionSource):
             self._tickets.pop(ticket, None)
             for att, job, _ in t.jobs:
                 att.queue.release(job, t.pool)
+        restaged = self._restaged()
+        if restaged is not None:
+            r = self.regions[0]
+            raise SlackTierError(ErrorKind.TARGET, f"target {restaged} was staged again under this engine (its "
+                                 "header page changed since it was opened); none of this batch's rows is served",
+                                 layer=r.layer, fix="serve the new table: apply a control file naming the manifest "
+                                 "that stage wrote (a stage refuses a target an engine holds locked, so another "
+                                 "process ignored the lock)")
         if error is not None:
             raise error
         read_us = 0.0 if first_ns is None else (end_ns - first_ns) / 1e3
@@ -385,6 +427,10 @@ class DiskSource(RegionSource):
         for fd in self._fds.values():
             os.close(fd)
         self._fds.clear()
+        for fd in self._head_fds.values():
+            os.close(fd)   # drops the target's shared lock
+        self._head_fds.clear()
+        self._heads = []
 
 
 _I32 = np.dtype(np.int32)

@@ -34,6 +34,7 @@ from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TableIdentity
+from slacktier.tables.odirect import lock_target
 from slacktier.tables.pagecrc import page_crcs
 from slacktier.tables.regions import Region
 
@@ -55,7 +56,11 @@ def load_region_pages(spec: Region) -> np.ndarray:
     except FileNotFoundError as exc:
         raise SlackTierError(ErrorKind.MISSING, f"region file {spec.path} does not exist", layer=spec.layer,
                              rank=spec.rank, fix="stage the table first, or fix the path") from exc
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.IO, f"cannot open region file {spec.path}: {exc.strerror}",
+                             layer=spec.layer, rank=spec.rank, fix="check the file's permissions") from None
     try:
+        lock_target(fd, spec.path, exclusive=False)   # no stage writes it while it loads (released at close)
         view = memoryview(out).cast("B")
         done = 0
         while done < out.nbytes:

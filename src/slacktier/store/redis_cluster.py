@@ -104,6 +104,7 @@ VALUE_BYTES = _resp.VALUE_BYTES
 VALUE_STRIDE = len(b"$%d\r\n" % VALUE_BYTES) + VALUE_BYTES + 2
 #: default hash-tag groups per region (see BENCHMARKS.md, "Redis Cluster: hash tags")
 DEFAULT_TAG_BUCKETS = 64
+MAX_TAG_BUCKETS = 16384   # a cluster's hash slots: more groups per region cannot spread any further
 #: a node reply slower than this fraction of socket_timeout_ms counts as a stall
 STALL_FRACTION = 0.25
 LOADING, COMPLETE = "loading", "complete"
@@ -829,6 +830,7 @@ class LoadReport:
     """What `load_table` did."""
 
     generation: str
+    tag_buckets: int     # page groups per region, as loaded (at most the smallest region's pages)
     groups: int          # page groups of the table
     written: int         # groups written this run (0: the table was already complete)
     pages: int           # pages written and verified this run
@@ -845,8 +847,10 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
 
     The options' user must be allowed SET/MSET (a loading ACL user); a read-only serving user is refused with
     UNAVAILABLE naming the missing permission."""
-    if tag_buckets < 1:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"tag_buckets {tag_buckets}", fix="use 1 or more")
+    if not 1 <= tag_buckets <= MAX_TAG_BUCKETS:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"tag_buckets {tag_buckets} outside 1..{MAX_TAG_BUCKETS}",
+                             fix=f"use 1 to {MAX_TAG_BUCKETS} page groups per region (default {DEFAULT_TAG_BUCKETS})")
+    tag_buckets = _buckets_for(tag_buckets, regions)
     if len(page_crc32c) != len(regions):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(page_crc32c)} CRC32C arrays for {len(regions)} regions",
                              fix="pass the manifest's page_crc32c")
@@ -857,7 +861,7 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
     record = {"format": "slacktier-table", "layout": LAYOUT, "source_digest": identity.source_digest,
               "stage_id": identity.stage_id, "generation": generation, "tag_buckets": tag_buckets,
               "regions": [[r.layer, r.rank, r.pages] for r in regions]}
-    groups = [(i, g) for i in range(len(regions)) for g in range(min(tag_buckets, regions[i].pages) or 1)]
+    groups = [(i, g) for i in range(len(regions)) for g in range(tag_buckets)]
     try:
         current = client.get(identity_key(pfx))
         keys = [gen_key(pfx, regions[i].layer, regions[i].rank, g) for i, g in groups]
@@ -868,7 +872,7 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
             except ValueError:
                 theirs = {}
             if theirs.get("generation") == generation and theirs.get("state") == COMPLETE and all(done):
-                return LoadReport(generation, len(groups), 0, 0, time.monotonic() - t0)
+                return LoadReport(generation, tag_buckets, len(groups), 0, 0, time.monotonic() - t0)
         client.set(identity_key(pfx), json.dumps({**record, "state": LOADING}).encode())
         todo = [grp for grp, ok in zip(groups, done, strict=True) if not ok]
         cache: dict[int, np.ndarray] = {}
@@ -921,7 +925,21 @@ def load_table(options: RedisClusterOptions, regions: Sequence[Region], identity
         client.close()
     log.info("loaded %d of %d page groups (%d pages) of table %s into %s under %r, generation %s", len(todo),
              len(groups), written, identity.source_digest, options.url, pfx, generation)
-    return LoadReport(generation, len(groups), len(todo), written, time.monotonic() - t0)
+    return LoadReport(generation, tag_buckets, len(groups), len(todo), written, time.monotonic() - t0)
+
+
+def _buckets_for(tag_buckets: int, regions: Sequence[Region]) -> int:
+    """Page groups per region: `tag_buckets`, or the smallest region's page count when that is smaller.
+
+    Every region has T groups in the identity a source checks (group g holds pages g, g + T, ...), so a T
+    above a region's pages would leave groups that no page, and so no generation key, ever fills: the load
+    reported success and no source would open it (issue 33). Worked example: regions of 3 and 40 pages,
+    tag_buckets 64 -> 3 groups per region."""
+    smallest = min((r.pages for r in regions), default=1)
+    if tag_buckets > smallest:
+        log.warning("tag_buckets %d is above the smallest region's %d pages: loading %d page groups per region",
+                    tag_buckets, smallest, max(1, smallest))
+    return max(1, min(tag_buckets, smallest))
 
 
 def load_manifest(options: RedisClusterOptions, manifest: Manifest, **kw) -> LoadReport:

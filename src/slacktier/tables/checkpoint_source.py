@@ -121,6 +121,10 @@ def _read_safetensors_header(path: str) -> dict[str, _TensorInfo]:
         raise _bad(path, f"the header is a JSON {type(meta).__name__}, not an object")
     data_bytes = size - 8 - n
     out: dict[str, _TensorInfo] = {}
+    extra = meta.get("__metadata__", {})
+    if not isinstance(extra, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in extra.items()):
+        raise _bad(path, f"its __metadata__ is {type(extra).__name__} {str(extra)[:60]!r}, not a map of strings "
+                         "to strings")
     for name, t in meta.items():
         if name == "__metadata__":
             continue
@@ -207,6 +211,7 @@ class CheckpointSource:
         self.names: dict[int, dict[str, str]] = {}
         self._weight: dict[int, np.ndarray] = {}
         self._scale: dict[int, np.ndarray] = {}
+        self._tensors: dict[int, tuple[_TensorInfo, _TensorInfo]] = {}
         rows: dict[int, int] = {}
         for layer in layers:
             names = self._names_for(layer, tensors)
@@ -214,6 +219,7 @@ class CheckpointSource:
             self._check(layer, names, w, s, expected)
             rows[layer] = w.shape[0]
             self.names[layer] = names
+            self._tensors[layer] = (w, s)
             self._weight[layer] = np.memmap(w.file, dtype=np.uint8, mode="r", offset=w.offset_bytes,
                                             shape=(w.shape[0], ROW_VALUES))
             self._scale[layer] = np.memmap(s.file, dtype=np.uint8, mode="r", offset=s.offset_bytes,
@@ -289,6 +295,53 @@ class CheckpointSource:
             page_crcs(pages, crcs)
 
     def rows(self, layer: int, row_ids: np.ndarray) -> np.ndarray:
-        """Global rows `row_ids` [n] of `layer` -> raw [n, 264] uint8."""
+        """Global rows `row_ids` [n] of `layer` -> raw [n, 264] uint8, read with pread.
+
+        pread, not the memory maps staging packs pages from: the checker and `verify` call this while the
+        checkpoint may be truncated or replaced underneath, and a mapped page past a file's end kills the
+        process with SIGBUS, where a short read is an IO error naming the file and the row."""
         ids = np.asarray(row_ids, dtype=np.int64)
-        return np.concatenate([self._weight[layer][ids], self._scale[layer][ids]], axis=1)
+        w, s = self._tensors[layer]
+        out = np.empty((ids.shape[0], ROW_BYTES), dtype=np.uint8)
+        uniq, where = np.unique(ids, return_inverse=True)
+        got = np.empty((uniq.shape[0], ROW_BYTES), dtype=np.uint8)
+        if uniq.shape[0] and not (0 <= uniq[0] and uniq[-1] < w.shape[0]):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"rows outside the checkpoint's 0..{w.shape[0] - 1}",
+                                 layer=layer, fix="ask for rows of the table")
+        cuts = np.flatnonzero(np.diff(uniq) != 1) + 1   # runs of consecutive rows: one pread per tensor each
+        with _opened(w.file) as wfd, _opened(s.file) as sfd:
+            for lo, hi in zip([0, *cuts.tolist()], [*cuts.tolist(), uniq.shape[0]]):
+                first, n = int(uniq[lo]), hi - lo
+                got[lo:hi, :ROW_VALUES] = _pread_rows(wfd, w, ROW_VALUES, first, n, layer)
+                got[lo:hi, ROW_VALUES:] = _pread_rows(sfd, s, ROW_SCALES, first, n, layer)
+        out[:] = got[where.reshape(-1)]
+        return out
+
+
+class _opened:
+    """An O_RDONLY descriptor of `path` for a `with` block; an open error is CHECKPOINT naming the file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def __enter__(self) -> int:
+        try:
+            self.fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as exc:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"cannot open checkpoint {self.path}: {exc.strerror}",
+                                 fix="check the checkpoint's path and permissions") from None
+        return self.fd
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self.fd)
+
+
+def _pread_rows(fd: int, t: _TensorInfo, row_bytes: int, first: int, n: int, layer: int) -> np.ndarray:
+    """Rows first..first+n-1 of tensor `t` -> [n, row_bytes] uint8; a short read is IO naming the file."""
+    want = n * row_bytes
+    data = os.pread(fd, want, t.offset_bytes + first * row_bytes)
+    if len(data) != want:
+        raise SlackTierError(ErrorKind.IO, f"checkpoint {t.file} ends inside rows {first}..{first + n - 1} "
+                             f"({len(data)} of {want} bytes read): it was truncated or replaced after it was opened",
+                             layer=layer, fix="restore the checkpoint the table was staged from, or turn check off")
+    return np.frombuffer(data, dtype=np.uint8).reshape(n, row_bytes)

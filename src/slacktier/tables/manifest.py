@@ -175,6 +175,10 @@ def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
     if not staged or staged[0] < 0 or staged[-1] >= ranks:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"ranks to stage {list(only_ranks or [])} outside 0..{ranks - 1}",
                              fix=f"pick ranks below --ranks {ranks}")
+    for layer in layout.layer_ids:
+        if layout.rows[layer] < ranks:   # a rank of no rows: an empty region no tier can serve
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} has {layout.rows[layer]} rows, fewer than its "
+                                 f"{ranks} ranks", layer=layer, fix="use at most one rank per row (--ranks)")
     next_offset = [TARGET_HEADER_BYTES] * len(targets)
     regions: list[StagedRegion] = []
     crc_first = 0
@@ -334,7 +338,11 @@ class Manifest:
         p = self.crc_path()
         if not p.exists():
             raise SlackTierError(ErrorKind.MISSING, f"checksum file {p} is missing", fix="restage the table")
-        data = p.read_bytes()
+        try:
+            data = p.read_bytes()
+        except OSError as exc:
+            raise SlackTierError(ErrorKind.IO, f"cannot read checksum file {p}: {exc.strerror}",
+                                 fix="check the file's permissions (the engine's user must read it)") from None
         if hashlib.sha256(data).hexdigest() != self.crc_sha256:
             raise SlackTierError(ErrorKind.CHECKSUM, f"checksum file {p} does not match its manifest digest",
                                  fix="restage the table")

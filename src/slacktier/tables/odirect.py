@@ -11,6 +11,7 @@ as an explicit opt-in (`buffered=True`), which is logged and counted in
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -31,6 +32,28 @@ _FULL = (errno.ENOSPC, errno.EDQUOT)   # a full filesystem (or quota): CAPACITY,
 
 _ODIRECT_FIX = ("put the target on a filesystem that supports O_DIRECT (ext4, xfs) or use a raw block "
                 "device; or pass --buffered (buffered=True) to accept page-cache I/O, which is logged")
+
+
+def lock_target(fd: int, path: str, *, exclusive: bool) -> None:
+    """Lock the target open at `fd` (flock, never waiting): shared by every process serving from it, exclusive
+    by a stage writing it, so a stage never writes under a reader (issue 33).
+
+    flock locks the inode behind the path, so it works on regular files and on raw block devices' device
+    nodes alike (every opener of /dev/nvme0n1 takes the same lock). The lock holds while `fd` stays open.
+    Refused (TARGET) when the other kind is held, naming the target and the fix."""
+    try:
+        fcntl.flock(fd, (fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH) | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if exclusive:
+            raise SlackTierError(ErrorKind.TARGET, f"target {path} is in use: an engine serving from it holds "
+                                 "its lock, and staging would change rows under it",
+                                 fix="stop the engines that serve it (or apply a control file without it) first, "
+                                     "or stage to another target and apply the manifest that stage writes") from None
+        raise SlackTierError(ErrorKind.TARGET, f"target {path} is being staged by another process",
+                             fix="wait until that stage finishes, then serve the manifest it writes") from None
+    except OSError as exc:   # ENOLCK: a filesystem without flock (some network filesystems)
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot lock target {path}: {exc.strerror}",
+                             fix="put the target on a local filesystem (ext4, xfs) or a raw block device") from None
 
 
 def aligned_array(nbytes: int) -> np.ndarray:

@@ -37,8 +37,8 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
     layer_spans, new_stage_id, parse_header, plan_regions, region_pieces, target_bytes
+from slacktier.tables.odirect import DirectFile, aligned_array, lock_target, os_error, probe_target, write_file_atomic
 from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition
-from slacktier.tables.odirect import DirectFile, aligned_array, os_error, probe_target, write_file_atomic
 from slacktier.tables.regions import StagedRegion
 from slacktier.tables.row_source import RowSource
 
@@ -278,6 +278,44 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                                  "sit beside it", fix="pass --manifest PATH")
         manifest_path = default_manifest_path(paths[0])
     manifest_path = Path(manifest_path).absolute()
+    locks = _lock_targets(paths)   # before anything is checked or written: no engine serves from them now
+    try:
+        return _stage_locked(source, ranks, paths, regions, need, manifest_path, locks, t_start,
+                             max_bytes=max_bytes, overwrite=overwrite, chunk_bytes=chunk_bytes, buffered=buffered,
+                             progress=progress, fillers=fillers, writers=writers, stats=stats)
+    finally:
+        for fd in locks.values():
+            os.close(fd)
+
+
+def _lock_targets(paths: list[str]) -> dict[str, int]:
+    """Exclusive locks on the existing targets (tables.odirect.lock_target): {path: fd holding the lock}.
+    Refused (TARGET), naming the target, while an engine serves from one; nothing is written then."""
+    locks: dict[str, int] = {}
+    try:
+        for p in paths:
+            if not os.path.exists(p):
+                continue
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError as exc:
+                raise SlackTierError(ErrorKind.IO, f"cannot open target {p}: {exc.strerror}",
+                                     fix="check the target's path and permissions") from None
+            locks[p] = fd
+            lock_target(fd, p, exclusive=True)
+    except BaseException:
+        for fd in locks.values():
+            os.close(fd)
+        raise
+    return locks
+
+
+def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list, need: list[int],
+                  manifest_path: Path, locks: dict[str, int], t_start: float, *, max_bytes: int | None,
+                  overwrite: bool, chunk_bytes: int, buffered: bool, progress: bool, fillers: int, writers: int,
+                  stats: StageStats | None) -> Manifest:
+    """stage_table once its existing targets are locked (`locks`)."""
+    layout = source.layout
     digest = source.digest
     total_pages = sum(r.pages for r in regions)
     side = 4 * total_pages + (1 << 20)   # the checksum file (4 B per page) and the manifest, beside it
@@ -289,6 +327,9 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     stage_id = new_stage_id()
     crcs = np.zeros(total_pages, dtype=np.uint32)
     try:
+        for f in files:
+            if f.path not in locks:   # created by this run: locked before its header is written
+                lock_target(f.fd, f.path, exclusive=True)
         # Every target says "staging" (this run's id) before any of them changes in any other way, so a run
         # that stops anywhere after this loop leaves every target refused by check_target_header.
         head = aligned_array(TARGET_HEADER_BYTES)
