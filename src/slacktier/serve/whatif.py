@@ -43,7 +43,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.serve.timeline import (ComputeProfile, SweepConfig, TimelineRunner, TimelineStep, load_profile,
-                                      summarize, sweep_sessions)
+                                      sleep_then_spin, sweep_sessions)
 
 DISK_MAPS = ("shared", "per-rank")
 #: the tiers a what-if table can be placed on: the stock DRAM path, an emulated device, this machine's disk
@@ -187,9 +187,10 @@ def stage_table(cfg: WhatIfConfig, progress: bool = False):
                                    manifest_path=manifest_path, progress=progress)
 
 
-def device_name(placement: WhatIfPlacement, rank: int) -> str:
-    """The emulated disk rank `rank` reads from: one for all ranks, or its own."""
-    return "disk0" if placement.disks == "shared" else f"disk{rank}"
+def device_name(placement: WhatIfPlacement, rank: int, model: str) -> str:
+    """The emulated device rank `rank` reads `model`'s tables from: one for all ranks, or its own (tables on
+    different models are on different devices)."""
+    return f"{model}:disk0" if placement.disks == "shared" else f"{model}:disk{rank}"
 
 
 def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfConfig, max_tokens: int):
@@ -204,7 +205,7 @@ def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfCon
     tables = []
     for order, l in enumerate(served):
         tier = placement.tier(l)
-        options = (EmulatedOptions(model=model_file(models[l], cfg), device=device_name(placement, rank), rank=rank)
+        options = (EmulatedOptions(model=model_file(models[l], cfg), device=device_name(placement, rank, models[l]), rank=rank)
                    if tier == "emulated" else DiskOptions())
         tables.append(TableConfig(layer=l, manifest=str(manifest.path), source=tier, options=options, rank=rank,
                                   cache_share=placement.share(l), order=order))
@@ -238,9 +239,7 @@ class _PrePassed:
             t = time.perf_counter_ns()
             for d in self.devices:
                 d.start_rank(self.rank, t)
-            end = t / 1e9 + self.begin_s
-            while time.perf_counter() < end:
-                pass
+            sleep_then_spin(t / 1e9 + self.begin_s)   # sleeps: the queues' copy threads need the GIL meanwhile
             self.prepassed = False
             return
         if not self.inline:   # off the TP step protocol (warm steps): batches land as if alone
@@ -415,7 +414,7 @@ def predicted_stall_ms(run: WhatIfRun, cfg: WhatIfConfig) -> float:
             pages = float(run.rank_mean(lambda s, l=l: s.pages[l])[k])
             if p.tier(l) == "emulated":
                 m = resolve_model(models[l], cfg)
-                dev = f"{device_name(p, k)}:{m.name}"
+                dev = device_name(p, k, models[l])
                 scale = sharing / m.ranks_in_fit
                 dev_models[dev] = DeviceReadModel(m.intercept_ms, scale * m.page_us / 1e3, scale * m.page_us / 1e3,
                                                   scale * m.behind_page_us / 1e3)
