@@ -32,7 +32,6 @@ and the run's own mean pages per rank and s.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from dataclasses import dataclass
@@ -42,8 +41,9 @@ from typing import Sequence
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.serve.timeline import (ComputeProfile, SweepConfig, TimelineRunner, TimelineStep, load_profile,
-                                      sleep_then_spin, sweep_sessions)
+from slacktier.serve.full_rank import LayerSubset
+from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
+                                      load_profile, sleep_then_spin, sweep_sessions)
 
 DISK_MAPS = ("shared", "per-rank")
 #: the tiers a what-if table can be placed on: the stock DRAM path, an emulated device, this machine's disk
@@ -114,9 +114,15 @@ class WhatIfConfig:
     table_seed: int = 1
     check_steps: int = 2              # TP steps after the timed ones with every rank's checker on (untimed)
     this_disk: str = ""               # tiers file with the disk's read fit (model `this-disk`)
+    table_ranks: int = 0              # ranks the table is staged for (0: `ranks`); ranks 0..ranks-1 of it run
+
+    @property
+    def staged_ranks(self) -> int:
+        return self.table_ranks or self.ranks
 
     def __post_init__(self) -> None:
-        if self.ranks < 1 or 24 % self.ranks:
+        if self.ranks < 1 or 24 % self.ranks or self.table_ranks < 0 or 24 % (self.table_ranks or 1) or (
+                self.table_ranks and self.table_ranks < self.ranks):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ranks {self.ranks}",
                                  fix="use a rank count that divides V4.1's 24 hash columns (1, 2, 3, 4, 6, ...)")
         if self.batch < 1 or self.decode_steps < 1 or self.engram_vocab < 1:
@@ -174,16 +180,16 @@ def stage_table(cfg: WhatIfConfig, progress: bool = False):
     from slacktier.tables.stage import stage_synthetic
 
     layout = EngramLayout.scaled(cfg.engram_vocab, (1, 14))
-    manifest_path = Path(cfg.workdir) / f"v41x{cfg.engram_vocab}-tp{cfg.ranks}.manifest.json"
-    target = Path(cfg.workdir) / f"v41x{cfg.engram_vocab}-tp{cfg.ranks}.bin"
+    manifest_path = Path(cfg.workdir) / f"v41x{cfg.engram_vocab}-tp{cfg.staged_ranks}.manifest.json"
+    target = Path(cfg.workdir) / f"v41x{cfg.engram_vocab}-tp{cfg.staged_ranks}.bin"
     if manifest_path.is_file():
         m = Manifest.load(manifest_path)
-        if m.ranks == cfg.ranks and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(
+        if m.ranks == cfg.staged_ranks and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(
                 layout):
             m.check_targets()
             return layout, m
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
-    return layout, stage_synthetic([target], layout, cfg.ranks, cfg.table_seed, overwrite=True,
+    return layout, stage_synthetic([target], layout, cfg.staged_ranks, cfg.table_seed, overwrite=True,
                                    manifest_path=manifest_path, progress=progress)
 
 
@@ -212,14 +218,13 @@ def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfCon
     return ControlFile(engine=engine, tables=tuple(tables)), served
 
 
-class _PrePassed:
+class _PrePassed(LayerSubset):
     """A rank engine for the timeline (module docstring). With several ranks its begin_step already ran in the TP
     step's pre-phase: begin_step then releases the rank's batches on its devices' clocks from now and holds for the
     pre-phase's own time. With one rank (`inline`) begin_step runs in place, its batches timed from its start."""
 
     def __init__(self, engine, axes: Sequence[int], rank: int, devices, inline: bool) -> None:
-        self.engine = engine
-        self.axes = list(axes)
+        super().__init__(engine, axes)
         self.rank = rank
         self.devices = devices
         self.inline = inline
@@ -254,14 +259,6 @@ class _PrePassed:
             d.start_rank(self.rank, t)
             d.end_step()
 
-    def gather(self, layer: int) -> object:
-        return self.engine.gather(layer)
-
-    def end_step(self) -> object:
-        c = self.engine.end_step()
-        return dataclasses.replace(c, layers={l: dataclasses.replace(v, lookups=v.lookups - v.zero_rows)
-                                              for l, v in c.layers.items()})
-
 
 @dataclass(frozen=True)
 class WhatIfRun:
@@ -269,13 +266,20 @@ class WhatIfRun:
 
     placement: WhatIfPlacement
     rep: int
-    step_ms: float
-    windows_ms: dict[int, float]
+    times: StepTimes                               # the profile's step and windows at this B
     steps: tuple[tuple[TimelineStep, ...], ...]   # [step][rank]
     served: tuple[int, ...]
     checked_steps: int = 0
     mismatches: int = 0
     wall_s: float = 0.0
+
+    @property
+    def step_ms(self) -> float:
+        return self.times.step_ms
+
+    @property
+    def windows_ms(self) -> dict[int, float]:
+        return self.times.windows_ms
 
     def tp_stalls_ms(self) -> np.ndarray:
         """Each TP step's stall: its slowest rank's."""
@@ -299,7 +303,6 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
                   rep: int = 0, progress: bool = False) -> WhatIfRun:
     """One run of `placement` over every rank (module docstring)."""
     from slacktier.engine.step import StepEngine
-    from slacktier.serve.timeline import StepTimes
     from slacktier.store.emulated import emulated_devices, forget_devices
     from slacktier.workloads.hashing import EngramLookupHasher
 
@@ -335,7 +338,7 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
             eng.close()
         forget_devices()
         gc.collect()
-    run = WhatIfRun(placement, rep, times.step_ms, dict(times.windows_ms), tuple(steps), tuple(served), checked, bad,
+    run = WhatIfRun(placement, rep, times, tuple(steps), tuple(served), checked, bad,
                     time.perf_counter() - t_run)
     if progress:
         st = run.tp_stalls_ms()
@@ -450,12 +453,15 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
     lines = [header(placements, profile, cfg)]
     for m in sorted({m for p in placements for _, m in p.models}):
         lines.append("  " + resolve_model(m, cfg).describe())
-    lines.append(f"  {cfg.workload} traffic, B={cfg.batch}, TP{cfg.ranks} (step = slowest rank), V4.1 hash over a "
+    lines.append(f"  {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}"
+                 + (f" (ranks 0..{cfg.ranks - 1} run)" if cfg.ranks < cfg.staged_ranks else "")
+                 + f" (step = slowest rank), V4.1 hash over a "
                  f"table of {cfg.engram_vocab:,} rows per head ({24 * cfg.engram_vocab:,} per layer), "
                  f"{runs[0].steps.__len__()} timed TP steps per run; profile step {runs[0].step_ms:.2f} ms, "
                  f"windows " + ", ".join(f"W{l} {w:.2f}" for l, w in runs[0].windows_ms.items()) + " ms")
     layers = sorted(runs[0].windows_ms)
-    lines.append(f"{'placement':28} {'disks':8} {'runs':>4} {'overhead':>9} {'min..max %':>12} {'p99 step':>8} "
+    lines.append(f"{'placement':28} {'disks':8} {'runs':>4} {'overhead':>9} {'min..max %':>12} {'median':>7} "
+                 f"{'p99 step':>8} "
                  f"{'Eq.1':>6} " + " ".join(f"{f'hit L{l}':>6} {f'pg/rank L{l}':>11} {f'read L{l}':>8}" for l in layers)
                  + f" {'s ms':>5}")
     for p in placements:
@@ -464,6 +470,7 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
         over = [100 * r.tp_stalls_ms().mean() / step for r in rs]
         m, lo, hi = stat(over)
         p99 = np.mean([np.percentile(r.tp_stalls_ms(), 99) for r in rs])
+        med = 100 * np.median(np.concatenate([r.tp_stalls_ms() for r in rs])) / step
         pred = np.mean([predicted_stall_ms(r, cfg) for r in rs])
         cells = []
         for l in layers:
@@ -478,12 +485,12 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
                 cells.append(f"{'dram':>6} {'-':>11} {'-':>8}")
         s_ms = np.mean([r.rank_mean(lambda st: st.s_ms).max() for r in rs])
         disks = p.disks if any(t != "dram" for _, t in p.tiers) else "-"
-        lines.append(f"{p.name:28} {disks:8} {len(rs):>4} {m:+8.1f}% {lo:+5.1f}..{hi:<+5.1f} "
+        lines.append(f"{p.name:28} {disks:8} {len(rs):>4} {m:+8.1f}% {lo:+5.1f}..{hi:<+5.1f} {med:+6.1f}% "
                      f"{step + p99:8.2f} {100 * pred / step:+5.1f}% " + " ".join(cells) + f" {s_ms:5.2f}")
     checked = sum(r.checked_steps for r in runs)
     lines.append(f"checker: {checked} TP steps after the timed ones, every rank's rows against the table's source: "
                  f"{sum(r.mismatches for r in runs)} mismatching rows")
-    lines.append("overhead: mean stall per TP step (slowest rank) over the profile's step; Eq.1: the analytic "
+    lines.append("overhead: mean stall per TP step (slowest rank) over the profile's step (median: of all TP steps); Eq.1: the analytic "
                  "prediction from each device model (terms scaled to the ranks sharing a device) with the run's mean "
                  "pages and s per rank; hit over decode lookups, mean of ranks; pg/rank and read: slowest rank's mean")
     return "\n".join(lines)

@@ -50,7 +50,6 @@ does not model a change of depth (the terms are the device's at that depth).
 
 from __future__ import annotations
 
-import errno
 import math
 import threading
 import time
@@ -66,6 +65,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
 from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import Device, DeviceQueue, Landed
+from slacktier.store.pread_queue import PreadQueue
 from slacktier.store.disk import DiskSource
 from slacktier.store.dram import copy_pages, load_region_pages
 from slacktier.store.registry import register_tier
@@ -225,21 +225,16 @@ def completions_ms(jobs: Sequence[SimJob], model: DeviceModel) -> dict[int, floa
 # ---- the device and its rank queues ------------------------------------------------------------------------
 
 @dataclass(eq=False)
-class _Job:
+class _Timing:
+    """When one batch lands on its emulated device (perf_counter_ns)."""
+
     queue: EmulatedQueue
-    handle: int
-    client: int
-    region: np.ndarray
-    page: np.ndarray
-    buffer: np.ndarray
-    pool: PageBufferPool
-    res: np.ndarray
+    priority: int
+    pages: int
     submit_ns: int
     rel_submit_ns: int = -1      # stepped: ns after its rank's step began; -1 free-running
-    land_ns: int = -1            # perf_counter_ns when it lands; -1 not known yet
-    start_ns: int = -1           # the submit time as the step's clock maps it (read_us = land - start)
-    copied: bool = False
-    cpu_ns: int = 0
+    land_ns: int = -1            # when it lands; -1 not known yet
+    start_ns: int = -1           # its submit time as the step's clock maps it (read_us = land - start)
 
 
 class EmulatedDevice:
@@ -252,7 +247,7 @@ class EmulatedDevice:
         self._stepping = False
         self._step_start: dict[int, int] = {}     # rank -> perf_counter_ns its host pass began (pre-phase)
         self._release: dict[int, int] = {}        # rank -> perf_counter_ns its timeline step began
-        self._step_jobs: list[_Job] = []
+        self._step_jobs: list[_Timing] = []
         self._rel_land: dict[int, float] | None = None   # id(job) -> ms after the rank's step start
 
     def begin_step(self) -> None:
@@ -273,8 +268,7 @@ class EmulatedDevice:
         """Rank `rank`'s step started at `at_ns` (perf_counter_ns; default now): its batches land relative to it."""
         with self._lock:
             if self._rel_land is None:
-                sims = [SimJob(id(j), j.queue.priority_of(j), int(j.region.shape[0]), j.rel_submit_ns / 1e6)
-                        for j in self._step_jobs]
+                sims = [SimJob(id(j), j.priority, j.pages, j.rel_submit_ns / 1e6) for j in self._step_jobs]
                 self._rel_land = completions_ms(sims, self.model)
             now = time.perf_counter_ns() if at_ns is None else at_ns
             self._release[rank] = now
@@ -284,12 +278,20 @@ class EmulatedDevice:
                     j.land_ns = now + int(self._rel_land[id(j)] * 1e6)
             self._lock.notify_all()
 
+    def cancel(self, job: _Timing) -> None:
+        """Nobody waits for this batch (a timed-out wait): it lands now if its time is not known yet."""
+        with self._lock:
+            if job.land_ns < 0:
+                job.start_ns = job.land_ns = job.submit_ns
+                self._step_jobs = [j for j in self._step_jobs if j is not job]
+            self._lock.notify_all()
+
     def end_step(self) -> None:
         """Back to free-running: batches land a + tau * pages after their submit."""
         with self._lock:
             self._stepping = False
 
-    def add(self, job: _Job) -> None:
+    def add(self, job: _Timing) -> None:
         """Time a new batch (under the queue's submit)."""
         with self._lock:
             rank = job.queue.rank
@@ -298,11 +300,11 @@ class EmulatedDevice:
                 self._step_jobs.append(job)
                 return
             m = self.model
-            alone = m.intercept_ms + m.page_us / m.ranks_in_fit / 1e3 * job.region.shape[0]
+            alone = m.intercept_ms + m.page_us / m.ranks_in_fit / 1e3 * job.pages
             job.start_ns = job.submit_ns
-            job.land_ns = job.submit_ns + int(alone * 1e6) if job.region.shape[0] else job.submit_ns
+            job.land_ns = job.submit_ns + int(alone * 1e6) if job.pages else job.submit_ns
 
-    def wait_landing(self, job: _Job, deadline_ns: int | None) -> bool:
+    def wait_landing(self, job: _Timing, deadline_ns: int | None) -> bool:
         """Block until the job's landing time is known and reached (False when `deadline_ns` came first)."""
         while True:
             with self._lock:
@@ -368,173 +370,75 @@ def rank_queue_device(dev: EmulatedDevice, rank: int) -> Device:
     return Device(number, f"emulated:{dev.name}/rank{rank}")
 
 
-@dataclass(eq=False)
-class _Client:
-    pages: np.ndarray        # [total, 4096] uint8: the DRAM copy of the client's regions
-    base: np.ndarray         # [R] int64 first page of each region in `pages`
-    region_pages: np.ndarray  # [R] int64
-    priority: np.ndarray     # [R] int32
-    live: int = 0
-
-
-class EmulatedQueue(DeviceQueue):
-    """One rank's queue on an emulated device: real bytes from DRAM, landing when the device says."""
+class EmulatedQueue(PreadQueue):
+    """One rank's queue on an emulated device: the thread queue's admission (window order, strict), one worker
+    copying each read from a DRAM copy of the pages, and a batch handed back when its device says it lands."""
 
     engine_name: ClassVar[str] = "emulated"
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
-        super().__init__(device, queue_depth, io_threads)
         with _device_lock:
             self.emulated, self.rank = _rank_queues[device.number]
-        self._lock = threading.Condition()
-        self._clients: dict[int, _Client] = {}
-        self._jobs: dict[int, _Job] = {}
-        self._todo: list[_Job] = []
-        self._next = 1
-        self._stop = False
-        self._held = False
-        self._trace_cap = 0
-        self._trace: list[tuple[int, int, int]] = []
-        self._worker = threading.Thread(target=self._copy_loop, daemon=True, name=f"slacktier-emu-{device.name}")
-        self._worker.start()
+        self._held_pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # client -> ([pages, 4096], [R] base)
+        self._timing: dict[int, _Timing] = {}
+        super().__init__(device, queue_depth, io_threads)
+
+    def thread_count(self) -> int:
+        return 1   # a memcpy per read: one thread keeps up, and more would only take the host pass's cores
 
     def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray,
                io_class: str = "") -> int:
-        """Copy the client's regions into DRAM from their files (buffered reads), once."""
-        if io_class:
-            raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_class {io_class!r} on an emulated device",
-                                 fix="leave io_class unset")
+        """Attach as the thread queue does, and copy the client's regions into DRAM from their files, once."""
+        client = super().attach(fd, offset_bytes, pages, priority, io_class)
         pages = np.array(pages, np.int64)
         base = np.zeros(pages.shape[0], np.int64)
         base[1:] = np.cumsum(pages)[:-1]
         held = np.empty((int(pages.sum()), PAGE_BYTES), np.uint8)
         for i in range(pages.shape[0]):
-            path = f"/proc/self/fd/{int(fd[i])}"
-            region = Region(layer=0, rank=0, path=path, offset_bytes=int(offset_bytes[i]), pages=int(pages[i]))
+            region = Region(layer=0, rank=0, path=f"/proc/self/fd/{int(fd[i])}", offset_bytes=int(offset_bytes[i]),
+                            pages=int(pages[i]))
             held[base[i]:base[i] + pages[i]] = load_region_pages(region)
-        with self._lock:
-            client = self._next
-            self._next += 1
-            self._clients[client] = _Client(held, base, pages, np.array(priority, np.int32))
+        self._held_pages[client] = (held, base)
         return client
 
     def detach(self, client: int) -> None:
-        with self._lock:
-            if self._clients[client].live:
-                raise SlackTierError(ErrorKind.BAD_INPUT, "a client with jobs not yet released cannot detach",
-                                     fix="wait for and release every job first")
-            del self._clients[client]
+        super().detach(client)
+        self._held_pages.pop(client, None)
 
-    def priority_of(self, job: _Job) -> int:
-        """The window priority of a job: the lowest of its regions' (the layer)."""
-        c = self._clients[job.client]
-        return int(c.priority[job.region].min()) if job.region.shape[0] else 0
+    def read_chunk(self, client: int, c, job, lo: int, hi: int) -> None:
+        held, base = self._held_pages[client]
+        copy_pages(held, base[job.region[lo:hi]] + job.page[lo:hi], job.pool.pages, job.buffer[lo:hi])
+        job.res[lo:hi] = PAGE_BYTES
 
     def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray,
                pool: PageBufferPool) -> int:
-        region, page, buffer = (np.array(region, np.int32), np.array(page, np.int64), np.array(buffer, np.int32))
-        with self._lock:
-            if self._stop:
-                raise SlackTierError(ErrorKind.CLOSED, "the device queue is closed", fix="open a new source")
-            c = self._clients[client]
-            n = region.shape[0]
-            if n:
-                bad = np.flatnonzero((region < 0) | (region >= c.region_pages.shape[0]))
-                if not bad.size:
-                    bad = np.flatnonzero((page < 0) | (page >= c.region_pages[region]) | (buffer < 0)
-                                         | (buffer >= pool.capacity))
-                if bad.size:
-                    return -(int(bad[0]) + 1)
-            handle = self._next
-            self._next += 1
-            job = _Job(self, handle, client, region, page, buffer, pool, np.zeros(n, np.int32),
-                       time.perf_counter_ns())
-            self._jobs[handle] = job
-            c.live += 1
-            if len(self._trace) < self._trace_cap:
-                self._trace.extend((client, int(region[i]), int(page[i])) for i in range(n))
-            self.emulated.add(job)
-            self._todo.append(job)
-            self._lock.notify_all()
+        handle = super().submit(client, region, page, buffer, pool)
+        if handle > 0:
+            n = int(np.asarray(region).shape[0])
+            priority = int(self._clients[client].priority[np.asarray(region)].min()) if n else 0
+            t = self._timing[handle] = _Timing(self, priority, n, self._jobs[handle].submit_ns)
+            self.emulated.add(t)
         return handle
 
-    def _copy_loop(self) -> None:
-        """Copy queued jobs' pages from DRAM into their pools, in window order (lowest layer first)."""
-        while True:
-            with self._lock:
-                while (not self._todo or self._held) and not self._stop:
-                    self._lock.wait()
-                if not self._todo:
-                    return
-                self._todo.sort(key=lambda j: (self.priority_of(j), j.handle))
-                job = self._todo.pop(0)
-                c = self._clients[job.client]
-            t0 = time.thread_time_ns()
-            copy_pages(c.pages, c.base[job.region] + job.page, job.pool.pages, job.buffer)
-            job.res[:] = PAGE_BYTES
-            spent = time.thread_time_ns() - t0
-            with self._lock:
-                job.cpu_ns = spent
-                job.copied = True
-                self._lock.notify_all()
-
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
-        j = self._jobs[job]
         deadline = None if timeout_s is None else time.perf_counter_ns() + int(timeout_s * 1e9)
-        with self._lock:
-            while not j.copied:
-                left = None if deadline is None else (deadline - time.perf_counter_ns()) / 1e9
-                if left is not None and left <= 0:
-                    return None
-                self._lock.wait(left)
-        if not self.emulated.wait_landing(j, deadline):
+        landed = super().wait(job, timeout_s)   # the bytes are in the pool
+        if landed is None:
             return None
-        bad = np.flatnonzero(j.res != PAGE_BYTES)
-        return Landed(j.start_ns, j.start_ns, max(j.land_ns, j.start_ns), j.cpu_ns, int(bad[0]) if bad.size else -1)
+        t = self._timing[job]
+        if not self.emulated.wait_landing(t, deadline):
+            return None
+        return Landed(t.start_ns, t.start_ns, max(t.land_ns, t.start_ns), landed.cpu_ns, landed.first_bad)
 
     def cancel(self, job: int) -> int:
-        with self._lock:
-            j = self._jobs[job]
-            if j.copied:
-                return 0
-            self._todo = [t for t in self._todo if t is not j]
-            j.res[:] = -errno.ECANCELED
-            j.copied = True
-            if j.land_ns < 0:
-                j.start_ns = j.land_ns = j.submit_ns
-            self._lock.notify_all()
-            return int(j.region.shape[0])
-
-    def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        j = self._jobs[job]
-        return j.region.copy(), j.page.copy(), j.buffer.copy(), j.res.copy()
+        n = super().cancel(job)
+        t = self._timing[job]
+        self.emulated.cancel(t)
+        return n
 
     def release(self, job: int, pool: PageBufferPool | None = None) -> None:
-        with self._lock:
-            j = self._jobs.pop(job)
-            self._clients[j.client].live -= 1
-
-    def close(self) -> None:
-        with self._lock:
-            self._stop = True
-            self._held = False
-            self._lock.notify_all()
-        self._worker.join()
-
-    def hold(self, on: bool) -> None:
-        with self._lock:
-            self._held = on
-            self._lock.notify_all()
-
-    def trace(self, reads: int) -> None:
-        with self._lock:
-            self._trace_cap = reads
-            self._trace = []
-
-    def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        with self._lock:
-            arr = np.array(self._trace, dtype=np.int64).reshape(-1, 3)
-        return arr[:, 0], arr[:, 1].astype(np.int32), arr[:, 2]
+        super().release(job, pool)
+        self._timing.pop(job, None)
 
 
 # ---- the tier ----------------------------------------------------------------------------------------------
