@@ -10,11 +10,11 @@ paper's "1 disk") or `per-rank` (one disk per rank, its "4 disks").
 
 One TP step (`WhatIfRun`):
 
-    pull the step's ids (hash)                                   -> h ms
+    pull the step's ids (hash), before the step's clock starts (s is begin_step alone, the paper's s)
     every emulated device: begin_step
     for each rank r: device.rank_host_pass(r); begin_step(ids of r's columns)   -> b_r ms  (pre-phase)
-    for each rank r: its timeline step, started h ms ago; its begin_step is the pre-phase's (its batches
-                     land relative to now: device.start_rank(r)), held for b_r ms so s = h + b_r
+    for each rank r: its timeline step; its begin_step is the pre-phase's (its batches land relative to
+                     now: device.start_rank(r)), held for b_r ms so s = b_r
     the step's stall is the slowest rank's
 
 The ranks' host passes run one after another in this one process (each
@@ -355,20 +355,20 @@ def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int
     skip = warmup
     warmed_once = False
     while len(out) < n:
-        t0 = time.perf_counter()
         st = next(replay, None)
         if st is None:
             break
         if st.kind == "decode" and st.num_tokens == batch:
+            # The step's clock starts once its ids are hashed: s is begin_step alone, the paper's "CPU time to
+            # resolve the batch's indices" (section 4.1; the timeline's own runs move to this in issue 28).
             if len(runners) == 1:
-                ranks = [runners[0].step(st.ids, t0=t0)]
+                ranks = [runners[0].step(st.ids)]
             else:
-                hash_s = time.perf_counter() - t0
                 for d in devices:
                     d.begin_step()
                 for w in wrapped:
                     w.pre(st.ids)
-                ranks = [r.step(st.ids, t0=time.perf_counter() - hash_s) for r in runners]
+                ranks = [r.step(st.ids) for r in runners]
                 for d in devices:
                     d.end_step()
             if skip > 0:
