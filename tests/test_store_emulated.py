@@ -13,6 +13,7 @@ from slacktier.store import PageBufferPool, PageReads
 from slacktier.store.emulated import (NVME_PAPER, RDMA_PAPER, EmulatedOptions, EmulatedSource, SimJob,
                                       completions_ms, emulated_device, forget_devices, load_device_model,
                                       model_from_dict)
+from slacktier.store.devqueue import open_queues
 from slacktier.store.testing import stage_synthetic
 
 
@@ -99,13 +100,22 @@ def test_an_emulated_disk_returns_the_staged_bytes_and_admits_layer_1_first(o_di
         assert s14.emulated is dev
         n = one.specs[0].pages
         p1, p14 = PageBufferPool(n), PageBufferPool(n)
+        [q] = [q for q in open_queues() if q.engine_name == "emulated" and q.device.name.startswith("emulated:t/")]
+        q.trace(2 * n)
         dev.begin_step()
         dev.rank_host_pass(0)
+        s1.hold(True)                         # both batches queued before the queue admits any read
         t14 = s14.submit(_reads(n), p14)      # layer 14 is submitted first ...
         t1 = s1.submit(_reads(n), p1)
+        s1.hold(False)
         dev.start_rank(0)
         dev.end_step()
         r14, r1 = s14.wait(t14), s1.wait(t1)
+        client, _, _ = q.traced()             # ... yet the queue admits every layer-1 read before layer 14's
+        assert client.shape[0] == 2 * n and (client[:n] == client[0]).all() and (client[n:] != client[0]).all()
+        q.trace(1)
+        s1.wait(s1.submit(_reads(1), p1))
+        assert q.traced()[0][0] == client[0], "layer 14's reads were admitted ahead of layer 1's"
         assert r1.pages == r14.pages == n
         assert np.array_equal(p1.pages[:n], one.pages[0][:n])
         assert np.array_equal(p14.pages[:n], fourteen.pages[0][:n])
