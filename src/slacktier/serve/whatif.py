@@ -33,6 +33,7 @@ and the run's own mean pages per rank and s.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,8 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.serve.full_rank import LayerSubset
 from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
                                       load_profile, sleep_then_spin, sweep_sessions)
+
+log = logging.getLogger(__name__)
 
 DISK_MAPS = ("shared", "per-rank")
 #: the tiers a what-if table can be placed on: the stock DRAM path, an emulated device, this machine's disk
@@ -186,8 +189,11 @@ def stage_table(cfg: WhatIfConfig, progress: bool = False):
         m = Manifest.load(manifest_path)
         if m.ranks == cfg.staged_ranks and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(
                 layout):
-            m.check_targets()
-            return layout, m
+            try:
+                m.check_targets()
+                return layout, m
+            except SlackTierError as exc:   # its file was removed or overwritten: stage it again
+                log.info("whatif: restaging %s (%s)", manifest_path, exc)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     return layout, stage_synthetic([target], layout, cfg.staged_ranks, cfg.table_seed, overwrite=True,
                                    manifest_path=manifest_path, progress=progress)
