@@ -33,6 +33,7 @@ VERBS = {
     "inspect": "inspect",
     "load": "load",
     "redknot": "redknot",
+    "whatif": "whatif",
 }
 
 

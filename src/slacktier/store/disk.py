@@ -49,7 +49,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets, timeout_error
 from slacktier.store._native import probe_io_uring
 from slacktier.store.base import PageBufferPool, PageReads, ReadStats
-from slacktier.store.devqueue import DeviceQueue, acquire_queue, physical_device, release_queue
+from slacktier.store.devqueue import Device, DeviceQueue, acquire_queue, physical_device, release_queue
 from slacktier.store.pread_queue import PreadQueue
 from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
@@ -243,9 +243,9 @@ class DiskSource(RegionSource):
         """Attach our regions to their devices' queues, one client per device, priority = the region's layer."""
         groups: dict[int, tuple] = {}
         for i, r in enumerate(self.regions):
-            device = physical_device(self._fds[r.path])
+            device = self.device_of(self._fds[r.path])
             groups.setdefault(device.number, (device, []))[1].append(i)
-        engine = _QUEUES[self.engine_name]
+        engine = self.queue_engine()
         o = self.options
         for device, members in groups.values():
             idx = np.array(members, dtype=np.int32)
@@ -262,6 +262,14 @@ class DiskSource(RegionSource):
                 release_queue(q)
                 raise
             self._attached.append(_Attached(q, client, idx))
+
+    def queue_engine(self) -> type[DeviceQueue]:
+        """The device-queue class of the chosen engine (store/emulated.py's tier serves its own)."""
+        return _QUEUES[self.engine_name]
+
+    def device_of(self, fd: int) -> Device:
+        """The device whose queue serves a region file (its physical device; an emulated tier names its own)."""
+        return physical_device(fd)
 
     def _detach(self) -> None:
         for att in self._attached:

@@ -78,11 +78,14 @@ class PreadQueue(DeviceQueue):
         self._held = False
         self._trace_cap = 0
         self._trace: list[tuple[int, int, int]] = []
-        n = min(queue_depth, PREAD_THREADS_MAX) * io_threads
         self._threads = [threading.Thread(target=self._worker, daemon=True, name=f"slacktier-pread-{device.name}-{i}")
-                         for i in range(n)]
+                         for i in range(self.thread_count())]
         for t in self._threads:
             t.start()
+
+    def thread_count(self) -> int:
+        """Worker threads: min(queue_depth, PREAD_THREADS_MAX) per io_thread."""
+        return min(self.queue_depth, PREAD_THREADS_MAX) * self.io_threads
 
     def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray,
                io_class: str = "") -> int:
@@ -153,14 +156,7 @@ class PreadQueue(DeviceQueue):
                 if len(self._trace) < self._trace_cap:
                     self._trace.extend((job.client, int(job.region[i]), int(job.page[i])) for i in range(lo, hi))
             t0 = time.thread_time_ns()
-            pages = job.pool.pages
-            for i in range(lo, hi):
-                g = job.region[i]
-                try:
-                    job.res[i] = os.preadv(int(c.fd[g]), [pages[job.buffer[i]]],
-                                           int(c.offset_bytes[g] + job.page[i] * PAGE_BYTES))
-                except OSError as exc:
-                    job.res[i] = -(exc.errno or 5)
+            self.read_chunk(job.client, c, job, lo, hi)
             spent = time.thread_time_ns() - t0
             with self._work:
                 job.cpu_ns += spent
@@ -171,6 +167,17 @@ class PreadQueue(DeviceQueue):
                     self._active = [(p, j) for p, j in self._active if j is not job]
                     self._done.notify_all()
                     self._work.notify_all()   # a job held back behind it may start
+
+    def read_chunk(self, client: int, c: _Client, job: _Job, lo: int, hi: int) -> None:
+        """Read the job's reads lo..hi-1 into its pool, each result in job.res (bytes or -errno); no lock held."""
+        pages = job.pool.pages
+        for i in range(lo, hi):
+            g = job.region[i]
+            try:
+                job.res[i] = os.preadv(int(c.fd[g]), [pages[job.buffer[i]]],
+                                       int(c.offset_bytes[g] + job.page[i] * PAGE_BYTES))
+            except OSError as exc:
+                job.res[i] = -(exc.errno or 5)
 
     def _blocked(self, head: tuple[int, int, _Job]) -> bool:
         """Strict window order, as the io_uring queue keeps it: a job's first read waits while a job of an
