@@ -280,7 +280,7 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     manifest_path = Path(manifest_path).absolute()
     locks = _lock_targets(paths)   # before anything is checked or written: no engine serves from them now
     try:
-        return _stage_locked(source, ranks, paths, regions, need, manifest_path, locks, t_start,
+        return _stage_locked(source, ranks, paths, regions, need, manifest_path, locks, t_start, part,
                              max_bytes=max_bytes, overwrite=overwrite, chunk_bytes=chunk_bytes, buffered=buffered,
                              progress=progress, fillers=fillers, writers=writers, stats=stats)
     finally:
@@ -311,9 +311,9 @@ def _lock_targets(paths: list[str]) -> dict[str, int]:
 
 
 def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list, need: list[int],
-                  manifest_path: Path, locks: dict[str, int], t_start: float, *, max_bytes: int | None,
-                  overwrite: bool, chunk_bytes: int, buffered: bool, progress: bool, fillers: int, writers: int,
-                  stats: StageStats | None) -> Manifest:
+                  manifest_path: Path, locks: dict[str, int], t_start: float, part: RankPartition | None, *,
+                  max_bytes: int | None, overwrite: bool, chunk_bytes: int, buffered: bool, progress: bool,
+                  fillers: int, writers: int, stats: StageStats | None) -> Manifest:
     """stage_table once its existing targets are locked (`locks`)."""
     layout = source.layout
     digest = source.digest
