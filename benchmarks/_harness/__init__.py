@@ -202,3 +202,15 @@ def write_result(bench: str, figures: dict[str, float], path: str | Path | None 
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(doc, indent=1) + "\n")
     return out
+
+
+def timed_step(engine, ids) -> tuple[float, float, object]:
+    """One whole engine step on `ids`: (begin_step wall us, begin_step thread CPU us, the step's counters)."""
+    c0 = time.thread_time_ns()
+    t0 = time.perf_counter_ns()
+    engine.begin_step(ids)
+    t1 = time.perf_counter_ns()
+    c1 = time.thread_time_ns()
+    for layer in engine.layers:
+        engine.gather(layer)
+    return (t1 - t0) / 1e3, (c1 - c0) / 1e3, engine.end_step()

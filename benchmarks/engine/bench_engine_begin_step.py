@@ -43,6 +43,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+from benchmarks._harness import timed_step  # noqa: E402
+from benchmarks.engine.bench_host_pass import build_rank_engine as host_pass_rank_engine  # noqa: E402
+
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec, rank_regions_for
@@ -77,21 +81,7 @@ def sessions_ids(layout: EngramLayout, sessions: int, tokens_each: int) -> np.nd
 def build_rank_engine(layout: EngramLayout, directory: Path, cache_rows_per_layer: int, max_tokens: int,
                       rank: int) -> StepEngine:
     """One rank of TP4: both layers' shards of `rank` only (one sparse file per layer), owned_only."""
-    tables = []
-    sources = []
-    for i, layer in enumerate(layout.layer_ids):
-        lo, hi = shard_bounds(layout.rows(i), layout.column_bounds(i), rank, RANKS)
-        path = directory / f"layer{layer}.rank{rank}.sparse"
-        region = Region(layer=layer, rank=rank, path=str(path), offset_bytes=0, pages=pages_for_rows(hi - lo),
-                        row_start=lo, rows=hi - lo)
-        with open(path, "wb") as f:
-            f.truncate(region.pages * PAGE_BYTES)             # sparse: no disk space used
-        source = DiskSource([region])
-        sources.append(source)
-        tables.append(TableSpec(layer=layer, row_start=lo, rows=hi - lo, source=source, cache_share=0.5,
-                                regions=(region,)))
-    cache = RowCache(2 * cache_rows_per_layer)
-    return StepEngine(tables, cache, max_tokens=max_tokens, owned_sources=sources, owned_only=True)
+    return host_pass_rank_engine(layout, directory, 2 * cache_rows_per_layer, rank, max_tokens)[0]
 
 
 def build_engine(layout: EngramLayout, directory: Path, cache_rows_per_layer: int, max_tokens: int):
@@ -133,20 +123,13 @@ def directory_floor_us(engine: StepEngine, lookups_per_layer: int, rng: np.rando
 
 def run_step(engine: StepEngine, ids: np.ndarray) -> tuple[float, float, float, float, int]:
     """One step; -> (begin_step wall us, begin_step thread CPU us, resolve us, hit rate, pages submitted)."""
-    c0 = time.thread_time_ns()
-    t0 = time.perf_counter_ns()
-    engine.begin_step(ids)
-    t1 = time.perf_counter_ns()
-    c1 = time.thread_time_ns()
-    for layer in engine.layers:
-        engine.gather(layer)
-    counters = engine.end_step()
+    wall, cpu, counters = timed_step(engine, ids)
     resolve = sum(c.resolve_us for c in counters.layers.values())
     # Hit rate over the lookups this process resolves (a rank's foreign ids are counted as zero rows).
     hits = sum(c.hits for c in counters.layers.values()) / sum(c.lookups - c.zero_rows
                                                               for c in counters.layers.values())
     pages = sum(c.pages_read for c in counters.layers.values())
-    return (t1 - t0) / 1e3, (c1 - c0) / 1e3, resolve, hits, pages
+    return wall, cpu, resolve, hits, pages
 
 
 def _mmm(values: list[float]) -> tuple[float, float, float]:

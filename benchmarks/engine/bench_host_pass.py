@@ -52,6 +52,9 @@ from pathlib import Path
 import numpy as np
 from numba import njit
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+from benchmarks._harness import timed_step  # noqa: E402
+
 from slacktier.cache import RowCache
 from slacktier.cache.kernels import prefetch
 from slacktier.engine.step import StepEngine
@@ -201,16 +204,9 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, floors: bool) -> 
         return out
     if FLUSH:
         flush_caches()
-    c0 = time.thread_time_ns()
-    t0 = time.perf_counter_ns()
-    engine.begin_step(ids)
-    t1 = time.perf_counter_ns()
-    c1 = time.thread_time_ns()
-    for layer in engine.layers:
-        engine.gather(layer)
-    counters = engine.end_step()
+    wall, cpu, counters = timed_step(engine, ids)
     lay = counters.layers.values()
-    return {"wall_us": (t1 - t0) / 1e3, "cpu_us": (c1 - c0) / 1e3,
+    return {"wall_us": wall, "cpu_us": cpu,
             "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),
             "submit_us": sum(c.submit_us for c in lay), "hits": sum(c.hits for c in lay),
             "served": sum(c.lookups - c.zero_rows for c in lay), "pages": sum(c.pages_read for c in lay)}
