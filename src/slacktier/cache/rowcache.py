@@ -23,7 +23,7 @@ slots, layer 14 owns 250; resize(slots=400) -> 300 and 100, layer 1 keeps its
 
 Huge pages: a directory's random reads are begin_step's floor, and their cost
 grows with the directory's size through address translation. On the project's
-machine (BENCHMARKS.md, `bench_directory_floor.py`) a random read from a 1.5 GB
+machine (BENCHMARKS.md, `benchmarks/micro/bench_directory_floor.py`) a random read from a 1.5 GB
 array cost 1.9x one from 16 MiB in huge pages, and 3.1x in 4 KiB pages. The
 directory follows the slots, so it is that large only for a layer owning some
 4M slots or more. numpy asks the kernel for transparent huge pages for large

@@ -412,7 +412,7 @@ def summarize(steps: Sequence[TimelineStep]) -> TimelineSummary:
         begin_ms=mean(lambda s: s.begin_ms), prepare_ms=mean(lambda s: s.prepare_ms))
 
 
-# ---- placements on a scaled table, shuffled runs (the demo's section and benchmarks/bench_timeline.py) ------
+# ---- placements on a scaled table, shuffled runs (the demo's section and benchmarks/paper/bench_timeline.py)
 
 @dataclass(frozen=True)
 class SweepConfig:

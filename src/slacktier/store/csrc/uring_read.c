@@ -306,7 +306,7 @@ static void *eng_main(void *arg) {
      * thread that queued a batch (begin_step, inside st_eng_submit) is not descheduled by this worker
      * waking on its core; the worker runs on an idle core, or when the caller's slice ends. Without it,
      * on 2 cores, a third of begin_steps ran 300-600 us longer in wall time than in CPU time
-     * (bench_step_wall.py, docs/bench-log, issue 14). Best effort: a refusal leaves the thread as it was. */
+     * (docs/bench-log/hot-path.md, issue 14). Best effort: a refusal leaves the thread as it was. */
     struct sched_param batch = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     pthread_setname_np(pthread_self(), "st-uring");
