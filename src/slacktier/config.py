@@ -99,7 +99,8 @@ class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     #: the whole table lives in host memory (the stock engines' own path: their plug-ins leave such layers alone)
     holds_host_copy: ClassVar[bool] = False
     #: what the tier's devices are: "host" (this process's memory), "file" (local files or block devices, the
-    #: manifest's targets), "remote" (servers named by the options' url)
+    #: manifest's targets), "remote" (servers named by the options' url), "model" (an emulated device: reads
+    #: land when a device model says, store/emulated.py)
     device_kind: ClassVar[str] = "file"
 
 

@@ -250,9 +250,10 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     # inside the sweep: 0.78x of the pass on warm steps, BENCHMARKS.md, issue 14). A pad id gets its
     # zero row, a bad id stops the pass; an in-table lookup is listed in own_pos / own_row, which the
     # later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4 rank),
-    # and its directory entry is prefetched: a random DRAM access (`rowdir`: 16 MiB for a layer of 1M
-    # slots, beyond the last-level cache). Prefetches retire at once, so this sweep has all of them in flight together; a sweep of
-    # loads instead held its loads in the core's window until they landed.
+    # and its directory entry is prefetched: a random access (`rowdir`: 16 MiB for a layer of 1M slots,
+    # in DRAM unless the last step left it in the last-level cache). Prefetches retire at once, so this
+    # sweep has all of them in flight together; a sweep of loads instead held its loads in the core's
+    # window until they landed.
     n_own = 0
     i = 0
     desc_kind[:n] = KIND_FOREIGN

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slacktier.commands._args import finite_number, whole
+from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("what-if: run the step timeline for every TP rank with tables on emulated devices (nvme-paper, rdma-paper, "
@@ -83,7 +84,7 @@ def placements_from_args(args: argparse.Namespace) -> list:
                                          "or DRAM (--dram)", layer=layer)
             seen[layer] = tier
             tiers.append((layer, tier))
-    name = ", ".join(f"L{l} {t if t != 'emulated' else emulated[l]}" for l, t in sorted(tiers))
+    name = ", ".join(f"L{l} {t if tier_facts(t).device_kind != 'model' else emulated[l]}" for l, t in sorted(tiers))
     return [WhatIfPlacement(name, tuple(sorted(tiers)), tuple(sorted(emulated.items())), args.cache_rows,
                             tuple(sorted(shares.items())), args.disks)]
 

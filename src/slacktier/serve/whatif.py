@@ -41,6 +41,8 @@ from typing import Sequence
 
 import numpy as np
 
+import slacktier.store  # noqa: F401 - registers every tier, the emulated one included, before tier_facts reads them
+from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.serve.full_rank import LayerSubset
 from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
@@ -72,13 +74,13 @@ class WhatIfPlacement:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: layer {layer} on {tier!r}",
                                      fix=f"use one of {', '.join(TABLE_TIERS)}", layer=layer)
         for layer in models:
-            if tiers.get(layer) != "emulated":
+            if layer not in tiers or tier_facts(tiers[layer]).device_kind != "model":
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: layer {layer} has device model "
                                      f"{models[layer]} but is placed on {tiers.get(layer, 'dram')}",
                                      fix="a table is read from one device: either emulated with a model or "
                                          "real, not both", layer=layer)
         for layer, tier in self.tiers:
-            if tier == "emulated" and layer not in models:
+            if tier_facts(tier).device_kind == "model" and layer not in models:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: layer {layer} is emulated "
                                      "without a device model", fix="name its model (nvme-paper, rdma-paper, "
                                      "this-disk or a TOML file)", layer=layer)
@@ -210,15 +212,16 @@ def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfCon
     from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig
     from slacktier.store.emulated import EmulatedOptions
 
-    served = [l for l in manifest.layout.layer_ids if placement.tier(l) != "dram"]
+    served = [l for l in manifest.layout.layer_ids if not tier_facts(placement.tier(l)).holds_host_copy]
     models = dict(placement.models)
     engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows, max_cache_rows=max(1, placement.cache_rows),
                           max_tokens=max_tokens, owned_only=True, wait_timeout_ms=60_000.0)
     tables = []
     for order, l in enumerate(served):
         tier = placement.tier(l)
-        options = (EmulatedOptions(model=model_file(models[l], cfg), device=device_name(placement, rank, models[l]), rank=rank)
-                   if tier == "emulated" else DiskOptions())
+        options = (EmulatedOptions(model=model_file(models[l], cfg), device=device_name(placement, rank, models[l]),
+                                   rank=rank)
+                   if tier_facts(tier).device_kind == "model" else DiskOptions())
         tables.append(TableConfig(layer=l, manifest=str(manifest.path), source=tier, options=options, rank=rank,
                                   cache_share=placement.share(l), order=order))
     return ControlFile(engine=engine, tables=tuple(tables)), served
@@ -312,7 +315,7 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
     from slacktier.store.emulated import emulated_devices, forget_devices
     from slacktier.workloads.hashing import EngramLookupHasher
 
-    real = [l for l, t in placement.tiers if t == "disk"]
+    real = [l for l, t in placement.tiers if tier_facts(t).device_kind == "file"]
     if real and cfg.ranks > 1:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {placement.name}: layer {real[0]} on this machine's "
                              f"disk with {cfg.ranks} ranks", fix="run real-disk placements with --ranks 1 (one "
@@ -421,7 +424,7 @@ def predicted_stall_ms(run: WhatIfRun, cfg: WhatIfConfig) -> float:
         loads, dev_models = [], {}
         for order, l in enumerate(run.served):
             pages = float(run.rank_mean(lambda s, l=l: s.pages[l])[k])
-            if p.tier(l) == "emulated":
+            if tier_facts(p.tier(l)).device_kind == "model":
                 m = resolve_model(models[l], cfg)
                 dev = device_name(p, k, models[l])
                 scale = sharing / m.ranks_in_fit
@@ -445,7 +448,7 @@ def predicted_stall_ms(run: WhatIfRun, cfg: WhatIfConfig) -> float:
 def header(placements: Sequence[WhatIfPlacement], profile: ComputeProfile, cfg: WhatIfConfig) -> str:
     """The report's first line: where device reads and device compute come from."""
     names = sorted({m for p in placements for _, m in p.models})
-    real = any(t == "disk" for p in placements for _, t in p.tiers)
+    real = any(tier_facts(t).device_kind == "file" for p in placements for _, t in p.tiers)
     reads = ", ".join(names) + (" and this machine's disk" if real else "") if names else "this machine's disk"
     return f"device reads from model {reads or '-'}; device compute from profile {profile.name}"
 
@@ -490,7 +493,7 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
             else:
                 cells.append(f"{'dram':>6} {'-':>11} {'-':>8}")
         s_ms = np.mean([r.rank_mean(lambda st: st.s_ms).max() for r in rs])
-        disks = p.disks if any(t != "dram" for _, t in p.tiers) else "-"
+        disks = p.disks if any(not tier_facts(t).holds_host_copy for _, t in p.tiers) else "-"
         lines.append(f"{p.name:28} {disks:8} {len(rs):>4} {m:+8.1f}% {lo:+5.1f}..{hi:<+5.1f} {med:+6.1f}% "
                      f"{step + p99:8.2f} {100 * pred / step:+5.1f}% " + " ".join(cells) + f" {s_ms:5.2f}")
     checked = sum(r.checked_steps for r in runs)

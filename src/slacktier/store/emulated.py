@@ -450,6 +450,7 @@ class EmulatedOptions(Options, frozen=True):
     name (tables and ranks naming one device share it); `rank`: the TP rank whose queue this is.
     """
 
+    device_kind: ClassVar[str] = "model"   # a device model over a host copy (config.Options' facts)
     model: str = "nvme-paper"
     device: str = "emu0"
     rank: int = 0
