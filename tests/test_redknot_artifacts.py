@@ -8,40 +8,22 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redknot_common import CFG, MODEL, PROFILE, full, runner, tokens, two_docs_and_a_query  # noqa: F401
 from slacktier.errors import SlackTierError
 from slacktier.redknot.artifacts import ArtifactStore, Certificate, FallbackReason, RowFormat
-from slacktier.redknot.model import build_model, tiny_config
+from slacktier.redknot.model import build_model
 from slacktier.redknot.profile import HeadPolicy, profile_for_config
 from slacktier.redknot.protect import ProtectionPolicy
-from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
+from slacktier.redknot.runner import RedKnotRunner
 from slacktier.redknot.placement import artifact_placement
 from slacktier.redknot.service import RedKnotService
 
-CFG = tiny_config()
-MODEL = build_model(CFG, seed=0)
-PROFILE = profile_for_config(CFG, name="tiny")
-
-
-def _tokens(n: int, seed: int) -> tuple[int, ...]:
-    return tuple(torch.randint(2, CFG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
-
-
-D0, D1, Q = _tokens(36, 11), _tokens(30, 12), _tokens(10, 13)
+D0, D1, Q = tokens(36, 11), tokens(30, 12), tokens(10, 13)
 DOCS = [("d0", D0), ("d1", D1)]
-LAYOUT = Layout.of([Segment("d0", D0), Segment("d1", D1), Segment("q", Q, "query")])
+LAYOUT = two_docs_and_a_query(D0, D1, Q)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def runner() -> RedKnotRunner:
-    return RedKnotRunner(MODEL, PROFILE, chunk_rows=32)
-
-
-@pytest.fixture(scope="module")
-def full(runner):
-    return runner.full(LAYOUT)
 
 
 @settings(max_examples=40, deadline=None)

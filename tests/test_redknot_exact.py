@@ -8,40 +8,21 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from redknot_common import CFG, MODEL, PROFILE, full, runner, tokens, two_docs_and_a_query  # noqa: F401
 from slacktier.redknot.artifacts import ArtifactStore
 from slacktier.redknot.attention import apply_rope, grouped_projection, merge_partials, rope_tables, segment_partial
-from slacktier.redknot.model import build_model, tiny_config
 from slacktier.redknot.profile import HeadPolicy, profile_for_config
 from slacktier.redknot.protect import ProtectionPolicy
-from slacktier.redknot.runner import InMemoryLocal, Layout, RedKnotRunner, Segment
+from slacktier.redknot.runner import InMemoryLocal, RedKnotRunner
 from slacktier.redknot.placement import artifact_placement
 from slacktier.redknot.service import RedKnotService
 
-CFG = tiny_config()
-MODEL = build_model(CFG, seed=0)
-PROFILE = profile_for_config(CFG, name="tiny")
-
-
-def _tokens(n: int, seed: int) -> tuple[int, ...]:
-    return tuple(torch.randint(2, CFG.vocab_size, (n,), generator=torch.Generator().manual_seed(seed)).tolist())
-
-
-D0, D1, Q = _tokens(40, 1), _tokens(45, 2), _tokens(15, 3)
+D0, D1, Q = tokens(40, 1), tokens(45, 2), tokens(15, 3)
 DOCS = [("d0", D0), ("d1", D1)]
-LAYOUT = Layout.of([Segment("d0", D0), Segment("d1", D1), Segment("q", Q, "query")])
+LAYOUT = two_docs_and_a_query(D0, D1, Q)
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-@pytest.fixture(scope="module")
-def runner() -> RedKnotRunner:
-    return RedKnotRunner(MODEL, PROFILE, chunk_rows=32)
-
-
-@pytest.fixture(scope="module")
-def full(runner):
-    return runner.full(LAYOUT)
 
 
 def test_full_mode_equals_model_forward(runner, full):
@@ -205,7 +186,7 @@ def test_artifact_from_same_context_is_exact(tmp_path, runner, full):
     torch.testing.assert_close(rep.result.hidden, full.hidden, rtol=0, atol=1e-10)
     torch.testing.assert_close(rep.result.last_logits, full.last_logits, rtol=0, atol=1e-10)
     # a context-bound artifact is refused after other tokens
-    other = [("d2", _tokens(40, 9)), ("d1", D1)]
+    other = [("d2", tokens(40, 9)), ("d1", D1)]
     assert svc.prefill(other, Q, ProtectionPolicy(0.0)).fallback_reason.value == "token_mismatch"
 
 

@@ -34,8 +34,8 @@ import numba
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.hash_kernels import BAD_HISTORY, BAD_TOKEN, FAST_MOD_MIN_PRIME, OK, as_int64, decode_inputs, \
-    next_history, next_prime, output, prefill_history, raise_for_status, rolling_hash
+from slacktier.tables.hash_kernels import BAD_HISTORY, BAD_TOKEN, FAST_MOD_MIN_PRIME, OK, decode_inputs, next_history, \
+    next_prime, output, raise_for_status, rolling_hash, run_prefill
 
 # ---------------------------------------------------------------------------
 # Frozen DeepSeek-V4.1 facts (tests re-derive every one of them).
@@ -336,12 +336,8 @@ class EngramHasher:
                 out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [T, L, C] of one sequence's tokens [T]; history [n-1] (oldest first, -1 before start)
         continues an earlier chunk, None means the chunk starts the sequence."""
-        ids = as_int64("token_ids", token_ids, 1)
-        hist = prefill_history(history, self.history_width)
-        out = self._check_out(out, ids.shape[0])
-        status, index = _engram_prefill_kernel(ids, hist, *self._args(), out.reshape(-1))
-        raise_for_status(status, index, "Engram prefill", self.token_map.shape[0])
-        return out
+        return run_prefill(_engram_prefill_kernel, self._args(), token_ids, history, self.history_width,
+                           lambda n: self._check_out(out, n), "Engram prefill", self.token_map.shape[0])
 
     def decode(self, new_tokens: np.ndarray, history: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [B, L, C] of one new token per session [B], given history [B, n-1] (oldest first, -1 before start)."""

@@ -158,6 +158,18 @@ def output(out: np.ndarray | None, shape: tuple[int, ...]) -> np.ndarray:
     return out
 
 
+def run_prefill(kernel, args: tuple, token_ids: np.ndarray, history: np.ndarray | None, width: int,
+                checked_out, what: str, vocab: int) -> np.ndarray:
+    """A hasher's prefill: the chunk's tokens and history checked, `kernel(ids, hist, *args, flat out)` run
+    into `checked_out(n_tokens)`, its status raised as a SlackTierError; the output returned."""
+    ids = as_int64("token_ids", token_ids, 1)
+    hist = prefill_history(history, width)
+    out = checked_out(ids.shape[0])
+    status, index = kernel(ids, hist, *args, out.reshape(-1))
+    raise_for_status(status, index, what, vocab)
+    return out
+
+
 def raise_for_status(status: int, index: int, what: str, vocab: int) -> None:
     """Turn a kernel status code into a SlackTierError; OK passes."""
     if status == BAD_TOKEN:

@@ -43,8 +43,8 @@ import numba
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.hash_kernels import BAD_TOKEN, FAST_MOD_MIN_PRIME, OK, as_int64, decode_inputs, next_history, \
-    next_prime, output, prefill_history, raise_for_status, rolling_hash
+from slacktier.tables.hash_kernels import BAD_TOKEN, FAST_MOD_MIN_PRIME, OK, decode_inputs, next_history, next_prime, \
+    output, raise_for_status, rolling_hash, run_prefill
 
 _MASK64 = (1 << 64) - 1
 _SPLITMIX_GAMMA = 0x9E3779B97F4A7C15
@@ -286,12 +286,8 @@ class PleHasher:
                 out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [T, C] of one sequence's tokens [T]; history [n-1] (oldest first; -1 or EOS before start)
         continues an earlier chunk, None means the chunk starts the sequence."""
-        ids = as_int64("token_ids", token_ids, 1)
-        hist = prefill_history(history, self.history_width)
-        out = self._check_out(out, ids.shape[0])
-        status, index = _ple_prefill_kernel(ids, hist, *self._args(), out.reshape(-1))
-        raise_for_status(status, index, "PLE prefill", self.layout.vocab_size)
-        return out
+        return run_prefill(_ple_prefill_kernel, self._args(), token_ids, history, self.history_width,
+                           lambda n: self._check_out(out, n), "PLE prefill", self.layout.vocab_size)
 
     def decode(self, new_tokens: np.ndarray, history: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Row ids [B, C] of one new token per session [B], given history [B, n-1] (oldest first, -1 before start)."""
