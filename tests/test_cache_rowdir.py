@@ -63,16 +63,3 @@ def test_the_planner_counts_the_directory_the_cache_builds() -> None:
     for slots in (0, 1, 7, 8, 9, 1000, 500_000, 1 << 20, (1 << 20) + 1):
         assert directory_bytes(slots) == D.empty(slots).nbytes == 8 * D.entries_for(slots)
 
-
-def test_one_counter_shape() -> None:
-    """The pass's counts (cache.directory.Count) are PassResult's fields in order, the compiled pass's output
-    row starts with them, and every count the engine publishes is mapped to LayerCounters (engine.counters)."""
-    from slacktier.cache import PassResult
-    from slacktier.cache.compiled import O_JOB
-    from slacktier.cache.directory import N_COUNTS, Count
-    from slacktier.engine.counters import FROM_PASS, LayerCounters
-
-    assert PassResult._fields == tuple(m.name.lower() for m in Count) and O_JOB == N_COUNTS == len(Count)
-    mapped = {p for parts in FROM_PASS.values() for p in parts}
-    assert mapped | {"bad_index", "pending"} == set(PassResult._fields)
-    assert set(FROM_PASS) <= set(LayerCounters.__dataclass_fields__)

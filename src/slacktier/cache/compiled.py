@@ -434,10 +434,6 @@ class CompiledPass:
             got.append((res, row[O_JOB], row[O_T0:]))
         return got
 
-    def submit_time(self, i: int, t2: int) -> None:
-        """Record when the caller handed layer i's pages to its source (a stop's WHY_SUBMIT)."""
-        self.out[i, O_T2] = t2
-
 
 def _same_length(a: np.ndarray, like: np.ndarray, what: str) -> None:
     if a.shape[0] != like.shape[0]:

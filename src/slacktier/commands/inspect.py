@@ -98,15 +98,15 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
         targets = [override or staged for staged, override in
                    zip(m.targets, tuple(t.targets) + ("",) * (len(m.targets) - len(t.targets)))]
         table_bytes = sum(r.nbytes for r in mine)
+        directory = 8 * entries_for(slots.get(t.layer, 0))   # cache.rowdir, sized to the layer's cache rows
         tables.append({
             "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
             "manifest": t.manifest, "rows": sum(r.rows for r in mine),
             "devices": sorted({targets[r.device] for r in mine}) if tier_facts(t.source).device_kind == "file" else
             [getattr(t.options, "url", t.source)],
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
-            "table_bytes": table_bytes, "directory_bytes": 8 * entries_for(slots.get(t.layer, 0)),
-            "host_bytes": (table_bytes if tier_facts(t.source).holds_host_copy else 0)
-            + 8 * entries_for(slots.get(t.layer, 0)),
+            "table_bytes": table_bytes, "directory_bytes": directory,
+            "host_bytes": (table_bytes if tier_facts(t.source).holds_host_copy else 0) + directory,
         })
     # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
     pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES
