@@ -131,7 +131,8 @@ class StepEngine:
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
                  lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
-                 owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None) -> None:
+                 owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None,
+                 evict_ahead: bool = False) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -158,6 +159,9 @@ class StepEngine:
         # naming layer, rank and page. check_raise=False only counts and logs them (a diagnostic run that
         # wants every mismatch of a step counted; those rows are served).
         self.check_raise = bool(check_raise)
+        # end_step empties as many slots per layer as the step claimed, for the next step's misses
+        # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
+        self.evict_ahead = bool(evict_ahead)
         self.wait_timeout_s = _checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)
         self._closed = False
@@ -674,6 +678,13 @@ class StepEngine:
             self.totals[layer].add(c)
             run.ids = None
         self._finish_step()
+        if self.evict_ahead:
+            for layer, c in counters.layers.items():   # counted as this step's evictions
+                claimed = c.rows_read - c.bypass
+                if claimed > 0:
+                    evicted = self.cache.evict_ahead(layer, claimed)
+                    c.evictions += evicted
+                    self.totals[layer].evictions += evicted
         self.last_step = counters
         if self.metrics is not None:
             self.metrics.observe(counters)
