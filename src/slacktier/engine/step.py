@@ -132,7 +132,7 @@ class StepEngine:
                  lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
                  owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None,
-                 evict_ahead: bool = False) -> None:
+                 evict_ahead: bool = True) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
