@@ -261,7 +261,7 @@ def section_hits(args, out: Path) -> None:
     """The named input, checked without timing: each rank's layer-1 decode hit rate and pages per step from the
     served CLOCK replayed over the traffic (workloads.rank_pages), on the staged table's size and on V4.1's full
     size, with sessions clipped as the what-if runs them and with longer sessions."""
-    from slacktier.serve.full_rank import FullRankConfig, rank_page_counts
+    from benchmarks.paper.full_rank import FullRankConfig, rank_page_counts
 
     lines = [f"{'workload':8} {'table':>12} {'sessions':22} {'cache/layer':>11} {'L1 hit (ranks)':>24} "
              f"{'L1 pages/step (ranks)':>26}"]

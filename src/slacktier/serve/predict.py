@@ -299,8 +299,8 @@ class Job:
 def run_jobs(tiers, cfg: SweepConfig, jobs: Sequence[Job], pools: Mapping[int, list], hasher,
              times: Mapping[int, StepTimes], progress: bool = False) -> list[tuple[Job, SweepRun]]:
     """Every job `cfg.runs` times, shuffled per repetition, on one staged TierSet (the protocol of
-    serve.timeline.run_sweep: cold cache per run, prefill warms off the timeline, the checker after)."""
-    from slacktier.serve.timeline import _checked_steps, run_replay
+    benchmarks/paper/timeline_sweep.py: cold cache per run, prefill warms off the timeline, the checker after)."""
+    from slacktier.serve.timeline import checked_steps, run_replay
     from slacktier.workloads.replay import ReplayConfig, replay_steps
 
     rng = np.random.default_rng(cfg.seed)
@@ -320,7 +320,7 @@ def run_jobs(tiers, cfg: SweepConfig, jobs: Sequence[Job], pools: Mapping[int, l
             else:
                 runner = TimelineRunner(tiers.engine, times[job.batch])
                 steps = run_replay(runner, replay, job.batch, cfg.decode_steps)
-                checked, mism = _checked_steps(tiers.engine, runner, replay, job.batch, cfg.check_steps)
+                checked, mism = checked_steps(tiers.engine, runner, replay, job.batch, cfg.check_steps)
             run = SweepRun(job.label, job.batch, rep, order, times[job.batch].step_ms, summarize(steps),
                            checked, mism)
             out.append((job, run))

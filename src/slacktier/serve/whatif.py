@@ -44,9 +44,8 @@ import numpy as np
 import slacktier.store  # noqa: F401 - registers every tier, the emulated one included, before tier_facts reads them
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.serve.full_rank import LayerSubset
-from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
-                                      load_profile, sleep_then_spin, sweep_sessions)
+from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
+                                      TimelineStep, load_profile, sleep_then_spin, sweep_sessions)
 
 log = logging.getLogger(__name__)
 
