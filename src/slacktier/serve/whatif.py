@@ -540,12 +540,3 @@ def table2_placements(model: str, cache_rows: int = 1_000_000, first: int = 1, s
         WhatIfPlacement("1 disk, split", both, on, cache_rows, split, "shared"),
         WhatIfPlacement("4 disks, split", both, on, cache_rows, split, "per-rank"),
     ]
-
-
-def share_sweep(model: str, fs: Sequence[float], disks: str, cache_rows: int = 1_000_000, first: int = 1,
-                second: int = 14) -> list[WhatIfPlacement]:
-    """Table 9's sweep: share f of the cache to the first layer, the rest to the second."""
-    both = ((first, "emulated"), (second, "emulated"))
-    label = "1 disk" if disks == "shared" else "4 disks"
-    return [WhatIfPlacement(f"{label}, f={f:g}", both, ((first, model), (second, model)), cache_rows,
-                            ((first, f), (second, 1 - f)), disks) for f in fs]
