@@ -17,7 +17,7 @@ from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import Manifest, StagedLayout, check_tp_sharding, plan_regions
 from slacktier.tables.page_writer import check_free_space, check_targets
 from slacktier.tables.stage import stage_synthetic
-from slacktier.workloads.rank_pages import rank_pages, rank_trace, slowest_rank
+from benchmarks.paper.rank_pages import rank_pages, rank_trace, slowest_rank
 from slacktier.workloads.replay import LookupTrace
 
 LAYOUT = EngramLayout.scaled(400)   # 24 columns of ~400 rows per layer

@@ -31,7 +31,7 @@ from benchmarks._harness import ROOT, command_line, machine, utc_stamp  # noqa: 
 from slacktier.plan.curves import MissCurve  # noqa: E402
 from slacktier.plan.ranks import rank_cache_rows  # noqa: E402
 from benchmarks.paper.full_rank import FullRankConfig, rank_page_counts, run_full_rank  # noqa: E402
-from slacktier.workloads.rank_pages import slowest_rank  # noqa: E402
+from benchmarks.paper.rank_pages import slowest_rank  # noqa: E402
 
 LOG = ROOT / "docs" / "bench-log" / "rank-partition.md"
 CAPACITIES = (0, 25_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)

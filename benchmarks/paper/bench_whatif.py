@@ -269,7 +269,7 @@ def section_compare(args, out: Path) -> None:
 
 def section_hits(args, out: Path) -> None:
     """The named input, checked without timing: each rank's layer-1 decode hit rate and pages per step from the
-    served CLOCK replayed over the traffic (workloads.rank_pages), on the staged table's size and on V4.1's full
+    served CLOCK replayed over the traffic (benchmarks/paper/rank_pages.py), on the staged table's size and on V4.1's full
     size, with sessions clipped as the what-if runs them and with longer sessions."""
     from benchmarks.paper.full_rank import FullRankConfig, rank_page_counts
 

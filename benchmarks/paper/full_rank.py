@@ -9,7 +9,7 @@ rank's regions; rows of other ranks come out as -0.0 and the all-reduce sums
 them (engine/step.py). A TP step waits for its slowest rank, so:
 
 1. `rank_page_counts` counts every rank's missed pages per full-batch decode
-   step on the traffic (workloads.rank_pages, the served CLOCK replayed), with
+   step on the traffic (benchmarks/paper/rank_pages.py, the served CLOCK replayed), with
    no cache and with each placement's cache: this names the slowest rank.
 2. `stage_rank_shard` stages that rank's shard of both layers, full size
    (`stage --only-ranks`), refusing before writing when the disk lacks space.
@@ -130,7 +130,7 @@ def rank_page_counts(cfg: FullRankConfig, batch: int, capacities: Sequence[int] 
     steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache), under each
     rank partition (tables.partition), all on the one trace."""
     from slacktier.workloads.hashing import EngramLookupHasher
-    from slacktier.workloads.rank_pages import rank_pages
+    from benchmarks.paper.rank_pages import rank_pages
     from slacktier.workloads.replay import collect_trace
 
     hasher = EngramLookupHasher(cfg.layout())
@@ -149,7 +149,7 @@ def _owned_text(columns: Sequence[int], orders: Sequence[int]) -> str:
 def rank_pages_table(results: Sequence) -> str:
     """Per workload, B, cache and partition: every rank's pages per full-batch decode step (layer 1 / layer 14)
     and decode hit rate (layer 1), the slowest rank (most pages over both layers) and its pages."""
-    from slacktier.workloads.rank_pages import slowest_rank
+    from benchmarks.paper.rank_pages import slowest_rank
 
     ranks = sorted({r.rank for r in results})
     layers = sorted({r.layer for r in results})
