@@ -191,7 +191,7 @@ def build_engine(cls: Any, cfg: ControlFile, **overrides: object) -> Any:
         specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
         kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
                                      "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3,
-                                     "pad_id": eng.pad_id}
+                                     "pad_id": eng.pad_id, "evict_ahead": eng.evict_ahead}
         kwargs |= overrides
         if kwargs.get("metrics") is None and eng.metrics:
             from slacktier.engine.metrics import EngineMetrics
@@ -255,7 +255,7 @@ def apply(engine: Any, cfg: ControlFile) -> None:
             metrics = None   # switched off by the control file (a host-given one stays otherwise)
         engine.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
                            owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
-                           owned_only=eng.owned_only, pad_id=eng.pad_id, cache=cache,
+                           owned_only=eng.owned_only, pad_id=eng.pad_id, evict_ahead=eng.evict_ahead, cache=cache,
                            wait_timeout_s=eng.wait_timeout_ms / 1e3, metrics=metrics,
                            control=Applied(cfg, resolved, sources))
     except BaseException:

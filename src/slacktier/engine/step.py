@@ -293,7 +293,7 @@ class StepEngine:
                     ids_layers: Sequence[int] | None = None, invalidate: Sequence[int] = (),
                     owned_sources: Sequence[PageSource] | None = None, lossy: bool | None = None,
                     check: bool | None = None, owned_only: bool | None = None, pad_id: int | None = None,
-                    cache: RowCache | None = None, wait_timeout_s: float | None | object = _KEEP,
+                    evict_ahead: bool | None = None, cache: RowCache | None = None, wait_timeout_s: float | None | object = _KEEP,
                     metrics: EngineMetrics | None | object = _KEEP, control: B.Applied | None | object = _KEEP
                     ) -> None:
         """Switch tables, sources, cache size and shares between steps; unchanged layers keep their rows.
@@ -301,8 +301,8 @@ class StepEngine:
         A refused switch changes nothing. `invalidate`: layers whose bytes changed (their cached rows are
         dropped). `owned_sources`: the sources the engine closes on `close` from now on. `owned_only`: switch
         per-rank mode (ids outside a table's rows are foreign, not errors). `pad_id`: the id padded lookups
-        carry (negative). `cache`: a new (empty) cache to serve from, possibly on another device.
-        `wait_timeout_s`, `metrics` (None: off) and `control` (engine.build's record of the control file
+        carry (negative). `evict_ahead`: whether end_step empties the next step's victim slots. `cache`: a
+        new (empty) cache to serve from, possibly on another device. `wait_timeout_s`, `metrics` (None: off) and `control` (engine.build's record of the control file
         served, None: none) replace the engine's when given.
         """
         self._refuse_if_closed()
@@ -327,6 +327,8 @@ class StepEngine:
             self._owned_sources = list(owned_sources)
         if pad_id is not None:
             self.pad_id = int(pad_id)
+        if evict_ahead is not None:
+            self.evict_ahead = bool(evict_ahead)
         if wait_timeout_s is not _KEEP:
             self.wait_timeout_s = wait_timeout_s
             self._reads = LayerReads(wait_timeout_s)
