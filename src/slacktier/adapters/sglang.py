@@ -118,10 +118,18 @@ def check_version(found: str) -> None:
                              "with SGLang's own tables")
 
 
-def check_scope(s: SglangServing, hash_columns: int) -> None:
-    """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error."""
+def check_scope(s: SglangServing, hash_columns: int, table: str = "Engram") -> None:
+    """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error.
+
+    `table` is "Engram" or "PLE" (adapters.sglang_ple): PLE adds TP 1 only, and its refusal of graphs names what
+    SGLang runs eagerly for PLE (module docstring of adapters.sglang_ple).
+    """
     check_version(s.version)
     found: list[tuple[str, str]] = []
+    if table == "PLE" and s.tp_size != 1:
+        found.append((f"a PLE table at TP {s.tp_size} (SGLang's VocabParallelEmbedding splits the padded table "
+                      "into equal row blocks, not SlackTier's rank regions)",
+                      'TP 1, or source = "dram" on the PLE table to keep SGLang\'s own host table'))
     if s.pp_size != 1:
         found.append((f"pipeline parallelism (pp_size {s.pp_size})", "--pp-size 1"))
     if s.attn_dp_size != 1:
@@ -135,8 +143,15 @@ def check_scope(s: SglangServing, hash_columns: int) -> None:
     if s.overlap_schedule:
         found.append(("the overlap scheduler", "--disable-overlap-schedule"))
     for phase, backend in (("decode", s.decode_graph), ("prefill", s.prefill_graph)):
-        if backend != "disabled":
-            found.append((f"{backend} CUDA graphs for {phase}", f"--cuda-graph-backend-{phase} disabled"))
+        if backend == "disabled" or (table == "PLE" and phase == "prefill" and backend == "breakable"
+                                     and unverified_allowed(BREAKABLE_PLE_PREFILL)):
+            continue
+        why = ""
+        if table == "PLE" and phase == "prefill" and backend == "breakable":
+            why = (" (SGLang runs every PLE call of a prefill as an eager break, so the plug-in's calls would run "
+                   "at each replay, but this has not been run on a GPU: benchmarks/engine/gpu_checks_plugins.py, "
+                   "part ple-bcg)")
+        found.append((f"{backend} CUDA graphs for {phase}{why}", f"--cuda-graph-backend-{phase} disabled"))
     if s.speculative:
         found.append((f"speculative decoding ({s.speculative})", "no --speculative-algorithm"))
     if s.two_batch_overlap:
@@ -145,6 +160,16 @@ def check_scope(s: SglangServing, hash_columns: int) -> None:
         raise SlackTierError(ErrorKind.UNSUPPORTED, "SGLang settings outside the SlackTier plug-in's first version: "
                              + "; ".join(what for what, _ in found),
                              fix="; ".join(fix for _, fix in found) + f" (or unset {CONTROL_ENV})")
+
+
+#: a scope the plug-in refuses until a GPU run has checked it; the GPU check script opts in through UNVERIFIED_ENV
+BREAKABLE_PLE_PREFILL = "breakable-ple-prefill"
+UNVERIFIED_ENV = "SLACKTIER_SGLANG_UNVERIFIED"
+
+
+def unverified_allowed(name: str) -> bool:
+    """Whether UNVERIFIED_ENV (a comma-separated list, for GPU checks only) opts in to the unverified scope `name`."""
+    return name in {part.strip() for part in os.environ.get(UNVERIFIED_ENV, "").split(",")}
 
 
 def installed_version() -> str:
@@ -192,6 +217,7 @@ class _Binding:
     layer_ids: tuple[int, ...] | None          # the hash ids' layer axis (SGLang's layout order)
     axis: list[int] | None = None               # positions of the engine's layers in that axis
     adopted: set[int] = field(default_factory=set)
+    ple: dict[int, Any] = field(default_factory=dict)   # PLE layer -> its Qwen4ExpNGramEmbedding (adapters.sglang_ple)
 
     def table(self, layer: int) -> TableConfig | None:
         for t in self.control.tables:
@@ -235,8 +261,10 @@ def _current() -> _Binding | None:
     return _BINDINGS.get(control_path(template, _rank()))
 
 
-def _bind(hash_columns: int) -> _Binding | None:
-    """This rank's binding, built (checks, engine) on its first table."""
+def _bind(hash_columns: int, table: str = "Engram",
+          targets: tuple[tuple[str, str], ...] = PATCHED, running: str = EMBEDDING_INIT) -> _Binding | None:
+    """This rank's binding, built (checks, engine) on its first table; `table` "Engram" or "PLE", whose hooks
+    `targets` must all be applied (`running` is the one calling this)."""
     template = os.environ.get(CONTROL_ENV)
     if not template:
         return None
@@ -246,8 +274,8 @@ def _bind(hash_columns: int) -> _Binding | None:
     found = _BINDINGS.get(path)
     if found is not None:
         return found
-    check_scope(serving, hash_columns)
-    _check_patched()
+    check_scope(serving, hash_columns, table)
+    _check_patched(targets, running)
     cfg = load_control(path)
     served = tuple(t for t in cfg.tables if not tier_facts(t.source).holds_host_copy)
     if serving.tp_size > 1:
@@ -258,20 +286,21 @@ def _bind(hash_columns: int) -> _Binding | None:
                                      f"owned_only = {str(cfg.engine.owned_only).lower()}", layer=t.layer,
                                      fix=f"one control file per rank: [engine] owned_only = true and rank = "
                                      f"{serving.tp_rank} on every table (stage with --ranks {serving.tp_size})")
-    engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served)) if served else None
+    engine = (StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=hash_columns)
+              if served else None)
     binding = _Binding(path, cfg, serving, engine, _LAYER_IDS[0])
     _BINDINGS[path] = binding
-    log.info("SlackTier serves Engram layers %s of TP rank %d from %s; layers %s stay on SGLang's tables",
-             [t.layer for t in served], serving.tp_rank, path,
+    log.info("SlackTier serves %s layers %s of TP rank %d from %s; layers %s stay on SGLang's tables",
+             table, [t.layer for t in served], serving.tp_rank, path,
              [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
     return binding
 
 
-def _check_patched() -> None:
+def _check_patched(targets: tuple[tuple[str, str], ...], running: str) -> None:
     """Refuse to serve when SGLang did not apply a hook (its HookRegistry logs such a failure and goes on)."""
-    for target, _ in PATCHED:
-        if target == EMBEDDING_INIT:
-            continue   # running: this check is called from it
+    for target, _ in targets:
+        if target == running:
+            continue   # this check is called from it
         try:
             wrapped = hasattr(pkgutil.resolve_name(target), "__wrapped__")
         except (ImportError, AttributeError) as exc:
@@ -434,6 +463,9 @@ def register() -> None:
     HookRegistry.register(OWNED_ROWS, _around_owned_rows, HookType.AROUND)
     HookRegistry.register(HASHER_FORWARD, _after_hash, HookType.AFTER)
     HookRegistry.register(MODEL_FORWARD, _around_model_forward, HookType.AROUND)
+    from slacktier.adapters import sglang_ple
+
+    sglang_ple.register_hooks(HookRegistry, HookType)
 
 
 def close() -> None:
@@ -441,5 +473,6 @@ def close() -> None:
     close_engines(_BINDINGS)
 
 
-__all__ = ["CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "SglangServing", "check_scope", "check_version", "close",
-           "end_step", "installed_version", "read_serving", "register", "step"]
+__all__ = ["BREAKABLE_PLE_PREFILL", "CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "UNVERIFIED_ENV", "SglangServing",
+           "check_scope", "check_version", "close", "end_step", "installed_version", "read_serving", "register", "step",
+           "unverified_allowed"]

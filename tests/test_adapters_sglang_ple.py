@@ -1,0 +1,376 @@
+"""The SGLang plug-in's PLE part against SGLang 0.5.23's own Qwen4Exp n-gram code, run on this CPU.
+
+Oracles are SGLang's installed modules: its `_prepare_ple_batch` / `_commit_ple_batch`
+(the step's n-gram context and its history), `Qwen4ExpNGramEmbedding.compute_ngram_ids`
+(the hash) and, for rows, its resident-table path (`ple_offload_embedding = false`: a
+VocabParallelEmbedding loaded through its own weight_loader, looked up with
+F.embedding, then multiplied by the per-tensor `weight_scale`), the one SGLang
+gather that runs on a CPU. The served table is SGLang's offloaded
+`Qwen4ExpPinnedHostEmbedding`, built through the plug-in's hooks, applied by
+SGLang's real `load_plugins()` and `HookRegistry`; its `forward` (gather, reduce)
+and the scale multiplication stay SGLang's. SGLang's stock pinned-host gather is a
+Triton kernel over a pinned (or file-mapped) host table read through UVA: against
+it the rows need a GPU (benchmarks/engine/gpu_checks_plugins.py, part ple-rows).
+
+SGLang's request pool (the per-request n-gram history the batch reads) is a small
+fake with the three methods SGLang calls; everything else is SGLang's code.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from engines import SGLANG_VERSION, import_sglang
+from slacktier.adapters import sglang as plug
+from slacktier.adapters import sglang_ple as ple
+from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
+from slacktier.engine.testing import real_text
+from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.ple_hash import PleHasher, PleLayout
+from slacktier.tables.stage import stage_checkpoint
+from slacktier.tables.tokenizer import encode
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+VOCAB = 129_280          # the DeepSeek-V4 tokenizer's ids: the real text's tokens
+EOS = 1
+BASE = 1_000             # ngram_vocab_size_base: ~16,000 rows per table
+LAYERS = (1, 3)          # decoder layers with PLE; PLE layer indices 0 and 1
+DIM = 16 * 256
+SCALE = 0.0123           # a per-tensor scale that rounds: SGLang's multiplication is checked, not skipped
+
+
+class _Pool:
+    """SGLang's request pool as the PLE batch code reads it: per-request n-gram history, [R, n - 1]."""
+
+    def __init__(self, requests: int) -> None:
+        self.history = torch.full((requests, 2), EOS, dtype=torch.long)
+        self.ple_window_cache = None
+
+    def get_mamba_indices(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        return req_pool_indices
+
+    def get_ngram_context(self, state_indices: torch.Tensor) -> torch.Tensor:
+        return self.history[state_indices]
+
+    def set_ngram_context(self, state_indices: torch.Tensor, context: torch.Tensor) -> None:
+        self.history[state_indices] = context
+
+
+def _layouts() -> dict[int, PleLayout]:
+    return {layer: PleLayout.scaled(BASE, vocab_size=VOCAB, eos_token_id=EOS, ple_layer_index=i, layer_id=layer)
+            for i, layer in enumerate(LAYERS)}
+
+
+def _config(offload: bool, dtype: str | None = "float8_e4m3fn", dim: int = DIM, **more: Any) -> Any:
+    from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
+
+    return Qwen4ExpTextConfig(ple_embed_dim=dim, ngram_vocab_size_base=BASE, vocab_size=VOCAB, eos_token_id=EOS,
+                              ple_embedding_dtype=dtype, ple_layer_ids=[layer + 1 for layer in LAYERS],
+                              ple_offload_embedding=offload, **more)
+
+
+def _fp8_rows(rows: int, seed: int) -> torch.Tensor:
+    """fp8 rows [rows, 256] with NaN (0x7F, 0xFF) and -0.0 (0x80) bytes among random ones."""
+    w = np.random.default_rng(seed).integers(0, 256, size=(rows, 256), dtype=np.uint8)
+    w[::97, 3] = 0x7F
+    w[::89, 5] = 0x80
+    w[::83, 7] = 0xFF
+    return torch.from_numpy(w).view(torch.float8_e4m3fn)
+
+
+@pytest.fixture(scope="module")
+def sg() -> Iterator[SimpleNamespace]:
+    """SGLang's modules, a published test context (overlap scheduler off), and the plug-in loaded."""
+    qwen = import_sglang(ple.MODULE)
+    rc = import_sglang("sglang.srt.runtime_context")
+    plugins = import_sglang("sglang.srt.plugins")
+    modes = import_sglang("sglang.srt.model_executor.forward_batch_info")
+    context = rc.get_context().override_server_args(disable_overlap_schedule=True)
+    context.install()
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SGLANG_PLUGINS", "slacktier")
+    mp.setenv(plug.CONTROL_ENV, "unused-until-a-table-is-built.toml")
+    plugins.load_plugins()   # the entry point, then HookRegistry.apply_hooks()
+    mp.delenv(plug.CONTROL_ENV)
+    yield SimpleNamespace(qwen=qwen, rc=rc, ForwardMode=modes.ForwardMode)
+    plug.close()
+    mp.undo()
+    context.restore()
+
+
+@pytest.fixture(scope="module")
+def world(sg: SimpleNamespace, o_direct_module_dir: Path) -> SimpleNamespace:
+    """Both PLE tables as fp8 rows, staged as SlackTier rows with unit E8M0 scales; real text of two requests."""
+    from safetensors.torch import save_file
+
+    layouts = _layouts()
+    tables = {layer: _fp8_rows(lay.rows, seed=layer) for layer, lay in layouts.items()}
+    unit = {layer: torch.full((lay.rows, 8), 0x7F, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+            for layer, lay in layouts.items()}
+    ckpt = o_direct_module_dir / "ple.safetensors"
+    save_file({f"layers.{layer}.engram.embed.{part}": t for layer in LAYERS
+               for part, t in (("weight", tables[layer]), ("scale", unit[layer]))}, str(ckpt))
+    manifest = stage_checkpoint(ckpt, [o_direct_module_dir / "ple.bin"], ranks=1,
+                                expected={layer: lay.rows for layer, lay in layouts.items()},
+                                column_bounds={layer: lay.column_bounds() for layer, lay in layouts.items()},
+                                overwrite=True).path
+    tokens = np.asarray(encode(real_text(2_000)), dtype=np.int64)
+    return SimpleNamespace(layouts=layouts, tables=tables, manifest=manifest, dir=o_direct_module_dir,
+                           prompts=[tokens[:170], tokens[200:321]], next_tokens=tokens[400:410])
+
+
+@pytest.fixture
+def tp1(sg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Pool]:
+    """TP 1 published, and a fresh request pool for two requests."""
+    pool = _Pool(2)
+    monkeypatch.setattr(sg.qwen, "get_req_to_token_pool", lambda: pool)
+    with sg.rc.get_parallel().override(tp_size=1, tp_rank=0, attn_tp_size=1, moe_tp_size=1, tp_group=None):
+        yield pool
+    plug.close()
+
+
+def _control(path: Path, manifest: str, dram: tuple[int, ...] = ()) -> Path:
+    tables = tuple(TableConfig(layer=layer, manifest=manifest, source="dram" if layer in dram else "disk",
+                               options=None if layer in dram else DiskOptions(queue_depth=32), cache_share=0.5,
+                               order=i) for i, layer in enumerate(LAYERS))
+    return write_control(ControlFile(engine=EngineConfig(cache_rows=20_000), tables=tables), path)
+
+
+def _ngram(sg: SimpleNamespace, config: Any, layer: int) -> Any:
+    i = LAYERS.index(layer)
+    return sg.qwen.Qwen4ExpNGramEmbedding(config, DIM, ple_layer_index=i,
+                                          prefix=f"model.layers.{layer}.ple.ple_embedding")
+
+
+def _stock(sg: SimpleNamespace, world: SimpleNamespace, layer: int) -> Any:
+    """SGLang's resident table, loaded through its own weight_loader, with the per-tensor scale."""
+    module = _ngram(sg, _config(offload=False), layer)
+    emb = module.ngram_embedding
+    rows = world.tables[layer]
+    padding = torch.zeros(world.layouts[layer].padded_rows - rows.shape[0], 256, dtype=torch.uint8)
+    emb.weight_loader(emb.weight, torch.cat([rows, padding.view(rows.dtype)]))   # the checkpoint's padded table
+    emb.weight_scale.fill_(SCALE)
+    return module
+
+
+def _served(sg: SimpleNamespace, layer: int) -> Any:
+    module = _ngram(sg, _config(offload=True), layer)
+    module.ngram_embedding.weight_scale.fill_(SCALE)   # what SGLang's loader does with the checkpoint's scale
+    return module
+
+
+def _batches(sg: SimpleNamespace, world: SimpleNamespace) -> Iterator[tuple[torch.Tensor, Any]]:
+    """A prefill of both requests, then decode steps: (input_ids, what SGLang's PLE code reads of a ForwardBatch)."""
+    lens = [len(p) for p in world.prompts]
+    common = dict(tbo_parent_token_range=None, spec_algorithm=None, spec_info=None, _original_forward_mode=None,
+                  global_num_token_non_padded_cpu=None, req_pool_indices=torch.tensor([0, 1]),
+                  mamba_track_indices=None, mamba_track_mask=None)
+    ids = torch.from_numpy(np.concatenate(world.prompts))
+    yield ids, SimpleNamespace(forward_mode=sg.ForwardMode.EXTEND, extend_seq_lens=torch.tensor(lens),
+                               extend_seq_lens_cpu=lens, out_cache_loc=torch.arange(1, len(ids) + 1), **common)
+    for step in range(len(world.next_tokens) // 2):
+        ids = torch.from_numpy(world.next_tokens[2 * step:2 * step + 2])
+        yield ids, SimpleNamespace(forward_mode=sg.ForwardMode.DECODE, extend_seq_lens=None,
+                                   extend_seq_lens_cpu=None, out_cache_loc=torch.tensor([7, 9]), **common)
+
+
+def _prepare(sg: SimpleNamespace, ids: torch.Tensor, batch: Any) -> Any:
+    """SGLang's own (patched) _prepare_ple_batch, called as Qwen4ExpModel.forward calls it."""
+    return sg.qwen._prepare_ple_batch(input_ids=ids, forward_batch=batch, ngram_size=3, ngram_eos_token_id=EOS)
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.contiguous().view(torch.int16).numpy()
+
+
+def _assert_same_rows(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Bit for bit, a NaN's payload aside (slacktier.tables.codec)."""
+    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
+    nan = torch.isnan(want).numpy()
+    np.testing.assert_array_equal(torch.isnan(got).numpy(), nan)
+    np.testing.assert_array_equal(_bits(got)[~nan], _bits(want)[~nan])
+
+
+# ---- layout and hash ---------------------------------------------------------------------------------------
+
+
+def test_sglang_ple_hash_and_layout_equal_slacktiers(sg, world, tp1):
+    """SGLang's sizes, offsets and multipliers are PleLayout's; its ids over a prefill and decode are PleHasher's."""
+    stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
+    history = {r: None for r in range(2)}
+    for ids, batch in _batches(sg, world):
+        pb = _prepare(sg, ids, batch)
+        for layer, lay in world.layouts.items():
+            m = stock[layer]
+            assert m.ngram_heads_vocab_sizes.tolist() == list(lay.sizes)
+            assert m.layer_multipliers.tolist() == list(lay.multipliers)
+            got = m.compute_ngram_ids(pb).numpy()
+            hasher = PleHasher(lay)
+            if batch.forward_mode.is_extend():
+                want = np.concatenate([hasher.prefill(p) for p in world.prompts])
+            else:
+                want = hasher.decode(ids.numpy(), np.stack([history[r] for r in range(2)]))
+            np.testing.assert_array_equal(got, want)
+        sg.qwen._commit_ple_batch(pb, batch)
+        chunks = world.prompts if batch.forward_mode.is_extend() else [ids[r:r + 1].numpy() for r in range(2)]
+        for r in range(2):
+            history[r] = PleHasher(world.layouts[LAYERS[0]]).next_history(history[r], chunks[r])
+
+
+def test_entry_point_registers_the_ple_hooks(sg):
+    import pkgutil
+
+    for target, _ in ple.PATCHED:
+        assert hasattr(pkgutil.resolve_name(target), "__wrapped__"), f"{target} not patched by HookRegistry"
+
+
+# ---- rows ---------------------------------------------------------------------------------------------------
+
+
+def test_ple_rows_equal_sglangs_resident_table_bit_for_bit(sg, world, tp1, monkeypatch, tmp_path):
+    """A prefill of two requests and five decode steps, both tables: each layer's bf16 embeddings (rows times the
+    per-tensor scale, SGLang's own multiplication) equal the stock path's; the history SGLang commits carries on."""
+    stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    served = {layer: _served(sg, layer) for layer in LAYERS}
+    for module in served.values():
+        assert module.ngram_embedding.weight.shape == (0, 256)   # no host table in SGLang
+    steps = 0
+    for ids, batch in _batches(sg, world):
+        pb = _prepare(sg, ids, batch)   # begin_step: both layers' ids
+        for layer in LAYERS:
+            want = stock[layer](pb, batch)
+            got = served[layer](pb, batch)
+            assert got.shape == (len(ids), DIM)
+            _assert_same_rows(got, want)
+        sg.qwen._commit_ple_batch(pb, batch)   # end_step
+        steps += 1
+    assert steps == 6
+
+
+def test_prefetch_into_sglangs_buffer(sg, world, tp1, monkeypatch, tmp_path):
+    """The prefetch path's call, gather(ids, out=buffer): the rows land in SGLang's buffer."""
+    stock = _stock(sg, world, LAYERS[0])
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    served = {layer: _served(sg, layer) for layer in LAYERS}
+    ids, batch = next(_batches(sg, world))
+    pb = _prepare(sg, ids, batch)
+    lookup = served[LAYERS[0]].compute_ngram_ids(pb)
+    out = torch.full((*lookup.shape, 256), 7.0, dtype=torch.bfloat16)
+    assert served[LAYERS[0]].ngram_embedding.gather(lookup, out=out) is out
+    want = stock.ngram_embedding(lookup)   # rows before the scale
+    _assert_same_rows(out, want)
+    with pytest.raises(SlackTierError, match="output buffer"):
+        served[LAYERS[0]].ngram_embedding.gather(lookup, out=out[:, :8])
+    sg.qwen._commit_ple_batch(pb, batch)
+
+
+def test_error_in_forward_ends_the_step(sg, world, tp1, monkeypatch, tmp_path):
+    """The patched Qwen4ExpModel.forward is `with step(): forward`: after an error the next step begins."""
+    stock = _stock(sg, world, LAYERS[0])
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    served = {layer: _served(sg, layer) for layer in LAYERS}
+    batches = _batches(sg, world)
+    ids, batch = next(batches)
+    with pytest.raises(RuntimeError, match="a layer failed"):
+        with plug.step():
+            pb = _prepare(sg, ids, batch)
+            served[LAYERS[0]](pb, batch)
+            raise RuntimeError("a layer failed")
+    pb = _prepare(sg, ids, batch)   # begin_step would refuse a step still open
+    _assert_same_rows(served[LAYERS[0]](pb, batch), stock(pb, batch))
+    sg.qwen._commit_ple_batch(pb, batch)
+
+
+def test_dram_table_stays_sglangs_own(sg, world, tp1, monkeypatch, tmp_path):
+    """source = "dram": SGLang builds its own offloaded host table (its file backend, the one a CPU can map)."""
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "d.toml", world.manifest, dram=(3,))))
+    served = _served(sg, 1)
+    own = _ngram(sg, _config(offload=True, ple_offload_backend="file", ple_offload_dir=str(tmp_path)), 3)
+    assert served.ngram_embedding.weight.shape[0] == 0
+    assert own.ngram_embedding.weight.shape[0] >= world.layouts[3].rows   # SGLang's own rows (padded)
+
+
+def test_checkpoint_rows_of_served_tables_are_skipped():
+    served = {"model.layers.1.ple.ple_embedding.ngram_embedding"}
+    for name in ("model.layers.1.ple.ple_embedding.ngram_embedding.weight",
+                 "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_12.weight"):
+        assert ple.served_row_tensor(name, served)
+    for name in ("model.layers.1.ple.ple_embedding.ngram_embedding.weight_scale",
+                 "model.layers.3.ple.ple_embedding.ngram_embedding.weight",
+                 "model.layers.1.ple.key_proj.weight"):
+        assert not ple.served_row_tensor(name, served)
+
+
+# ---- refusals ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("config, words", [
+    (dict(dtype=None), "bfloat16.*no exact fp8 form"),
+    (dict(dim=16 * 128), "rows of 128 values"),
+    (dict(offload=False), "ple_offload_embedding is false"),
+])
+def test_tables_outside_the_format_are_refused(sg, world, tp1, monkeypatch, tmp_path, config, words):
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    settings = dict(offload=True) | config
+    with pytest.raises(SlackTierError, match=words) as err:
+        sg.qwen.Qwen4ExpNGramEmbedding(_config(**settings), settings.get("dim", DIM), ple_layer_index=0,
+                                       prefix="model.layers.1.ple.ple_embedding")
+    assert err.value.kind is ErrorKind.UNSUPPORTED and 'source = "dram"' in err.value.fix
+
+
+def test_a_table_staged_for_another_layout_is_refused(sg, world, tp1, monkeypatch, tmp_path):
+    """The same rows staged with other head sizes (another ngram_vocab_size_base or PLE layer index) are refused."""
+    layouts = world.layouts
+    bounds = {layer: lay.column_bounds() for layer, lay in layouts.items()}
+    bounds[1] = (0, bounds[1][1] + 2, *bounds[1][2:])
+    manifest = stage_checkpoint(world.dir / "ple.safetensors", [world.dir / "other.bin"], ranks=1,
+                                expected={layer: lay.rows for layer, lay in layouts.items()}, column_bounds=bounds,
+                                overwrite=True, progress=False).path
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "s.toml", manifest)))
+    with pytest.raises(SlackTierError, match="another PLE hash layout"):
+        _served(sg, 1)
+
+
+def test_missing_table_and_tp2_are_refused(sg, world, monkeypatch, tmp_path):
+    one = write_control(ControlFile(tables=(TableConfig(layer=3, manifest=world.manifest),)), tmp_path / "one.toml")
+    monkeypatch.setenv(plug.CONTROL_ENV, str(one))
+    with sg.rc.get_parallel().override(tp_size=1, tp_rank=0, attn_tp_size=1, moe_tp_size=1, tp_group=None):
+        with pytest.raises(SlackTierError, match="no table for PLE layer 1") as err:
+            _served(sg, 1)
+        assert err.value.kind is ErrorKind.MISSING
+    plug.close()
+    monkeypatch.setenv(plug.CONTROL_ENV, str(tmp_path / "rank{tp_rank}.toml"))
+    with sg.rc.get_parallel().override(tp_size=2, tp_rank=0, attn_tp_size=2, moe_tp_size=2, tp_group=None):
+        with pytest.raises(SlackTierError, match="PLE table at TP 2"):
+            _served(sg, 1)
+    plug.close()
+
+
+def test_prefix_without_a_layer_is_refused():
+    assert ple.layer_of("model.language_model.layers.12.ple.ple_embedding") == 12
+    with pytest.raises(SlackTierError, match="names no decoder layer"):
+        ple.layer_of("ple.ple_embedding")
+
+
+def test_breakable_prefill_graphs_are_refused_unless_the_gpu_check_opts_in(monkeypatch):
+    """SGLang runs every PLE call of a prefill as an eager break; until a GPU run checks it, refused by default."""
+    base = dict(version=SGLANG_VERSION, tp_size=1, tp_rank=0)
+    breakable = plug.SglangServing(**base, prefill_graph="breakable")
+    monkeypatch.delenv(plug.UNVERIFIED_ENV, raising=False)
+    with pytest.raises(SlackTierError, match="not been run on a GPU.*gpu_checks_plugins"):
+        plug.check_scope(breakable, 16, "PLE")
+    monkeypatch.setenv(plug.UNVERIFIED_ENV, plug.BREAKABLE_PLE_PREFILL)
+    plug.check_scope(breakable, 16, "PLE")
+    with pytest.raises(SlackTierError, match="breakable CUDA graphs for prefill"):
+        plug.check_scope(breakable, 24)   # Engram: its gather is not an eager break
+    with pytest.raises(SlackTierError, match="breakable CUDA graphs for decode"):
+        plug.check_scope(plug.SglangServing(**base, decode_graph="breakable"), 16, "PLE")
