@@ -58,12 +58,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import finish_step
+from slacktier.adapters import check_ple_layout, finish_step, layer_in_prefix
 from slacktier.adapters import sglang as core
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_VALUES
-from slacktier.tables.manifest import Manifest
 
 MODULE = "sglang.srt.models.qwen4_exp"
 NGRAM_INIT = f"{MODULE}.Qwen4ExpNGramEmbedding.__init__"
@@ -80,18 +79,12 @@ PATCHED: tuple[tuple[str, str], ...] = ((NGRAM_INIT, "AROUND"), (HOST_INIT, "ARO
 
 #: the PLE table being built inside Qwen4ExpNGramEmbedding.__init__: (binding, decoder layer id)
 _BUILDING: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar("slacktier_ple", default=None)
-_LAYER_IN_PREFIX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 _SERVED_ROWS = re.compile(r"(.+\.ngram_embedding)\.(?:shard_\d+\.)?weight")
 
 
 def layer_of(prefix: str) -> int:
-    """The decoder layer id in an SGLang module prefix: "model.layers.3.ple.ple_embedding" -> 3."""
-    m = _LAYER_IN_PREFIX.search(prefix)
-    if m is None:
-        raise SlackTierError(ErrorKind.UNSUPPORTED, f"a PLE table with module prefix {prefix!r} names no decoder "
-                             "layer", fix=f"SGLang {core.CHECKED_VERSION} builds PLE tables under "
-                             "model.layers.N.ple; report this with the model config")
-    return int(m.group(1))
+    """The decoder layer id in SGLang's module prefix: "model.layers.3.ple.ple_embedding" -> 3."""
+    return layer_in_prefix(prefix, f"SGLang {core.CHECKED_VERSION}")
 
 
 def served_row_tensor(name: str, served: set[str]) -> bool:
@@ -110,25 +103,6 @@ def served_row_tensor(name: str, served: set[str]) -> bool:
 def _refuse(layer: int, what: str, fix: str) -> SlackTierError:
     return SlackTierError(ErrorKind.UNSUPPORTED, f"PLE table of layer {layer}: {what}", layer=layer,
                           fix=f"{fix}, or source = \"dram\" on its [[table]] to keep SGLang's own host table")
-
-
-def _check_layout(binding: Any, layer: int, module: torch.nn.Module) -> None:
-    """The control file's table is SGLang's: same head sizes (the manifest's column bounds) and all its rows."""
-    t = binding.table(layer)
-    sizes = [int(v) for v in module.ngram_heads_vocab_sizes.tolist()]
-    bounds = tuple(int(v) for v in np.cumsum([0, *sizes]))
-    staged = Manifest.load(t.manifest).layout.column_bounds.get(layer)
-    if staged is not None and tuple(staged) != bounds:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{t.manifest} was staged for another PLE hash layout than the "
-                             f"model's (layer {layer}: {len(staged) - 1} columns ending at row {staged[-1]}, the "
-                             f"model's {len(bounds) - 1} ending at {bounds[-1]})", layer=layer,
-                             fix="stage the table from this model's checkpoint (its ngram_vocab_size_base and "
-                             "PLE layer index)")
-    spec = binding.engine.table(layer)
-    if (spec.row_start, spec.rows) != (0, bounds[-1]):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: {binding.path} serves rows [{spec.row_start}, "
-                             f"{spec.row_start + spec.rows}), SGLang's PLE table has rows [0, {bounds[-1]})",
-                             layer=layer, fix="stage the whole table (--ranks 1) and set rank = -1")
 
 
 # ---- the hooks --------------------------------------------------------------------------------------
@@ -166,7 +140,7 @@ def _around_ngram_init(original: Callable[..., None], module: torch.nn.Module, c
         raise SlackTierError(ErrorKind.UNSUPPORTED, f"SGLang built PLE layer {layer}'s table without the plug-in's "
                              f"hook on {HOST_INIT}", layer=layer, fix="load plug-ins through SGLang "
                              "(sglang.srt.plugins.load_plugins) and look for 'Failed to apply hooks' in its log")
-    _check_layout(binding, layer, module)
+    check_ple_layout(binding, layer, module.ngram_heads_vocab_sizes.tolist())
     binding.ple[layer] = module
 
 

@@ -120,10 +120,17 @@ class VllmServing:
     rocm: bool = False
 
 
-def check_scope(s: VllmServing, hash_columns: int) -> None:
-    """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error."""
+def check_scope(s: VllmServing, hash_columns: int, table: str = "Engram") -> None:
+    """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error.
+
+    `table` is "Engram" or "PLE" (adapters.vllm_ple), which adds TP 1 only.
+    """
     check_version(s.version)
     found: list[tuple[str, str]] = []
+    if table == "PLE" and s.tp_size != 1:
+        found.append((f"a PLE table at TP {s.tp_size} (vLLM's VocabParallelEmbedding splits the padded table into "
+                      "equal row blocks over the ETP group, not SlackTier's rank regions)",
+                      'TP 1, or source = "dram" on the PLE table to keep vLLM\'s own table'))
     if not s.enforce_eager:
         found.append(("torch.compile / CUDA graphs (the hooks run in Python)", "--enforce-eager"))
     if hash_columns % s.tp_size:
@@ -260,15 +267,14 @@ class _Binding:
                 return t
         return None
 
-    def collect(self, table: ServedTable, hash_ids: torch.Tensor) -> None:
-        """One layer's [T, 24] ids; begin_step once every served layer's are in."""
+    def collect(self, layer: int, ids: torch.Tensor) -> None:
+        """One layer's [T, C] ids (the rank's columns); begin_step once every served layer's are in."""
         engine = self.engine
         assert engine is not None
-        if table.layer in self.pending:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"prepare_embeddings twice for layer {table.layer} in one step",
-                                 layer=table.layer, fix="one forward prepares each Engram layer once")
-        columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
-        self.pending[table.layer] = hash_ids[:, columns]
+        if layer in self.pending:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}'s ids arrived twice in one step", layer=layer,
+                                 fix="one forward looks each table layer up once")
+        self.pending[layer] = ids
         if len(self.pending) < len(engine.layers):
             return
         ids = torch.stack([self.pending[layer] for layer in engine.ids_layers], dim=1)   # [T, L, 24 / TP]
@@ -279,7 +285,8 @@ class _Binding:
 _BINDINGS: dict[Path, _Binding] = {}
 
 
-def _bind(hash_columns: int) -> _Binding | None:
+def _bind(hash_columns: int, table: str = "Engram") -> _Binding | None:
+    """This worker's binding, built (checks, engine) on its first table; `table` "Engram" or "PLE"."""
     template = os.environ.get(CONTROL_ENV)
     if not template:
         return None
@@ -290,7 +297,7 @@ def _bind(hash_columns: int) -> _Binding | None:
     found = _BINDINGS.get(path)
     if found is not None:
         return found
-    check_scope(serving, hash_columns)
+    check_scope(serving, hash_columns, table)
     cfg = load_control(path)
     served = tuple(t for t in cfg.tables if not tier_facts(t.source).holds_host_copy)
     if serving.tp_size > 1:
@@ -303,8 +310,8 @@ def _bind(hash_columns: int) -> _Binding | None:
     heads = -(-hash_columns // serving.tp_size)
     engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads) if served else None
     binding = _BINDINGS[path] = _Binding(path, cfg, serving, engine)
-    log.info("SlackTier serves Engram layers %s of TP rank %d from %s; layers %s stay on vLLM's tables",
-             [t.layer for t in served], serving.tp_rank, path,
+    log.info("SlackTier serves %s layers %s of TP rank %d from %s; layers %s stay on vLLM's tables",
+             table, [t.layer for t in served], serving.tp_rank, path,
              [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
     return binding
 
@@ -366,7 +373,8 @@ def _prepare_embeddings(original: Callable[..., None], engram: Any, hash_ids: to
         return original(engram, hash_ids)
     binding = _current()
     assert binding is not None, f"a served table exists only while {CONTROL_ENV} is set"
-    binding.collect(table, hash_ids)
+    columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
+    binding.collect(table.layer, hash_ids[:, columns])
     return None
 
 
@@ -440,6 +448,9 @@ def register() -> None:
         current = cls.__dict__[method]
         if not getattr(current, "__slacktier__", False):
             setattr(cls, method, _wrap(current, _HOOKS[method]))
+    from slacktier.adapters import vllm_ple
+
+    vllm_ple.patch()
 
 
 def close() -> None:
