@@ -355,6 +355,14 @@ def test_missing_table_and_tp2_are_refused(sg, world, monkeypatch, tmp_path):
     plug.close()
 
 
+def test_an_unchecked_sglang_is_refused_when_the_ple_table_is_built(sg, world, tp1, monkeypatch, tmp_path):
+    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setattr(plug, "installed_version", lambda: "0.5.24")
+    with pytest.raises(SlackTierError, match="SGLang 0.5.24 is installed") as err:
+        _served(sg, 1)
+    assert err.value.kind is ErrorKind.UNSUPPORTED and f"sglang=={SGLANG_VERSION}" in err.value.fix
+
+
 def test_prefix_without_a_layer_is_refused():
     assert ple.layer_of("model.language_model.layers.12.ple.ple_embedding") == 12
     with pytest.raises(SlackTierError, match="names no decoder layer"):

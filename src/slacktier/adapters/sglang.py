@@ -455,17 +455,18 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    # The table's constructor refuses an unchecked version when the model is built: SGLang logs and goes on
+    from slacktier.adapters import sglang_ple
+
+    # The tables' constructors refuse an unchecked version when the model is built: SGLang logs and goes on
     # after an error in a plug-in, so raising here alone would leave the stock tables serving silently.
     HookRegistry.register(EMBEDDING_INIT, _around_embedding_init, HookType.AROUND)
+    sglang_ple.register_hooks(HookRegistry, HookType, constructors=True)
     check_version(installed_version())
     HookRegistry.register(LAYOUT_FROM_CONFIG, _after_layout, HookType.AFTER)
     HookRegistry.register(OWNED_ROWS, _around_owned_rows, HookType.AROUND)
     HookRegistry.register(HASHER_FORWARD, _after_hash, HookType.AFTER)
     HookRegistry.register(MODEL_FORWARD, _around_model_forward, HookType.AROUND)
-    from slacktier.adapters import sglang_ple
-
-    sglang_ple.register_hooks(HookRegistry, HookType)
+    sglang_ple.register_hooks(HookRegistry, HookType, constructors=False)
 
 
 def close() -> None:

@@ -254,10 +254,12 @@ _HOOKS = {NGRAM_INIT: _around_ngram_init, HOST_INIT: _around_host_init, HOST_GAT
           LOAD_WEIGHTS: _around_load_weights}
 
 
-def register_hooks(registry: Any, hook_type: Any) -> None:
-    """Register the PLE hooks on SGLang's HookRegistry (called by adapters.sglang.register)."""
+def register_hooks(registry: Any, hook_type: Any, constructors: bool) -> None:
+    """Register the PLE hooks on SGLang's HookRegistry (called by adapters.sglang.register): the table
+    constructor's (which refuses an unchecked SGLang when the model is built) or all the others."""
     for target, kind in PATCHED:
-        registry.register(target, _HOOKS[target], getattr(hook_type, kind))
+        if (target == NGRAM_INIT) == constructors:
+            registry.register(target, _HOOKS[target], getattr(hook_type, kind))
 
 
 __all__ = ["PATCHED", "layer_of", "register_hooks", "served_row_tensor"]
