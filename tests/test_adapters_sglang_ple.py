@@ -28,23 +28,15 @@ import pytest
 import torch
 
 from engines import SGLANG_VERSION, import_sglang
+from ple_common import BASE, DIM, EOS, LAYERS, SCALE, VOCAB, assert_same_rows, padded, ple_control, ple_world
 from slacktier.adapters import sglang as plug
 from slacktier.adapters import sglang_ple as ple
-from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
-from slacktier.engine.testing import real_text
+from slacktier.config import ControlFile, TableConfig, write_control
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.ple_hash import PleHasher, PleLayout
+from slacktier.tables.ple_hash import PleHasher
 from slacktier.tables.stage import stage_checkpoint
-from slacktier.tables.tokenizer import encode
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-VOCAB = 129_280          # the DeepSeek-V4 tokenizer's ids: the real text's tokens
-EOS = 1
-BASE = 1_000             # ngram_vocab_size_base: ~16,000 rows per table
-LAYERS = (1, 3)          # decoder layers with PLE; PLE layer indices 0 and 1
-DIM = 16 * 256
-SCALE = 0.0123           # a per-tensor scale that rounds: SGLang's multiplication is checked, not skipped
 
 
 class _Pool:
@@ -64,26 +56,12 @@ class _Pool:
         self.history[state_indices] = context
 
 
-def _layouts() -> dict[int, PleLayout]:
-    return {layer: PleLayout.scaled(BASE, vocab_size=VOCAB, eos_token_id=EOS, ple_layer_index=i, layer_id=layer)
-            for i, layer in enumerate(LAYERS)}
-
-
 def _config(offload: bool, dtype: str | None = "float8_e4m3fn", dim: int = DIM, **more: Any) -> Any:
     from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
 
     return Qwen4ExpTextConfig(ple_embed_dim=dim, ngram_vocab_size_base=BASE, vocab_size=VOCAB, eos_token_id=EOS,
                               ple_embedding_dtype=dtype, ple_layer_ids=[layer + 1 for layer in LAYERS],
                               ple_offload_embedding=offload, **more)
-
-
-def _fp8_rows(rows: int, seed: int) -> torch.Tensor:
-    """fp8 rows [rows, 256] with NaN (0x7F, 0xFF) and -0.0 (0x80) bytes among random ones."""
-    w = np.random.default_rng(seed).integers(0, 256, size=(rows, 256), dtype=np.uint8)
-    w[::97, 3] = 0x7F
-    w[::89, 5] = 0x80
-    w[::83, 7] = 0xFF
-    return torch.from_numpy(w).view(torch.float8_e4m3fn)
 
 
 @pytest.fixture(scope="module")
@@ -108,23 +86,7 @@ def sg() -> Iterator[SimpleNamespace]:
 
 @pytest.fixture(scope="module")
 def world(sg: SimpleNamespace, o_direct_module_dir: Path) -> SimpleNamespace:
-    """Both PLE tables as fp8 rows, staged as SlackTier rows with unit E8M0 scales; real text of two requests."""
-    from safetensors.torch import save_file
-
-    layouts = _layouts()
-    tables = {layer: _fp8_rows(lay.rows, seed=layer) for layer, lay in layouts.items()}
-    unit = {layer: torch.full((lay.rows, 8), 0x7F, dtype=torch.uint8).view(torch.float8_e8m0fnu)
-            for layer, lay in layouts.items()}
-    ckpt = o_direct_module_dir / "ple.safetensors"
-    save_file({f"layers.{layer}.engram.embed.{part}": t for layer in LAYERS
-               for part, t in (("weight", tables[layer]), ("scale", unit[layer]))}, str(ckpt))
-    manifest = stage_checkpoint(ckpt, [o_direct_module_dir / "ple.bin"], ranks=1,
-                                expected={layer: lay.rows for layer, lay in layouts.items()},
-                                column_bounds={layer: lay.column_bounds() for layer, lay in layouts.items()},
-                                overwrite=True).path
-    tokens = np.asarray(encode(real_text(2_000)), dtype=np.int64)
-    return SimpleNamespace(layouts=layouts, tables=tables, manifest=manifest, dir=o_direct_module_dir,
-                           prompts=[tokens[:170], tokens[200:321]], next_tokens=tokens[400:410])
+    return ple_world(o_direct_module_dir)
 
 
 @pytest.fixture
@@ -137,13 +99,6 @@ def tp1(sg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Pool]
     plug.close()
 
 
-def _control(path: Path, manifest: str, dram: tuple[int, ...] = ()) -> Path:
-    tables = tuple(TableConfig(layer=layer, manifest=manifest, source="dram" if layer in dram else "disk",
-                               options=None if layer in dram else DiskOptions(queue_depth=32), cache_share=0.5,
-                               order=i) for i, layer in enumerate(LAYERS))
-    return write_control(ControlFile(engine=EngineConfig(cache_rows=20_000), tables=tables), path)
-
-
 def _ngram(sg: SimpleNamespace, config: Any, layer: int) -> Any:
     i = LAYERS.index(layer)
     return sg.qwen.Qwen4ExpNGramEmbedding(config, DIM, ple_layer_index=i,
@@ -154,9 +109,7 @@ def _stock(sg: SimpleNamespace, world: SimpleNamespace, layer: int) -> Any:
     """SGLang's resident table, loaded through its own weight_loader, with the per-tensor scale."""
     module = _ngram(sg, _config(offload=False), layer)
     emb = module.ngram_embedding
-    rows = world.tables[layer]
-    padding = torch.zeros(world.layouts[layer].padded_rows - rows.shape[0], 256, dtype=torch.uint8)
-    emb.weight_loader(emb.weight, torch.cat([rows, padding.view(rows.dtype)]))   # the checkpoint's padded table
+    emb.weight_loader(emb.weight, padded(world.tables[layer], world.layouts[layer].padded_rows))
     emb.weight_scale.fill_(SCALE)
     return module
 
@@ -185,18 +138,6 @@ def _batches(sg: SimpleNamespace, world: SimpleNamespace) -> Iterator[tuple[torc
 def _prepare(sg: SimpleNamespace, ids: torch.Tensor, batch: Any) -> Any:
     """SGLang's own (patched) _prepare_ple_batch, called as Qwen4ExpModel.forward calls it."""
     return sg.qwen._prepare_ple_batch(input_ids=ids, forward_batch=batch, ngram_size=3, ngram_eos_token_id=EOS)
-
-
-def _bits(t: torch.Tensor) -> np.ndarray:
-    return t.contiguous().view(torch.int16).numpy()
-
-
-def _assert_same_rows(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Bit for bit, a NaN's payload aside (slacktier.tables.codec)."""
-    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
-    nan = torch.isnan(want).numpy()
-    np.testing.assert_array_equal(torch.isnan(got).numpy(), nan)
-    np.testing.assert_array_equal(_bits(got)[~nan], _bits(want)[~nan])
 
 
 # ---- layout and hash ---------------------------------------------------------------------------------------
@@ -239,7 +180,7 @@ def test_ple_rows_equal_sglangs_resident_table_bit_for_bit(sg, world, tp1, monke
     """A prefill of two requests and five decode steps, both tables: each layer's bf16 embeddings (rows times the
     per-tensor scale, SGLang's own multiplication) equal the stock path's; the history SGLang commits carries on."""
     stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     served = {layer: _served(sg, layer) for layer in LAYERS}
     for module in served.values():
         assert module.ngram_embedding.weight.shape == (0, 256)   # no host table in SGLang
@@ -250,7 +191,7 @@ def test_ple_rows_equal_sglangs_resident_table_bit_for_bit(sg, world, tp1, monke
             want = stock[layer](pb, batch)
             got = served[layer](pb, batch)
             assert got.shape == (len(ids), DIM)
-            _assert_same_rows(got, want)
+            assert_same_rows(got, want)
         sg.qwen._commit_ple_batch(pb, batch)   # end_step
         steps += 1
     assert steps == 6
@@ -259,7 +200,7 @@ def test_ple_rows_equal_sglangs_resident_table_bit_for_bit(sg, world, tp1, monke
 def test_prefetch_into_sglangs_buffer(sg, world, tp1, monkeypatch, tmp_path):
     """The prefetch path's call, gather(ids, out=buffer): the rows land in SGLang's buffer."""
     stock = _stock(sg, world, LAYERS[0])
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     served = {layer: _served(sg, layer) for layer in LAYERS}
     ids, batch = next(_batches(sg, world))
     pb = _prepare(sg, ids, batch)
@@ -267,7 +208,7 @@ def test_prefetch_into_sglangs_buffer(sg, world, tp1, monkeypatch, tmp_path):
     out = torch.full((*lookup.shape, 256), 7.0, dtype=torch.bfloat16)
     assert served[LAYERS[0]].ngram_embedding.gather(lookup, out=out) is out
     want = stock.ngram_embedding(lookup)   # rows before the scale
-    _assert_same_rows(out, want)
+    assert_same_rows(out, want)
     with pytest.raises(SlackTierError, match="output buffer"):
         served[LAYERS[0]].ngram_embedding.gather(lookup, out=out[:, :8])
     sg.qwen._commit_ple_batch(pb, batch)
@@ -276,7 +217,7 @@ def test_prefetch_into_sglangs_buffer(sg, world, tp1, monkeypatch, tmp_path):
 def test_error_in_forward_ends_the_step(sg, world, tp1, monkeypatch, tmp_path):
     """The patched Qwen4ExpModel.forward is `with step(): forward`: after an error the next step begins."""
     stock = _stock(sg, world, LAYERS[0])
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     served = {layer: _served(sg, layer) for layer in LAYERS}
     batches = _batches(sg, world)
     ids, batch = next(batches)
@@ -286,13 +227,13 @@ def test_error_in_forward_ends_the_step(sg, world, tp1, monkeypatch, tmp_path):
             served[LAYERS[0]](pb, batch)
             raise RuntimeError("a layer failed")
     pb = _prepare(sg, ids, batch)   # begin_step would refuse a step still open
-    _assert_same_rows(served[LAYERS[0]](pb, batch), stock(pb, batch))
+    assert_same_rows(served[LAYERS[0]](pb, batch), stock(pb, batch))
     sg.qwen._commit_ple_batch(pb, batch)
 
 
 def test_dram_table_stays_sglangs_own(sg, world, tp1, monkeypatch, tmp_path):
     """source = "dram": SGLang builds its own offloaded host table (its file backend, the one a CPU can map)."""
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "d.toml", world.manifest, dram=(3,))))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "d.toml", world.manifest, dram=(3,))))
     served = _served(sg, 1)
     own = _ngram(sg, _config(offload=True, ple_offload_backend="file", ple_offload_dir=str(tmp_path)), 3)
     assert served.ngram_embedding.weight.shape[0] == 0
@@ -319,7 +260,7 @@ def test_checkpoint_rows_of_served_tables_are_skipped():
     (dict(offload=False), "ple_offload_embedding is false"),
 ])
 def test_tables_outside_the_format_are_refused(sg, world, tp1, monkeypatch, tmp_path, config, words):
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     settings = dict(offload=True) | config
     with pytest.raises(SlackTierError, match=words) as err:
         sg.qwen.Qwen4ExpNGramEmbedding(_config(**settings), settings.get("dim", DIM), ple_layer_index=0,
@@ -332,10 +273,10 @@ def test_a_table_staged_for_another_layout_is_refused(sg, world, tp1, monkeypatc
     layouts = world.layouts
     bounds = {layer: lay.column_bounds() for layer, lay in layouts.items()}
     bounds[1] = (0, bounds[1][1] + 2, *bounds[1][2:])
-    manifest = stage_checkpoint(world.dir / "ple.safetensors", [world.dir / "other.bin"], ranks=1,
+    manifest = stage_checkpoint(world.checkpoint, [world.dir / "other.bin"], ranks=1,
                                 expected={layer: lay.rows for layer, lay in layouts.items()}, column_bounds=bounds,
                                 overwrite=True, progress=False).path
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "s.toml", manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "s.toml", manifest)))
     with pytest.raises(SlackTierError, match="another PLE hash layout"):
         _served(sg, 1)
 
@@ -356,7 +297,7 @@ def test_missing_table_and_tp2_are_refused(sg, world, monkeypatch, tmp_path):
 
 
 def test_an_unchecked_sglang_is_refused_when_the_ple_table_is_built(sg, world, tp1, monkeypatch, tmp_path):
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     monkeypatch.setattr(plug, "installed_version", lambda: "0.5.24")
     with pytest.raises(SlackTierError, match="SGLang 0.5.24 is installed") as err:
         _served(sg, 1)

@@ -27,23 +27,13 @@ import pytest
 import torch
 
 from engines import VLLM_VERSION, import_vllm
+from ple_common import BASE, DIM, EOS, LAYERS, SCALE, VOCAB, assert_same_rows, padded, ple_control, ple_world
 from slacktier.adapters import vllm as plug
 from slacktier.adapters import vllm_ple as ple
-from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
-from slacktier.engine.testing import real_text
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.ple_hash import PleHasher, PleLayout
-from slacktier.tables.stage import stage_checkpoint
-from slacktier.tables.tokenizer import encode
+from slacktier.tables.ple_hash import PleHasher
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-VOCAB = 129_280
-EOS = 1
-BASE = 1_000
-LAYERS = (1, 3)
-DIM = 16 * 256
-SCALE = 0.0123
 
 
 @pytest.fixture(scope="module")
@@ -78,34 +68,7 @@ def worker(vl: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any
 
 @pytest.fixture(scope="module")
 def world(vl: SimpleNamespace, o_direct_module_dir: Path) -> SimpleNamespace:
-    """Both PLE tables as fp8 rows, staged as SlackTier rows with unit E8M0 scales; real text of two requests."""
-    from safetensors.torch import save_file
-
-    layouts = {layer: PleLayout.scaled(BASE, vocab_size=VOCAB, eos_token_id=EOS, ple_layer_index=i, layer_id=layer)
-               for i, layer in enumerate(LAYERS)}
-    tables = {}
-    for layer, lay in layouts.items():
-        w = np.random.default_rng(layer).integers(0, 256, size=(lay.rows, 256), dtype=np.uint8)
-        w[::97, 3], w[::89, 5], w[::83, 7] = 0x7F, 0x80, 0xFF   # NaN, -0.0, NaN
-        tables[layer] = torch.from_numpy(w).view(torch.float8_e4m3fn)
-    ckpt = o_direct_module_dir / "ple.safetensors"
-    save_file({f"layers.{layer}.engram.embed.{part}": t for layer, lay in layouts.items()
-               for part, t in (("weight", tables[layer]), ("scale", torch.full((lay.rows, 8), 0x7F, dtype=torch.uint8)
-                                                            .view(torch.float8_e8m0fnu)))}, str(ckpt))
-    manifest = stage_checkpoint(ckpt, [o_direct_module_dir / "ple.bin"], ranks=1,
-                                expected={layer: lay.rows for layer, lay in layouts.items()},
-                                column_bounds={layer: lay.column_bounds() for layer, lay in layouts.items()},
-                                overwrite=True).path
-    tokens = np.asarray(encode(real_text(2_000)), dtype=np.int64)
-    return SimpleNamespace(layouts=layouts, tables=tables, manifest=manifest,
-                           prompts=[tokens[:150], tokens[200:297]], next_tokens=tokens[400:402])
-
-
-def _control(path: Path, manifest: str, dram: tuple[int, ...] = ()) -> Path:
-    tables = tuple(TableConfig(layer=layer, manifest=manifest, source="dram" if layer in dram else "disk",
-                               options=None if layer in dram else DiskOptions(queue_depth=32), cache_share=0.5,
-                               order=i) for i, layer in enumerate(LAYERS))
-    return write_control(ControlFile(engine=EngineConfig(cache_rows=20_000), tables=tables), path)
+    return ple_world(o_direct_module_dir)
 
 
 def _hf_config(dtype: str | None = "float8_e4m3fn", dim: int = DIM) -> Any:
@@ -124,9 +87,7 @@ def _load(module: Any, rows: torch.Tensor | None) -> Any:
     """What vLLM's loader does: the checkpoint's (padded) rows, then its per-tensor scale."""
     emb = module.ngram_embedding
     if rows is not None:
-        padded = torch.zeros(emb.org_vocab_size, 256, dtype=torch.uint8).view(rows.dtype)
-        padded[:rows.shape[0]] = rows
-        emb.weight.weight_loader(emb.weight, padded, checkpoint_start=0)
+        emb.weight.weight_loader(emb.weight, padded(rows, emb.org_vocab_size), checkpoint_start=0)
     emb.weight_scale.weight_loader(emb.weight_scale, torch.tensor([SCALE]))
     return module
 
@@ -136,21 +97,9 @@ def _steps(world: SimpleNamespace) -> list[tuple[torch.Tensor, torch.Tensor, tor
     p0, p1 = world.prompts
     prefill = (torch.from_numpy(np.concatenate([p0, p1])), torch.tensor([0, len(p0), len(p0) + len(p1)]),
                torch.full((2, 2), EOS, dtype=torch.long))
-    decode = (torch.from_numpy(world.next_tokens), torch.tensor([0, 1, 2]),
+    decode = (torch.from_numpy(world.next_tokens[:2]), torch.tensor([0, 1, 2]),
               torch.from_numpy(np.stack([p0[-2:], p1[-2:]])))
     return [prefill, decode]
-
-
-def _bits(t: torch.Tensor) -> np.ndarray:
-    return t.contiguous().view(torch.int16).numpy()
-
-
-def _assert_same_rows(got: torch.Tensor, want: torch.Tensor) -> None:
-    """Bit for bit, a NaN's payload aside (slacktier.tables.codec)."""
-    assert got.dtype == want.dtype == torch.bfloat16 and got.shape == want.shape
-    nan = torch.isnan(want).numpy()
-    np.testing.assert_array_equal(torch.isnan(got).numpy(), nan)
-    np.testing.assert_array_equal(_bits(got)[~nan], _bits(want)[~nan])
 
 
 def test_entry_point_loads_the_ple_backend(vl, monkeypatch):
@@ -173,7 +122,7 @@ def test_ple_hash_and_rows_equal_vllms_bit_for_bit(vl, world, worker, monkeypatc
     plug.register()
     monkeypatch.delenv(plug.CONTROL_ENV)
     stock = {layer: _load(_ngram(vl, layer), world.tables[layer]) for layer in LAYERS}
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     served = {layer: _ngram(vl, layer) for layer in LAYERS}
     for layer, module in served.items():
         emb = module.ngram_embedding
@@ -197,12 +146,12 @@ def test_ple_hash_and_rows_equal_vllms_bit_for_bit(vl, world, worker, monkeypatc
                 want = stock[layer](None, ids, qsl, context)
                 assert want.dtype == torch.float8_e4m3fn and got.shape == (len(ids), DIM)
                 emb, ref = served[layer].ngram_embedding, stock[layer].ngram_embedding
-                _assert_same_rows(emb.dequantize(got, torch.bfloat16), ref.dequantize(want, torch.bfloat16))
+                assert_same_rows(emb.dequantize(got, torch.bfloat16), ref.dequantize(want, torch.bfloat16))
         history = [p[-2:] for p in world.prompts]
 
 
 def test_error_in_forward_ends_the_step(vl, world, worker, monkeypatch, tmp_path):
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     plug.register()
     served = {layer: _load(_ngram(vl, layer), None) for layer in LAYERS}
     ids, qsl, context = _steps(world)[0]
@@ -218,7 +167,7 @@ def test_error_in_forward_ends_the_step(vl, world, worker, monkeypatch, tmp_path
 
 
 def test_dram_table_stays_vllms_own(vl, world, worker, monkeypatch, tmp_path):
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "d.toml", world.manifest, dram=(3,))))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "d.toml", world.manifest, dram=(3,))))
     plug.register()
     assert type(_ngram(vl, 1).ngram_embedding).__name__ == "ServedPLEEmbedding"
     own = _ngram(vl, 3).ngram_embedding
@@ -232,7 +181,7 @@ def test_dram_table_stays_vllms_own(vl, world, worker, monkeypatch, tmp_path):
     ("float8_e4m3fn", 16 * 128, "rows of 128 values"),
 ])
 def test_formats_outside_slacktiers_rows_are_refused(vl, world, worker, monkeypatch, tmp_path, dtype, dim, words):
-    monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifest)))
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     plug.register()
     with pytest.raises(SlackTierError, match=words) as err:
         _ngram(vl, 1, dtype, dim)
