@@ -10,8 +10,10 @@ DeepSeek-V4 tokenizer's ids (the real text's tokens), ngram_vocab_size_base 1,00
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import torch
@@ -29,6 +31,38 @@ LAYERS = (1, 3)          # decoder layers with PLE; PLE layer indices 0 and 1
 DIM = 16 * 256           # ple_embed_dim: 16 heads of 256 values, SlackTier's row width
 SCALE = 0.0123           # a per-tensor scale that rounds: the engines' multiplication is checked, not skipped
 UNIT_SCALE = 0x7F        # E8M0 2^0
+
+
+class RequestPool:
+    """SGLang's request pool as the PLE batch code reads it: per-request n-gram history, [R, n - 1]."""
+
+    def __init__(self, requests: int) -> None:
+        self.history = torch.full((requests, 2), EOS, dtype=torch.long)
+        self.ple_window_cache = None
+
+    def get_mamba_indices(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        return req_pool_indices
+
+    def get_ngram_context(self, state_indices: torch.Tensor) -> torch.Tensor:
+        return self.history[state_indices]
+
+    def set_ngram_context(self, state_indices: torch.Tensor, context: torch.Tensor) -> None:
+        self.history[state_indices] = context
+
+
+def sglang_text_config(offload: bool, dtype: str | None = "float8_e4m3fn", dim: int = DIM, **more: Any) -> Any:
+    """SGLang's Qwen4Exp text config of the scaled tables (`dtype` None: a bf16 table)."""
+    from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
+
+    return Qwen4ExpTextConfig(ple_embed_dim=dim, ngram_vocab_size_base=BASE, vocab_size=VOCAB, eos_token_id=EOS,
+                              ple_embedding_dtype=dtype, ple_layer_ids=[layer + 1 for layer in LAYERS],
+                              ple_offload_embedding=offload, **more)
+
+
+def sglang_ngram(qwen: Any, config: Any, layer: int) -> Any:
+    """SGLang's Qwen4ExpNGramEmbedding of decoder layer `layer`, built under the prefix its model gives it."""
+    return qwen.Qwen4ExpNGramEmbedding(config, config.ple_embed_dim, ple_layer_index=LAYERS.index(layer),
+                                       prefix=f"model.layers.{layer}.ple.ple_embedding")
 
 
 def fp8_rows(rows: int, seed: int) -> torch.Tensor:
@@ -96,3 +130,18 @@ def assert_same_rows(got: torch.Tensor, want: torch.Tensor) -> None:
         where = diff.nonzero()[:1].tolist() if diff is not None else "shape/dtype"
         raise AssertionError(f"rows differ: {tuple(g.shape)} {g.dtype} vs {tuple(w.shape)} {w.dtype}, first at "
                              f"{where}")
+
+
+def sglang_batches(forward_mode: Any, world: SimpleNamespace) -> Iterator[tuple[torch.Tensor, Any]]:
+    """A prefill of both requests, then decode steps: (input_ids, what SGLang's PLE code reads of a ForwardBatch)."""
+    lens = [len(p) for p in world.prompts]
+    common = dict(tbo_parent_token_range=None, spec_algorithm=None, spec_info=None, _original_forward_mode=None,
+                  global_num_token_non_padded_cpu=None, req_pool_indices=torch.tensor([0, 1]),
+                  mamba_track_indices=None, mamba_track_mask=None)
+    ids = torch.from_numpy(np.concatenate(world.prompts))
+    yield ids, SimpleNamespace(forward_mode=forward_mode.EXTEND, extend_seq_lens=torch.tensor(lens),
+                               extend_seq_lens_cpu=lens, out_cache_loc=torch.arange(1, len(ids) + 1), **common)
+    for step in range(len(world.next_tokens) // 2):
+        ids = torch.from_numpy(world.next_tokens[2 * step:2 * step + 2])
+        yield ids, SimpleNamespace(forward_mode=forward_mode.DECODE, extend_seq_lens=None,
+                                   extend_seq_lens_cpu=None, out_cache_loc=torch.tensor([7, 9]), **common)

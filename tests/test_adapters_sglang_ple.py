@@ -28,7 +28,8 @@ import pytest
 import torch
 
 from engines import SGLANG_VERSION, import_sglang
-from ple_common import BASE, DIM, EOS, LAYERS, SCALE, VOCAB, assert_same_rows, padded, ple_control, ple_world
+from ple_common import DIM, EOS, LAYERS, SCALE, RequestPool, assert_same_rows, padded, ple_control, ple_world, \
+    sglang_batches, sglang_ngram, sglang_text_config
 from slacktier.adapters import sglang as plug
 from slacktier.adapters import sglang_ple as ple
 from slacktier.config import ControlFile, TableConfig, write_control
@@ -37,31 +38,6 @@ from slacktier.tables.ple_hash import PleHasher
 from slacktier.tables.stage import stage_checkpoint
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
-
-
-class _Pool:
-    """SGLang's request pool as the PLE batch code reads it: per-request n-gram history, [R, n - 1]."""
-
-    def __init__(self, requests: int) -> None:
-        self.history = torch.full((requests, 2), EOS, dtype=torch.long)
-        self.ple_window_cache = None
-
-    def get_mamba_indices(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
-        return req_pool_indices
-
-    def get_ngram_context(self, state_indices: torch.Tensor) -> torch.Tensor:
-        return self.history[state_indices]
-
-    def set_ngram_context(self, state_indices: torch.Tensor, context: torch.Tensor) -> None:
-        self.history[state_indices] = context
-
-
-def _config(offload: bool, dtype: str | None = "float8_e4m3fn", dim: int = DIM, **more: Any) -> Any:
-    from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
-
-    return Qwen4ExpTextConfig(ple_embed_dim=dim, ngram_vocab_size_base=BASE, vocab_size=VOCAB, eos_token_id=EOS,
-                              ple_embedding_dtype=dtype, ple_layer_ids=[layer + 1 for layer in LAYERS],
-                              ple_offload_embedding=offload, **more)
 
 
 @pytest.fixture(scope="module")
@@ -90,24 +66,18 @@ def world(sg: SimpleNamespace, o_direct_module_dir: Path) -> SimpleNamespace:
 
 
 @pytest.fixture
-def tp1(sg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[_Pool]:
+def tp1(sg: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> Iterator[RequestPool]:
     """TP 1 published, and a fresh request pool for two requests."""
-    pool = _Pool(2)
+    pool = RequestPool(2)
     monkeypatch.setattr(sg.qwen, "get_req_to_token_pool", lambda: pool)
     with sg.rc.get_parallel().override(tp_size=1, tp_rank=0, attn_tp_size=1, moe_tp_size=1, tp_group=None):
         yield pool
     plug.close()
 
 
-def _ngram(sg: SimpleNamespace, config: Any, layer: int) -> Any:
-    i = LAYERS.index(layer)
-    return sg.qwen.Qwen4ExpNGramEmbedding(config, DIM, ple_layer_index=i,
-                                          prefix=f"model.layers.{layer}.ple.ple_embedding")
-
-
 def _stock(sg: SimpleNamespace, world: SimpleNamespace, layer: int) -> Any:
     """SGLang's resident table, loaded through its own weight_loader, with the per-tensor scale."""
-    module = _ngram(sg, _config(offload=False), layer)
+    module = sglang_ngram(sg.qwen, sglang_text_config(offload=False), layer)
     emb = module.ngram_embedding
     emb.weight_loader(emb.weight, padded(world.tables[layer], world.layouts[layer].padded_rows))
     emb.weight_scale.fill_(SCALE)
@@ -115,24 +85,9 @@ def _stock(sg: SimpleNamespace, world: SimpleNamespace, layer: int) -> Any:
 
 
 def _served(sg: SimpleNamespace, layer: int) -> Any:
-    module = _ngram(sg, _config(offload=True), layer)
+    module = sglang_ngram(sg.qwen, sglang_text_config(offload=True), layer)
     module.ngram_embedding.weight_scale.fill_(SCALE)   # what SGLang's loader does with the checkpoint's scale
     return module
-
-
-def _batches(sg: SimpleNamespace, world: SimpleNamespace) -> Iterator[tuple[torch.Tensor, Any]]:
-    """A prefill of both requests, then decode steps: (input_ids, what SGLang's PLE code reads of a ForwardBatch)."""
-    lens = [len(p) for p in world.prompts]
-    common = dict(tbo_parent_token_range=None, spec_algorithm=None, spec_info=None, _original_forward_mode=None,
-                  global_num_token_non_padded_cpu=None, req_pool_indices=torch.tensor([0, 1]),
-                  mamba_track_indices=None, mamba_track_mask=None)
-    ids = torch.from_numpy(np.concatenate(world.prompts))
-    yield ids, SimpleNamespace(forward_mode=sg.ForwardMode.EXTEND, extend_seq_lens=torch.tensor(lens),
-                               extend_seq_lens_cpu=lens, out_cache_loc=torch.arange(1, len(ids) + 1), **common)
-    for step in range(len(world.next_tokens) // 2):
-        ids = torch.from_numpy(world.next_tokens[2 * step:2 * step + 2])
-        yield ids, SimpleNamespace(forward_mode=sg.ForwardMode.DECODE, extend_seq_lens=None,
-                                   extend_seq_lens_cpu=None, out_cache_loc=torch.tensor([7, 9]), **common)
 
 
 def _prepare(sg: SimpleNamespace, ids: torch.Tensor, batch: Any) -> Any:
@@ -147,7 +102,7 @@ def test_sglang_ple_hash_and_layout_equal_slacktiers(sg, world, tp1):
     """SGLang's sizes, offsets and multipliers are PleLayout's; its ids over a prefill and decode are PleHasher's."""
     stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
     history = {r: None for r in range(2)}
-    for ids, batch in _batches(sg, world):
+    for ids, batch in sglang_batches(sg.ForwardMode, world):
         pb = _prepare(sg, ids, batch)
         for layer, lay in world.layouts.items():
             m = stock[layer]
@@ -185,7 +140,7 @@ def test_ple_rows_equal_sglangs_resident_table_bit_for_bit(sg, world, tp1, monke
     for module in served.values():
         assert module.ngram_embedding.weight.shape == (0, 256)   # no host table in SGLang
     steps = 0
-    for ids, batch in _batches(sg, world):
+    for ids, batch in sglang_batches(sg.ForwardMode, world):
         pb = _prepare(sg, ids, batch)   # begin_step: both layers' ids
         for layer in LAYERS:
             want = stock[layer](pb, batch)
@@ -202,7 +157,7 @@ def test_prefetch_into_sglangs_buffer(sg, world, tp1, monkeypatch, tmp_path):
     stock = _stock(sg, world, LAYERS[0])
     monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     served = {layer: _served(sg, layer) for layer in LAYERS}
-    ids, batch = next(_batches(sg, world))
+    ids, batch = next(sglang_batches(sg.ForwardMode, world))
     pb = _prepare(sg, ids, batch)
     lookup = served[LAYERS[0]].compute_ngram_ids(pb)
     out = torch.full((*lookup.shape, 256), 7.0, dtype=torch.bfloat16)
@@ -219,7 +174,7 @@ def test_error_in_forward_ends_the_step(sg, world, tp1, monkeypatch, tmp_path):
     stock = _stock(sg, world, LAYERS[0])
     monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     served = {layer: _served(sg, layer) for layer in LAYERS}
-    batches = _batches(sg, world)
+    batches = sglang_batches(sg.ForwardMode, world)
     ids, batch = next(batches)
     with pytest.raises(RuntimeError, match="a layer failed"):
         with plug.step():
@@ -235,7 +190,8 @@ def test_dram_table_stays_sglangs_own(sg, world, tp1, monkeypatch, tmp_path):
     """source = "dram": SGLang builds its own offloaded host table (its file backend, the one a CPU can map)."""
     monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "d.toml", world.manifest, dram=(3,))))
     served = _served(sg, 1)
-    own = _ngram(sg, _config(offload=True, ple_offload_backend="file", ple_offload_dir=str(tmp_path)), 3)
+    config = sglang_text_config(offload=True, ple_offload_backend="file", ple_offload_dir=str(tmp_path))
+    own = sglang_ngram(sg.qwen, config, 3)
     assert served.ngram_embedding.weight.shape[0] == 0
     assert own.ngram_embedding.weight.shape[0] >= world.layouts[3].rows   # SGLang's own rows (padded)
 
@@ -263,7 +219,7 @@ def test_tables_outside_the_format_are_refused(sg, world, tp1, monkeypatch, tmp_
     monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
     settings = dict(offload=True) | config
     with pytest.raises(SlackTierError, match=words) as err:
-        sg.qwen.Qwen4ExpNGramEmbedding(_config(**settings), settings.get("dim", DIM), ple_layer_index=0,
+        sg.qwen.Qwen4ExpNGramEmbedding(sglang_text_config(**settings), settings.get("dim", DIM), ple_layer_index=0,
                                        prefix="model.layers.1.ple.ple_embedding")
     assert err.value.kind is ErrorKind.UNSUPPORTED and 'source = "dram"' in err.value.fix
 
