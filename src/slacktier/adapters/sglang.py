@@ -46,6 +46,10 @@ TP > 1 each rank's control file serves that rank's region (`rank = N`,
 `owned_only = true`), staged with `--ranks TP`; a region that is not SGLang's
 shard of the table, or a table staged for another hash layout, is refused.
 
+Qwen3.8's PLE tables (`Qwen4ExpPinnedHostEmbedding`) are served by the same
+entry point, variable and control file: adapters.sglang_ple (its hooks are in
+its PATCHED; `check_scope(..., "PLE")` adds TP 1 only).
+
 Rank partitions (tables.partition): a table staged with `--partition balanced`
 (and `partition = "balanced"` on its [[table]]s) gives every rank as many heads
 of each n-gram order instead of SGLang's contiguous columns, so no rank reads

@@ -23,6 +23,10 @@ its own columns only, then all-gathers them: each rank's control file serves
 its own region (`rank = N`, staged with `--ranks TP`), and the engine takes
 ids of that rank's columns only ([T, L, 24 / TP]), so no foreign row exists.
 
+Qwen3.8's PLE tables are served by the same entry point, variable and control
+file, as a third `Qwen4ExpPLEEmbedding` backend: adapters.vllm_ple (its patched
+functions are in its PATCHED; `check_scope(..., "PLE")` adds TP 1 only).
+
 Rank partitions (tables.partition): a table staged with `--partition balanced`
 (`partition = "balanced"` on its [[table]]s) gives every rank as many heads of
 each n-gram order. Each rank then looks up its partition's columns (not vLLM's
