@@ -27,7 +27,7 @@ import numpy as np
 import pytest
 import torch
 
-from engines import SGLANG_VERSION, import_sglang
+from engines import SGLANG_VERSION, import_sglang, sglang_plugin_loaded
 from ple_common import DIM, EOS, LAYERS, SCALE, RequestPool, assert_same_rows, padded, ple_control, ple_world, \
     sglang_batches, sglang_ngram, sglang_text_config
 from slacktier.adapters import sglang as plug
@@ -44,20 +44,10 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 def sg() -> Iterator[SimpleNamespace]:
     """SGLang's modules, a published test context (overlap scheduler off), and the plug-in loaded."""
     qwen = import_sglang(ple.MODULE)
-    rc = import_sglang("sglang.srt.runtime_context")
-    plugins = import_sglang("sglang.srt.plugins")
     modes = import_sglang("sglang.srt.model_executor.forward_batch_info")
-    context = rc.get_context().override_server_args(disable_overlap_schedule=True)
-    context.install()
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SGLANG_PLUGINS", "slacktier")
-    mp.setenv(plug.CONTROL_ENV, "unused-until-a-table-is-built.toml")
-    plugins.load_plugins()   # the entry point, then HookRegistry.apply_hooks()
-    mp.delenv(plug.CONTROL_ENV)
-    yield SimpleNamespace(qwen=qwen, rc=rc, ForwardMode=modes.ForwardMode)
-    plug.close()
-    mp.undo()
-    context.restore()
+    with sglang_plugin_loaded(plug.CONTROL_ENV) as rc:
+        yield SimpleNamespace(qwen=qwen, rc=rc, ForwardMode=modes.ForwardMode)
+        plug.close()
 
 
 @pytest.fixture(scope="module")

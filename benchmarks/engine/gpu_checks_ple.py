@@ -156,21 +156,28 @@ def _sglang_ple_bcg(qwen: Any, served: dict[int, Any], batches: list, pool: Requ
         os.environ.pop(sg_plug.CONTROL_ENV, None)
 
 
+def vllm_with_plugin(control: Path) -> tuple[Any, Any]:
+    """vLLM's config module and a VllmConfig with Engram CPU offload (eager, no model: the tables alone), the
+    plug-in loaded through load_general_plugins() with `control` as its control file (the variable stays set)."""
+    config_mod = import_vllm("vllm.config")
+    engram_config = import_vllm("vllm.config.engram")
+    plugins = import_vllm("vllm.plugins")
+    os.environ["VLLM_PLUGINS"] = "slacktier"
+    os.environ[vl_plug.CONTROL_ENV] = str(control)
+    plugins.load_general_plugins()
+    vc = config_mod.VllmConfig(engram_config=engram_config.EngramConfig(cpu_offload=True))
+    object.__setattr__(vc, "model_config", SimpleNamespace(enforce_eager=True))
+    return config_mod, vc
+
+
 def vllm_ple(world: SimpleNamespace) -> dict:
     """6c."""
     ngram = import_vllm(vl_ple.NGRAM_MODULE)
-    config_mod = import_vllm("vllm.config")
-    engram_config = import_vllm("vllm.config.engram")
     dist = import_vllm("vllm.distributed")
-    plugins = import_vllm("vllm.plugins")
     from transformers import Qwen4ExpTextConfig
 
-    os.environ["VLLM_PLUGINS"] = "slacktier"
     env = str(ple_control(world.dir / "vllm_ple.toml", world.manifest, device="cuda"))
-    os.environ[vl_plug.CONTROL_ENV] = env
-    plugins.load_general_plugins()
-    vc = config_mod.VllmConfig(engram_config=engram_config.EngramConfig(cpu_offload=True))
-    object.__setattr__(vc, "model_config", SimpleNamespace(enforce_eager=True))   # no model: the tables alone
+    config_mod, vc = vllm_with_plugin(Path(env))
     layout = world.layouts[LAYERS[0]]
     hf = Qwen4ExpTextConfig(ple_embed_dim=16 * 256, ngram_vocab_size_base=layout.ngram_vocab_size_base,
                             vocab_size=layout.vocab_size, eos_token_id=EOS, ple_embedding_dtype="float8_e4m3fn")
@@ -234,4 +241,4 @@ def ple_checks(folder: Path, vllm: bool) -> dict:
     return out
 
 
-__all__ = ["ple_checks"]
+__all__ = ["ple_checks", "vllm_with_plugin"]

@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import ROOT, machine, utc_stamp  # noqa: E402
 
 from engines import import_sglang, import_vllm  # noqa: E402
-from benchmarks.engine.gpu_checks_ple import ple_checks  # noqa: E402
+from benchmarks.engine.gpu_checks_ple import ple_checks, vllm_with_plugin  # noqa: E402
 from slacktier.adapters import sglang as sg_plug  # noqa: E402
 from slacktier.adapters import vllm as vl_plug  # noqa: E402
 from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control  # noqa: E402
@@ -272,15 +272,8 @@ def breakable_graph_check(served: dict[int, Any], ids_of: Callable[[int, int], t
 
 def vllm_checks(world: SimpleNamespace, batches: list[int], steps: int) -> dict:
     engram = import_vllm(vl_plug.ENGRAM_MODULE)
-    config_mod = import_vllm("vllm.config")
-    engram_config = import_vllm("vllm.config.engram")
     dist = import_vllm("vllm.distributed")
-    plugins = import_vllm("vllm.plugins")
-    os.environ["VLLM_PLUGINS"] = "slacktier"
-    os.environ[vl_plug.CONTROL_ENV] = str(control(world, "cuda", "vllm.toml"))
-    plugins.load_general_plugins()
-    vc = config_mod.VllmConfig(engram_config=engram_config.EngramConfig(cpu_offload=True))
-    object.__setattr__(vc, "model_config", SimpleNamespace(enforce_eager=True))   # no model: the layer alone
+    config_mod, vc = vllm_with_plugin(control(world, "cuda", "vllm.toml"))
     layout = engram.EngramLayout(world.config)
     out: dict[str, Any] = {"steps": []}
     with config_mod.set_current_vllm_config(vc):
