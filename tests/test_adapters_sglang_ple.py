@@ -31,6 +31,7 @@ from engines import SGLANG_VERSION, import_sglang, sglang_plugin_loaded
 from ple_common import DIM, EOS, LAYERS, SCALE, RequestPool, assert_same_rows, padded, ple_control, ple_world, \
     sglang_batches, sglang_ngram, sglang_text_config
 from slacktier.adapters import sglang as plug
+from slacktier.adapters import sglang_binding
 from slacktier.adapters import sglang_ple as ple
 from slacktier.config import ControlFile, TableConfig, write_control
 from slacktier.errors import ErrorKind, SlackTierError
@@ -244,7 +245,7 @@ def test_missing_table_and_tp2_are_refused(sg, world, monkeypatch, tmp_path):
 
 def test_an_unchecked_sglang_is_refused_when_the_ple_table_is_built(sg, world, tp1, monkeypatch, tmp_path):
     monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "tp1.toml", world.manifest)))
-    monkeypatch.setattr(plug, "installed_version", lambda: "0.5.24")
+    monkeypatch.setattr(sglang_binding, "installed_version", lambda: "0.5.24")
     with pytest.raises(SlackTierError, match="SGLang 0.5.24 is installed") as err:
         _served(sg, 1)
     assert err.value.kind is ErrorKind.UNSUPPORTED and f"sglang=={SGLANG_VERSION}" in err.value.fix

@@ -10,7 +10,9 @@ control file (`{tp_rank}` in the path picks the rank's own file):
 | `adapters.vllm` | vLLM 0.33.0 | `vllm.general_plugins` | `SLACKTIER_VLLM_CONTROL` |
 
 Each engine's PLE part (Qwen3.8's per-layer n-gram table) sits beside it
-(`adapters.sglang_ple`, `adapters.vllm_ple`), loaded by the same entry point.
+(`adapters.sglang_ple`, `adapters.vllm_ple`), loaded by the same entry point;
+what both parts share (version and scope checks, the rank's binding, step
+ends) is in `adapters.sglang_binding` and `adapters.vllm_binding`.
 
 They use the engine's public API only (`StepEngine.from_config`, `begin_step`,
 `gather`, `end_step`) and import the serving engine lazily, so importing this

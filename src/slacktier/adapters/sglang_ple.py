@@ -59,7 +59,7 @@ import numpy as np
 import torch
 
 from slacktier.adapters import check_ple_layout, finish_step, layer_in_prefix
-from slacktier.adapters import sglang as core
+from slacktier.adapters import sglang_binding as core
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_VALUES
@@ -114,7 +114,7 @@ def _around_ngram_init(original: Callable[..., None], module: torch.nn.Module, c
     args = (config, embedding_dim)
     kwargs = dict(ple_layer_index=ple_layer_index, quant_config=quant_config, prefix=prefix)
     columns = (int(config.ngram_size) - 1) * int(config.heads_per_ngram)
-    binding = core._bind(columns, "PLE", PATCHED, NGRAM_INIT)
+    binding = core.bind(columns, "PLE", PATCHED, NGRAM_INIT)
     if binding is None:
         original(module, *args, **kwargs)
         return
@@ -172,7 +172,7 @@ def _around_host_init(original: Callable[..., None], module: torch.nn.Module, em
         setattr(module, name, getattr(embedding, name))
     module.quant_method = None
     rows = torch.nn.Parameter(torch.empty(0, embedding.embedding_dim, dtype=weight.dtype), requires_grad=False)
-    rows.weight_loader = core._skip_rows
+    rows.weight_loader = core.skip_rows
     module.register_parameter("weight", rows)
     module.register_buffer("weight_scale", embedding.weight_scale, persistent=True)
     del embedding.weight
@@ -195,7 +195,7 @@ def _around_gather(original: Callable[..., torch.Tensor], module: torch.nn.Modul
                              fix="a step's lookups must be the n-gram ids of its batch (no DP gather)")
     if input_ids.numel() == 0:   # an empty batch: no step was begun (begin_step needs ids)
         return out if out is not None else torch.empty(shape, dtype=torch.bfloat16, device=input_ids.device)
-    binding = core._current()
+    binding = core.current()
     if binding is None or binding.engine is None or not binding.engine.in_step:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"SGLang looked up PLE layer {layer} with no SlackTier step open",
                              layer=layer, fix=f"the {PREPARE_BATCH} hook begins each step: check that it runs "
@@ -213,7 +213,7 @@ def _around_gather(original: Callable[..., torch.Tensor], module: torch.nn.Modul
 
 def _after_prepare_batch(batch: Any, *args: Any, **kwargs: Any) -> None:
     """_prepare_ple_batch: begin_step with every served PLE layer's ids, [T, L, C], as soon as they can be hashed."""
-    binding = core._current()
+    binding = core.current()
     if binding is None or binding.engine is None or batch is None or not batch.processed_tokens:
         return
     engine = binding.engine
@@ -224,7 +224,7 @@ def _after_prepare_batch(batch: Any, *args: Any, **kwargs: Any) -> None:
 
 def _after_commit_batch(result: Any, *args: Any, **kwargs: Any) -> None:
     """_commit_ple_batch: every PLE layer has read its rows; end the step (an eager break under breakable graphs)."""
-    binding = core._current()
+    binding = core.current()
     finish_step(binding.engine if binding is not None else None, False)
 
 

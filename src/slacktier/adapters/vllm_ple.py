@@ -47,7 +47,7 @@ from typing import Any, Callable
 import torch
 
 from slacktier.adapters import check_ple_layout, layer_in_prefix
-from slacktier.adapters import vllm as core
+from slacktier.adapters import vllm_binding as core
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_VALUES
@@ -132,7 +132,7 @@ def served_embedding_class() -> type:
         @eager_break_during_capture
         def start_prefetch(self, ngram_ids: torch.Tensor) -> None:
             """This layer's ids [T, C]: begin_step once every served PLE layer's are in."""
-            binding = core._current()
+            binding = core.current()
             if binding is None or binding.engine is None:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"PLE layer {self.layer}: no SlackTier binding in this "
                                      "worker", layer=self.layer, fix=f"keep {core.CONTROL_ENV} set in every worker")
@@ -147,7 +147,7 @@ def served_embedding_class() -> type:
 
         @eager_break_during_capture
         def _finalize(self, output: torch.Tensor) -> None:
-            binding = core._current()
+            binding = core.current()
             if binding is None or binding.engine is None or not binding.engine.in_step:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"vLLM finalized PLE layer {self.layer} with no SlackTier "
                                      "step open", layer=self.layer,
@@ -176,7 +176,7 @@ def _ngram_init(original: Callable[..., None], module: torch.nn.Module, config: 
                 *args: Any, prefix: str, **kwargs: Any) -> None:
     """Qwen4ExpNGramEmbedding.__init__: a table the control file serves from a non-DRAM tier gets the third backend."""
     columns = (int(config.ngram_size) - 1) * int(config.heads_per_ngram)
-    binding = core._bind(columns, "PLE")
+    binding = core.bind(columns, "PLE")
     if binding is None:
         original(module, config, embedding_dim, *args, prefix=prefix, **kwargs)
         return
@@ -224,7 +224,7 @@ def patch() -> None:
     for cls, method in classes:
         current = cls.__dict__[method]
         if not getattr(current, "__slacktier__", False):
-            setattr(cls, method, core._wrap(current, _HOOKS[method]))
+            setattr(cls, method, core.wrap(current, _HOOKS[method]))
 
 
 __all__ = ["PATCHED", "STOCK_BACKENDS", "check_format", "patch", "served_embedding_class"]
