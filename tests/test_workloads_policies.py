@@ -120,19 +120,21 @@ def test_clock_pins_a_step_rows_as_the_served_cache_does():
     assert replay_clock(np.array([0, 1, 0]), np.array([0, 3]), 2, 1).tolist() == [READ, READ, REUSE_FILLED]
 
 
+@pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("capacity", [0, 37, 400, 2500, 20_000])
-def test_clock_simulator_is_the_served_cache_step_by_step(capacity):
+def test_clock_simulator_is_the_served_cache_step_by_step(capacity, ahead):
     """A Zipf trace in steps of T x 24 lookups (T varying, as prefill chunks and decode batches do), replayed
-    through the characterization simulator and through a RowCache's directory pass: the same outcome for every
-    lookup, so the same hits, reuses, reads and pages in every step."""
+    through the characterization simulator and through a RowCache's directory pass (and, with `ahead`, its
+    evict_ahead between steps, as the engine's end_step does): the same outcome for every lookup, so the same
+    hits, reuses, reads and pages in every step."""
     rng = np.random.default_rng(capacity)
     table_rows = 2_000_000
     tokens = rng.integers(1, 65, 40)                                  # tokens per step
     starts = np.concatenate([[0], np.cumsum(tokens) * 24]).astype(np.int64)
     rows = (rng.zipf(1.15, int(starts[-1])) * 7919) % table_rows      # sparse rows of a big table
     ids, n = P.densify(rows)
-    outcome = replay_clock(ids, starts, n, capacity)
-    hit = P.clock(ids, n, capacity, starts)
+    outcome = replay_clock(ids, starts, n, capacity, evict_ahead=ahead)
+    hit = P.clock(ids, n, capacity, starts, evict_ahead=ahead)
     assert hit.tolist() == (outcome <= REUSE_FILLED).astype(np.uint8).tolist()
 
     cache = RowCache(capacity)
@@ -157,4 +159,6 @@ def test_clock_simulator_is_the_served_cache_step_by_step(capacity):
         served = (kind == KIND_SLOT) | ((kind == KIND_MISS) & ~first & has_slot)
         assert served.astype(np.uint8).tolist() == hit[a:b].tolist()
         cache.release_pins()
+        if ahead:
+            cache.evict_ahead(14, res.misses - res.bypass)
     assert cache.verify() == []

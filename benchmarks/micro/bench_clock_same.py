@@ -10,6 +10,9 @@ hit mask, and writes them to `--out`. Run it once per version (PYTHONPATH select
     .venv/bin/python benchmarks/micro/bench_clock_same.py --out runs/clock_same/new.json
     PYTHONPATH=/path/to/old/src .venv/bin/python benchmarks/micro/bench_clock_same.py --out runs/clock_same/old.json
     .venv/bin/python benchmarks/micro/bench_clock_same.py --compare runs/clock_same/old.json runs/clock_same/new.json
+
+`--no-evict-ahead` replays CLOCK alone (the policy before the engine's evict_ahead); comparing it with a
+default run shows what evict_ahead changes in the hit rates (the masks then differ; the rates are the figure).
 """
 
 from __future__ import annotations
@@ -50,12 +53,16 @@ def main() -> int:
     ap.add_argument("--trace", type=Path, default=Path("runs/clock_same/traces.pkl"))
     ap.add_argument("--out", type=Path, default=Path("runs/clock_same/result.json"))
     ap.add_argument("--compare", nargs=2, type=Path, metavar=("BEFORE", "AFTER"))
+    ap.add_argument("--no-evict-ahead", action="store_true",
+                    help="CLOCK alone, without the engine's evict_ahead between steps (its default since issue 28)")
     args = ap.parse_args()
     if args.compare:
         a, b = (json.loads(p.read_text()) for p in args.compare)
         same = a["cells"] == b["cells"]
         for key, cell in b["cells"].items():
-            print(f"{key:24} decode hit {cell['decode_hit_rate']:.4%} "
+            was = a["cells"].get(key, {}).get("decode_hit_rate", float("nan"))
+            print(f"{key:24} decode hit {was:.4%} -> {cell['decode_hit_rate']:.4%} "
+                  f"({100 * (cell['decode_hit_rate'] - was):+.3f} points) "
                   f"{'same mask' if a['cells'].get(key) == cell else 'DIFFERS'}")
         print("every hit mask identical" if same else "hit masks differ")
         return 0 if same else 1
@@ -68,7 +75,12 @@ def main() -> int:
         for prep in layers:
             for cap in (1_000_000, 5_000_000):
                 t = time.perf_counter()
-                hit = run_policy(prep, "clock", cap, 0.5)   # the served CLOCK's hit mask over every lookup
+                if args.no_evict_ahead:
+                    from slacktier.workloads import policies
+                    from slacktier.workloads.characterize import step_starts
+                    hit = policies.clock(prep.ids, prep.n_items, cap, step_starts(prep.trace), evict_ahead=False)
+                else:   # the served cache's hit mask over every lookup, as characterize replays it
+                    hit = run_policy(prep, "clock", cap, 0.5)
                 decode = float(hit[prep.decode].mean())
                 cells[f"{wl}/L{prep.layer_id}/{cap // 1_000_000}M"] = {
                     "decode_hit_rate": decode, "hit_rate": float(hit.mean()),

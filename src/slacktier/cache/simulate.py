@@ -3,9 +3,10 @@
 `replay_clock` builds one layer's cache bookkeeping (the arrays a `RowCache`
 holds for a layer owning `capacity` slots, no device arrays) and runs the
 directory pass itself (`directory.resolve_layer`, on `kernels`' CLOCK) once per
-replay step, releasing the step's pins after it, exactly as the engine does
-with `begin_step` / `end_step`. So the miss-page curves the planner reads come
-from the policy that is served, pins and in-step read reuse included.
+replay step, releasing the step's pins after it and, with `evict_ahead` (the
+engine's default), emptying as many slots as the step claimed, exactly as the
+engine does with `begin_step` / `end_step`. So the miss-page curves the planner
+reads come from the policy that is served, pins and in-step read reuse included.
 
 Worked example: capacity 1, one step of rows [5, 7, 5] -> 5 claims the slot
 (READ), 7 finds the slot pinned and is read without one (READ), 5 reuses its
@@ -18,7 +19,8 @@ import numpy as np
 from numba import njit
 
 from slacktier.cache import rowdir as D
-from slacktier.cache.directory import KIND_SLOT, N_COUNTS, resolve_layer
+from slacktier.cache.directory import KIND_SLOT, N_COUNTS, Count, resolve_layer
+from slacktier.cache.kernels import evict_ahead as evict_ahead_kernel
 from slacktier.errors import ErrorKind, SlackTierError
 
 HIT = 0            # the row was cached when the step began (served from its slot)
@@ -36,7 +38,7 @@ def _hash_bits(n):
 
 
 @njit(nogil=True, cache=True)
-def _replay(ids, step_starts, n_items, capacity, dir_entries, out):
+def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
     # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; out: [M] int8 outcome per lookup
     directory = np.full(dir_entries, -1, dtype=np.int64)   # rowdir's table for `capacity` slots (rowdir.empty)
     owned = np.arange(capacity).astype(np.int32)          # RowCache gives a lone layer slots 0..c-1 in order
@@ -77,6 +79,9 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, out):
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
                       page_region, page_no, page_buf, own_pos, own_row, 0, 0, counts)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
+        if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
+            evict_ahead_kernel(min(counts[Count.MISSES] - counts[Count.BYPASS], capacity // 8), directory, owned,
+                               lstate, slot_layer, slot_row, state, ref, s + 1)
         last = -1       # miss indices are handed out in order: a new read is the first with its index
         for i in range(b - a):
             if desc_kind[i] == KIND_SLOT:
@@ -92,11 +97,13 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, out):
                     out[a + i] = REUSE_BYPASS
 
 
-def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, capacity: int) -> np.ndarray:
+def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, capacity: int,
+                 evict_ahead: bool = True) -> np.ndarray:
     """Outcome per lookup [M] int8 (HIT, REUSE_FILLED, REUSE_BYPASS, READ) of the served cache of `capacity` rows.
 
     ids: [M] dense rows 0..n_items-1 in lookup order; step_starts: [S + 1] lookup index where each step
-    begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an eviction).
+    begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an eviction). evict_ahead: as the
+    engine's option of that name (its default); False replays CLOCK alone.
     """
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     m = ids.shape[0]
@@ -111,5 +118,5 @@ def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, 
         raise SlackTierError(ErrorKind.BAD_INPUT, f"step starts must rise from 0 to {m} lookups",
                              fix="pass the lookup index where each step begins, then the lookup count")
     out = np.empty(m, dtype=np.int8)
-    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), out)
+    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), bool(evict_ahead), out)
     return out
