@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slacktier.config import (ControlFile, DiskOptions, DramOptions, EngineConfig, RedisClusterOptions, RedisOptions,
+from slacktier.config import (ControlFile, DiskOptions, DramOptions, EngineConfig, RedisOptions,
                               TableConfig,
                               dump_control, load_control, parse_control, tier_names, write_control)
 from slacktier.errors import ErrorKind, SlackTierError
@@ -113,7 +113,7 @@ _options = st.one_of(
               queue_depth=st.integers(1, 4096), io_threads=st.integers(1, 64)),
     st.builds(RedisOptions, url=_hosts.map(lambda n: "redis://" + n), prefix=_names,
               username=_names, password_env=_names),
-    st.builds(RedisClusterOptions, url=_hosts.map(lambda n: "rediss://" + n), prefix=_names,
+    st.builds(RedisOptions, mode=st.just("cluster"), url=_hosts.map(lambda n: "rediss://" + n), prefix=_names,
               password_file=_names, tls_ca_file=_names, read_from_replicas=st.booleans()),
 )
 
@@ -125,8 +125,7 @@ def _control(draw) -> ControlFile:
     tables = []
     for layer, share in zip(layers, shares):
         options = draw(_options)
-        source = {DramOptions: "dram", DiskOptions: "disk", RedisOptions: "redis",
-                  RedisClusterOptions: "redis-cluster"}[type(options)]
+        source = {DramOptions: "dram", DiskOptions: "disk", RedisOptions: "redis"}[type(options)]
         tables.append(TableConfig(layer=layer, manifest="/m/" + draw(_names), source=source, options=options,
                                   rank=draw(st.integers(-1, 8)), targets=tuple(draw(st.lists(_names, max_size=2))),
                                   cache_share=share, order=draw(st.integers(-3, 3)), seen=draw(_names)))
