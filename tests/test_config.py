@@ -147,3 +147,20 @@ def test_round_trip_is_exact(cfg):
 
 def test_built_in_tiers_are_named_once():
     assert tier_names()[:3] == ("dram", "disk", "redis")
+
+
+def test_the_redis_tier_of_earlier_releases_is_refused_naming_the_new_keys():
+    """One Redis tier since issue 29: `source = "redis-cluster"` and `[table.redis-cluster]` say what to write."""
+    for text in (TABLE + 'source = "redis-cluster"\n',
+                 TABLE + 'source = "redis"\n[table.redis-cluster]\nurl = "redis://127.0.0.1:7000"\n'):
+        with pytest.raises(SlackTierError) as info:
+            parse_control(text)
+        assert info.value.kind is ErrorKind.BAD_INPUT and "retired" in info.value.message
+        assert 'source = "redis"' in info.value.fix and 'mode = "cluster"' in info.value.fix
+    cfg = parse_control(TABLE + 'source = "redis"\n[table.redis]\nmode = "cluster"\nurl = "redis://127.0.0.1:7000"\n'
+                        'nodes = ["127.0.0.1:7001"]\nread_from_replicas = true\n')
+    assert cfg.table(1).options == RedisOptions(mode="cluster", url="redis://127.0.0.1:7000", nodes=("127.0.0.1:7001",),
+                                                read_from_replicas=True)
+    with pytest.raises(SlackTierError, match="standalone") as info:   # cluster keys on one server
+        parse_control(TABLE + 'source = "redis"\n[table.redis]\nread_from_replicas = true\n')
+    assert 'mode = "cluster"' in info.value.fix

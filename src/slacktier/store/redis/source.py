@@ -64,16 +64,15 @@ STALL_FRACTION = 0.25
 class RedisSource(QueuedSource[dict]):
     """Pages read from Redis (one server or a cluster), grouped by slot, pipelined per node, all nodes at once."""
 
-    read_what = "redis read"
-    engine_name = "resp-scan"
     #: remote memory with no end-to-end checksum of its own: reads are checked against the manifest by default
     verify_by_default = True
+    read_what, engine_name = "redis read", "resp-scan"
 
     def __init__(self, regions: Sequence[Region], options: RedisOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
-        super().__init__(regions, page_crc32c=page_crc32c)
-        self.options = typed_options(options, RedisOptions)
+        self.options = typed_options(options, RedisOptions)   # a wrong options type fails before any thread starts
         self.url = self.options.url   # for logs and errors (it never holds a secret)
+        super().__init__(regions, page_crc32c=page_crc32c)
         self._prefix = [self.options.prefix or default_prefix(identity)] * len(self.regions)
         self._control = Control(self.options)
         self.stalls: dict[str, int] = {}   # node -> batches whose reply from it was slow or never came
