@@ -170,3 +170,35 @@ def test_the_load_verb_loads_a_standalone_server(server, staged, capsys):
     assert "loaded" in out and 'mode = "standalone"' in out
     assert main(argv) == 0 and "already complete" in capsys.readouterr().out
     _open(server, staged, "verb").close()
+
+
+def test_a_server_on_a_unix_socket_is_loaded_and_read(tmp_path, staged):
+    """A unix-socket url (standalone only): the loader's client and the tier's own sockets both reach it."""
+    import subprocess
+    import time
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    path = tmp_path / "redis.sock"
+    proc = subprocess.Popen([binary, "--port", "0", "--unixsocket", str(path), "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10   # a bound on a server that never comes up, not a speed check
+        while not path.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not open its socket"
+            time.sleep(0.02)
+        options = RedisOptions(url=f"unix://{path}", prefix="u")
+        load_manifest(options, staged.manifest, tag_buckets=4)
+        src = RedisSource(staged.specs, options, page_crc32c=staged.manifest.region_checksums(),
+                          identity=staged.manifest.identity)
+        try:
+            pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
+            pool = PageBufferPool(len(pairs))
+            src.wait(src.submit(_reads(pairs), pool))
+            np.testing.assert_array_equal(pool.pages, np.stack([staged.pages[r][p] for r, p in pairs]))
+        finally:
+            src.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
