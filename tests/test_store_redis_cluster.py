@@ -381,3 +381,34 @@ def test_a_tag_bucket_count_outside_the_slots_is_refused(redis_cluster, table, t
         load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest, prefix="never",
                       tag_buckets=tag_buckets)
     assert exc.value.kind is ErrorKind.BAD_INPUT and "tag_buckets" in exc.value.message
+
+
+def test_a_cluster_read_as_one_server_is_refused_naming_the_mode(redis_cluster, table, monkeypatch) -> None:
+    """mode = "standalone" on a cluster node: refused at open (CLUSTER INFO says cluster_state); and for a user not
+    allowed CLUSTER INFO, at the first read a MOVED names the mode instead of being retried until the timeout."""
+    load_manifest(options(redis_cluster, redis_cluster.loader), table.manifest, prefix="one-node", tag_buckets=16)
+    standalone = options(redis_cluster, redis_cluster.reader, prefix="one-node")
+    standalone = RedisOptions(**{**{f: getattr(standalone, f) for f in standalone.__struct_fields__},
+                                 "mode": "standalone"})
+    with pytest.raises(SlackTierError) as info:
+        RedisSource(table.specs, standalone, identity=table.manifest.identity)
+    assert info.value.kind is ErrorKind.BAD_INPUT and 'mode = "cluster"' in info.value.fix
+    user, password = "slacktier-no-info", "no-info-pw"
+    for port in redis_cluster.ports:   # the reader's rules less CLUSTER INFO, on every node
+        redis_cluster.client(port).execute_command("ACL", "SETUSER", user, "on", f">{password}", "resetkeys", "%R~*",
+                                                   "-@all", "+ping", "+get", "+mget", "+exists")
+    monkeypatch.setenv("ST_TEST_NO_INFO_PW", password)
+    blind = RedisOptions(url=redis_cluster.seed_url, username=user, password_env="ST_TEST_NO_INFO_PW",
+                         prefix="one-node")
+    pages = np.arange(table.specs[0].pages, dtype=np.int64)   # every group: most live on other nodes than the url's
+
+    def open_and_read() -> None:   # MOVED at open (the identity or a generation key elsewhere) or at the read
+        src = RedisSource(table.specs[:1], blind, identity=table.manifest.identity)
+        try:
+            src.wait(src.submit(PageReads(np.zeros(pages.shape[0], np.int32), pages,
+                                          np.arange(pages.shape[0], dtype=np.int32)), PageBufferPool(pages.shape[0])))
+        finally:
+            src.close()
+    with pytest.raises(SlackTierError) as info:
+        open_and_read()
+    assert info.value.kind is ErrorKind.BAD_INPUT and 'mode = "cluster"' in info.value.fix, info.value

@@ -180,6 +180,16 @@ class Control:
         return SlackTierError(ErrorKind.UNAVAILABLE, f"cannot reach {self.where}: {text}",
                               fix="start the server (or cluster) there, or pass the url of one of its nodes")
 
+    def failure(self, exc: BaseException, what: str) -> SlackTierError:
+        """A failed call as an error: a redirect on a standalone connection names the mode (BAD_INPUT; the
+        user could not run the CLUSTER INFO check at connect), anything else is IO naming the deployment."""
+        if not self.cluster and isinstance(exc, (redis.exceptions.MovedError, redis.exceptions.AskError)):
+            return SlackTierError(ErrorKind.BAD_INPUT, f"{self.where} answered {type(exc).__name__} ({exc}) "
+                                  f"while {what}: it is a cluster node, and [table.redis] says mode = \"standalone\"",
+                                  fix='set mode = "cluster" in [table.redis] (or --mode cluster)')
+        return SlackTierError(ErrorKind.IO, f"{what} at {self.where} failed: {mask(str(exc), self.options)}",
+                              fix="check the server (or cluster) and try again")
+
     def node_of_slot(self, slot: int) -> Node:
         """The node that serves `slot`: the one server; a cluster's master (or, with read_from_replicas, the
         client's round robin over the slot's master and replicas)."""

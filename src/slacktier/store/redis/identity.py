@@ -17,7 +17,7 @@ import json
 from collections.abc import Sequence
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.redis.client import CLIENT_ERRORS, Control, mask
+from slacktier.store.redis.client import CLIENT_ERRORS, Control
 from slacktier.store.redis.keys import COMPLETE, LAYOUT, gen_key, identity_key
 from slacktier.tables.manifest import TableIdentity
 from slacktier.tables.regions import Region
@@ -36,8 +36,7 @@ def read_identity(control: Control, prefixes: Sequence[str], identity: TableIden
     try:
         value = control.client.get(identity_key(prefix))
     except CLIENT_ERRORS as exc:
-        raise SlackTierError(ErrorKind.IO, f"reading the table identity from {where} failed: "
-                             f"{mask(str(exc), control.options)}", fix="check the server") from None
+        raise control.failure(exc, "reading the table identity") from None
     if value is None:
         raise SlackTierError(ErrorKind.MISSING, f"{where} holds no table under prefix {prefix!r} (no key "
                              f"{identity_key(prefix)!r})", fix=LOAD_FIX)
@@ -80,8 +79,7 @@ def check_generations(control: Control, regions: Sequence[Region], prefixes: Seq
     try:
         values = control.get_many(keys)
     except CLIENT_ERRORS as exc:
-        raise SlackTierError(ErrorKind.IO, f"reading generation keys from {control.where} failed: "
-                             f"{mask(str(exc), control.options)}", fix="check the server") from None
+        raise control.failure(exc, "reading generation keys") from None
     bad = [k for k, v in zip(keys, values, strict=True) if v != gen]
     if not bad:
         return

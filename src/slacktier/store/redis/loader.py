@@ -130,8 +130,7 @@ def load_table(options: RedisOptions, regions: Sequence[Region], identity: Table
                              f"{control.where}: {mask(str(exc), options)}",
                              fix="load with the read-write (loading) ACL user") from None
     except CLIENT_ERRORS as exc:
-        raise SlackTierError(ErrorKind.IO, f"loading into {control.where} failed: {mask(str(exc), options)}",
-                             fix="check the server and load again (it resumes)") from None
+        raise control.failure(exc, "loading (a rerun resumes)") from None
     finally:
         control.close()
     log.info("loaded %d of %d page groups (%d pages) of table %s into %s under %r, generation %s", len(todo),

@@ -168,6 +168,12 @@ class RedisSource(QueuedSource[dict]):
             pending, hard = self._round(lane, by_node, part, got, deadline, timeout_s)
             if hard is not None:
                 return self._io_error(part, pending, hard)
+        moved = [c.redirect for c in pending if c.redirect in (b"MOVED", b"ASK")]
+        if moved and not self._control.cluster:   # the CLUSTER INFO check at open was not allowed to this user
+            return SlackTierError(ErrorKind.BAD_INPUT, f"{self._control.where} answered {moved[0].decode()}: it "
+                                  "is a cluster node, and [table.redis] says mode = \"standalone\"",
+                                  **self._where(int(part.region[0]), int(part.page[0])),
+                                  fix='set mode = "cluster" in [table.redis]')
         last: BaseException | None = None
         tries = 0
         while pending:  # the slow path: redirects and lost nodes, until the deadline
