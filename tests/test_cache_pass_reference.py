@@ -4,7 +4,7 @@ Random steps over two layers mix hits, repeats within a step, pad ids, ids
 outside the table (foreign with owned_only, else the pass stops there and the
 step is abandoned), lossy rows outside the seen-set, layers whose slots are all
 pinned (rows read without a slot) and evictions; the cache is resized between
-steps. After every pass the descriptors, misses, slots, pages and counts must
+steps, and some steps end by emptying slots ahead (RowCache.evict_ahead). After every pass the descriptors, misses, slots, pages and counts must
 equal the reference's; after every resize the rows the cache still holds must
 be rows the reference held in the same slots (no row is ever found in a stale
 slot), and the cache's invariants hold.
@@ -51,6 +51,7 @@ step_st = st.tuples(
     st.sampled_from([None, 0, 3, 17, 60, 120]),          # resize before the step (None: keep)
     st.floats(0.0, 1.0),                                  # layer 1's share after it
     st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5)), min_size=1, max_size=60),   # (hot row, kind)
+    st.sampled_from([0, 0, 1, 4, 30]),                    # slots per layer emptied ahead after the step
 )
 
 
@@ -72,7 +73,7 @@ def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, s
     ref = RefCache()
     _sync(ref, cache)
     scratch = PassScratch(64)
-    for resize, share, lookups in steps:
+    for resize, share, lookups, ahead in steps:
         if resize is not None:
             cache.resize(slots=min(resize, max_slots), shares={1: share, 14: 1.0 - share})
             _sync(ref, cache)
@@ -113,4 +114,8 @@ def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, s
                 break
         cache.release_pins()
         ref.end_step()
+        for layer in LAYERS:
+            assert cache.evict_ahead(layer, ahead) == ref.evict_ahead(layer, ahead)
+            rows, slots = cache.cached(layer)
+            assert dict(zip(rows.tolist(), slots.tolist(), strict=True)) == ref.layers[layer].directory
         assert cache.verify() == []

@@ -215,3 +215,34 @@ def test_per_rank_control_files_sum_to_the_single_process_gather(tables, tmp_pat
     with pytest.raises(SlackTierError) as err:
         StepEngine.from_control(toml(tmp_path, "bad.toml", cache_rows=10, tables=[dict(tbl[0], rank=5)]))
     assert err.value.kind is ErrorKind.MISSING and err.value.rank == 5
+
+
+def test_evict_ahead_follows_the_control_file(tables, tmp_path: Path) -> None:
+    """[engine] evict_ahead: off, a full cache stays full between steps (CLOCK evicts inside the pass); on,
+    end_step empties as many slots as the step claimed, the ones CLOCK takes next; rows exact throughout."""
+    a, _ = tables
+    truth = {layer: SyntheticSource(a.layout, 1) for layer in ROWS}
+    spec = [{"layer": 1, "source": "dram", "manifest": a.path, "cache_share": 0.5},
+            {"layer": 14, "source": "dram", "manifest": a.path, "cache_share": 0.5, "order": 1}]
+    off = toml(tmp_path, "off.toml", cache_rows=800, evict_ahead=False, tables=spec)
+    on = toml(tmp_path, "on.toml", cache_rows=800, tables=spec)   # the default
+    rng = np.random.default_rng(3)
+    order = {layer: rng.permutation(n) for layer, n in ROWS.items()}
+    steps = iter(np.stack([order[layer][k * 48:(k + 1) * 48].reshape(2, 24) for layer in ROWS], axis=1)
+                 for k in range(40))   # 48 rows per layer never looked up before, each step
+
+    def cached() -> list[int]:
+        return [len(engine.cache.cached(layer)[0]) for layer in ROWS]
+
+    engine = StepEngine.from_control(off)
+    for _ in range(12):   # 400 slots per layer: full after 9 steps, then every miss evicts in the pass
+        run_step(engine, next(steps), truth)
+    assert not engine.evict_ahead and cached() == [400, 400]
+    engine.reload(on)
+    for _ in range(2):
+        run_step(engine, next(steps), truth)
+    assert engine.evict_ahead and cached() == [352, 352]   # the step's 48 claims emptied again, ahead
+    engine.reload(off)
+    run_step(engine, next(steps), truth)
+    assert cached() == [400, 400]   # the next 48 misses took the emptied slots; none emptied after
+    engine.close()

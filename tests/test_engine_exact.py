@@ -4,11 +4,12 @@ Row ids come from the Engram hasher (scaled V4.1 layout, ~50k rows per layer)
 over real source text tokenized with the DeepSeek-V4 tokenizer. Tables are
 staged to real files by the staging code (synthetic rows), and served from
 DRAM, from one disk region, and from several regions on two files, with a
-large cache, no cache, and a tiny cache that evicts every step. Every lookup is
+large cache, no cache, and a tiny cache that evicts every step, and with slots emptied ahead between steps
+(evict_ahead). Every lookup is
 compared twice: by the engine's checker (torch reference gather of the rows
 read from the staged files), and here, against the rows regenerated from the
 synthetic generator (dequantized by the codec's exact table).
-Five configurations x 211,200 lookups each = 1,056,000 lookups.
+Seven configurations x 211,200 lookups each = 1,478,400 lookups.
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ LAYOUT = EngramLayout.scaled(2000)  # rows per layer: 50,148 and 54,840
 
 @pytest.fixture(scope="module")
 def token_ids() -> np.ndarray:
-    """[5 * TOKENS_PER_CONFIG, 2, 24] row ids of real text."""
-    return real_token_ids(5 * TOKENS_PER_CONFIG, LAYOUT)
+    """[len(CONFIGS) * TOKENS_PER_CONFIG, 2, 24] row ids of real text."""
+    return real_token_ids(len(CONFIGS) * TOKENS_PER_CONFIG, LAYOUT)
 
 
 @pytest.fixture(scope="module")
@@ -67,24 +68,26 @@ max_tokens = 64
 
 
 CONFIGS = {
-    # name: (staging, source, cache rows, shares, step sizes in tokens)
-    "dram-4ranks-nocache": ("four", "dram", 0, (0.0, 0.0), (128,)),
-    "disk-1region-cached": ("one", "disk", 30_000, (0.6, 0.4), (128, 8, 256)),
-    "disk-4regions-cached": ("four", "disk", 30_000, (0.5, 0.5), (64, 200)),
-    "disk-4regions-tinycache": ("four", "disk", 96, (0.5, 0.5), (128,)),
-    "dram-1region-tinycache": ("one", "dram", 40, (0.7, 0.3), (1, 33, 128)),
+    # name: (staging, source, cache rows, shares, step sizes in tokens, evict_ahead)
+    "dram-4ranks-nocache": ("four", "dram", 0, (0.0, 0.0), (128,), False),
+    "disk-1region-cached": ("one", "disk", 30_000, (0.6, 0.4), (128, 8, 256), False),
+    "disk-4regions-cached": ("four", "disk", 30_000, (0.5, 0.5), (64, 200), False),
+    "disk-4regions-tinycache": ("four", "disk", 96, (0.5, 0.5), (128,), False),
+    "dram-1region-tinycache": ("one", "dram", 40, (0.7, 0.3), (1, 33, 128), False),
+    "disk-1region-cached-ahead": ("one", "disk", 30_000, (0.6, 0.4), (128, 8, 256), True),
+    "disk-4regions-tinycache-ahead": ("four", "disk", 96, (0.5, 0.5), (128,), True),
 }
 
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_zero_mismatches(name: str, token_ids: np.ndarray, staged: dict[str, Path], tmp_path: Path) -> None:
-    which, source, cache_rows, shares, sizes = CONFIGS[name]
+    which, source, cache_rows, shares, sizes, ahead = CONFIGS[name]
     manifest = Manifest.load(staged[which])
     rows_of = SyntheticSource(manifest.layout, SEED)
     k = list(CONFIGS).index(name)
     ids = token_ids[k * TOKENS_PER_CONFIG:(k + 1) * TOKENS_PER_CONFIG]
     engine = StepEngine.from_control(str(write_control(tmp_path / "c.toml", staged[which], source, cache_rows,
-                                                       shares)))
+                                                       shares)), evict_ahead=ahead)
     evicting_steps = steps = 0
     with engine:
         at = 0
@@ -117,3 +120,5 @@ def test_zero_mismatches(name: str, token_ids: np.ndarray, staged: dict[str, Pat
         assert all(c.bypass > 0 for c in totals.values())
     if cache_rows == 0:
         assert sum(c.hits for c in totals.values()) == 0
+    if ahead:   # rows were evicted, by the passes and ahead of them between steps; every row exact (above)
+        assert sum(c.evictions for c in totals.values()) > 0

@@ -17,7 +17,7 @@ from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import Manifest, StagedLayout, check_tp_sharding, plan_regions
 from slacktier.tables.page_writer import check_free_space, check_targets
 from slacktier.tables.stage import stage_synthetic
-from slacktier.workloads.rank_pages import rank_pages, rank_trace, slowest_rank
+from benchmarks.paper.rank_pages import rank_pages, rank_trace, slowest_rank
 from slacktier.workloads.replay import LookupTrace
 
 LAYOUT = EngramLayout.scaled(400)   # 24 columns of ~400 rows per layer
@@ -179,7 +179,7 @@ def test_rank_pages_counts_full_batch_decode_steps_only():
 # ---- the full-rank timeline on a scaled table ---------------------------------------------------------------
 
 def test_full_rank_timeline_on_a_scaled_table(tmp_path):
-    from slacktier.serve.full_rank import FullRankConfig, full_rank_table, host_memory_bytes, run_full_rank
+    from benchmarks.paper.full_rank import FullRankConfig, full_rank_table, host_memory_bytes, run_full_rank
     from slacktier.serve.tiers import Placement
 
     cfg = FullRankConfig(workdir=str(tmp_path), rank=3, workload="chat", batches=(8,), runs=1, decode_steps=3,
@@ -205,7 +205,7 @@ def test_full_rank_timeline_on_a_scaled_table(tmp_path):
 
 
 def test_full_rank_refuses_a_batch_the_traffic_cannot_fill(tmp_path):
-    from slacktier.serve.full_rank import FullRankConfig, run_full_rank
+    from benchmarks.paper.full_rank import FullRankConfig, run_full_rank
 
     cfg = FullRankConfig(workdir=str(tmp_path), workload="agent", batches=(128,), max_session_tokens=1024,
                          engram_vocab=300)

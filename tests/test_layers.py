@@ -26,9 +26,8 @@ MAY_USE: dict[str, set[str]] = {
     "probe": set(),
     "workloads": {"tables", "cache"},
     "models": {"engine"},
-    "testing": set(),   # local stand-ins (a Redis Cluster on loopback); no serving room may use it but serve's sweep
-    # serve: the timeline's remote sweep starts a local cluster (slacktier.testing) until it moves to benchmarks/
-    "serve": {"config", "tables", "store", "cache", "engine", "plan", "probe", "workloads", "models", "testing"},
+    "testing": set(),   # local stand-ins (a Redis Cluster on loopback) for tests and benchmarks; no room uses it
+    "serve": {"config", "tables", "store", "cache", "engine", "plan", "probe", "workloads", "models"},
     "redknot": {"models", "engine", "store"},
     "adapters": {"engine", "config", "tables"},
 }

@@ -7,7 +7,7 @@ import torch
 
 from slacktier.errors import SlackTierError
 from slacktier.redknot.model import build_model, tiny_config
-from slacktier.redknot.sparse_moe import adaptive_counts, adaptive_moe, moe_fences
+from benchmarks.redknot.sparse_moe import adaptive_counts, adaptive_moe, moe_fences
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,8 +12,8 @@ import torch
 
 from slacktier.errors import SlackTierError
 from slacktier.redknot.model import build_model, tiny_config
-from slacktier.redknot.retrieval import RetrievalTask, VocabMap, read_split
-from slacktier.redknot.train import (
+from benchmarks.redknot.retrieval import RetrievalTask, VocabMap, read_split
+from benchmarks.redknot.train import (
     Stage,
     TrainConfig,
     band_mask,
@@ -64,7 +64,7 @@ def task() -> RetrievalTask:
 
 
 def test_train_and_eval_splits_do_not_share_files():
-    from slacktier.redknot.retrieval import split_files
+    from benchmarks.redknot.retrieval import split_files
 
     assert not set(split_files(True)) & set(split_files(False))
 
@@ -100,7 +100,7 @@ def test_tiny_training_is_deterministic(tmp_path):
 
 
 def test_shipped_weights_reproduce_their_digest():
-    """The committed weights (models/redknot/retrieval-v4.pt, rebuilt by `python -m slacktier.redknot.train`)."""
+    """The committed weights (models/redknot/retrieval-v4.pt, rebuilt by `python -m benchmarks.redknot.train`)."""
     assert SHIPPED.exists(), f"{SHIPPED} is missing: it is committed; restore it or retrain"
     model, vocab, card = load_model(SHIPPED)
     assert _weights_digest(model) == SHIPPED_WEIGHTS

@@ -12,8 +12,8 @@ from slacktier.errors import SlackTierError
 from slacktier.plan.curves import MissCurve, MissCurves
 from slacktier.plan.readmodel import DeviceReadModel
 from slacktier.plan.tiers import TierSpec
-from slacktier.serve.predict import (Calibration, DelayedEngine, FitCurves, PlannerInputs, calibrate,
-                                     delay_prediction, fit_miss_curves, predict, run_delayed_replay)
+from benchmarks.paper.injected_delays import DelayedEngine, delay_prediction, run_delayed_replay
+from slacktier.serve.predict import Calibration, FitCurves, PlannerInputs, calibrate, fit_miss_curves, predict
 from slacktier.serve.tiers import Placement
 from slacktier.serve.timeline import StepTimes, SweepRun, TimelineRunner, TimelineSummary, load_profile
 
@@ -233,4 +233,19 @@ def test_planner_sweep_refuses_a_batch_the_traffic_cannot_fill_before_staging(tm
     with pytest.raises(SlackTierError, match="B=100000 needs 100000 sessions"):
         planner_sweep(cfg, lambda a, b: [Job(100_000, Placement("disk", ((a, "disk"), (b, "disk"))))],
                       lambda j: True)
+    assert not (tmp_path / "w").exists()   # nothing staged
+
+
+def test_planner_sweep_refuses_injected_delays_without_their_runner_before_staging(tmp_path):
+    """Injected delays are the Table 3 experiment's (benchmarks/paper/injected_delays.py); the package runs them
+    only through the runner it is given."""
+    from slacktier.serve.predict import Job, planner_sweep
+    from slacktier.serve.timeline import SweepConfig
+
+    cfg = SweepConfig(workdir=str(tmp_path / "w"))
+    dram = lambda a, b: Placement("dram", ((a, "dram"), (b, "dram")))   # noqa: E731
+    with pytest.raises(SlackTierError, match=r"job dram\+delay 2/6 injects delays") as err:
+        planner_sweep(cfg, lambda a, b: [Job(8, dram(a, b), ((a, 2.0), (b, 6.0)), group="delays")],
+                      lambda j: False)
+    assert "injected_delays.py" in err.value.fix
     assert not (tmp_path / "w").exists()   # nothing staged

@@ -343,7 +343,8 @@ def test_a_small_sweep_runs_every_placement_with_the_checker_and_the_remote_rows
     import shutil
 
     from slacktier.serve.report import timeline_table
-    from slacktier.serve.timeline import SweepConfig, run_sweep
+    from benchmarks.paper.timeline_sweep import run_sweep
+    from slacktier.serve.timeline import SweepConfig
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server binary not found (scripts/test.sh installs it)")
     cfg = SweepConfig(workdir=str(tmp_path), batches=(8,), runs=1, decode_steps=2, check_steps=2,

@@ -13,7 +13,7 @@ from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, repl
 from slacktier.errors import SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.workloads import policies as P
-from slacktier.workloads import reference as R
+from benchmarks.micro import policy_reference as R
 
 traces = st.tuples(
     st.lists(st.integers(0, 30), min_size=0, max_size=250),

@@ -204,8 +204,9 @@ def write_result(bench: str, figures: dict[str, float], path: str | Path | None 
     return out
 
 
-def timed_step(engine, ids) -> tuple[float, float, object]:
-    """One whole engine step on `ids`: (begin_step wall us, begin_step thread CPU us, the step's counters)."""
+def timed_step(engine, ids, end_us: list | None = None) -> tuple[float, float, object]:
+    """One whole engine step on `ids`: (begin_step wall us, begin_step thread CPU us, the step's counters);
+    end_step's wall us appended to `end_us` when given."""
     c0 = time.thread_time_ns()
     t0 = time.perf_counter_ns()
     engine.begin_step(ids)
@@ -213,4 +214,8 @@ def timed_step(engine, ids) -> tuple[float, float, object]:
     c1 = time.thread_time_ns()
     for layer in engine.layers:
         engine.gather(layer)
-    return (t1 - t0) / 1e3, (c1 - c0) / 1e3, engine.end_step()
+    t2 = time.perf_counter_ns()
+    counters = engine.end_step()
+    if end_us is not None:
+        end_us.append((time.perf_counter_ns() - t2) / 1e3)
+    return (t1 - t0) / 1e3, (c1 - c0) / 1e3, counters

@@ -15,17 +15,25 @@ Two engines of that shape, side by side, step by step:
   tokenizer, the V4.1 hash), replayed B sessions at a time; prefill chunks warm
   the cache off the clock; full-batch decode steps are timed.
 
-The floor, measured in the same process on the same traffic, on alternate steps
-(begin_step is timed on the others; every step is gathered and ended, so each
-timed part follows a whole step): one compiled loop that does what any resolve
-must, and nothing else: one prefetched probe of each in-table lookup into that
-engine's own directory (cache.rowdir; before issue 28, the int32 array of a row
-per table row), then a stamped hash-table dedup of the pages of the rows it did
-not find. A full cache's evictions (the victim's row leaves the directory,
-the missed row enters it) are not in the floor: they are in the compiled pass,
-whose own time is reported beside it. Before each timed part the CPU
-caches are flushed (a 96 MiB sweep; this VM's L3 is 32 MiB), as after the
-model's forward; `--no-flush` times them as they come.
+The floors, measured in the same process on the same traffic, in turn with
+begin_step step by step (every step is gathered and ended, so each timed part
+follows a whole step):
+- the floor: one compiled loop that does what any resolve must, and nothing
+  else: one prefetched probe of each in-table lookup into that engine's own
+  directory (cache.rowdir; before issue 28, the int32 array of a row per table
+  row), then a stamped hash-table dedup of the pages of the rows it did not find;
+- the floor with the evictions' reads: the same, plus, for each distinct row not
+  found, one prefetched probe of the directory entry of the row that CLOCK's next
+  victim slot holds (read only): the random directory reads a full cache's pass
+  makes, evictions included. The compiled pass against it shows how far the pass
+  is from its own memory traffic.
+Before each timed part the CPU caches are flushed (a 96 MiB sweep; this VM's L3
+is 32 MiB), as after the model's forward; `--no-flush` times them as they come.
+
+`--evict-ahead` adds a twin of each engine with `evict_ahead` on (end_step
+empties as many slots per layer as the step claimed: the next step's misses
+claim them without reading a victim's entry), on the same steps; end_step's
+time is reported beside begin_step's, since that is where the work went.
 
 Reported per engine and B: begin_step wall and thread-CPU time (min / median /
 max of the rounds' medians), the compiled pass alone (the engine's resolve +
@@ -34,6 +42,7 @@ the host memory of the rank's directories beside what 4 B per shard row took.
 `--json PATH` writes every figure.
 
     .venv/bin/python benchmarks/engine/bench_host_pass.py [--batches 32,64,128] [--rounds 3] [--steps 40]
+        [--evict-ahead] [--no-flush]
 """
 
 from __future__ import annotations
@@ -56,7 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import timed_step  # noqa: E402
 
 from slacktier.cache import RowCache
-from slacktier.cache.kernels import prefetch
+from slacktier.cache.kernels import HAND, prefetch
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.store.disk import DiskSource
@@ -116,8 +125,49 @@ def _dedup_pages(rows, slot, htab, stamp, bits):
     return pages
 
 
+@njit(nogil=True, cache=True)
+def _missing_rows(rows, slot, htab, stamp, bits):
+    """How many distinct rows have no slot (what a full cache evicts for): the same stamped table, rows tagged."""
+    mask = (np.int64(1) << bits) - 1
+    n = 0
+    for j in range(rows.shape[0]):
+        if slot[j] >= 0:
+            continue
+        key = rows[j] | (np.int64(1) << 62)
+        h = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(64 - bits))
+        while htab[h, 0] == stamp and htab[h, 1] != key:
+            h = (h + 1) & mask
+        if htab[h, 0] != stamp:
+            htab[h, 0] = stamp
+            htab[h, 1] = key
+            n += 1
+    return n
+
+
+if D is not None:
+    @njit(nogil=True, cache=True)
+    def _probe_victims(dtab, owned, slot_row, slot_layer, hand, n):
+        """Find the directory entries of the rows in the `n` owned slots from the CLOCK hand on (read only):
+        the random reads a full cache's evictions make, one per evicted row."""
+        mask = dtab.shape[0] - 1
+        m = owned.shape[0]
+        for k in range(min(n, m)):
+            s = owned[(hand + k) % m]
+            if slot_layer[s] >= 0:
+                prefetch(dtab, D.home(slot_row[s], mask))
+        found = 0
+        for k in range(min(n, m)):
+            s = owned[(hand + k) % m]
+            if slot_layer[s] >= 0:
+                found += D.find(dtab, slot_row[s]) >= 0
+        return found
+
+
 class Floor:
-    """The minimal resolve of a step on one engine's directories (module doc)."""
+    """The minimal resolve of a step on one engine's directories (module doc). `run` times two floors on the
+    same ids: the probes and page dedup alone, and the same plus one directory read per row a full cache
+    must evict for (the victims' entries: the pass's own random reads of the directory, evictions included).
+    """
 
     def __init__(self, engine: StepEngine, shards: dict[int, tuple[int, int]]) -> None:
         self.engine = engine
@@ -126,28 +176,33 @@ class Floor:
         self.stamp = 0
         self.slot = np.empty(COLUMNS * 4096, dtype=np.int64)
 
-    def run(self, ids: np.ndarray) -> tuple[float, int]:
+    def run(self, ids: np.ndarray, evictions: bool = False) -> tuple[float, int]:
         """(us, pages) of the floor on ids [T, 2, 24]: the compiled loops alone (each layer's in-shard rows are
-        picked out before the clock starts)."""
+        picked out before the clock starts); with `evictions`, also the victims' directory reads."""
         work = []
+        cache = self.engine.cache
         for axis, layer in enumerate(self.engine.layers):
             lo, hi = self.shards[layer]
             flat = ids[:, axis, :].reshape(-1)
-            work.append((self.engine.cache.layer(layer).directory, flat[(flat >= lo) & (flat < hi)] - lo))
+            st = cache.layer(layer)
+            work.append((st, flat[(flat >= lo) & (flat < hi)] - lo))
         if FLUSH:
             flush_caches()
         t0 = time.perf_counter_ns()
         pages = 0
-        for directory, rows in work:
+        for st, rows in work:
             slot = self.slot[:rows.shape[0]]
-            _probe_all(directory, rows, slot)
+            _probe_all(st.directory, rows, slot)
             self.stamp += 1
             pages += _dedup_pages(rows, slot, self.htab, self.stamp, 16)
+            if evictions:
+                n = _missing_rows(rows, slot, self.htab, self.stamp, 16)
+                _probe_victims(st.directory, st.owned, cache.slot_row, cache.slot_layer, st.lstate[HAND], n)
         return (time.perf_counter_ns() - t0) / 1e3, pages
 
 
-def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank: int, max_tokens: int
-                      ) -> tuple[StepEngine, dict[int, tuple[int, int]]]:
+def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank: int, max_tokens: int,
+                      evict_ahead: bool = False) -> tuple[StepEngine, dict[int, tuple[int, int]]]:
     """One rank of TP4: both layers' shards of `rank` (a sparse file each, io_uring), owned_only."""
     tables, sources, shards = [], [], {}
     for i, layer in enumerate(layout.layer_ids):
@@ -162,8 +217,9 @@ def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank:
         tables.append(TableSpec(layer=layer, row_start=lo, rows=hi - lo, source=source, cache_share=0.5,
                                 regions=(region,)))
         shards[layer] = (lo, hi)
+    kw = {"evict_ahead": True} if evict_ahead else {}   # an older tree's engine has no such option
     engine = StepEngine(tables, RowCache(cache_rows), max_tokens=max_tokens, owned_sources=sources,
-                        owned_only=True)
+                        owned_only=True, **kw)
     return engine, shards
 
 
@@ -191,22 +247,23 @@ def agent_steps(layout: EngramLayout, batch: int, seed: int):
 
 
 FLUSH = True
+AHEAD = "+ahead"
 
 
-def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, floors: bool) -> dict:
-    """One step: with `floors`, the floor is timed on its ids and begin_step is not; otherwise begin_step is
-    timed. Each timed part after a cache flush (unless --no-flush); the step is
+def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dict:
+    """One step: `part` "floor" or "floor_ev" times that floor on its ids and not begin_step; "step" times
+    begin_step. Each timed part after a cache flush (unless --no-flush); the step is
     gathered and ended either way, so the engine sees every step and each timed part follows a whole step."""
     out: dict = {}
-    if floors:
-        out["floor_us"], out["floor_pages"] = floor.run(ids)
+    if part != "step":
+        out[f"{part}_us"], out["floor_pages"] = floor.run(ids, evictions=part == "floor_ev")
         warm(engine, ids)
         return out
     if FLUSH:
         flush_caches()
-    wall, cpu, counters = timed_step(engine, ids)
+    wall, cpu, counters = timed_step(engine, ids, end_us := [])
     lay = counters.layers.values()
-    return {"wall_us": wall, "cpu_us": cpu,
+    return {"wall_us": wall, "cpu_us": cpu, "end_us": end_us[0],
             "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),
             "submit_us": sum(c.submit_us for c in lay), "hits": sum(c.hits for c in lay),
             "served": sum(c.lookups - c.zero_rows for c in lay), "pages": sum(c.pages_read for c in lay)}
@@ -235,52 +292,68 @@ def main() -> int:
     ap.add_argument("--dir", default="", help="where the sparse shard files go (default: a temp dir)")
     ap.add_argument("--json", default="")
     ap.add_argument("--no-flush", action="store_true", help="no cache flush before the floor and begin_step")
+    ap.add_argument("--evict-ahead", action="store_true",
+                    help="also run each engine's twin with evict_ahead (end_step empties the next step's slots), "
+                         "on the same steps, in turn")
     args = ap.parse_args()
     global FLUSH
     FLUSH = not args.no_flush
     batches = [int(b) for b in args.batches.split(",")]
+    names = ["uncached", "agent"] + ([f"uncached{AHEAD}", f"agent{AHEAD}"] if args.evict_ahead else [])
     layout = EngramLayout.v41()
     rng = np.random.default_rng(args.seed)
     results: dict[tuple[str, int], list[dict]] = {}
     rounds: dict[tuple[str, int], list[dict]] = {}
     with tempfile.TemporaryDirectory(dir=args.dir or None) as d:
         engines = {}
-        for name in ("uncached", "agent"):
+        for name in names:
             sub = Path(d) / name
             sub.mkdir()
-            engines[name] = build_rank_engine(layout, sub, args.cache_rows, args.rank, 4096)
+            engines[name] = build_rank_engine(layout, sub, args.cache_rows, args.rank, 4096,
+                                              evict_ahead=name.endswith(AHEAD))
         shard_rows = {l: hi - lo for l, (lo, hi) in engines["agent"][1].items()}
-        engine, shards = engines["uncached"]
-        t = time.perf_counter()
-        for _ in range(int(1.2 * args.cache_rows / (2 * 6 * 4096)) + 1):   # fill the cache with random rows
-            warm(engine, random_ids(layout, shards, args.rank, 4096, rng))
-        print(f"uncached engine's cache filled in {time.perf_counter() - t:.0f} s", flush=True)
+        for name in names:
+            if name.startswith("uncached"):   # the twins get the same fill, and the same steps below
+                engine, shards = engines[name]
+                fill = np.random.default_rng(args.seed + 1)
+                t = time.perf_counter()
+                for _ in range(int(1.2 * args.cache_rows / (2 * 6 * 4096)) + 1):   # fill with random rows
+                    warm(engine, random_ids(layout, shards, args.rank, 4096, fill))
+                print(f"{name} engine's cache filled in {time.perf_counter() - t:.0f} s", flush=True)
         floors = {name: Floor(e, s) for name, (e, s) in engines.items()}
-        replays = {b: agent_steps(layout, b, args.seed) for b in batches}
+        replays = {(name, b): agent_steps(layout, b, args.seed) for b in batches for name in names}
         for r in range(args.rounds):
             order = list(rng.permutation(batches))
             for b in order:
                 b = int(b)
-                for name in ("uncached", "agent"):
+                step_rng = {name: np.random.default_rng([args.seed, r, b]) for name in names}
+                for name in names:
                     engine, shards = engines[name]
-                    got, fl = [], []   # timed begin_steps, timed floors: alternate steps
-                    while len(got) < args.steps or len(fl) < args.steps:
-                        if name == "uncached":
-                            ids = random_ids(layout, shards, args.rank, b, rng)
+                    # timed begin_steps, floors and floors with the evictions' reads: in turn, step by step
+                    got, fl, fe = [], [], []
+                    parts = (("step", got), ("floor", fl), ("floor_ev", fe))
+                    turn = 0
+                    while min(len(got), len(fl), len(fe)) < args.steps:
+                        if name.startswith("uncached"):
+                            ids = random_ids(layout, shards, args.rank, b, step_rng[name])
                         else:
-                            st = next(replays[b])   # prefill chunks and part-batch steps warm the cache, untimed
+                            st = next(replays[name, b])   # prefill chunks and part-batch steps warm the cache, untimed
                             if st.kind != "decode" or st.num_tokens != b:
                                 warm(engine, np.ascontiguousarray(st.ids))
                                 continue
                             ids = np.ascontiguousarray(st.ids)
-                        on_floor = len(fl) < len(got)
-                        (fl if on_floor else got).append(run_one(engine, floors[name], ids, on_floor))
+                        part, into = parts[turn % 3]
+                        turn += 1
+                        into.append(run_one(engine, floors[name], ids, part))
                     results.setdefault((name, b), []).extend(got)
                     med = {k: statistics.median(g[k] for g in got)
-                           for k in ("wall_us", "cpu_us", "pass_us", "resolve_us", "submit_us")}
-                    med |= {"floor_us": statistics.median(f["floor_us"] for f in fl)}
+                           for k in ("wall_us", "cpu_us", "pass_us", "resolve_us", "submit_us", "end_us")}
+                    med |= {"floor_us": statistics.median(f["floor_us"] for f in fl),
+                            "floor_ev_us": statistics.median(f["floor_ev_us"] for f in fe)}
                     rounds.setdefault((name, b), []).append(
-                        med | {"ratio": med["wall_us"] / med["floor_us"], "pass_ratio": med["resolve_us"] / med["floor_us"]})
+                        med | {"ratio": med["wall_us"] / med["floor_us"], "pass_ratio": med["resolve_us"] / med["floor_us"],
+                               "ratio_ev": med["wall_us"] / med["floor_ev_us"],
+                               "pass_ratio_ev": med["resolve_us"] / med["floor_ev_us"]})
                 print(f"round {r + 1}/{args.rounds} B={b} done", flush=True)
         dir_bytes = {name: sum(e.cache.layer(l).directory.nbytes for l in e.layers) for name, (e, _) in engines.items()}
         for e, _ in engines.values():
@@ -290,16 +363,17 @@ def main() -> int:
     lines = [f"begin_step against its floor: rank {args.rank} of TP4, V4.1 (both layers' shards, owned_only), "
              f"io_uring reads in flight, cache {args.cache_rows:,} rows split 0.5/0.5; {now}, {platform.node()}, "
              f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.steps} steps per engine and B, B in shuffled "
-             f"order per round, begin_step and the floors timed on alternate steps (each after a whole step); "
+             f"order per round, begin_step and the two floors timed in turn, step by step (each after a whole step); "
              + ("no cache flush" if args.no_flush else "each timed part after a 96 MiB cache flush"),
              "| engine | B | lookups served / step | hit rate | pages / step | begin_step wall us (min / med / max "
              "of round medians) | thread CPU us (med) | compiled pass: resolve + submit us (med) | floor us (med) | "
-             "begin_step / floor (min / med / max of rounds) | compiled resolve / floor (med) |",
-             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|"]
+             "begin_step / floor (min / med / max of rounds) | compiled resolve / floor (med) | floor with the evictions' "
+             "reads us (med) | begin_step / it (min / med / max) | compiled resolve / it (med) | end_step us (med) |",
+             "|---|---:|---:|---:|---:|---|---:|---:|---:|---|---:|---:|---|---:|---:|"]
     doc = {"when": now, "machine": platform.node(), "args": vars(args), "directory_bytes": dir_bytes,
            "directory_bytes_4B_per_row": old_bytes, "rows": {}}
     for b in batches:
-        for name in ("uncached", "agent"):
+        for name in names:
             got, rs = results[name, b], rounds[name, b]
             wall = mmm([r["wall_us"] for r in rs])
             ratio = mmm([r["ratio"] for r in rs])
@@ -311,9 +385,13 @@ def main() -> int:
             sub = statistics.median(r["submit_us"] for r in rs)
             fl = statistics.median(r["floor_us"] for r in rs)
             rp = statistics.median(r["pass_ratio"] for r in rs)
+            fe = statistics.median(r["floor_ev_us"] for r in rs)
+            ratio_ev = mmm([r["ratio_ev"] for r in rs])
+            rpe = statistics.median(r["pass_ratio_ev"] for r in rs)
             lines.append(f"| {name} | {b} | {served:,.0f} | {hit:.3f} | {pages:,.0f} | {wall[0]:.0f} / {wall[1]:.0f}"
                          f" / {wall[2]:.0f} | {cpu:.0f} | {res:.0f} + {sub:.0f} | {fl:.0f} | {ratio[0]:.2f} / {ratio[1]:.2f} / "
-                         f"{ratio[2]:.2f}x | {rp:.2f}x |")
+                         f"{ratio[2]:.2f}x | {rp:.2f}x | {fe:.0f} | {ratio_ev[0]:.2f} / {ratio_ev[1]:.2f} / {ratio_ev[2]:.2f}x | "
+                         f"{rpe:.2f}x | {statistics.median(r['end_us'] for r in rs):.0f} |")
             doc["rows"][f"{name}/{b}"] = {"rounds": rs, "served": served, "hit_rate": hit, "pages": pages}
     lines.append(f"directories of the rank (both layers): {dir_bytes['agent'] / 2**20:.1f} MiB, sized to the cache; "
                  f"4 B per shard row took {old_bytes / 2**20:.0f} MiB")

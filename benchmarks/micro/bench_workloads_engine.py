@@ -22,7 +22,6 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.workloads import policies as P
-from slacktier.workloads import reference as R
 from slacktier.workloads.characterize import prepare_workload, step_starts
 from slacktier.workloads.corpus import CorpusConfig
 from slacktier.workloads.hashing import EngramLookupHasher
@@ -32,6 +31,7 @@ SECTION = "## Traffic: access characterization"
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import append_to_section, command_line, machine, utc_stamp  # noqa: E402
+from benchmarks.micro import policy_reference as R  # noqa: E402
 
 
 def main() -> None:

@@ -22,8 +22,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import bench_log, append_to_section, command_line, machine, utc_stamp  # noqa: E402
 
-from slacktier.serve.full_rank import (FullRankConfig, full_rank_table, peak_rss_gib, rank_page_counts,  # noqa: E402
-                                       rank_pages_table, run_full_rank)
+from benchmarks.paper.full_rank import (FullRankConfig, full_rank_table, peak_rss_gib, rank_page_counts,  # noqa: E402
+                                          rank_pages_table, run_full_rank)
 
 SECTION = "## Step timeline"
 

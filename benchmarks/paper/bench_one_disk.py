@@ -45,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 
-from slacktier.serve.full_rank import FullRankConfig, peak_rss_gib, run_full_rank, stage_rank_shard  # noqa: E402
+from benchmarks.paper.full_rank import FullRankConfig, peak_rss_gib, run_full_rank, stage_rank_shard  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 

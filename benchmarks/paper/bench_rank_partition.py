@@ -30,8 +30,8 @@ from benchmarks._harness import ROOT, command_line, machine, utc_stamp  # noqa: 
 
 from slacktier.plan.curves import MissCurve  # noqa: E402
 from slacktier.plan.ranks import rank_cache_rows  # noqa: E402
-from slacktier.serve.full_rank import FullRankConfig, rank_page_counts, run_full_rank  # noqa: E402
-from slacktier.workloads.rank_pages import slowest_rank  # noqa: E402
+from benchmarks.paper.full_rank import FullRankConfig, rank_page_counts, run_full_rank  # noqa: E402
+from benchmarks.paper.rank_pages import slowest_rank  # noqa: E402
 
 LOG = ROOT / "docs" / "bench-log" / "rank-partition.md"
 CAPACITIES = (0, 25_000, 50_000, 100_000, 200_000, 500_000, 1_000_000)
@@ -150,7 +150,7 @@ def stall(args: argparse.Namespace) -> int:
     table = "\n".join(lines)
     print(table)
     if args.log:
-        regime = ("Regime: device compute from a profile, host, cache and I/O real (serve.full_rank): each "
+        regime = ("Regime: device compute from a profile, host, cache and I/O real (benchmarks/paper/full_rank.py): each "
                   "partition's slowest TP4 rank's shard of both Engram layers (" +
                   (f"tables scaled to engram_vocab {args.engram_vocab:,}" if args.engram_vocab else "full size")
                   + ", synthetic rows) staged in a file on this VM's shared virtio disk, O_DIRECT, served by one "

@@ -20,8 +20,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import (bench_log, append_to_section, command_line, machine, pyplot,  # noqa: E402
                      save_figure, utc_stamp)
 
+from benchmarks.paper.timeline_sweep import run_sweep  # noqa: E402
 from slacktier.serve.report import timeline_table  # noqa: E402
-from slacktier.serve.timeline import SweepConfig, run_sweep  # noqa: E402
+from slacktier.serve.timeline import SweepConfig  # noqa: E402
 
 SECTION = "## Step timeline"
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
                          "bench_full_rank.py timeline --rank R with these options")
     args = ap.parse_args(argv)
     if args.full_rank is not None:
-        import bench_full_rank
+        from benchmarks.paper import bench_full_rank
 
         return bench_full_rank.main(["timeline", "--rank", str(args.full_rank), "--workload", args.workload,
                                      "--batches", args.batches, "--runs", str(args.runs), "--decode-steps",

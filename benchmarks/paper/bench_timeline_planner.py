@@ -30,8 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import (bench_log, append_to_section, command_line, machine, pyplot,  # noqa: E402
                      save_figure, utc_stamp)
 
+from benchmarks.paper.injected_delays import delay_prediction, run_delayed  # noqa: E402
 from slacktier.plan.fit import fit_quality  # noqa: E402
-from slacktier.serve.predict import Job, delay_prediction, planner_sweep  # noqa: E402
+from slacktier.serve.predict import Job, planner_sweep  # noqa: E402
 from slacktier.serve.report import stat, timeline_table  # noqa: E402
 from slacktier.serve.tiers import Placement  # noqa: E402
 from slacktier.serve.timeline import SweepConfig, timeline_placements  # noqa: E402
@@ -109,7 +110,7 @@ def run(cfg: SweepConfig, args) -> tuple[list[str], dict]:
 
     sw = planner_sweep(cfg, jobs_of, lambda j: j.group == "load" and j.placement.name in fit_names
                        and j.batch in fit_bs, read_fit_runs=args.read_fit_runs,
-                       max_cache_rows=args.split_cache_rows, progress=True)
+                       max_cache_rows=args.split_cache_rows, progress=True, delayed=run_delayed)
     first, second = sw.layer_ids[:2]
     profile, cal, pred = sw.profile, sw.cal, sw.predicted_ms
 
@@ -208,7 +209,8 @@ def run_delays(cfg: SweepConfig, args) -> tuple[list[str], dict]:
                     max_tokens=max(cfg.prefill_chunk_tokens, b), devices=1)
     try:
         tiers.stage(device_counts=(1,))
-        done = run_jobs(tiers, cfg, jobs, {b: pool}, EngramLookupHasher(layout), {b: times}, progress=True)
+        done = run_jobs(tiers, cfg, jobs, {b: pool}, EngramLookupHasher(layout), {b: times}, progress=True,
+                        delayed=run_delayed)
     finally:
         tiers.close()
     lines = [f"Regime: scaled table (~{layout.rows(0):,} rows per layer, V4.1 hash), both layers in DRAM, "

@@ -24,14 +24,24 @@ import dataclasses
 import json
 import sys
 from pathlib import Path
+from typing import Sequence
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 
-from slacktier.serve.whatif import (WhatIfConfig, WhatIfPlacement, report, run_whatif, share_sweep,  # noqa: E402
-                                    table2_placements)
+from slacktier.serve.whatif import WhatIfConfig, WhatIfPlacement, report, run_whatif, table2_placements  # noqa: E402
+
+
+def share_sweep(model: str, fs: Sequence[float], disks: str, cache_rows: int = 1_000_000, first: int = 1,
+                second: int = 14) -> list[WhatIfPlacement]:
+    """Table 9's sweep: share f of the cache to the first layer, the rest to the second."""
+    both = ((first, "emulated"), (second, "emulated"))
+    label = "1 disk" if disks == "shared" else "4 disks"
+    return [WhatIfPlacement(f"{label}, f={f:g}", both, ((first, model), (second, model)), cache_rows,
+                            ((first, f), (second, 1 - f)), disks) for f in fs]
+
 
 #: Table 2 (B=128): overhead % per placement, (agent, chat)
 PAPER_TABLE2 = {"L1 DRAM, L14 1 disk": (-0.0, -0.1), "both 1 disk": (6.4, 7.2), "both 4 disks": (2.6, 2.6),
@@ -259,9 +269,9 @@ def section_compare(args, out: Path) -> None:
 
 def section_hits(args, out: Path) -> None:
     """The named input, checked without timing: each rank's layer-1 decode hit rate and pages per step from the
-    served CLOCK replayed over the traffic (workloads.rank_pages), on the staged table's size and on V4.1's full
+    served CLOCK replayed over the traffic (benchmarks/paper/rank_pages.py), on the staged table's size and on V4.1's full
     size, with sessions clipped as the what-if runs them and with longer sessions."""
-    from slacktier.serve.full_rank import FullRankConfig, rank_page_counts
+    from benchmarks.paper.full_rank import FullRankConfig, rank_page_counts
 
     lines = [f"{'workload':8} {'table':>12} {'sessions':22} {'cache/layer':>11} {'L1 hit (ranks)':>24} "
              f"{'L1 pages/step (ranks)':>26}"]

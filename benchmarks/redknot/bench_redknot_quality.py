@@ -1,6 +1,6 @@
 """RedKnot-MLA quality on the trained retrieval DeepSeek-V4: reuse vs full recompute on held-out documents.
 
-The model is `models/redknot/retrieval-v4.pt` (python -m slacktier.redknot.train): a tiny
+The model is `models/redknot/retrieval-v4.pt` (python -m benchmarks.redknot.train): a tiny
 CPU-trained DeepseekV4ForCausalLM. Each sample is `n` held-out real-text documents
 of 1024 tokens with two `@key:value` records each, then the question `@key:`;
 the answer is the value token. Per sample, one full recompute and, through
@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -102,7 +104,7 @@ def main() -> int:
     from slacktier.redknot.protect import ProtectionPolicy
     from slacktier.redknot.runner import InMemoryLocal, Layout, RedKnotRunner, Segment
     from slacktier.redknot.service import RedKnotService
-    from slacktier.redknot.train import eval_task, load_model
+    from benchmarks.redknot.train import eval_task, load_model
 
     model, vocab, card = load_model(Path(args.model))
     cfg = model.config
@@ -116,7 +118,7 @@ def main() -> int:
     policy_lines: list[str] = []
     if "distance" in policies:
         from slacktier.redknot.profile import policy_from_distances
-        from slacktier.redknot.retrieval import RetrievalTask, read_split
+        from benchmarks.redknot.retrieval import RetrievalTask, read_split
         from slacktier.redknot.runner import measure_head_distances
 
         text, idents = read_split(False, 300_000)       # training split: never the evaluated documents

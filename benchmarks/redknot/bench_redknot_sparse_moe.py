@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -51,8 +53,8 @@ def main() -> int:
     from slacktier.redknot.profile import profile_for_config
     from slacktier.redknot.protect import ProtectionPolicy
     from slacktier.redknot.runner import InMemoryLocal, Layout, RedKnotRunner, Segment
-    from slacktier.redknot.sparse_moe import adaptive_moe, moe_fences
-    from slacktier.redknot.train import eval_task, load_model
+    from benchmarks.redknot.sparse_moe import adaptive_moe, moe_fences
+    from benchmarks.redknot.train import eval_task, load_model
 
     model, vocab, card = load_model(Path(args.model))
     cfg = model.config
@@ -141,7 +143,7 @@ def main() -> int:
                  f"Command: `{cmd}` ({(time.perf_counter() - t_start) / 60:.0f} min, one thread, float32). "
                  f"Same tiny CPU-trained model and held-out {args.length}-token samples as the quality table; "
                  f"MoE fence layers {list(fences)} (the hash-routed layer, the first and the last top-6 routed "
-                 "layer) keep native top-6. Rule (`slacktier/redknot/sparse_moe.py`): per token keep the fewest "
+                 "layer) keep native top-6. Rule (`benchmarks/redknot/sparse_moe.py`): per token keep the fewest "
                  "of the native top-6 experts (at least 3) whose normalised router weights sum to the threshold, "
                  "renormalise the kept weights; the shared expert always runs; every config runs transformers' eager "
                  "expert loop. reuse = every 8th head Global, "

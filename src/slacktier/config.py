@@ -29,6 +29,8 @@ Schema (every key but `layer` and `manifest` has a default):
                             # from the table's source is never served (gather fails [checksum])
     owned_only = false      # per-rank process: ids outside its rows come out as -0.0, not errors
     pad_id = -1             # ids equal to it (negative: never a row) come out as zero rows, read nothing
+    evict_ahead = true      # end_step empties the slots the next step's misses will take (RowCache.evict_ahead):
+                            # their evictions leave begin_step; false runs CLOCK exactly as the characterizer
     metrics = false         # publish Prometheus metrics at each end_step (slacktier.engine.metrics)
 
     [[table]]
@@ -269,6 +271,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     check: bool = False
     owned_only: bool = False
     pad_id: Annotated[int, msgspec.Meta(le=-1)] = -1
+    evict_ahead: bool = True
     metrics: bool = False
 
     def __post_init__(self) -> None:

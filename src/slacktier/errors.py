@@ -58,3 +58,21 @@ class SlackTierError(Exception):
         if fix:
             text += f". Fix: {fix}"
         super().__init__(text)
+
+
+def optional_import(module: str, extra: str, what: str):
+    """`module` imported, or a MISSING error naming the extra that installs it (`pip install slacktier[extra]`).
+
+    The core install holds what serving needs; plotting, traffic datasets and the window probe's model formats
+    are extras (pyproject.toml). Worked example: optional_import("matplotlib", "workloads", "characterize's PNG
+    plots") without matplotlib -> "[missing] characterize's PNG plots: matplotlib is not installed (the core
+    install leaves it out). Fix: pip install 'slacktier[workloads]'".
+    """
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as exc:
+        package = (exc.name or module).split(".")[0]
+        raise SlackTierError(ErrorKind.MISSING, f"{what}: {package} is not installed (the core install leaves it "
+                             "out)", fix=f"pip install 'slacktier[{extra}]'") from None

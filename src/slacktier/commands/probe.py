@@ -77,6 +77,13 @@ def run(args: argparse.Namespace) -> int:
         return _read_fit(args)
     from slacktier.probe.report import ProbeRunConfig, run_probe
     from slacktier.probe.sweep import SweepSettings
+    from slacktier.errors import optional_import
+
+    # the window probe's extras, checked before minutes of sweeping (pyproject.toml: slacktier[probe])
+    if args.model == "smollm2" or str(args.model).endswith(".gguf"):
+        optional_import("gguf", "probe", f"reading the GGUF model of --model {args.model}")
+    if not args.no_plot:
+        optional_import("matplotlib", "probe", "the window probe's PNG plot (or pass --no-plot)")
 
     settings = SweepSettings(baseline_steps=args.baseline_steps, repeats=args.repeats, floor_ms=args.floor_ms,
                              points_per_step=args.points_per_step, max_delay_frac=args.max_delay_frac,

@@ -12,6 +12,13 @@ same bytes).
 Worked example: layer 14 moves from disk to redis with the same manifest ->
 source_key differs (a Redis source is opened, the disk source closed),
 data_key is equal (the cached rows of layer 14 stay).
+
+`build_engine(StepEngine, cfg)` builds an engine serving a control file (what
+`StepEngine.from_config` forwards to), `apply(engine, cfg)` switches a running
+one between steps through `StepEngine.reconfigure` (what `engine.apply`
+forwards to), `reload(engine, path)` does the same from a file. The step
+itself stays in `engine.step`; this module imports nothing of it, so the class
+is passed in (and annotated `Any`: a StepEngine).
 """
 
 from __future__ import annotations
@@ -19,16 +26,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+import torch
 
-from slacktier.config import EngineConfig, TableConfig
+from slacktier.cache import RowCache
+from slacktier.config import ControlFile, EngineConfig, TableConfig, load_control
 from slacktier.engine.checker import SourceRowReader
 from slacktier.engine.tables import TableSpec, seen_bitmap
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
 from slacktier.store.registry import get_tier, open_source, verify_identity
-from slacktier.tables.manifest import Manifest
+from slacktier.tables.manifest import Manifest, check_tp_sharding
 from slacktier.tables.partition import RowMap
 from slacktier.tables.regions import Region
 
@@ -153,3 +163,123 @@ def load_seen(path: str | Path, rows: int, layer: int) -> np.ndarray:
         return seen_bitmap(rows, arr)
     except SlackTierError as exc:
         raise SlackTierError(exc.kind, f"seen-set {p}: {exc.message}", layer=layer, fix=exc.fix) from None
+
+
+# ---- an engine from a control file, and switching it to another ----------------------------------------------
+
+@dataclass
+class Applied:
+    """What an engine built from a control file serves, to tell what a new one changes."""
+
+    control: ControlFile
+    resolved: dict[int, Resolved]
+    sources: dict[int, PageSource]
+
+
+def build_engine(cls: Any, cfg: ControlFile, **overrides: object) -> Any:
+    """An engine (`cls`, a StepEngine) serving control file `cfg`; it owns (and closes) the sources it opens.
+
+    `overrides` go to the constructor (ids_layers, columns, gather_impl, check_raise, metrics, ...).
+    """
+    eng = cfg.engine
+    resolved = {t.layer: resolve(t, eng) for t in cfg.tables}
+    check_rank_sharding(resolved)
+    sources: dict[int, PageSource] = {}
+    try:
+        for t in cfg.tables:
+            sources[t.layer] = open_table_source(resolved[t.layer])
+        specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
+        kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
+                                     "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3,
+                                     "pad_id": eng.pad_id, "evict_ahead": eng.evict_ahead}
+        kwargs |= overrides
+        if kwargs.get("metrics") is None and eng.metrics:
+            from slacktier.engine.metrics import EngineMetrics
+            kwargs["metrics"] = EngineMetrics()
+        return cls(specs, RowCache(eng.max_cache_rows, eng.device, slots=eng.cache_rows), eng.device,
+                   owned_sources=list(sources.values()), control=Applied(cfg, resolved, sources), **kwargs)
+    except BaseException:
+        for s in sources.values():
+            s.close()
+        raise
+
+
+def build_engine_from_file(cls: Any, path: str | Path, **overrides: object) -> Any:
+    """An engine built from a control file on disk (schema: slacktier.config)."""
+    return build_engine(cls, load_control(path), **overrides)
+
+
+def apply(engine: Any, cfg: ControlFile) -> None:
+    """Switch `engine` to `cfg` between steps, in place, rebuilding only what changed (the module docstring).
+
+    Everything is resolved, opened and checked before the engine changes (`StepEngine.reconfigure` refuses
+    before it switches), so a refused apply changes nothing and closes what it opened.
+    """
+    if engine.closed:
+        raise SlackTierError(ErrorKind.CLOSED, "the step engine is closed",
+                             fix="build a new engine; a closed one takes no more work")
+    live: Applied | None = engine.control_state
+    if live is None:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "this engine was not built from a control file",
+                             fix="build it with StepEngine.from_config(cfg) or from_control(path)")
+    if engine.in_step:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "apply during a step", fix="call end_step first")
+    eng = cfg.engine
+    resolved = {t.layer: resolve(t, eng) for t in cfg.tables}
+    check_rank_sharding(resolved)
+    opened: dict[int, PageSource] = {}
+    sources: dict[int, PageSource] = {}
+    try:
+        for t in cfg.tables:
+            old = live.resolved.get(t.layer)
+            if old is not None and old.source_key == resolved[t.layer].source_key:
+                check_kept_source(resolved[t.layer])
+                sources[t.layer] = live.sources[t.layer]
+            else:
+                sources[t.layer] = opened[t.layer] = open_table_source(resolved[t.layer])
+        specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
+        invalidate = [layer for layer, r in resolved.items()
+                      if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
+        old_eng = live.control.engine
+        cache = None
+        if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
+            if torch.device(eng.device).type == "cuda" and not torch.cuda.is_available():
+                raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
+                                     fix='use device="cpu" or run on a machine with a GPU')
+            cache = RowCache(eng.max_cache_rows, eng.device, slots=0)
+        metrics = engine.metrics
+        if eng.metrics and metrics is None:
+            from slacktier.engine.metrics import EngineMetrics
+            metrics = EngineMetrics()
+        elif not eng.metrics and old_eng.metrics:
+            metrics = None   # switched off by the control file (a host-given one stays otherwise)
+        engine.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
+                           owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
+                           owned_only=eng.owned_only, pad_id=eng.pad_id, evict_ahead=eng.evict_ahead, cache=cache,
+                           wait_timeout_s=eng.wait_timeout_ms / 1e3, metrics=metrics,
+                           control=Applied(cfg, resolved, sources))
+    except BaseException:
+        for s in opened.values():
+            s.close()
+        raise
+    for s in live.sources.values():
+        if all(s is not kept for kept in sources.values()):
+            s.close()
+    log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
+             len(cfg.tables), len(opened), len(invalidate))
+
+
+def reload(engine: Any, path: str | Path) -> None:
+    """Switch `engine` to the control file at `path` between steps, without a new process."""
+    apply(engine, load_control(path))
+
+
+def check_rank_sharding(resolved: dict[int, Resolved]) -> None:
+    """A table served per rank (`rank` set) must be staged as the serving engine's TP head shards.
+
+    TP size is the manifest's rank count; layers that record no hash-column bounds (a table staged from
+    bare row counts) have no heads to match and are not checked.
+    """
+    for layer, r in resolved.items():
+        if r.config.rank >= 0 and layer in r.manifest.layout.column_bounds:
+            check_tp_sharding(r.manifest, r.manifest.ranks, [layer])

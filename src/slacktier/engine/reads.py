@@ -64,7 +64,9 @@ class LayerReads:
 
     def adopt(self, layer: int, source: PageSource, ticket: int, pages: int) -> None:
         """Record a ticket of `layer` that was submitted to `source` elsewhere (the step's compiled entry)."""
-        entry = self._layers.setdefault(layer, _Layer())
+        entry = self._layers.get(layer)
+        if entry is None:   # once per layer and step: no throwaway _Layer per call, as setdefault would make
+            entry = self._layers[layer] = _Layer()
         if entry.waited:
             raise SlackTierError(ErrorKind.BAD_INPUT, "reads submitted after the layer was waited for",
                                  layer=layer, fix="submit every read of a layer before waiting for it")

@@ -37,8 +37,10 @@ CLOSED.
 
 Control files: `StepEngine.from_config(cfg)` builds an engine that serves a
 `slacktier.config.ControlFile` (regions from each table's manifest, a source
-per table opened by tier name, see `engine.build`); `apply(cfg)` switches it
-to another one between steps, rebuilding only what changed.
+per table opened by tier name); `apply(cfg)` switches it to another one
+between steps, rebuilding only what changed. Both live in `engine.build`
+(these methods forward to it); this module keeps the step, and
+`reconfigure`, the one switch between steps that `apply` is built on.
 
 Per-rank mode (`owned_only=True`): a tensor-parallel rank's process serves only
 its own shard of each table (TableSpec row_start/rows = the rank's shard, one
@@ -83,7 +85,7 @@ from slacktier.cache.rowcache import available_bytes, split_slots
 from slacktier.cache.rowdir import ROW_LIMIT
 from slacktier.engine import gather as G
 from slacktier.engine.checker import FileRowReader, mismatching_rows, reference_gather
-from slacktier.config import ControlFile, load_control, tier_facts, tier_names
+from slacktier.config import ControlFile, tier_facts, tier_names
 from slacktier.engine import build as B
 from slacktier.engine.counters import LayerCounters, StepCounters, fill_from_pass
 from slacktier.engine.reads import LayerReads
@@ -91,7 +93,6 @@ from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROW_VALUES, ROWS_PER_PAGE
-from slacktier.tables.manifest import check_tp_sharding
 
 if TYPE_CHECKING:
     from slacktier.engine.metrics import EngineMetrics
@@ -99,6 +100,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 GATHER_IMPLS = ("auto", "numba", "torch")
+_KEEP = object()   # reconfigure: an option not given keeps the engine's value
 
 
 _NO_PASS = PassResult(0, 0, 0, 0, 0, 0, 0, 0, -1)   # a layer's result before its first pass
@@ -131,7 +133,8 @@ class StepEngine:
                  ids_layers: Sequence[int] | None = None, max_tokens: int = 256, columns: int = 24,
                  lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
-                 owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None) -> None:
+                 owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None,
+                 evict_ahead: bool = True, control: B.Applied | None = None) -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -158,6 +161,9 @@ class StepEngine:
         # naming layer, rank and page. check_raise=False only counts and logs them (a diagnostic run that
         # wants every mismatch of a step counted; those rows are served).
         self.check_raise = bool(check_raise)
+        # end_step empties as many slots per layer as the step claimed, for the next step's misses
+        # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
+        self.evict_ahead = bool(evict_ahead)
         self.wait_timeout_s = _checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)
         self._closed = False
@@ -169,7 +175,7 @@ class StepEngine:
         self._staging: torch.Tensor | None = None
         self._reads = LayerReads(wait_timeout_s)
         self.retired_pools = 0   # pools given up after a read timed out (its buffers may still be written)
-        self._applied: _Applied | None = None   # set when built from a ControlFile
+        self._applied = control   # the control file it serves (engine.build), when built from one
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
         self._plan: _Plan | None = None   # built on the first step after any change it depends on
@@ -286,13 +292,18 @@ class StepEngine:
     def reconfigure(self, tables: Sequence[TableSpec], *, cache_rows: int | None = None,
                     ids_layers: Sequence[int] | None = None, invalidate: Sequence[int] = (),
                     owned_sources: Sequence[PageSource] | None = None, lossy: bool | None = None,
-                    check: bool | None = None, owned_only: bool | None = None, pad_id: int | None = None) -> None:
+                    check: bool | None = None, owned_only: bool | None = None, pad_id: int | None = None,
+                    evict_ahead: bool | None = None, cache: RowCache | None = None, wait_timeout_s: float | None | object = _KEEP,
+                    metrics: EngineMetrics | None | object = _KEEP, control: B.Applied | None | object = _KEEP
+                    ) -> None:
         """Switch tables, sources, cache size and shares between steps; unchanged layers keep their rows.
 
-        `invalidate`: layers whose bytes changed (their cached rows are dropped).
-        `owned_sources`: the sources the engine closes on `close` from now on.
-        `owned_only`: switch per-rank mode (ids outside a table's rows are foreign, not errors).
-        `pad_id`: the id padded lookups carry (negative).
+        A refused switch changes nothing. `invalidate`: layers whose bytes changed (their cached rows are
+        dropped). `owned_sources`: the sources the engine closes on `close` from now on. `owned_only`: switch
+        per-rank mode (ids outside a table's rows are foreign, not errors). `pad_id`: the id padded lookups
+        carry (negative). `evict_ahead`: whether end_step empties the next step's victim slots. `cache`: a
+        new (empty) cache to serve from, possibly on another device. `wait_timeout_s`, `metrics` (None: off) and `control` (engine.build's record of the control file
+        served, None: none) replace the engine's when given.
         """
         self._refuse_if_closed()
         if self._in_step:
@@ -300,9 +311,15 @@ class StepEngine:
                                  fix="call end_step first; configuration changes between steps")
         if pad_id is not None:
             _checked_pad_id(pad_id)
+        if wait_timeout_s is not _KEEP:
+            wait_timeout_s = _checked_timeout(wait_timeout_s)
+        if cache is not None and cache.device.type == "cuda" and not torch.cuda.is_available():
+            raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
+                                 fix='use device="cpu" or run on a machine with a GPU')
         lossy = self.lossy if lossy is None else bool(lossy)
         check = self.check if check is None else bool(check)
-        self._commit(self._prepare(list(tables), ids_layers, invalidate, cache_rows, self.cache, lossy, check))
+        self._commit(self._prepare(list(tables), ids_layers, invalidate, cache_rows,
+                                   self.cache if cache is None else cache, lossy, check))
         self.lossy, self.check = lossy, check
         if owned_only is not None:
             self.owned_only = bool(owned_only)
@@ -310,6 +327,15 @@ class StepEngine:
             self._owned_sources = list(owned_sources)
         if pad_id is not None:
             self.pad_id = int(pad_id)
+        if evict_ahead is not None:
+            self.evict_ahead = bool(evict_ahead)
+        if wait_timeout_s is not _KEEP:
+            self.wait_timeout_s = wait_timeout_s
+            self._reads = LayerReads(wait_timeout_s)
+        if control is not _KEEP:
+            self._applied = control
+        if metrics is not _KEEP:
+            self.metrics = metrics
         if self.metrics is not None:
             self._bind_metrics()
 
@@ -674,6 +700,13 @@ class StepEngine:
             self.totals[layer].add(c)
             run.ids = None
         self._finish_step()
+        if self.evict_ahead:
+            for layer, c in counters.layers.items():   # counted as this step's evictions
+                claimed = c.rows_read - c.bypass
+                if claimed > 0:
+                    evicted = self.cache.evict_ahead(layer, claimed)
+                    c.evictions += evicted
+                    self.totals[layer].evictions += evicted
         self.last_step = counters
         if self.metrics is not None:
             self.metrics.observe(counters)
@@ -738,115 +771,37 @@ class StepEngine:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # ---- control file -------------------------------------------------------------------------
+    # ---- control file (engine.build) ------------------------------------------------------------
     @classmethod
     def from_config(cls, cfg: ControlFile, **overrides: object) -> StepEngine:
-        """An engine serving control file `cfg`; it owns (and closes) the sources it opens.
+        """An engine serving control file `cfg`; it owns (and closes) the sources it opens (engine.build).
 
         `overrides` go to the constructor (ids_layers, columns, gather_impl, check_raise, ...).
         """
-        eng = cfg.engine
-        resolved = {t.layer: B.resolve(t, eng) for t in cfg.tables}
-        _check_rank_sharding(resolved)
-        sources: dict[int, PageSource] = {}
-        try:
-            for t in cfg.tables:
-                sources[t.layer] = B.open_table_source(resolved[t.layer])
-            specs = [B.table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
-            kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
-                                         "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3,
-                                         "pad_id": eng.pad_id}
-            kwargs |= overrides
-            metrics = kwargs.pop("metrics", None)
-            if metrics is None and eng.metrics:
-                from slacktier.engine.metrics import EngineMetrics
-                metrics = EngineMetrics()
-            engine = cls(specs, RowCache(eng.max_cache_rows, eng.device, slots=eng.cache_rows), eng.device,
-                         owned_sources=list(sources.values()), **kwargs)
-        except BaseException:
-            for s in sources.values():
-                s.close()
-            raise
-        engine._applied = _Applied(cfg, resolved, sources)
-        if metrics is not None:   # bound once the control file's tier names and ranks are known
-            engine.metrics = metrics
-            engine._bind_metrics()
-        return engine
+        return B.build_engine(cls, cfg, **overrides)
 
     @classmethod
     def from_control(cls, path: str | Path, **overrides: object) -> StepEngine:
         """An engine built from a control file on disk (schema: slacktier.config)."""
-        return cls.from_config(load_control(path), **overrides)
+        return B.build_engine_from_file(cls, path, **overrides)
 
     @property
     def config(self) -> ControlFile | None:
         """The control file this engine serves, when it was built from one."""
         return self._applied.control if self._applied is not None else None
 
+    @property
+    def control_state(self) -> B.Applied | None:
+        """engine.build's record of the control file served (its resolved tables and open sources), if any."""
+        return self._applied
+
     def apply(self, cfg: ControlFile) -> None:
-        """Switch to `cfg` between steps, in place, rebuilding only what changed (see engine.build)."""
-        self._refuse_if_closed()
-        live = self._applied
-        if live is None:
-            raise SlackTierError(ErrorKind.BAD_INPUT, "this engine was not built from a control file",
-                                 fix="build it with StepEngine.from_config(cfg) or from_control(path)")
-        if self._in_step:
-            raise SlackTierError(ErrorKind.BAD_INPUT, "apply during a step", fix="call end_step first")
-        eng = cfg.engine
-        resolved = {t.layer: B.resolve(t, eng) for t in cfg.tables}
-        _check_rank_sharding(resolved)
-        opened: dict[int, PageSource] = {}
-        sources: dict[int, PageSource] = {}
-        try:
-            for t in cfg.tables:
-                old = live.resolved.get(t.layer)
-                if old is not None and old.source_key == resolved[t.layer].source_key:
-                    B.check_kept_source(resolved[t.layer])
-                    sources[t.layer] = live.sources[t.layer]
-                else:
-                    sources[t.layer] = opened[t.layer] = B.open_table_source(resolved[t.layer])
-            specs = [B.table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
-            invalidate = [layer for layer, r in resolved.items()
-                          if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
-            _checked_pad_id(eng.pad_id)
-            old_eng = live.control.engine
-            cache = self.cache
-            if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
-                if torch.device(eng.device).type == "cuda" and not torch.cuda.is_available():
-                    raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
-                                         fix='use device="cpu" or run on a machine with a GPU')
-                cache = RowCache(eng.max_cache_rows, eng.device, slots=0)
-            layout = self._prepare(specs, None, invalidate, eng.cache_rows, cache, eng.lossy, eng.check)
-            metrics = self.metrics
-            if eng.metrics and metrics is None:
-                from slacktier.engine.metrics import EngineMetrics
-                metrics = EngineMetrics()
-            elif not eng.metrics and old_eng.metrics:
-                metrics = None   # switched off by the control file (a host-given one stays otherwise)
-        except BaseException:
-            for s in opened.values():
-                s.close()
-            raise
-        # Everything is built: switch. Nothing below refuses, so a refused apply changed nothing above.
-        self._commit(layout)
-        self.lossy, self.check, self.owned_only, self.pad_id = eng.lossy, eng.check, eng.owned_only, eng.pad_id
-        self._owned_sources = list(sources.values())
-        self.wait_timeout_s = eng.wait_timeout_ms / 1e3
-        self._reads = LayerReads(self.wait_timeout_s)
-        for s in live.sources.values():
-            if all(s is not kept for kept in sources.values()):
-                s.close()
-        self._applied = _Applied(cfg, resolved, sources)
-        self.metrics = metrics
-        if self.metrics is not None:
-            self._bind_metrics()
-        log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
-                 len(cfg.tables), len(opened), len(invalidate))
+        """Switch to `cfg` between steps, in place, rebuilding only what changed (engine.build.apply)."""
+        B.apply(self, cfg)
 
     def reload(self, path: str | Path) -> None:
         """Switch to the control file at `path` between steps, without a new process."""
-        self._refuse_if_closed()
-        self.apply(load_control(path))
+        B.reload(self, path)
 
 
 @dataclass
@@ -872,15 +827,6 @@ class _Layout:
     invalidate: tuple[int, ...]
     pool: PageBufferPool | None
     tokens: int               # steps of up to this many tokens fit the runs' scratch and the pool
-
-
-@dataclass
-class _Applied:
-    """What an engine built from a control file serves, to tell what a new one changes."""
-
-    control: ControlFile
-    resolved: dict[int, B.Resolved]
-    sources: dict[int, PageSource]
 
 
 def _widened_ids(ids: np.ndarray) -> np.ndarray:
@@ -913,13 +859,3 @@ def _checked_pad_id(pad_id: int) -> int:
                              fix="pad with a negative id (-1, as vLLM does)")
     return int(pad_id)
 
-
-def _check_rank_sharding(resolved: dict[int, B.Resolved]) -> None:
-    """A table served per rank (`rank` set) must be staged as the serving engine's TP head shards.
-
-    TP size is the manifest's rank count; layers that record no hash-column bounds (a table staged from
-    bare row counts) have no heads to match and are not checked.
-    """
-    for layer, r in resolved.items():
-        if r.config.rank >= 0 and layer in r.manifest.layout.column_bounds:
-            check_tp_sharding(r.manifest, r.manifest.ranks, [layer])

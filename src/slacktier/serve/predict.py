@@ -1,4 +1,4 @@
-"""The planner's prediction of the step timeline, made before the runs; injected delays (issue 13, item 5).
+"""The planner's prediction of the step timeline, made before the runs (issue 13, item 5).
 
 Prediction of one (placement, B) on a profile, from inputs fixed before any timed run:
 
@@ -28,34 +28,30 @@ second's, and predicted held-out reads better (RMSE 6.50 against 7.34 ms and 9.1
 BENCHMARKS.md, "The planner's read-time model on this disk"); one deadline-ordered queue per device should
 remove that asymmetry.
 
-Injected delays (the paper's Table 3): `DelayedEngine` hands layer l's rows out no earlier than D_l after the
-step started (the runner's t0, before the step's ids are pulled and hashed), so Eq. 1 with s + T_l = D_l and
-the profile's windows predicts the stall; with the table in DRAM the real reads finish well before D_l.
-
-Worked example (B=8 chat on v41_paper: W1 = 0.101, W14 = 3.4971 ms): D = (2.5, 6) ms ->
-d1 = 2.399, d14 = [6 - 3.4971 - 2.399]+ = 0.104, predicted 2.503 ms; the sum of excesses says 4.902.
+Injected delays (the paper's Table 3) are an experiment beside its benchmark,
+benchmarks/paper/injected_delays.py: `run_jobs` and `planner_sweep` run a job with delays through the `delayed`
+runner they are given (issue 29).
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
-from dataclasses import dataclass, field
-from typing import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.curves import MissCurve, MissCurves
-from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.plan.exposure import LayerRead
 from slacktier.plan.fit import FitQuality, Run, fit_kappa, fit_quality
 from slacktier.plan.planner import predict_fixed_placement
 from slacktier.plan.tiers import TierSpec
 from slacktier.serve.readfit import TierReadFit, read_fit
 from slacktier.plan.types import TableDemand
 from slacktier.serve.tiers import Placement
-from slacktier.serve.timeline import (Clock, ComputeProfile, RealClock, StepTimes, SweepConfig, SweepRun,
-                                      TimelineRunner, TimelineStep, summarize)
+from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, SweepRun, TimelineRunner,
+                                      TimelineStep, summarize)
 
 
 # ---- miss-page curves from the fit half -----------------------------------------------------------------
@@ -211,72 +207,6 @@ def calibrate(inputs: PlannerInputs, fit_runs: Sequence[tuple[Placement, SweepRu
     return Calibration(s0, s1, fit_kappa(runs).kappa_ms, len(fit_runs))
 
 
-# ---- injected delays -----------------------------------------------------------------------------------
-
-@dataclass
-class DelayedEngine:
-    """A timeline engine whose layer l rows are handed out no earlier than `delays_ms[l]` after the step
-    started (`t0`, set by `run_delayed_replay`); the wrapped engine still resolves, reads and gathers every row.
-
-    The hold is a read the layer waits on, so end_step adds it to the layer's `wait_us`: the time from the
-    gather call until t0 + D_l, the moment the injected read lands. The host's wake-up after that moment (the
-    sleep's overshoot, 0.002-0.06 ms on this VM) is the emulation's, not the read's, and is not added. Worked
-    example: t0 = 0, D_1 = 4 ms, gather called at 1.2 ms, the wrapped wait 0.05 ms -> wait_us 2800 + 50.
-    """
-
-    inner: object
-    delays_ms: Mapping[int, float]
-    clock: Clock = field(default_factory=RealClock)
-    t0: float = 0.0
-    _held_us: dict[int, float] = field(default_factory=dict, init=False)
-
-    def begin_step(self, ids: np.ndarray) -> None:
-        """The wrapped engine's begin_step."""
-        self._held_us = {}
-        self.inner.begin_step(ids)
-
-    def gather(self, layer: int) -> object:
-        """Wait until the layer's delay has passed since the step started, then the wrapped gather."""
-        ready = self.t0 + self.delays_ms.get(layer, 0.0) / 1e3
-        self._held_us[layer] = max(0.0, ready - self.clock.now()) * 1e6
-        self.clock.wait_until(ready)
-        return self.inner.gather(layer)
-
-    def end_step(self) -> object:
-        """The wrapped engine's end_step, each layer's hold added to its wait_us."""
-        counters = self.inner.end_step()
-        for layer, held_us in self._held_us.items():
-            counters.layers[layer].wait_us += held_us
-        return counters
-
-
-def run_delayed_replay(runner: TimelineRunner, engine: DelayedEngine, steps: Iterator, batch: int,
-                       decode_steps: int) -> list[TimelineStep]:
-    """serve.timeline.run_replay with the delay clock of `engine` started at each step's t0."""
-    out: list[TimelineStep] = []
-    clock = runner.clock
-    while len(out) < decode_steps:
-        tp = clock.now()
-        st = next(steps, None)
-        if st is None:
-            break
-        if st.kind == "decode" and st.num_tokens == batch:
-            ids = runner.prepare(st.ids)
-            prepare_ms = (clock.now() - tp) * 1e3
-            engine.t0 = clock.now()
-            out.append(runner.step(ids, prepare_ms))
-        else:
-            engine.t0 = clock.now()
-            runner.warm(st.ids)
-    return out
-
-
-def delay_prediction(times: StepTimes, delays_ms: Mapping[int, float], coupled: bool = True) -> float:
-    """Eq. 1 (or the sum of excesses, coupled=False) with s + T_l = D_l and the profile's windows."""
-    return exposure([LayerRead(l, times.windows_ms[l], float(delays_ms.get(l, 0.0))) for l in sorted(times.windows_ms)],
-                    coupled=coupled).slowdown_ms
-
-
 # ---- a sweep of given jobs on one staged table ------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -297,11 +227,17 @@ class Job:
 
 
 def run_jobs(tiers, cfg: SweepConfig, jobs: Sequence[Job], pools: Mapping[int, list], hasher,
-             times: Mapping[int, StepTimes], progress: bool = False) -> list[tuple[Job, SweepRun]]:
+             times: Mapping[int, StepTimes], progress: bool = False, delayed: DelayedRun | None = None
+             ) -> list[tuple[Job, SweepRun]]:
     """Every job `cfg.runs` times, shuffled per repetition, on one staged TierSet (the protocol of
-    serve.timeline.run_sweep: cold cache per run, prefill warms off the timeline, the checker after)."""
-    from slacktier.serve.timeline import _checked_steps, run_replay
+    benchmarks/paper/timeline_sweep.py: cold cache per run, prefill warms off the timeline, the checker after).
+
+    A job with injected delays is run by `delayed` (the Table 3 analog's experiment,
+    benchmarks/paper/injected_delays.py: `run_delayed`); without it such a job is refused before any run."""
+    from slacktier.serve.timeline import checked_steps, run_replay
     from slacktier.workloads.replay import ReplayConfig, replay_steps
+
+    _check_delayed(jobs, delayed)
 
     rng = np.random.default_rng(cfg.seed)
     out: list[tuple[Job, SweepRun]] = []
@@ -313,14 +249,13 @@ def run_jobs(tiers, cfg: SweepConfig, jobs: Sequence[Job], pools: Mapping[int, l
                               prefill_chunk_tokens=cfg.prefill_chunk_tokens)
             replay = iter(replay_steps(pools[job.batch], hasher, rc))
             if job.delays_ms:
-                engine = DelayedEngine(tiers.engine, dict(job.delays_ms))
-                runner = TimelineRunner(engine, times[job.batch])
-                steps = run_delayed_replay(runner, engine, replay, job.batch, cfg.decode_steps)
+                steps = delayed(tiers.engine, times[job.batch], dict(job.delays_ms), replay, job.batch,
+                                cfg.decode_steps)
                 checked, mism = 0, 0
             else:
                 runner = TimelineRunner(tiers.engine, times[job.batch])
                 steps = run_replay(runner, replay, job.batch, cfg.decode_steps)
-                checked, mism = _checked_steps(tiers.engine, runner, replay, job.batch, cfg.check_steps)
+                checked, mism = checked_steps(tiers.engine, runner, replay, job.batch, cfg.check_steps)
             run = SweepRun(job.label, job.batch, rep, order, times[job.batch].step_ms, summarize(steps),
                            checked, mism)
             out.append((job, run))
@@ -328,6 +263,19 @@ def run_jobs(tiers, cfg: SweepConfig, jobs: Sequence[Job], pools: Mapping[int, l
                 print(f"  run {rep + 1}/{cfg.runs} B={job.batch} {job.label}: {run.summary.stall_ms:.2f} ms "
                       "stall/step", flush=True)
     return out
+
+
+#: runs a job with injected delays: (engine, the profile's times at B, delays_ms, replay, B, decode steps) ->
+#: its timed steps (benchmarks/paper/injected_delays.py: run_delayed)
+DelayedRun = Callable[[object, StepTimes, Mapping[int, float], Iterator, int, int], list[TimelineStep]]
+
+
+def _check_delayed(jobs: Sequence[Job], delayed: DelayedRun | None) -> None:
+    """Refuses jobs with injected delays when no runner for them was given (before anything is staged)."""
+    if delayed is None and any(j.delays_ms for j in jobs):
+        label = next(j.label for j in jobs if j.delays_ms)
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"job {label} injects delays, and no runner for them was given",
+                             fix="pass delayed=run_delayed (benchmarks/paper/injected_delays.py)")
 
 
 # ---- the whole protocol: inputs before the runs, the runs, calibration on the fit set, predictions -----------
@@ -363,7 +311,8 @@ class PlannerSweep:
 
 
 def planner_sweep(cfg: SweepConfig, jobs_of, is_fit, *, read_fit_runs: int = 30, max_cache_rows: int = 0,
-                  curve_points: int = 17, progress: bool = False) -> PlannerSweep:
+                  curve_points: int = 17, progress: bool = False, delayed: DelayedRun | None = None
+                  ) -> PlannerSweep:
     """Stage the scaled table; fix the planner's inputs (read fits of disk and DRAM on its regions, fit-half
     miss curves at every B the jobs use); run `jobs_of(first, second)` `cfg.runs` times shuffled; set s(B) and
     kappa on the runs `is_fit(job)` picks; predict every job.
@@ -382,6 +331,7 @@ def planner_sweep(cfg: SweepConfig, jobs_of, is_fit, *, read_fit_runs: int = 30,
     first, second = layout.layer_ids[:2]
     hasher = EngramLookupHasher(layout)
     jobs: list[Job] = list(jobs_of(first, second))
+    _check_delayed(jobs, delayed)
     split = load_workload(cfg.workload, CorpusConfig(seed=cfg.seed, agent_sessions_per_source=1))
     holdout = clip_sessions(split.holdout, cfg.max_session_tokens, cfg.max_turns)
     fit = clip_sessions(split.fit, cfg.max_session_tokens, cfg.max_turns)
@@ -406,7 +356,8 @@ def planner_sweep(cfg: SweepConfig, jobs_of, is_fit, *, read_fit_runs: int = 30,
         curves = {b: fit_miss_curves(cfg, fit, hasher, b, caps) for b in batches}
         inputs = PlannerInputs(profile, cfg.workload, {t: f.spec for t, f in fits.items()}, curves,
                                {l: layout.rows(i) for i, l in enumerate(layout.layer_ids)})
-        done = run_jobs(tiers, cfg, jobs, {b: pool for b in batches}, hasher, times, progress=progress)
+        done = run_jobs(tiers, cfg, jobs, {b: pool for b in batches}, hasher, times, progress=progress,
+                        delayed=delayed)
     finally:
         tiers.close()
     flags = [bool(is_fit(j)) for j, _ in done]

@@ -167,7 +167,7 @@ def _planner_cell(planner_ms: Mapping[tuple[int, str], float] | None, batch: int
 
 
 def timeline_table(profile, runs: Sequence, planner_ms: Mapping[tuple[int, str], float] | None = None) -> str:
-    """The step-timeline table (serve.timeline.run_sweep): per batch and placement, measured overhead per step
+    """The step-timeline table (benchmarks/paper/timeline_sweep.py): per batch and placement, measured overhead per step
     (mean and min..max over runs, ms and % of the profile's step) beside Eq. 1's prediction (and, with
     `planner_ms` keyed by (B, placement), the planner's prediction made before the runs: serve.predict), then
     whether the placements are told apart by more than the run-to-run spread. First line: the profile and what

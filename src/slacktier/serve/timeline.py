@@ -48,6 +48,7 @@ serve.predict's planner column.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -239,6 +240,36 @@ class TimelineEngine(Protocol):
     def gather(self, layer: int) -> object: ...
 
     def end_step(self) -> object: ...   # StepCounters: .layers[l] with wait_us, read_us, gather_us, pages_read, hits
+
+
+class LayerSubset:
+    """The timeline's view of a rank's engine serving some of the hasher's layers: ids [T, L, C] -> [T, L', C].
+
+    Its step counters count only the rank's own lookups (`lookups - zero_rows`: another rank's rows are zero
+    rows here, nothing read), so hit rates are over the lookups this rank serves.
+    """
+
+    def __init__(self, engine, axes: Sequence[int]) -> None:
+        self.engine = engine
+        self.axes = list(axes)
+
+    def prepare(self, ids: np.ndarray) -> np.ndarray:
+        """The step's ids of the served layers, as the engine takes them (C-contiguous), before the step."""
+        return np.ascontiguousarray(np.asarray(ids)[:, self.axes, :])
+
+    def begin_step(self, ids: np.ndarray) -> None:
+        """ids: prepared (`prepare`); the warm-up's unprepared [T, L, C] ids are cut here."""
+        if ids.shape[1] != len(self.axes):
+            ids = self.prepare(ids)
+        self.engine.begin_step(ids)
+
+    def gather(self, layer: int) -> object:
+        return self.engine.gather(layer)
+
+    def end_step(self) -> object:
+        c = self.engine.end_step()
+        return dataclasses.replace(c, layers={l: dataclasses.replace(v, lookups=v.lookups - v.zero_rows)
+                                              for l, v in c.layers.items()})
 
 
 @dataclass
@@ -480,55 +511,7 @@ def sweep_sessions(cfg: SweepConfig, batch: int) -> list:
     return pool
 
 
-def run_sweep(cfg: SweepConfig, progress: bool = False) -> tuple[ComputeProfile, list[SweepRun]]:
-    """Stage the scaled table once, then every (batch, placement) `cfg.runs` times in shuffled order."""
-    from slacktier.serve.tiers import TierSet
-    from slacktier.tables.engram_hash import EngramLayout
-    from slacktier.workloads.hashing import EngramLookupHasher
-    from slacktier.workloads.replay import ReplayConfig, replay_steps
-
-    profile = load_profile(cfg.profile)
-    layout = EngramLayout.scaled(cfg.engram_vocab, (1, 14))
-    first, second = layout.layer_ids[:2]
-    hasher = EngramLookupHasher(layout)
-    placements = timeline_placements(first, second, cfg.cache_rows, remote=cfg.remote_nodes > 0)
-    pools = {b: sweep_sessions(cfg, b) for b in cfg.batches}   # refuse before staging anything
-    times = {b: profile.times(b, cfg.workload, layout.layer_ids) for b in cfg.batches}
-    tiers = TierSet(Path(cfg.workdir) / "tables", layout, seed=cfg.seed + 1, max_cache_rows=cfg.cache_rows,
-                    max_tokens=max(cfg.prefill_chunk_tokens, *cfg.batches), devices=1, metrics=cfg.metrics)
-    rng = np.random.default_rng(cfg.seed)
-    out: list[SweepRun] = []
-    cluster = None
-    try:
-        tiers.stage(device_counts=(1,), progress=progress)
-        if cfg.remote_nodes > 0:
-            cluster, reader = _remote_copy(Path(cfg.workdir) / "cluster", cfg.remote_nodes, tiers.manifests[1],
-                                           progress)
-            tiers.options = (*tiers.options, reader)
-        for rep in range(cfg.runs):
-            jobs = [(b, p) for b in cfg.batches for p in placements]
-            for order, k in enumerate(rng.permutation(len(jobs))):
-                batch, placement = jobs[k]
-                tiers.provider(placement)   # switches the one engine in place, cold cache
-                runner = TimelineRunner(tiers.engine, times[batch])
-                rc = ReplayConfig(batch=batch, decode_tokens=cfg.decode_tokens,
-                                  prefill_chunk_tokens=cfg.prefill_chunk_tokens)
-                replay = iter(replay_steps(pools[batch], hasher, rc))
-                steps = run_replay(runner, replay, batch, cfg.decode_steps)
-                checked, mismatches = _checked_steps(tiers.engine, runner, replay, batch, cfg.check_steps)
-                out.append(SweepRun(placement.name, batch, rep, order, times[batch].step_ms, summarize(steps),
-                                    checked, mismatches))
-                if progress:
-                    print(f"  run {rep + 1}/{cfg.runs} B={batch} {placement.name}: "
-                          f"{out[-1].summary.stall_ms:.2f} ms stall/step", flush=True)
-    finally:
-        tiers.close()
-        if cluster is not None:
-            cluster.stop()
-    return profile, out
-
-
-def _checked_steps(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int) -> tuple[int, int]:
+def checked_steps(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int) -> tuple[int, int]:
     """Run `n` more decode steps of `replay` with the engine's checker on (every gathered row compared with the
     row regenerated from the manifest's source), off the timeline; (steps checked, mismatching rows)."""
     if n <= 0:
@@ -541,25 +524,3 @@ def _checked_steps(engine, runner: TimelineRunner, replay: Iterator, batch: int,
         return len(steps), sum(c.mismatches for c in engine.totals.values()) - before
     finally:
         engine.apply(cfg)
-
-
-def _remote_copy(workdir: Path, masters: int, manifest, progress: bool):
-    """A local authenticated Redis Cluster holding `manifest`'s table; the cluster and the reader's options (its
-    password handed over in this process's environment, as a serving process would get it)."""
-    import os
-
-    from slacktier.config import RedisOptions
-    from slacktier.store.redis.loader import load_manifest
-    from slacktier.testing.redis_cluster import LocalRedisCluster
-
-    cluster = LocalRedisCluster(workdir, masters=masters, replicas=0).start()
-    try:
-        os.environ["SLACKTIER_TIMELINE_LOADER_PW"] = cluster.loader.password
-        os.environ["SLACKTIER_TIMELINE_READER_PW"] = cluster.reader.password
-        load_manifest(RedisOptions(mode="cluster", url=cluster.seed_url, username=cluster.loader.name,
-                                   password_env="SLACKTIER_TIMELINE_LOADER_PW"), manifest, progress=progress)
-    except BaseException:
-        cluster.stop()
-        raise
-    return cluster, RedisOptions(mode="cluster", url=cluster.seed_url, username=cluster.reader.name,
-                                 password_env="SLACKTIER_TIMELINE_READER_PW")

@@ -44,9 +44,8 @@ import numpy as np
 import slacktier.store  # noqa: F401 - registers every tier, the emulated one included, before tier_facts reads them
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.serve.full_rank import LayerSubset
-from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner, TimelineStep,
-                                      load_profile, sleep_then_spin, sweep_sessions)
+from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
+                                      TimelineStep, load_profile, sleep_then_spin, sweep_sessions)
 
 log = logging.getLogger(__name__)
 
@@ -541,12 +540,3 @@ def table2_placements(model: str, cache_rows: int = 1_000_000, first: int = 1, s
         WhatIfPlacement("1 disk, split", both, on, cache_rows, split, "shared"),
         WhatIfPlacement("4 disks, split", both, on, cache_rows, split, "per-rank"),
     ]
-
-
-def share_sweep(model: str, fs: Sequence[float], disks: str, cache_rows: int = 1_000_000, first: int = 1,
-                second: int = 14) -> list[WhatIfPlacement]:
-    """Table 9's sweep: share f of the cache to the first layer, the rest to the second."""
-    both = ((first, "emulated"), (second, "emulated"))
-    label = "1 disk" if disks == "shared" else "4 disks"
-    return [WhatIfPlacement(f"{label}, f={f:g}", both, ((first, model), (second, model)), cache_rows,
-                            ((first, f), (second, 1 - f)), disks) for f in fs]

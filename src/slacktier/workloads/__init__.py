@@ -13,6 +13,8 @@ One role per module:
   table hashes.
 - `replay`: interleaved replay as Step records (`replay_steps`), flattened to a LookupTrace.
 - `policies`: compiled cache policies (LRU, CLOCK, S3-FIFO-style, static, static head + LRU, Belady).
-- `reference`: slow plain-Python simulators the kernels are tested against.
 - `characterize`: hit rates per policy/capacity/order, batch reuse, miss-page curves P_l(c) for the planner.
+
+The slow plain-Python simulators the kernels are tested against live beside their benchmark,
+benchmarks/micro/policy_reference.py (issue 29).
 """

@@ -96,7 +96,7 @@ def load_template(name: str = TEMPLATE_FILE) -> AgentTemplate:
     spec = importlib.util.find_spec("minisweagent")
     if spec is None or not spec.submodule_search_locations:
         raise SlackTierError(ErrorKind.MISSING, "the mini-swe-agent package is not installed",
-                             fix="pip install mini-swe-agent")
+                             fix="pip install 'slacktier[workloads]'")
     path = Path(list(spec.submodule_search_locations)[0]) / "config" / name
     if not path.exists():
         raise SlackTierError(ErrorKind.MISSING, f"mini-swe-agent has no config {name}",

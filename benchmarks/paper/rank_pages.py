@@ -1,5 +1,8 @@
 """Per-rank misses under a rank partition: what each tensor-parallel rank's process reads per decode step.
 
+An experiment's counting beside its benchmarks (full_rank.py, bench_full_rank.py pages, bench_rank_partition.py),
+not the package: no verb uses it (issue 29).
+
 Under the engines' column (head) sharding (`columns`), rank k of `ranks` owns hash columns
 [k * C/ranks, (k+1) * C/ranks) of every layer (tables.layout.shard_bounds), so
 its process resolves only those columns' lookups (the engine's `owned_only`)

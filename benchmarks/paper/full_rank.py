@@ -1,12 +1,15 @@
 """One TP rank's view of the full-size V4.1 tables on the step timeline (issue 13, items 2-4).
 
+An experiment beside its benchmark (benchmarks/paper/bench_full_rank.py, bench_one_disk.py,
+bench_rank_partition.py, bench_whatif.py), not the package: no verb uses it (issue 29).
+
 Under TP4 column sharding each rank's process serves only its own shard of each
 Engram layer (~96M rows, ~26 GB of pages per layer), with `owned_only` and the
 rank's regions; rows of other ranks come out as -0.0 and the all-reduce sums
 them (engine/step.py). A TP step waits for its slowest rank, so:
 
 1. `rank_page_counts` counts every rank's missed pages per full-batch decode
-   step on the traffic (workloads.rank_pages, the served CLOCK replayed), with
+   step on the traffic (benchmarks/paper/rank_pages.py, the served CLOCK replayed), with
    no cache and with each placement's cache: this names the slowest rank.
 2. `stage_rank_shard` stages that rank's shard of both layers, full size
    (`stage --only-ranks`), refusing before writing when the disk lacks space.
@@ -40,7 +43,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, TimelineRunner,
+from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
                                       TimelineSummary, load_profile, run_replay, summarize, sweep_sessions,
                                       timeline_placements)
 
@@ -127,7 +130,7 @@ def rank_page_counts(cfg: FullRankConfig, batch: int, capacities: Sequence[int] 
     steps), at each per-layer cache capacity (0: uncached; 500,000: half of a 1M-row split cache), under each
     rank partition (tables.partition), all on the one trace."""
     from slacktier.workloads.hashing import EngramLookupHasher
-    from slacktier.workloads.rank_pages import rank_pages
+    from benchmarks.paper.rank_pages import rank_pages
     from slacktier.workloads.replay import collect_trace
 
     hasher = EngramLookupHasher(cfg.layout())
@@ -146,7 +149,7 @@ def _owned_text(columns: Sequence[int], orders: Sequence[int]) -> str:
 def rank_pages_table(results: Sequence) -> str:
     """Per workload, B, cache and partition: every rank's pages per full-batch decode step (layer 1 / layer 14)
     and decode hit rate (layer 1), the slowest rank (most pages over both layers) and its pages."""
-    from slacktier.workloads.rank_pages import slowest_rank
+    from benchmarks.paper.rank_pages import slowest_rank
 
     ranks = sorted({r.rank for r in results})
     layers = sorted({r.layer for r in results})
@@ -196,36 +199,6 @@ def stage_rank_shard(cfg: FullRankConfig, progress: bool = False):
 
 
 # ---- 3. serving it on the timeline -----------------------------------------------------------------------
-
-class LayerSubset:
-    """The timeline's view of a rank's engine serving some of the hasher's layers: ids [T, L, C] -> [T, L', C].
-
-    Its step counters count only the rank's own lookups (`lookups - zero_rows`: another rank's rows are zero
-    rows here, nothing read), so hit rates are over the lookups this rank serves.
-    """
-
-    def __init__(self, engine, axes: Sequence[int]) -> None:
-        self.engine = engine
-        self.axes = list(axes)
-
-    def prepare(self, ids: np.ndarray) -> np.ndarray:
-        """The step's ids of the served layers, as the engine takes them (C-contiguous), before the step."""
-        return np.ascontiguousarray(np.asarray(ids)[:, self.axes, :])
-
-    def begin_step(self, ids: np.ndarray) -> None:
-        """ids: prepared (`prepare`); the warm-up's unprepared [T, L, C] ids are cut here."""
-        if ids.shape[1] != len(self.axes):
-            ids = self.prepare(ids)
-        self.engine.begin_step(ids)
-
-    def gather(self, layer: int) -> object:
-        return self.engine.gather(layer)
-
-    def end_step(self) -> object:
-        c = self.engine.end_step()
-        return dataclasses.replace(c, layers={l: dataclasses.replace(v, lookups=v.lookups - v.zero_rows)
-                                              for l, v in c.layers.items()})
-
 
 def _host_copy(tier: str) -> bool:
     """The tier keeps the whole table in host memory: the stock path, not served through the engine here."""

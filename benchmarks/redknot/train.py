@@ -1,6 +1,6 @@
 """Train a small DeepSeek-V4 (transformers' DeepseekV4ForCausalLM) on long-context retrieval, on one CPU thread.
 
-    .venv/bin/python -m slacktier.redknot.train --out models/redknot/retrieval-v4.pt
+    .venv/bin/python -m benchmarks.redknot.train --out models/redknot/retrieval-v4.pt
 
 The model keeps V4's parts: hybrid sliding / CSA (with the Lightning Indexer) /
 HCA layers, hyper-connections, a hash-routed MoE layer then top-k routed MoE
@@ -35,6 +35,7 @@ import json
 import logging
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -43,7 +44,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from slacktier.errors import ErrorKind, SlackTierError
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+from slacktier.errors import ErrorKind, SlackTierError  # noqa: E402
 
 log = logging.getLogger(__name__)
 
@@ -154,16 +156,16 @@ def load_model(path: Path, dtype: torch.dtype = torch.float32):
     """(model in eval mode, VocabMap, card) from a file written by save_model."""
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
-    from slacktier.redknot.retrieval import VocabMap
+    from benchmarks.redknot.retrieval import VocabMap
 
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError as exc:
         raise SlackTierError(ErrorKind.MISSING, f"no trained model at {path}",
-                             fix="train one: python -m slacktier.redknot.train") from exc
+                             fix="train one: python -m benchmarks.redknot.train") from exc
     if blob.get("format") != "slacktier-redknot-retrieval-v1":
         raise SlackTierError(ErrorKind.CHECKPOINT, f"{path} is not a retrieval model file",
-                             fix="point at a file written by slacktier.redknot.train")
+                             fix="point at a file written by benchmarks/redknot/train.py")
     cfg_dict = dict(blob["config"])
     cfg = DeepseekV4Config(**{k: v for k, v in cfg_dict.items() if k not in ("transformers_version", "architectures",
                                                                               "model_type")})
@@ -317,7 +319,7 @@ def _set_topk(model, k: int) -> None:
 def train(cfg: TrainConfig, out: Path, *, csv_path: Path | None = None, png_path: Path | None = None,
           eval_lengths: tuple[int, ...] = (), eval_samples: int = 0):
     """Train with `cfg`, save the model to `out`; returns (model, vocab, card)."""
-    from slacktier.redknot.retrieval import RetrievalTask, VocabMap, read_split
+    from benchmarks.redknot.retrieval import RetrievalTask, VocabMap, read_split
 
     t_start = time.perf_counter()
     random.seed(cfg.seed)
@@ -413,7 +415,7 @@ def _jsonable(x):
 
 def digest_tokens(vocab) -> list[int]:
     """A fixed 200-token probe (the first lines of the retrieval module's docstring) for the logit digest."""
-    from slacktier.redknot import retrieval
+    from benchmarks.redknot import retrieval
     from slacktier.tables.tokenizer import encode
 
     return vocab.to_compact(encode(retrieval.__doc__))[:200]
@@ -463,7 +465,7 @@ def write_curve(rows: list[dict], csv_path: Path, png_path: Path | None) -> None
 # ---- evaluation -----------------------------------------------------------------------------------------
 def eval_task(vocab, max_tokens: int = 600_000):
     """The held-out RetrievalTask (files never seen in training)."""
-    from slacktier.redknot.retrieval import RetrievalTask, read_split
+    from benchmarks.redknot.retrieval import RetrievalTask, read_split
 
     text, idents = read_split(True, max_tokens)
     return RetrievalTask(vocab, text, idents)
