@@ -16,6 +16,8 @@ import importlib
 import importlib.util
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from types import ModuleType
@@ -99,3 +101,23 @@ def import_vllm(module: str) -> ModuleType:
         pytest.skip(reason)
     _torchvision_without_compiled_ops()
     return importlib.import_module(module)
+
+
+@contextmanager
+def sglang_plugin_loaded(control_env: str) -> Iterator[ModuleType]:
+    """SGLang's runtime context published for a test (overlap scheduler off), with the slacktier plug-in loaded the
+    way a server loads it: load_plugins() finds its entry point and HookRegistry.apply_hooks() patches SGLang."""
+    rc = import_sglang("sglang.srt.runtime_context")
+    plugins = import_sglang("sglang.srt.plugins")
+    context = rc.get_context().override_server_args(disable_overlap_schedule=True)
+    context.install()
+    mp = pytest.MonkeyPatch()
+    try:
+        mp.setenv("SGLANG_PLUGINS", "slacktier")
+        mp.setenv(control_env, "unused-until-a-table-is-built.toml")
+        plugins.load_plugins()
+        mp.delenv(control_env)
+        yield rc
+    finally:
+        mp.undo()
+        context.restore()

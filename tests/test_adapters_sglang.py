@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from engines import SGLANG_VERSION, import_sglang
+from engines import SGLANG_VERSION, import_sglang, sglang_plugin_loaded
 from slacktier.adapters import sglang as plug
 from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
 from slacktier.engine.testing import real_text
@@ -54,21 +54,11 @@ class _HFTokenizer:
 def sg() -> Iterator[SimpleNamespace]:
     """SGLang's modules, a published test context (overlap scheduler off), and the plug-in loaded."""
     engram = import_sglang("sglang.srt.layers.engram")
-    rc = import_sglang("sglang.srt.runtime_context")
-    plugins = import_sglang("sglang.srt.plugins")
     model = import_sglang("sglang.srt.models.deepseek_v4")
     modes = import_sglang("sglang.srt.model_executor.forward_batch_info")
-    context = rc.get_context().override_server_args(disable_overlap_schedule=True)
-    context.install()
-    mp = pytest.MonkeyPatch()
-    mp.setenv("SGLANG_PLUGINS", "slacktier")
-    mp.setenv(plug.CONTROL_ENV, "unused-until-a-table-is-built.toml")
-    plugins.load_plugins()   # the entry point, then HookRegistry.apply_hooks()
-    mp.delenv(plug.CONTROL_ENV)
-    yield SimpleNamespace(engram=engram, rc=rc, model=model, ForwardMode=modes.ForwardMode)
-    plug.close()
-    mp.undo()
-    context.restore()
+    with sglang_plugin_loaded(plug.CONTROL_ENV) as rc:
+        yield SimpleNamespace(engram=engram, rc=rc, model=model, ForwardMode=modes.ForwardMode)
+        plug.close()
 
 
 def _config(layout: StLayout) -> SimpleNamespace:

@@ -16,6 +16,10 @@
 4. lookup time per step, stock against plug-in, at B = 1, 8, 64 tokens: each
    engine's whole lookup of both layers (SGLang: the device table's and the
    UVA host table's gather; vLLM: its UVA prefetch), synchronized, medians.
+6. ple: the plug-ins' PLE parts (benchmarks/engine/gpu_checks_ple.py, UNVERIFIED:
+   written without a GPU): SGLang's offloaded PLE table (its UVA gather) and
+   vLLM's pinned-host PLE backend against the plug-ins, rows bit for bit; the
+   PLE calls as eager breaks of SGLang's BreakableCUDAGraph.
 5. servers (only with --model DIR, a V4.1-shaped checkpoint both engines load,
    with its staged table and control files): SGLang and vLLM each launched stock
    and with the plug-in on the same greedy prompts; the completions must be
@@ -58,6 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import ROOT, machine, utc_stamp  # noqa: E402
 
 from engines import import_sglang, import_vllm  # noqa: E402
+from benchmarks.engine.gpu_checks_ple import ple_checks, vllm_with_plugin  # noqa: E402
 from slacktier.adapters import sglang as sg_plug  # noqa: E402
 from slacktier.adapters import vllm as vl_plug  # noqa: E402
 from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control  # noqa: E402
@@ -267,15 +272,8 @@ def breakable_graph_check(served: dict[int, Any], ids_of: Callable[[int, int], t
 
 def vllm_checks(world: SimpleNamespace, batches: list[int], steps: int) -> dict:
     engram = import_vllm(vl_plug.ENGRAM_MODULE)
-    config_mod = import_vllm("vllm.config")
-    engram_config = import_vllm("vllm.config.engram")
     dist = import_vllm("vllm.distributed")
-    plugins = import_vllm("vllm.plugins")
-    os.environ["VLLM_PLUGINS"] = "slacktier"
-    os.environ[vl_plug.CONTROL_ENV] = str(control(world, "cuda", "vllm.toml"))
-    plugins.load_general_plugins()
-    vc = config_mod.VllmConfig(engram_config=engram_config.EngramConfig(cpu_offload=True))
-    object.__setattr__(vc, "model_config", SimpleNamespace(enforce_eager=True))   # no model: the layer alone
+    config_mod, vc = vllm_with_plugin(control(world, "cuda", "vllm.toml"))
     layout = engram.EngramLayout(world.config)
     out: dict[str, Any] = {"steps": []}
     with config_mod.set_current_vllm_config(vc):
@@ -427,6 +425,7 @@ def main() -> int:
                                                                                      args.steps))]
     if cuda:
         parts.append(("vllm", lambda: vllm_checks(world, batches, args.steps)))
+        parts.append(("ple", lambda: ple_checks(args.out / "ple_tables", vllm=True)))
     if args.model is not None:
         controls = dict(c.split("=", 1) for c in args.control)
         parts.append(("servers", lambda: server_checks(args.model, controls, [real_text(400, k) for k in range(4)],
@@ -456,6 +455,17 @@ def main() -> int:
         if "bcg" in part:
             lines += [f"breakable CUDA graph: {json.dumps({k: v for k, v in part['bcg'].items() if k != 'trace'})}",
                       ""]
+    for engine, part in out.get("ple", {}).items():
+        if isinstance(part, dict):
+            steps = part.get("steps", [])
+            lines += [f"ple {engine} (unverified script, first run): " + (
+                part["not run"] if "not run" in part else
+                f"{sum(r['equal to UVA host table'] for r in steps)} of {len(steps)} steps equal to the UVA host "
+                f"table; plug-in {statistics.median(r['plug-in'] for r in steps):.0f} us, stock "
+                f"{statistics.median(r['UVA host table'] for r in steps):.0f} us per step (median)"), ""]
+            if "bcg" in part:
+                lines += [f"ple {engine} breakable CUDA graph: "
+                          f"{json.dumps({k: v for k, v in part['bcg'].items() if k != 'trace'})}", ""]
     if "servers" in out:
         lines += [f"servers: {json.dumps(out['servers'], default=str)[:3000]}", ""]
     text = "\n".join(lines)
@@ -463,7 +473,8 @@ def main() -> int:
     (args.out / "gpu_checks_plugins.json").write_text(json.dumps(out, indent=1, default=str))
     (args.out / "gpu_checks_plugins.md").write_text(text)
     print(text)
-    bad = [r for part in ("sglang", "vllm") for r in out.get(part, {}).get("steps", [])
+    ple = [p for p in out.get("ple", {}).values() if isinstance(p, dict)]
+    bad = [r for part in [out.get("sglang", {}), out.get("vllm", {}), *ple] for r in part.get("steps", [])
            if not all(v for k, v in r.items() if k.startswith("equal to"))]
     return 1 if bad or any("not run" in out.get(p, {}) for p in ("sglang",)) else 0
 

@@ -9,6 +9,11 @@ control file (`{tp_rank}` in the path picks the rank's own file):
 | `adapters.sglang` | SGLang 0.5.23 | `sglang.srt.plugins` | `SLACKTIER_SGLANG_CONTROL` |
 | `adapters.vllm` | vLLM 0.33.0 | `vllm.general_plugins` | `SLACKTIER_VLLM_CONTROL` |
 
+Each engine's PLE part (Qwen3.8's per-layer n-gram table) sits beside it
+(`adapters.sglang_ple`, `adapters.vllm_ple`), loaded by the same entry point;
+what both parts share (version and scope checks, the rank's binding, step
+ends) is in `adapters.sglang_binding` and `adapters.vllm_binding`.
+
 They use the engine's public API only (`StepEngine.from_config`, `begin_step`,
 `gather`, `end_step`) and import the serving engine lazily, so importing this
 room never imports SGLang or vLLM. How to turn them on, what each supports and
@@ -18,12 +23,16 @@ refuses, and what was verified where: docs/integrating.md.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+import re
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.manifest import Manifest
 
 if TYPE_CHECKING:
     from slacktier.engine import StepEngine
@@ -32,6 +41,7 @@ log = logging.getLogger(__name__)
 
 #: the placeholder a control-file path may carry for the process's tensor-parallel rank
 TP_RANK_FIELD = "{tp_rank}"
+_LAYER_IN_PREFIX = re.compile(r"(?:^|\.)layers\.(\d+)\.")
 
 
 def control_path(template: str, tp_rank: int) -> Path:
@@ -40,6 +50,38 @@ def control_path(template: str, tp_rank: int) -> Path:
         raise SlackTierError(ErrorKind.BAD_INPUT, "the control-file variable is empty",
                              fix="name a control file, or unset the variable to leave the serving engine alone")
     return Path(template.replace(TP_RANK_FIELD, str(int(tp_rank))))
+
+
+def layer_in_prefix(prefix: str, engine: str) -> int:
+    """The decoder layer id in a serving engine's module prefix: "model.layers.3.ple.ple_embedding" -> 3.
+
+    PLE tables are keyed by it in control files (as models/qwen38.py keys them).
+    """
+    m = _LAYER_IN_PREFIX.search(prefix)
+    if m is None:
+        raise SlackTierError(ErrorKind.UNSUPPORTED, f"a PLE table with module prefix {prefix!r} names no decoder "
+                             "layer", fix=f"{engine} builds PLE tables under model.layers.N.ple; report this with "
+                             "the model config")
+    return int(m.group(1))
+
+
+def check_ple_layout(binding: Any, layer: int, head_sizes: Sequence[int]) -> None:
+    """Refuse a served PLE table that is not the model's: other head sizes (the manifest's column bounds, from
+    another ngram_vocab_size_base or PLE layer index) or not all its rows. `binding` has path, engine, table()."""
+    t = binding.table(layer)
+    bounds = tuple(int(v) for v in np.cumsum([0, *head_sizes]))
+    staged = Manifest.load(t.manifest).layout.column_bounds.get(layer)
+    if staged is not None and tuple(staged) != bounds:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{t.manifest} was staged for another PLE hash layout than the "
+                             f"model's (layer {layer}: {len(staged) - 1} columns ending at row {staged[-1]}, the "
+                             f"model's {len(bounds) - 1} ending at {bounds[-1]})", layer=layer,
+                             fix="stage the table from this model's checkpoint (its ngram_vocab_size_base and "
+                             "PLE layer index)")
+    spec = binding.engine.table(layer)
+    if (spec.row_start, spec.rows) != (0, bounds[-1]):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: {binding.path} serves rows [{spec.row_start}, "
+                             f"{spec.row_start + spec.rows}), the model's PLE table has rows [0, {bounds[-1]})",
+                             layer=layer, fix="stage the whole table (--ranks 1) and set rank = -1")
 
 
 def finish_step(engine: StepEngine | None, failed: bool) -> None:
@@ -77,4 +119,5 @@ def close_engines(bindings: dict) -> None:
     bindings.clear()
 
 
-__all__ = ["TP_RANK_FIELD", "close_engines", "control_path", "ending_step", "finish_step"]
+__all__ = ["TP_RANK_FIELD", "check_ple_layout", "close_engines", "control_path", "ending_step", "finish_step",
+           "layer_in_prefix"]

@@ -46,6 +46,10 @@ TP > 1 each rank's control file serves that rank's region (`rank = N`,
 `owned_only = true`), staged with `--ranks TP`; a region that is not SGLang's
 shard of the table, or a table staged for another hash layout, is refused.
 
+Qwen3.8's PLE tables (`Qwen4ExpPinnedHostEmbedding`) are served by the same
+entry point, variable and control file: adapters.sglang_ple (its hooks are in
+its PATCHED; `check_scope(..., "PLE")` adds TP 1 only).
+
 Rank partitions (tables.partition): a table staged with `--partition balanced`
 (and `partition = "balanced"` on its [[table]]s) gives every rank as many heads
 of each n-gram order instead of SGLang's contiguous columns, so no rank reads
@@ -56,29 +60,17 @@ rows, +0.0 in the others, and the TP sum is the stock one bit for bit.
 
 from __future__ import annotations
 
-import logging
 import os
-import pkgutil
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step, finish_step
-from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
-from slacktier.engine import StepEngine
+from slacktier.adapters.sglang_binding import BREAKABLE_PLE_PREFILL, CHECKED_VERSION, CONTROL_ENV, UNVERIFIED_ENV, \
+    Binding, SglangServing, bind, check_scope, check_version, close, current, end_step, installed_version, \
+    read_serving, record_layer_order, skip_rows, step, unverified_allowed
+from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
-
-log = logging.getLogger(__name__)
-
-CHECKED_VERSION = "0.5.23"
-CONTROL_ENV = "SLACKTIER_SGLANG_CONTROL"
 
 LAYOUT_FROM_CONFIG = "sglang.srt.layers.engram.EngramLayout.from_config"
 EMBEDDING_INIT = "sglang.srt.layers.engram.EngramEmbedding.__init__"
@@ -92,202 +84,7 @@ PATCHED: tuple[tuple[str, str], ...] = ((LAYOUT_FROM_CONFIG, "AFTER"), (EMBEDDIN
 _FP8_BLOCK = 32   # values per E8M0 scale
 
 
-@dataclass(frozen=True)
-class SglangServing:
-    """The SGLang settings the plug-in's scope depends on, as one rank's process sees them at start-up."""
-
-    version: str
-    tp_size: int
-    tp_rank: int
-    pp_size: int = 1
-    attn_dp_size: int = 1
-    attn_cp_size: int = 1
-    overlap_schedule: bool = False
-    decode_graph: str = "disabled"      # SGLang's cuda_graph_config[decode].backend: full | breakable | disabled
-    prefill_graph: str = "disabled"
-    speculative: str | None = None      # speculative_algorithm
-    two_batch_overlap: bool = False
-
-
-def check_version(found: str) -> None:
-    """Refuse an SGLang the plug-in was not checked against (UNSUPPORTED, naming the fix)."""
-    if found != CHECKED_VERSION:
-        raise SlackTierError(ErrorKind.UNSUPPORTED, f"SGLang {found} is installed; the SlackTier plug-in was "
-                             f"checked against SGLang {CHECKED_VERSION} only (it replaces internals of its Engram "
-                             "table)", fix=f"pip install sglang=={CHECKED_VERSION}, or unset {CONTROL_ENV} to serve "
-                             "with SGLang's own tables")
-
-
-def check_scope(s: SglangServing, hash_columns: int) -> None:
-    """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error."""
-    check_version(s.version)
-    found: list[tuple[str, str]] = []
-    if s.pp_size != 1:
-        found.append((f"pipeline parallelism (pp_size {s.pp_size})", "--pp-size 1"))
-    if s.attn_dp_size != 1:
-        found.append((f"DP attention (attn_dp_size {s.attn_dp_size})", "run without DP attention"))
-    if s.attn_cp_size != 1:
-        found.append((f"attention context parallelism (attn_cp_size {s.attn_cp_size})", "attn_cp_size 1"))
-    if hash_columns % s.tp_size:
-        sizes = [n for n in range(1, hash_columns + 1) if hash_columns % n == 0]
-        found.append((f"TP {s.tp_size} does not split the {hash_columns} hash columns into whole heads",
-                      f"a TP size in {sizes}"))
-    if s.overlap_schedule:
-        found.append(("the overlap scheduler", "--disable-overlap-schedule"))
-    for phase, backend in (("decode", s.decode_graph), ("prefill", s.prefill_graph)):
-        if backend != "disabled":
-            found.append((f"{backend} CUDA graphs for {phase}", f"--cuda-graph-backend-{phase} disabled"))
-    if s.speculative:
-        found.append((f"speculative decoding ({s.speculative})", "no --speculative-algorithm"))
-    if s.two_batch_overlap:
-        found.append(("two-batch overlap", "drop --enable-two-batch-overlap"))
-    if found:
-        raise SlackTierError(ErrorKind.UNSUPPORTED, "SGLang settings outside the SlackTier plug-in's first version: "
-                             + "; ".join(what for what, _ in found),
-                             fix="; ".join(fix for _, fix in found) + f" (or unset {CONTROL_ENV})")
-
-
-def installed_version() -> str:
-    """The installed SGLang's version ("" when it is not installed)."""
-    try:
-        return metadata.version("sglang")
-    except metadata.PackageNotFoundError:
-        return ""
-
-
-def read_serving() -> SglangServing:
-    """This process's settings, from SGLang's published runtime context."""
-    from sglang.srt.runtime_context import get_exec, get_parallel, get_schedule, get_spec
-
-    try:
-        p = get_parallel()
-        graphs = get_exec().graph.cuda_graph_config
-        return SglangServing(
-            version=installed_version(), tp_size=int(p.tp_size), tp_rank=int(p.tp_rank), pp_size=int(p.pp_size),
-            attn_dp_size=int(p.attn_dp_size), attn_cp_size=int(p.attn_cp_size),
-            overlap_schedule=not get_schedule().disable_overlap_schedule,
-            # SGLang resolves a graph config for every server; none is published where nothing is captured
-            # (its CPU unit-test contexts).
-            decode_graph=graphs.decode.backend if graphs is not None else "disabled",
-            prefill_graph=graphs.prefill.backend if graphs is not None else "disabled",
-            speculative=get_spec().speculative_algorithm,
-            two_batch_overlap=bool(get_exec().overlap.enable_two_batch_overlap))
-    except (ValueError, RuntimeError) as exc:
-        raise SlackTierError(ErrorKind.UNSUPPORTED, f"SGLang's settings are not published in this process ({exc})",
-                             fix="build Engram tables inside an SGLang scheduler process (or a test context "
-                             "that publishes its server args and TP rank)") from exc
-
-
-# ---- one rank's binding: its control file, engine and served layers ------------------------------
-
-
-@dataclass
-class _Binding:
-    """One rank's control file and the engine serving its non-DRAM tables."""
-
-    path: Path
-    control: ControlFile
-    serving: SglangServing
-    engine: StepEngine | None
-    layer_ids: tuple[int, ...] | None          # the hash ids' layer axis (SGLang's layout order)
-    axis: list[int] | None = None               # positions of the engine's layers in that axis
-    adopted: set[int] = field(default_factory=set)
-
-    def table(self, layer: int) -> TableConfig | None:
-        for t in self.control.tables:
-            if t.layer == layer:
-                return t
-        return None
-
-    def begin(self, hash_ids: torch.Tensor) -> None:
-        """begin_step on the engine's layers of SGLang's [T, L, 24] hash ids."""
-        engine = self.engine
-        if engine is None or hash_ids.shape[0] == 0:
-            return
-        if self.axis is None:
-            order = self.layer_ids
-            if order is None or len(order) != hash_ids.shape[1]:
-                raise SlackTierError(ErrorKind.UNSUPPORTED, f"hash ids of shape {tuple(hash_ids.shape)} for Engram "
-                                     f"layers {order}", fix=f"SGLang {CHECKED_VERSION} builds EngramLayout.from_config "
-                                     "before its tables; report this with the model config")
-            self.axis = [order.index(layer) for layer in engine.ids_layers]
-        ids = hash_ids.detach().to("cpu").numpy()
-        if len(self.axis) != ids.shape[1]:
-            ids = ids[:, self.axis, :]
-        engine.begin_step(np.ascontiguousarray(ids, dtype=np.int64))
-
-
-_BINDINGS: dict[Path, _Binding] = {}
-_LAYER_IDS: list[tuple[int, ...] | None] = [None]   # the last EngramLayout SGLang built in this process
-
-
-def _rank() -> int:
-    from sglang.srt.runtime_context import get_parallel
-
-    return int(get_parallel().tp_rank)
-
-
-def _current() -> _Binding | None:
-    """This rank's binding if one was made (no engine is built here)."""
-    template = os.environ.get(CONTROL_ENV)
-    if not template:
-        return None
-    return _BINDINGS.get(control_path(template, _rank()))
-
-
-def _bind(hash_columns: int) -> _Binding | None:
-    """This rank's binding, built (checks, engine) on its first table."""
-    template = os.environ.get(CONTROL_ENV)
-    if not template:
-        return None
-    check_version(installed_version())
-    serving = read_serving()
-    path = control_path(template, serving.tp_rank)
-    found = _BINDINGS.get(path)
-    if found is not None:
-        return found
-    check_scope(serving, hash_columns)
-    _check_patched()
-    cfg = load_control(path)
-    served = tuple(t for t in cfg.tables if not tier_facts(t.source).holds_host_copy)
-    if serving.tp_size > 1:
-        for t in served:
-            if t.rank != serving.tp_rank or not cfg.engine.owned_only:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"{path}: at TP {serving.tp_size} rank {serving.tp_rank} "
-                                     f"serves only its own region, but layer {t.layer} has rank = {t.rank} and "
-                                     f"owned_only = {str(cfg.engine.owned_only).lower()}", layer=t.layer,
-                                     fix=f"one control file per rank: [engine] owned_only = true and rank = "
-                                     f"{serving.tp_rank} on every table (stage with --ranks {serving.tp_size})")
-    engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served)) if served else None
-    binding = _Binding(path, cfg, serving, engine, _LAYER_IDS[0])
-    _BINDINGS[path] = binding
-    log.info("SlackTier serves Engram layers %s of TP rank %d from %s; layers %s stay on SGLang's tables",
-             [t.layer for t in served], serving.tp_rank, path,
-             [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
-    return binding
-
-
-def _check_patched() -> None:
-    """Refuse to serve when SGLang did not apply a hook (its HookRegistry logs such a failure and goes on)."""
-    for target, _ in PATCHED:
-        if target == EMBEDDING_INIT:
-            continue   # running: this check is called from it
-        try:
-            wrapped = hasattr(pkgutil.resolve_name(target), "__wrapped__")
-        except (ImportError, AttributeError) as exc:
-            raise SlackTierError(ErrorKind.UNSUPPORTED, f"{target} does not resolve ({exc})",
-                                 fix=f"install sglang=={CHECKED_VERSION} with its DeepSeek-V4 model") from exc
-        if not wrapped:
-            raise SlackTierError(ErrorKind.UNSUPPORTED, f"SGLang did not apply the SlackTier hook on {target}",
-                                 fix="load plug-ins through SGLang (sglang.srt.plugins.load_plugins) and look for "
-                                 "'Failed to apply hooks' in its log")
-
-
-def _skip_rows(param: torch.nn.Parameter, loaded_weight: torch.Tensor) -> None:
-    """Weight loader of a served table: its rows are read from SlackTier's regions, the checkpoint's are skipped."""
-
-
-def _adopt(binding: _Binding, module: torch.nn.Module, num_embeddings: int, dim: int, layer_id: int,
+def _adopt(binding: Binding, module: torch.nn.Module, num_embeddings: int, dim: int, layer_id: int,
            column_bounds: tuple[int, ...]) -> None:
     """Make `module` a served table: SGLang's own shard rule checked against the engine's, zero-row parameters."""
     from sglang.srt.layers.engram import shard_range
@@ -331,8 +128,8 @@ def _adopt(binding: _Binding, module: torch.nn.Module, num_embeddings: int, dim:
     module.weight = torch.nn.Parameter(torch.empty(0, dim, dtype=torch.float8_e4m3fn), requires_grad=False)
     module.scale = torch.nn.Parameter(torch.empty(0, dim // _FP8_BLOCK, dtype=torch.float8_e8m0fnu),
                                       requires_grad=False)
-    module.weight.weight_loader = _skip_rows
-    module.scale.weight_loader = _skip_rows
+    module.weight.weight_loader = skip_rows
+    module.scale.weight_loader = skip_rows
     module._slacktier_layer = layer_id
     module._slacktier_owned_columns = owned_columns   # [24] bool under a non-columns partition at TP > 1
     binding.adopted.add(layer_id)
@@ -344,13 +141,13 @@ def _adopt(binding: _Binding, module: torch.nn.Module, num_embeddings: int, dim:
 def _after_layout(layout: Any, *args: Any, **kwargs: Any) -> None:
     """EngramLayout.from_config: keep its layer order, the order of the hash ids' layer axis."""
     if layout is not None:
-        _LAYER_IDS[0] = tuple(int(i) for i in layout.layer_ids)
+        record_layer_order(tuple(int(i) for i in layout.layer_ids))
 
 
 def _around_embedding_init(original: Callable[..., None], module: torch.nn.Module, num_embeddings: int, dim: int,
                            layer_id: int, column_bounds: tuple[int, ...]) -> None:
     """EngramEmbedding.__init__: a table the control file serves from a non-DRAM tier is adopted."""
-    binding = _bind(len(column_bounds) - 1)
+    binding = bind(len(column_bounds) - 1, "Engram", PATCHED, EMBEDDING_INIT)
     t = binding.table(layer_id) if binding is not None else None
     if binding is not None and t is None:
         raise SlackTierError(ErrorKind.MISSING, f"{binding.path} lists no table for Engram layer {layer_id}",
@@ -367,7 +164,7 @@ def _around_owned_rows(original: Callable[..., torch.Tensor], module: torch.nn.M
     layer = module.__dict__.get("_slacktier_layer")
     if layer is None:
         return original(module, indices)
-    binding = _current()
+    binding = current()
     if binding is None or binding.engine is None or not binding.engine.in_step:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"SGLang looked up Engram layer {layer} with no SlackTier step "
                              "open", layer=layer, fix=f"the hasher hook begins each step: check that {HASHER_FORWARD} "
@@ -391,27 +188,9 @@ def _around_owned_rows(original: Callable[..., torch.Tensor], module: torch.nn.M
 
 def _after_hash(hash_ids: torch.Tensor, *args: Any, **kwargs: Any) -> None:
     """EngramHasher.forward: begin_step as soon as the step's hash ids exist."""
-    binding = _current()
+    binding = current()
     if binding is not None:
         binding.begin(hash_ids)
-
-
-def end_step() -> None:
-    """End this rank's step if one is open (an eager break that closes a step, as in a breakable CUDA graph)."""
-    binding = _current()
-    finish_step(binding.engine if binding is not None else None, False)
-
-
-@contextmanager
-def step() -> Iterator[None]:
-    """End this rank's step after the block, also when it raised: the patched DeepseekV4Model.forward is
-    `with step(): original forward`; a forward of one's own (a check script, another model) can use it too."""
-    binding = _current()
-    if binding is None:
-        yield
-        return
-    with ending_step(binding.engine):
-        yield
 
 
 def _around_model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
@@ -426,20 +205,20 @@ def register() -> None:
         return
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    # The table's constructor refuses an unchecked version when the model is built: SGLang logs and goes on
+    from slacktier.adapters import sglang_ple
+
+    # The tables' constructors refuse an unchecked version when the model is built: SGLang logs and goes on
     # after an error in a plug-in, so raising here alone would leave the stock tables serving silently.
     HookRegistry.register(EMBEDDING_INIT, _around_embedding_init, HookType.AROUND)
+    sglang_ple.register_hooks(HookRegistry, HookType, constructors=True)
     check_version(installed_version())
     HookRegistry.register(LAYOUT_FROM_CONFIG, _after_layout, HookType.AFTER)
     HookRegistry.register(OWNED_ROWS, _around_owned_rows, HookType.AROUND)
     HookRegistry.register(HASHER_FORWARD, _after_hash, HookType.AFTER)
     HookRegistry.register(MODEL_FORWARD, _around_model_forward, HookType.AROUND)
+    sglang_ple.register_hooks(HookRegistry, HookType, constructors=False)
 
 
-def close() -> None:
-    """Close every engine this process built (tests; a server process ends with its engines)."""
-    close_engines(_BINDINGS)
-
-
-__all__ = ["CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "SglangServing", "check_scope", "check_version", "close",
-           "end_step", "installed_version", "read_serving", "register", "step"]
+__all__ = ["BREAKABLE_PLE_PREFILL", "CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "UNVERIFIED_ENV", "SglangServing",
+           "check_scope", "check_version", "close", "end_step", "installed_version", "read_serving", "register", "step",
+           "unverified_allowed"]

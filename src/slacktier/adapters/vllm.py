@@ -23,6 +23,10 @@ its own columns only, then all-gathers them: each rank's control file serves
 its own region (`rank = N`, staged with `--ranks TP`), and the engine takes
 ids of that rank's columns only ([T, L, 24 / TP]), so no foreign row exists.
 
+Qwen3.8's PLE tables are served by the same entry point, variable and control
+file, as a third `Qwen4ExpPLEEmbedding` backend: adapters.vllm_ple (its patched
+functions are in its PATCHED; `check_scope(..., "PLE")` adds TP 1 only).
+
 Rank partitions (tables.partition): a table staged with `--partition balanced`
 (`partition = "balanced"` on its [[table]]s) gives every rank as many heads of
 each n-gram order. Each rank then looks up its partition's columns (not vLLM's
@@ -47,30 +51,19 @@ and hash are Triton kernels, so the rows themselves need a GPU
 
 from __future__ import annotations
 
-import functools
-import logging
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass, field
-from importlib import metadata
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step
-from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
-from slacktier.engine import StepEngine
+from slacktier.adapters.vllm_binding import CHECKED_VERSION, CONTROL_ENV, Binding, VllmServing, bind, check_scope, \
+    check_version, close, current, installed_version, read_serving, step, wrap
+from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
 from slacktier.tables.partition import RankPartition
-
-log = logging.getLogger(__name__)
-
-CHECKED_VERSION = "0.33.0"
-CONTROL_ENV = "SLACKTIER_VLLM_CONTROL"
 
 ENGRAM_MODULE = "vllm.models.deepseek_v41.common.engram"
 MODEL_MODULE = "vllm.models.deepseek_v41.nvidia.model"
@@ -84,84 +77,6 @@ PATCHED: tuple[tuple[str, str, str], ...] = (
 )
 
 _FP8_BLOCK = 32
-
-
-def check_version(found: str) -> None:
-    """Refuse a vLLM the plug-in was not checked against (UNSUPPORTED, naming the fix)."""
-    if found != CHECKED_VERSION:
-        raise SlackTierError(ErrorKind.UNSUPPORTED, f"vLLM {found or '(none)'} is installed; the SlackTier plug-in "
-                             f"was checked against vLLM {CHECKED_VERSION} only (it replaces Engram's seams)",
-                             fix=f"pip install vllm=={CHECKED_VERSION}, or unset {CONTROL_ENV} to serve with vLLM's "
-                             "own tables")
-
-
-def installed_version() -> str:
-    """The installed vLLM's version ("" when it is not installed)."""
-    try:
-        return metadata.version("vllm")
-    except metadata.PackageNotFoundError:
-        return ""
-
-
-@dataclass(frozen=True)
-class VllmServing:
-    """The vLLM settings the plug-in's scope depends on, as one worker sees them at start-up."""
-
-    version: str
-    tp_size: int
-    tp_rank: int
-    pp_size: int = 1
-    dp_size: int = 1
-    pcp_size: int = 1                  # prefill_context_parallel_size
-    enforce_eager: bool = True
-    embedding_across_dp: bool = False
-    decode_backend: str = "auto"       # additional_config["decode_backend"]
-    speculative: bool = False
-    rocm: bool = False
-
-
-def check_scope(s: VllmServing, hash_columns: int) -> None:
-    """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error."""
-    check_version(s.version)
-    found: list[tuple[str, str]] = []
-    if not s.enforce_eager:
-        found.append(("torch.compile / CUDA graphs (the hooks run in Python)", "--enforce-eager"))
-    if hash_columns % s.tp_size:
-        sizes = [n for n in range(1, hash_columns + 1) if hash_columns % n == 0]
-        found.append((f"TP {s.tp_size} leaves ranks with unequal hash heads", f"a TP size in {sizes}"))
-    if s.pp_size != 1:
-        found.append((f"pipeline parallelism (size {s.pp_size})", "--pipeline-parallel-size 1"))
-    if s.pcp_size != 1:
-        found.append((f"prefill context parallelism (size {s.pcp_size})", "--prefill-context-parallel-size 1"))
-    if s.embedding_across_dp and s.dp_size > 1:
-        found.append(("Engram tables sharded across DP ranks", "engram_config.embedding_across_dp = false"))
-    if s.decode_backend != "auto":
-        found.append((f"decode_backend {s.decode_backend!r}", 'additional_config decode_backend "auto"'))
-    if s.speculative:
-        found.append(("speculative decoding", "no --speculative-config"))
-    if s.rocm:
-        found.append(("ROCm (its DeepSeek-V4.1 model file was not checked)", "a CUDA platform"))
-    if found:
-        raise SlackTierError(ErrorKind.UNSUPPORTED, "vLLM settings outside the SlackTier plug-in's first version: "
-                             + "; ".join(what for what, _ in found),
-                             fix="; ".join(fix for _, fix in found) + f" (or unset {CONTROL_ENV})")
-
-
-def read_serving(vllm_config: Any) -> VllmServing:
-    """This worker's settings from vLLM's config and its TP group."""
-    from vllm.distributed import get_tensor_model_parallel_rank
-    from vllm.platforms import current_platform
-
-    p = vllm_config.parallel_config
-    extra = vllm_config.additional_config
-    engram = vllm_config.engram_config
-    return VllmServing(
-        version=installed_version(), tp_size=int(p.tensor_parallel_size), tp_rank=int(get_tensor_model_parallel_rank()),
-        pp_size=int(p.pipeline_parallel_size), dp_size=int(p.data_parallel_size),
-        pcp_size=int(p.prefill_context_parallel_size), enforce_eager=bool(vllm_config.model_config.enforce_eager),
-        embedding_across_dp=bool(engram is not None and engram.embedding_across_dp),
-        decode_backend=str(extra.get("decode_backend", "auto")) if isinstance(extra, dict) else "auto",
-        speculative=vllm_config.speculative_config is not None, rocm=bool(current_platform.is_rocm()))
 
 
 @dataclass(frozen=True)
@@ -244,81 +159,7 @@ class ServedTable(torch.nn.Module):
         raise AssertionError("unreachable")
 
 
-@dataclass
-class _Binding:
-    """One worker's control file and the engine serving its non-DRAM tables."""
-
-    path: Path
-    control: ControlFile
-    serving: VllmServing
-    engine: StepEngine | None
-    pending: dict[int, torch.Tensor] = field(default_factory=dict)   # this step's ids, per served layer
-
-    def table(self, layer: int) -> TableConfig | None:
-        for t in self.control.tables:
-            if t.layer == layer:
-                return t
-        return None
-
-    def collect(self, table: ServedTable, hash_ids: torch.Tensor) -> None:
-        """One layer's [T, 24] ids; begin_step once every served layer's are in."""
-        engine = self.engine
-        assert engine is not None
-        if table.layer in self.pending:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"prepare_embeddings twice for layer {table.layer} in one step",
-                                 layer=table.layer, fix="one forward prepares each Engram layer once")
-        columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
-        self.pending[table.layer] = hash_ids[:, columns]
-        if len(self.pending) < len(engine.layers):
-            return
-        ids = torch.stack([self.pending[layer] for layer in engine.ids_layers], dim=1)   # [T, L, 24 / TP]
-        self.pending.clear()
-        engine.begin_step(np.ascontiguousarray(ids.detach().to("cpu").numpy(), dtype=np.int64))
-
-
-_BINDINGS: dict[Path, _Binding] = {}
-
-
-def _bind(hash_columns: int) -> _Binding | None:
-    template = os.environ.get(CONTROL_ENV)
-    if not template:
-        return None
-    from vllm.config import get_current_vllm_config
-
-    serving = read_serving(get_current_vllm_config())
-    path = control_path(template, serving.tp_rank)
-    found = _BINDINGS.get(path)
-    if found is not None:
-        return found
-    check_scope(serving, hash_columns)
-    cfg = load_control(path)
-    served = tuple(t for t in cfg.tables if not tier_facts(t.source).holds_host_copy)
-    if serving.tp_size > 1:
-        for t in served:
-            if t.rank != serving.tp_rank:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"{path}: at TP {serving.tp_size} rank {serving.tp_rank} "
-                                     f"serves its own region, but layer {t.layer} has rank = {t.rank}", layer=t.layer,
-                                     fix=f"one control file per rank with rank = {serving.tp_rank} on every table "
-                                     f"(stage with --ranks {serving.tp_size})")
-    heads = -(-hash_columns // serving.tp_size)
-    engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads) if served else None
-    binding = _BINDINGS[path] = _Binding(path, cfg, serving, engine)
-    log.info("SlackTier serves Engram layers %s of TP rank %d from %s; layers %s stay on vLLM's tables",
-             [t.layer for t in served], serving.tp_rank, path,
-             [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
-    return binding
-
-
-def _current() -> _Binding | None:
-    template = os.environ.get(CONTROL_ENV)
-    if not template or not _BINDINGS:
-        return None
-    from vllm.distributed import get_tensor_model_parallel_rank
-
-    return _BINDINGS.get(control_path(template, get_tensor_model_parallel_rank()))
-
-
-def _served_table(binding: _Binding, layer: int, num_embeddings: int, dim: int,
+def _served_table(binding: Binding, layer: int, num_embeddings: int, dim: int,
                   head_sizes: tuple[int, ...]) -> ServedTable:
     """The served table of `layer`, checked against the engine's region and the manifest's layout."""
     assert binding.engine is not None
@@ -349,7 +190,7 @@ def _served_table(binding: _Binding, layer: int, num_embeddings: int, dim: int,
 def _create_embedding(original: Callable[..., Any], engram: Any, layout: Any, layer_hash_index: int) -> Any:
     layer = int(layout.layer_ids[layer_hash_index])
     head_sizes = tuple(int(size) for order in layout.primes[layer_hash_index] for size in order)
-    binding = _bind(len(head_sizes))
+    binding = bind(len(head_sizes))
     t = binding.table(layer) if binding is not None else None
     if binding is not None and t is None:
         raise SlackTierError(ErrorKind.MISSING, f"{binding.path} lists no table for Engram layer {layer}", layer=layer,
@@ -364,9 +205,10 @@ def _prepare_embeddings(original: Callable[..., None], engram: Any, hash_ids: to
     table = engram.embed_tokens
     if not isinstance(table, ServedTable):
         return original(engram, hash_ids)
-    binding = _current()
+    binding = current()
     assert binding is not None, f"a served table exists only while {CONTROL_ENV} is set"
-    binding.collect(table, hash_ids)
+    columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
+    binding.collect(table.layer, hash_ids[:, columns])
     return None
 
 
@@ -374,7 +216,7 @@ def _ready_rows(original: Callable[..., torch.Tensor], engram: Any, num_tokens: 
     table = engram.embed_tokens
     if not isinstance(table, ServedTable):
         return original(engram, num_tokens)
-    binding = _current()
+    binding = current()
     assert binding is not None and binding.engine is not None
     rows = binding.engine.gather(table.layer)   # [T, 24 / TP, 256] bf16 on the engine's device
     if rows.shape[0] != num_tokens:
@@ -394,18 +236,6 @@ def _embed(original: Callable[..., torch.Tensor], engram: Any, hash_ids: torch.T
     return rows.index_select(1, order.to(rows.device))
 
 
-@contextmanager
-def step() -> Iterator[None]:
-    """End this worker's step after the block, also when it raised: the patched DeepseekV4Model.forward is
-    `with step(): original forward`; a forward of one's own (a check script) can use it too."""
-    binding = _current()
-    if binding is None:
-        yield
-        return
-    with ending_step(binding.engine, binding.pending.clear):
-        yield
-
-
 def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     with step():
         return original(*args, **kwargs)
@@ -413,15 +243,6 @@ def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> A
 
 _HOOKS = {"_create_embedding": _create_embedding, "prepare_embeddings": _prepare_embeddings,
           "_ready_rows": _ready_rows, "embed": _embed, "forward": _model_forward}
-
-
-def _wrap(original: Callable[..., Any], hook: Callable[..., Any]) -> Callable[..., Any]:
-    @functools.wraps(original)
-    def patched(*args: Any, **kwargs: Any) -> Any:
-        return hook(original, *args, **kwargs)
-
-    patched.__slacktier__ = True
-    return patched
 
 
 def register() -> None:
@@ -437,14 +258,12 @@ def register() -> None:
 
     for module, cls_name, method in PATCHED:
         cls = getattr(importlib.import_module(module), cls_name)
-        current = cls.__dict__[method]
-        if not getattr(current, "__slacktier__", False):
-            setattr(cls, method, _wrap(current, _HOOKS[method]))
+        present = cls.__dict__[method]
+        if not getattr(present, "__slacktier__", False):
+            setattr(cls, method, wrap(present, _HOOKS[method]))
+    from slacktier.adapters import vllm_ple
 
-
-def close() -> None:
-    """Close every engine this process built (tests; a worker ends with its engines)."""
-    close_engines(_BINDINGS)
+    vllm_ple.patch()
 
 
 __all__ = ["CHECKED_VERSION", "CONTROL_ENV", "PATCHED", "HeadShard", "ServedTable", "VllmServing", "check_scope",
