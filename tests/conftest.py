@@ -81,7 +81,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
-from slacktier.store.redis_local import LocalRedisCluster  # noqa: E402  (kept beside the fixture that uses it)
+from slacktier.testing.redis_cluster import LocalRedisCluster  # noqa: E402  (kept beside the fixture that uses it)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slacktier.config import (ControlFile, DiskOptions, DramOptions, EngineConfig, RedisClusterOptions, RedisOptions,
+from slacktier.config import (ControlFile, DiskOptions, DramOptions, EngineConfig, RedisOptions,
                               TableConfig,
                               dump_control, load_control, parse_control, tier_names, write_control)
 from slacktier.errors import ErrorKind, SlackTierError
@@ -113,7 +113,7 @@ _options = st.one_of(
               queue_depth=st.integers(1, 4096), io_threads=st.integers(1, 64)),
     st.builds(RedisOptions, url=_hosts.map(lambda n: "redis://" + n), prefix=_names,
               username=_names, password_env=_names),
-    st.builds(RedisClusterOptions, url=_hosts.map(lambda n: "rediss://" + n), prefix=_names,
+    st.builds(RedisOptions, mode=st.just("cluster"), url=_hosts.map(lambda n: "rediss://" + n), prefix=_names,
               password_file=_names, tls_ca_file=_names, read_from_replicas=st.booleans()),
 )
 
@@ -125,8 +125,7 @@ def _control(draw) -> ControlFile:
     tables = []
     for layer, share in zip(layers, shares):
         options = draw(_options)
-        source = {DramOptions: "dram", DiskOptions: "disk", RedisOptions: "redis",
-                  RedisClusterOptions: "redis-cluster"}[type(options)]
+        source = {DramOptions: "dram", DiskOptions: "disk", RedisOptions: "redis"}[type(options)]
         tables.append(TableConfig(layer=layer, manifest="/m/" + draw(_names), source=source, options=options,
                                   rank=draw(st.integers(-1, 8)), targets=tuple(draw(st.lists(_names, max_size=2))),
                                   cache_share=share, order=draw(st.integers(-3, 3)), seen=draw(_names)))
@@ -148,3 +147,20 @@ def test_round_trip_is_exact(cfg):
 
 def test_built_in_tiers_are_named_once():
     assert tier_names()[:3] == ("dram", "disk", "redis")
+
+
+def test_the_redis_tier_of_earlier_releases_is_refused_naming_the_new_keys():
+    """One Redis tier since issue 29: `source = "redis-cluster"` and `[table.redis-cluster]` say what to write."""
+    for text in (TABLE + 'source = "redis-cluster"\n',
+                 TABLE + 'source = "redis"\n[table.redis-cluster]\nurl = "redis://127.0.0.1:7000"\n'):
+        with pytest.raises(SlackTierError) as info:
+            parse_control(text)
+        assert info.value.kind is ErrorKind.BAD_INPUT and "retired" in info.value.message
+        assert 'source = "redis"' in info.value.fix and 'mode = "cluster"' in info.value.fix
+    cfg = parse_control(TABLE + 'source = "redis"\n[table.redis]\nmode = "cluster"\nurl = "redis://127.0.0.1:7000"\n'
+                        'nodes = ["127.0.0.1:7001"]\nread_from_replicas = true\n')
+    assert cfg.table(1).options == RedisOptions(mode="cluster", url="redis://127.0.0.1:7000", nodes=("127.0.0.1:7001",),
+                                                read_from_replicas=True)
+    with pytest.raises(SlackTierError, match="standalone") as info:   # cluster keys on one server
+        parse_control(TABLE + 'source = "redis"\n[table.redis]\nread_from_replicas = true\n')
+    assert 'mode = "cluster"' in info.value.fix

@@ -141,13 +141,15 @@ def test_reload_to_a_larger_reserved_cache_and_lossy(tables, tmp_path: Path) -> 
 def test_reload_onto_a_redis_tier_keeps_the_cache(tables, tmp_path: Path) -> None:
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server is not installed (scripts/test.sh installs it)")
-    from slacktier.store.redis_source import RedisSource, load_regions_into_redis
+    from slacktier.config import RedisOptions
+    from slacktier.store.redis.loader import load_manifest
+    from slacktier.store.redis.source import RedisSource
     from slacktier.store.testing import RedisServer
     a, _ = tables
     truth = {layer: SyntheticSource(a.layout, 1) for layer in ROWS}
     server = RedisServer(tmp_path)
     try:
-        load_regions_into_redis(server.url, a.runtime_regions(), "t", identity=a.identity)
+        load_manifest(RedisOptions(url=server.url, prefix="t"), a)
         first = toml(tmp_path, "a.toml", cache_rows=1000, tables=[
             {"layer": 1, "source": "disk", "manifest": a.path, "cache_share": 0.5},
             {"layer": 14, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": 1}])

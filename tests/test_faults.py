@@ -38,7 +38,8 @@ from slacktier.engine import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.disk import DiskSource
-from slacktier.store.redis_source import load_regions_into_redis
+from slacktier.store.redis.keys import default_prefix, identity_key, page_key
+from slacktier.store.redis.loader import load_manifest
 from slacktier.store.registry import register_tier
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
@@ -234,8 +235,8 @@ def test_dram_tier_refuses_a_corrupted_file_at_load_and_serves_exactly(staged) -
 
 def test_redis_tier_survives_a_corrupted_value_and_a_paused_server(staged, redis_server) -> None:
     """A real redis-server: a corrupted page value is caught by default, a paused server times out; 0 wrong rows."""
-    load_regions_into_redis(redis_server.url, staged.runtime_regions(), "faults", identity=staged.identity)
     options = RedisOptions(url=redis_server.url, prefix="faults")
+    load_manifest(options, staged, tag_buckets=8)
     cfg = control(staged, "redis", options)
     cfg = cfg.replace(verify_reads="auto")   # Redis verifies by default: no end-to-end checksum of its own
     engine = StepEngine.from_config(cfg)
@@ -243,8 +244,7 @@ def test_redis_tier_survives_a_corrupted_value_and_a_paused_server(staged, redis
     run.steps(STEPS // 2)
     client = redis.Redis.from_url(redis_server.url)
     try:
-        from slacktier.store.redis_source import page_key
-        key = page_key("faults", 14, 0, 5)
+        key = page_key("faults", 14, 0, 5, 8)
         good = client.get(key)
         client.set(key, bytes([good[0] ^ 1]) + good[1:])
         bad = _ids_on_page(staged, 14, 0, 5)
@@ -314,7 +314,7 @@ def test_a_half_written_restage_is_refused(staged, o_direct_dir: Path, monkeypat
 
 def test_a_redis_prefix_holding_another_table_is_refused(staged, redis_server, o_direct_dir: Path) -> None:
     other = stage_synthetic([o_direct_dir / "other.bin"], ROWS, 2, 99, progress=False)
-    load_regions_into_redis(redis_server.url, other.runtime_regions(), "shared", identity=other.identity)
+    load_manifest(RedisOptions(url=redis_server.url, prefix="shared"), other)
     with pytest.raises(SlackTierError) as exc:
         StepEngine.from_config(control(staged, "redis", RedisOptions(url=redis_server.url, prefix="shared")))
     assert exc.value.kind in (ErrorKind.TARGET, ErrorKind.MISSING)
@@ -435,24 +435,22 @@ def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_
     pauses past the wait limit. Every fault is a clear error for its step, never a wrong row."""
     if shutil.which("redis-server") is None:
         pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
-    from slacktier.config import RedisClusterOptions
     from redis.crc import key_slot
 
-    from slacktier.store.redis_cluster import default_prefix, identity_key, load_manifest, page_key
-    from slacktier.store.redis_local import LocalRedisCluster
+    from slacktier.testing.redis_cluster import LocalRedisCluster
 
-    caplog.set_level(logging.WARNING, logger="slacktier.store.redis_cluster")
+    caplog.set_level(logging.WARNING, logger="slacktier.store.redis.source")
     with LocalRedisCluster(tmp_path / "cluster", masters=3, replicas=1, node_timeout_ms=1000) as cluster:
         os.environ["ST_FAULT_LOADER_PW"] = cluster.loader.password
         os.environ["ST_FAULT_READER_PW"] = cluster.reader.password
-        loader = RedisClusterOptions(url=cluster.seed_url, username=cluster.loader.name,
-                                     password_env="ST_FAULT_LOADER_PW",
-                                     nodes=tuple(f"127.0.0.1:{p}" for p in cluster.ports[1:]))
-        reader = RedisClusterOptions(url=cluster.seed_url, username=cluster.reader.name,
-                                     password_env="ST_FAULT_READER_PW", socket_timeout_ms=1000,
-                                     nodes=tuple(f"127.0.0.1:{p}" for p in cluster.ports[1:]))
+        loader = RedisOptions(mode="cluster", url=cluster.seed_url, username=cluster.loader.name,
+                              password_env="ST_FAULT_LOADER_PW",
+                              nodes=tuple(f"127.0.0.1:{p}" for p in cluster.ports[1:]))
+        reader = RedisOptions(mode="cluster", url=cluster.seed_url, username=cluster.reader.name,
+                              password_env="ST_FAULT_READER_PW", socket_timeout_ms=1000,
+                              nodes=tuple(f"127.0.0.1:{p}" for p in cluster.ports[1:]))
         load_manifest(loader, staged, tag_buckets=64)
-        cfg = control(staged, "redis-cluster", reader, verify_reads="auto")
+        cfg = control(staged, "redis", reader, verify_reads="auto")
         engine = StepEngine.from_config(cfg)
         run = Run(engine, staged, seed=5)
         run.steps(40)

@@ -361,15 +361,15 @@ def test_plan_cli_end_to_end(tmp_path, capsys):
 def test_the_planner_places_a_table_on_the_redis_cluster_tier_and_the_control_file_carries_its_options():
     """The remote tier's read-time model from bench_redis_cluster.py: a table whose reads fit its window goes to
     the cluster (no host copy), and the control file names the tier with the operator's cluster options."""
-    remote = TierSpec("redis-cluster", DeviceReadModel(2.26, 0.0151, 0.0151, 0.0128), holds_table=False,
+    remote = TierSpec("redis", DeviceReadModel(2.26, 0.0151, 0.0151, 0.0128), holds_table=False,
                       buffer_bytes=1 << 20)
     rows = 1_000_000
     tables = [TableDemand(1, rows, "l1.json", 0.27), TableDemand(14, rows, "l14.json", 9.35)]
     curves = {1: _flat(300.0), 14: _flat(300.0)}   # 300 pages -> 2.26 + 4.53 = 6.8 ms on the cluster
     plan = make_plan(tables, [DRAM, remote], curves, cache_rows=0, target_ms=0.0)
-    assert [(t.layer, t.source) for t in plan.tables] == [(1, "dram"), (14, "redis-cluster")]
-    opts = config.RedisClusterOptions(url="redis://10.0.0.5:7000", username="slacktier-reader",
-                                      password_env="SLACKTIER_REDIS_PASSWORD")
+    assert [(t.layer, t.source) for t in plan.tables] == [(1, "dram"), (14, "redis")]
+    opts = config.RedisOptions(mode="cluster", url="redis://10.0.0.5:7000", username="slacktier-reader",
+                               password_env="SLACKTIER_REDIS_PASSWORD")
     cfg = control_file(plan, options=(opts,))
-    assert cfg.table(14).source == "redis-cluster" and cfg.table(14).options == opts
+    assert cfg.table(14).source == "redis" and cfg.table(14).options == opts
     assert config.parse_control(config.dump_control(cfg)) == cfg

@@ -20,7 +20,7 @@ from redis.backoff import NoBackoff
 from redis.cluster import LoadBalancingStrategy, RedisCluster
 from redis.retry import Retry
 
-from slacktier.store.redis_local import LocalClusterError, LocalRedisCluster, tls_available
+from slacktier.testing.redis_cluster import LocalClusterError, LocalRedisCluster, tls_available
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None,

@@ -69,7 +69,7 @@ def test_prediction_refuses_a_batch_without_curves_and_a_tier_without_a_model():
     with pytest.raises(SlackTierError, match="no miss-page curves for B=64"):
         predict(inputs(), Placement("disk", BOTH), 64)
     with pytest.raises(SlackTierError, match="without a read-time model"):
-        predict(inputs(), Placement("remote", ((1, "redis-cluster"), (14, "disk"))), 128)
+        predict(inputs(), Placement("remote", ((1, "redis"), (14, "disk"))), 128)
 
 
 def _summary(stall: float, s: float) -> TimelineSummary:

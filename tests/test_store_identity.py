@@ -21,8 +21,9 @@ from slacktier.store import PageBufferPool, PageReads, get_tier, open_source, ti
 from slacktier.store._common import pool_page_crcs
 from slacktier.store.disk import DiskSource
 from slacktier.store.dram import DramSource
-from slacktier.store.redis_source import (RedisSource, identity_key, load_regions_into_redis, page_key,
-                                          store_region_pages)
+from slacktier.store.redis.keys import identity_key, page_key
+from slacktier.store.redis.loader import load_manifest
+from slacktier.store.redis.source import RedisSource
 from slacktier.store.registry import verify_identity
 from slacktier.store.testing import RedisServer, stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
@@ -116,8 +117,9 @@ def server(tmp_path):
 def test_redis_refuses_a_prefix_of_another_table_an_unfinished_load_or_none(server, tmp_path):
     a = stage_synthetic(tmp_path / "a", layers=(1,), ranks=2, rows=100, seed=1)
     b = stage_synthetic(tmp_path / "b", layers=(1,), ranks=2, rows=100, seed=2)
-    opts = RedisOptions(url=server.url)
-    specs = load_regions_into_redis(server.url, a.specs, "t", identity=a.manifest.identity)
+    opts = RedisOptions(url=server.url, prefix="t")
+    specs = a.specs
+    load_manifest(opts, a.manifest)
     src = RedisSource(specs, opts, identity=a.manifest.identity)
     try:
         _read_all(src, a)
@@ -125,7 +127,7 @@ def test_redis_refuses_a_prefix_of_another_table_an_unfinished_load_or_none(serv
     finally:
         src.close()
     # Another table loaded under the same prefix: refused at open and on a re-check.
-    load_regions_into_redis(server.url, b.specs, "t", identity=b.manifest.identity)
+    load_manifest(opts, b.manifest)
     for check in (lambda: RedisSource(specs, opts, identity=a.manifest.identity),
                   lambda: verify_identity("redis", specs, opts, a.manifest.identity)):
         with pytest.raises(SlackTierError, match="another table") as info:
@@ -135,31 +137,27 @@ def test_redis_refuses_a_prefix_of_another_table_an_unfinished_load_or_none(serv
     restaged = TableIdentity(b.manifest.identity.source_digest, "0" * 32)
     with pytest.raises(SlackTierError, match="another staging run"):
         RedisSource(specs, opts, identity=restaged)
-    # A load that did not finish: the key says "loading" until the last page is in.
+    # A load that did not finish: the key says "loading" until the last page group is in.
     client = redis.Redis.from_url(server.url)
     try:
         client.set(identity_key("t"), client.get(identity_key("t")).replace(b'"complete"', b'"loading"'))
         with pytest.raises(SlackTierError, match="did not finish") as info:
             RedisSource(specs, opts, identity=b.manifest.identity)
         assert info.value.kind is ErrorKind.TARGET
-        # Pages loaded without an identity drop the prefix's old one: nothing vouches for them.
-        load_regions_into_redis(server.url, a.specs, "t")
-        assert client.get(identity_key("t")) is None
+        client.delete(identity_key("t"))
     finally:
         client.close()
-    with pytest.raises(SlackTierError, match="no table identity") as info:
+    with pytest.raises(SlackTierError, match="holds no table under prefix 't'") as info:
         RedisSource(specs, opts, identity=a.manifest.identity)
-    assert info.value.kind is ErrorKind.MISSING
-    RedisSource(specs, opts).close()  # without an identity the prefix is taken as it is
+    assert info.value.kind is ErrorKind.MISSING and "slacktier load" in info.value.fix
 
 
-def test_store_region_pages_writes_the_identity_after_the_pages(server):
-    ident = TableIdentity("sha256:" + "ab" * 32, "cd" * 16)
-    pages = np.arange(3 * PAGE_BYTES, dtype=np.int64).reshape(3, PAGE_BYTES).astype(np.uint8) ^ 0x5A
+def test_the_loader_marks_the_identity_loading_before_the_pages_and_complete_after_them(server, tmp_path):
+    staged = stage_synthetic(tmp_path / "t", layers=(1,), ranks=1, rows=45)   # 3 pages
     watcher = redis.Redis.from_url(server.url)
     try:
         with watcher.monitor() as monitor:   # every command the server runs, in the order it ran them
-            spec = store_region_pages(server.url, "one", 1, 0, pages, identity=ident, pages_per_command=2)
+            load_manifest(RedisOptions(url=server.url, prefix="one"), staged.manifest, tag_buckets=2, workers=1)
             redis.Redis.from_url(server.url).echo("end of load")
             commands = []
             for event in monitor.listen():
@@ -168,36 +166,39 @@ def test_store_region_pages_writes_the_identity_after_the_pages(server):
                 commands.append(event["command"])
     finally:
         watcher.close()
-    writes = [i for i, c in enumerate(commands) if "one:1:0:" in c]
-    marks = [(i, "loading" in c) for i, c in enumerate(commands) if "one:identity" in c]
-    assert len(writes) == 2   # 3 pages, 2 per MSET
-    # the prefix is marked loading before any page lands and complete only after the last one
+    writes = [i for i, c in enumerate(commands) if c.startswith("MSET") and "{one:1:0:" in c]
+    gens = [i for i, c in enumerate(commands) if c.startswith("SET") and ":gen" in c]
+    marks = [(i, "loading" in c) for i, c in enumerate(commands) if c.startswith("SET") and "{one}:identity" in c]
+    assert len(writes) == 2 and len(gens) == 2   # 3 pages in 2 groups: one MSET and one gen key per group
+    # the identity is marked loading before any page lands and complete only after the last group's gen key
     assert [loading for _, loading in marks] == [True, False]
-    assert marks[0][0] < writes[0] and writes[-1] < marks[1][0]
-    src = RedisSource([spec], RedisOptions(url=server.url), identity=ident)
+    assert marks[0][0] < writes[0] and writes[-1] < gens[-1] < marks[1][0]
+    src = RedisSource(staged.specs, RedisOptions(url=server.url, prefix="one"), identity=staged.manifest.identity)
     try:
         pool = PageBufferPool(3)
         src.wait(src.submit(_reads([(0, 0), (0, 1), (0, 2)]), pool), timeout_s=5)
-        np.testing.assert_array_equal(pool.pages, pages)
+        np.testing.assert_array_equal(pool.pages, staged.pages[0])
     finally:
         src.close()
 
 
-def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server):
-    spec = store_region_pages(server.url, "p", 1, 0, np.ones((2, PAGE_BYTES), np.uint8))
-    src = RedisSource([spec], RedisOptions(url=server.url, socket_timeout_ms=300))
+def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server, tmp_path):
+    staged = stage_synthetic(tmp_path / "t", layers=(1,), ranks=1, rows=30)
+    opts = RedisOptions(url=server.url, prefix="p", socket_timeout_ms=300)
+    load_manifest(opts, staged.manifest)
+    src = RedisSource(staged.specs, opts, identity=staged.manifest.identity)
     try:
         server.pause()  # connections stay open, nothing answers: without a socket timeout this blocks forever
         ticket = src.submit(_reads([(0, 1)]), PageBufferPool(1))
         with pytest.raises(SlackTierError) as info:
             src.wait(ticket, timeout_s=30)
         # the socket timeout ended the batch (IO, naming it), not the 30 s wait (that would be a TIMEOUT)
-        assert info.value.kind is ErrorKind.IO and "no reply within 300 ms" in str(info.value)
+        assert info.value.kind is ErrorKind.IO and "unread after 300 ms" in str(info.value)
         assert (info.value.layer, info.value.rank, info.value.page) == (1, 0, 1)
         server.resume()
         pool = PageBufferPool(1)
         src.wait(src.submit(_reads([(0, 0)]), pool), timeout_s=5)  # the source recovers with the server
-        assert (pool.pages == 1).all()
+        np.testing.assert_array_equal(pool.pages[0], staged.pages[0][0])
     finally:
         server.resume()
         src.close()
@@ -205,7 +206,7 @@ def test_a_paused_redis_server_fails_the_batch_within_the_socket_timeout(server)
     server.pause()
     try:
         with pytest.raises(SlackTierError) as info:   # without the socket timeout the open's PING never returns
-            RedisSource([spec], RedisOptions(url=server.url, socket_timeout_ms=300))
+            RedisSource(staged.specs, opts, identity=staged.manifest.identity)
         assert info.value.kind is ErrorKind.UNAVAILABLE and "timeout" in str(info.value).lower(), info.value
     finally:
         server.resume()
@@ -222,8 +223,9 @@ def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog, monk
     messages = []
     try:
         staged = stage_synthetic(tmp_path / "t", layers=(1,), ranks=1, rows=30)
-        opts = RedisOptions(url=srv.url, socket_timeout_ms=300, password_env="ST_TEST_REDIS_PW")
-        specs = load_regions_into_redis(opts, staged.specs, "pw", identity=staged.manifest.identity)
+        opts = RedisOptions(url=srv.url, prefix="pw", socket_timeout_ms=300, password_env="ST_TEST_REDIS_PW")
+        specs = staged.specs
+        load_manifest(opts, staged.manifest)
         assert secret not in repr(opts)
         src = RedisSource(specs, opts, identity=staged.manifest.identity)
         try:
@@ -234,10 +236,10 @@ def test_a_redis_password_never_appears_in_errors_or_logs(tmp_path, caplog, monk
         finally:
             srv.resume()
             src.close()
-        wrong = RedisOptions(url=srv.url, password_env="ST_TEST_REDIS_WRONG")
-        none = RedisOptions(url=srv.url)
+        wrong = RedisOptions(url=srv.url, prefix="pw", password_env="ST_TEST_REDIS_WRONG")
+        none = RedisOptions(url=srv.url, prefix="pw")
         for make in (lambda: RedisSource(specs, wrong, identity=staged.manifest.identity),
-                     lambda: load_regions_into_redis(wrong, staged.specs, "pw"),
+                     lambda: load_manifest(wrong, staged.manifest),
                      lambda: verify_identity("redis", specs, wrong, staged.manifest.identity),
                      lambda: RedisSource(specs, none, identity=staged.manifest.identity)):
             with pytest.raises(SlackTierError) as info:
@@ -322,12 +324,12 @@ def test_a_corrupted_page_under_the_default_setting(name, o_direct_dir, request)
     regions, options = staged.specs, None
     if name == "redis":
         server = request.getfixturevalue("server")
-        regions = load_regions_into_redis(server.url, staged.specs, "c", identity=staged.manifest.identity)
-        options = RedisOptions(url=server.url)
+        options = RedisOptions(url=server.url, prefix="c")
+        load_manifest(options, staged.manifest, tag_buckets=4)
         client = redis.Redis.from_url(server.url)
-        changed = staged.pages[1][5].copy()
-        changed[100] ^= 1
-        client.set(page_key("c", bad.layer, bad.rank, 5), changed.tobytes())
+        key = page_key("c", bad.layer, bad.rank, 5, 4)
+        value = client.get(key)   # the page's bytes changed, its stored CRC32C kept: only the page check sees it
+        client.set(key, value[:100] + bytes([value[100] ^ 1]) + value[101:])
         client.close()
     else:
         with open(bad.path, "r+b") as f:

@@ -1,4 +1,5 @@
-"""The Redis tier against a real redis-server started by the test: one copy, several readers."""
+"""The Redis tier in standalone mode against a real redis-server started by the test: the same keys, loader,
+identity and generation checks as a cluster (test_store_redis_cluster.py), one copy read by several sources."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ import redis
 from slacktier.config import RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads
-from slacktier.store._common import page_crc32c
-from slacktier.store.redis_source import RedisSource, load_regions_into_redis, page_key, store_region_pages
+from slacktier.store.redis.keys import gen_key, page_key
+from slacktier.store.redis.loader import load_manifest
+from slacktier.store.redis.source import RedisSource
 from slacktier.store.testing import RedisServer, stage_synthetic
 from slacktier.tables.regions import Region
 
@@ -26,24 +28,30 @@ def server(tmp_path):
     srv.stop()
 
 
+@pytest.fixture
+def staged(tmp_path):
+    return stage_synthetic(tmp_path / "regions", layers=(1, 14), ranks=2, rows=150)
+
+
 def _reads(pairs: list[tuple[int, int]]) -> PageReads:
     region, page = zip(*pairs, strict=True)
     return PageReads(np.array(region, np.int32), np.array(page, np.int64), np.arange(len(pairs), dtype=np.int32))
 
 
-def test_key_layout():
-    assert page_key("t0", 1, 3, 12) == b"t0:1:3:12"
+def _open(server, staged, prefix: str, **kw) -> RedisSource:
+    return RedisSource(staged.specs, RedisOptions(url=server.url, prefix=prefix, **kw),
+                       page_crc32c=staged.manifest.region_checksums(), identity=staged.manifest.identity)
 
 
-def test_two_instances_read_one_copy(server, tmp_path):
-    staged = stage_synthetic(tmp_path / "regions", layers=(1, 14), ranks=2, rows=150)
-    specs = load_regions_into_redis(server.url, staged.specs, prefix="shared")
+def test_two_instances_read_one_copy_exactly(server, staged):
+    report = load_manifest(RedisOptions(url=server.url), staged.manifest, prefix="shared", tag_buckets=4)
     client = redis.Redis.from_url(server.url)
     keys_once = client.dbsize()
-    assert keys_once == sum(s.pages for s in staged.specs)  # exactly one copy of every page
-    a, b = RedisSource(specs, RedisOptions(url=server.url)), RedisSource(specs, RedisOptions(url=server.url))
+    pages = sum(s.pages for s in staged.specs)
+    assert keys_once == pages + report.groups + 1   # one copy of every page, a gen key per group, the identity
+    a, b = _open(server, staged, "shared"), _open(server, staged, "shared")
     try:
-        pairs = [(r, p) for r, spec in enumerate(specs) for p in range(spec.pages)]
+        pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
         pool_a, pool_b = PageBufferPool(len(pairs)), PageBufferPool(len(pairs))
         ta, tb = a.submit(_reads(pairs), pool_a), b.submit(_reads(pairs), pool_b)
         a.wait(ta)
@@ -52,63 +60,61 @@ def test_two_instances_read_one_copy(server, tmp_path):
         np.testing.assert_array_equal(pool_a.pages, want)
         np.testing.assert_array_equal(pool_b.pages, want)
         assert client.dbsize() == keys_once
+        assert client.exists(page_key("shared", 1, 0, 5, 4))   # the cluster's hash-tagged keys, on one server
     finally:
         a.close()
         b.close()
         client.close()
 
 
-def test_the_prefix_option_replaces_the_regions_paths(server):
-    pages = np.random.default_rng(2).integers(0, 256, (3, 4096), dtype=np.uint8)
-    spec = store_region_pages(server.url, "kept-here", 1, 0, pages)
-    staged_path = Region(layer=1, rank=0, path="/staged/t.bin", offset_bytes=4096, pages=3)
-    src = RedisSource([staged_path], RedisOptions(url=server.url, prefix=spec.path))
-    try:
-        pool = PageBufferPool(3)
-        src.wait(src.submit(_reads([(0, 2), (0, 0), (0, 1)]), pool))
-        np.testing.assert_array_equal(pool.pages, pages[[2, 0, 1]])
-    finally:
-        src.close()
-    with pytest.raises(SlackTierError) as info:  # without the prefix the keys are looked up under the path
-        RedisSource([staged_path], RedisOptions(url=server.url))
-    assert info.value.kind is ErrorKind.MISSING
-
-
-def test_a_region_never_loaded_is_missing_at_construction(server, tmp_path):
-    spec = store_region_pages(server.url, "p", 1, 0, np.ones((3, 4096), np.uint8))
-    ghost = Region(layer=14, rank=2, path="p", offset_bytes=0, pages=3)
+def test_the_default_prefix_is_the_stage_id_and_a_region_not_loaded_is_refused(server, staged, tmp_path):
+    load_manifest(RedisOptions(url=server.url), staged.manifest)   # prefix "st-<stage id>", what a source looks for
+    src = RedisSource(staged.specs, RedisOptions(url=server.url), identity=staged.manifest.identity)
+    src.close()
+    ghost = Region(layer=14, rank=5, path="x", offset_bytes=0, pages=3)
     with pytest.raises(SlackTierError) as info:
-        RedisSource([spec, ghost], RedisOptions(url=server.url))
-    assert info.value.kind is ErrorKind.MISSING and (info.value.layer, info.value.rank, info.value.page) == (14, 2, 0)
+        RedisSource([*staged.specs, ghost], RedisOptions(url=server.url), identity=staged.manifest.identity)
+    assert info.value.kind is ErrorKind.TARGET and (info.value.layer, info.value.rank) == (14, 5)
+    with pytest.raises(SlackTierError) as info:   # no prefix and no identity to derive one from
+        RedisSource(staged.specs, RedisOptions(url=server.url))
+    assert info.value.kind is ErrorKind.BAD_INPUT and "prefix" in info.value.fix
 
 
-def test_a_lost_key_or_a_short_value_names_the_page(server):
-    spec = store_region_pages(server.url, "p", 1, 2, np.full((5, 4096), 9, np.uint8))
-    src = RedisSource([spec], RedisOptions(url=server.url))
+def test_a_lost_key_or_a_short_value_names_the_key_and_node(server, staged):
+    load_manifest(RedisOptions(url=server.url), staged.manifest, prefix="p", tag_buckets=2)
+    src = _open(server, staged, "p")
     client = redis.Redis.from_url(server.url)
+    node = server.url.split("//")[1].split("/")[0]
+    r = staged.specs[1]
     try:
-        client.delete(page_key("p", 1, 2, 3))
+        client.delete(page_key("p", r.layer, r.rank, 3, 2))
         with pytest.raises(SlackTierError) as info:
-            src.wait(src.submit(_reads([(0, 1), (0, 3)]), PageBufferPool(2)))
-        assert info.value.kind is ErrorKind.MISSING and (info.value.layer, info.value.rank, info.value.page) == (1, 2, 3)
-        client.set(page_key("p", 1, 2, 2), b"x" * 100)
+            src.wait(src.submit(_reads([(1, 1), (1, 3)]), PageBufferPool(2)))
+        assert info.value.kind is ErrorKind.MISSING and (info.value.layer, info.value.rank, info.value.page) == \
+            (r.layer, r.rank, 3)
+        assert repr(page_key("p", r.layer, r.rank, 3, 2)) in info.value.message and node in info.value.message
+        client.set(page_key("p", r.layer, r.rank, 2, 2), b"x" * 100)
         with pytest.raises(SlackTierError) as info:
-            src.wait(src.submit(_reads([(0, 2)]), PageBufferPool(1)))
-        assert info.value.kind is ErrorKind.IO and "100 of 4096" in str(info.value) and info.value.page == 2
+            src.wait(src.submit(_reads([(1, 2)]), PageBufferPool(1)))
+        assert info.value.kind is ErrorKind.IO and "holds 100 bytes" in info.value.message and info.value.page == 2
+        client.delete(gen_key("p", r.layer, r.rank, 1))   # a group's generation gone (a flush, a restart)
+        with pytest.raises(SlackTierError) as info:
+            _open(server, staged, "p")
+        assert info.value.kind is ErrorKind.TARGET and "incomplete" in info.value.message and node in \
+            info.value.message
     finally:
         src.close()
         client.close()
 
 
-def test_a_changed_page_fails_its_checksum(server):
-    pages = np.random.default_rng(0).integers(0, 256, (4, 4096), dtype=np.uint8)
-    spec = store_region_pages(server.url, "c", 1, 0, pages)
-    src = RedisSource([spec], RedisOptions(url=server.url), page_crc32c=[page_crc32c(pages)])
+def test_a_changed_page_fails_its_checksum(server, staged):
+    load_manifest(RedisOptions(url=server.url), staged.manifest, prefix="c", tag_buckets=2)
+    src = _open(server, staged, "c")
     client = redis.Redis.from_url(server.url)
+    key = page_key("c", staged.specs[0].layer, staged.specs[0].rank, 2, 2)
     try:
-        changed = pages[2].copy()
-        changed[0] ^= 1
-        client.set(page_key("c", 1, 0, 2), changed.tobytes())
+        good = client.get(key)
+        client.set(key, bytes([good[0] ^ 1]) + good[1:])
         with pytest.raises(SlackTierError) as info:
             src.wait(src.submit(_reads([(0, 0), (0, 2)]), PageBufferPool(2)))
         assert info.value.kind is ErrorKind.CHECKSUM and info.value.page == 2
@@ -117,9 +123,9 @@ def test_a_changed_page_fails_its_checksum(server):
         client.close()
 
 
-def test_a_server_that_went_away_is_an_io_error(server):
-    spec = store_region_pages(server.url, "g", 1, 0, np.ones((2, 4096), np.uint8))
-    src = RedisSource([spec], RedisOptions(url=server.url))
+def test_a_server_that_went_away_is_an_io_error(server, staged):
+    load_manifest(RedisOptions(url=server.url), staged.manifest, prefix="g")
+    src = _open(server, staged, "g", socket_timeout_ms=300)
     try:
         server.stop()
         with pytest.raises(SlackTierError) as info:
@@ -129,17 +135,18 @@ def test_a_server_that_went_away_is_an_io_error(server):
         src.close()
 
 
-def test_no_server_is_unavailable():
-    spec = Region(layer=1, rank=0, path="x", offset_bytes=0, pages=1)
+def test_no_server_is_unavailable_and_a_cluster_mode_against_one_server_is_refused(server, staged):
     with pytest.raises(SlackTierError) as info:
-        RedisSource([spec], RedisOptions(url="redis://127.0.0.1:1/0"))
+        RedisSource(staged.specs, RedisOptions(url="redis://127.0.0.1:1/0"), identity=staged.manifest.identity)
     assert info.value.kind is ErrorKind.UNAVAILABLE
+    with pytest.raises(SlackTierError) as info:
+        RedisSource(staged.specs, RedisOptions(url=server.url, mode="cluster"), identity=staged.manifest.identity)
+    assert info.value.kind is ErrorKind.BAD_INPUT and 'mode = "standalone"' in info.value.fix
 
 
-def test_a_wait_that_times_out_can_be_waited_again(server):
-    pages = np.random.default_rng(1).integers(0, 256, (3, 4096), dtype=np.uint8)
-    spec = store_region_pages(server.url, "slow", 1, 0, pages)
-    src = RedisSource([spec], RedisOptions(url=server.url))
+def test_a_wait_that_times_out_can_be_waited_again(server, staged):
+    load_manifest(RedisOptions(url=server.url), staged.manifest, prefix="slow")
+    src = _open(server, staged, "slow")
     client = redis.Redis.from_url(server.url)
     try:
         client.execute_command("CLIENT", "PAUSE", 1500, "ALL")  # the server answers nobody for 1.5 s
@@ -149,7 +156,49 @@ def test_a_wait_that_times_out_can_be_waited_again(server):
             src.wait(ticket, timeout_s=0.2)
         assert exc.value.kind is ErrorKind.TIMEOUT
         src.wait(ticket)
-        np.testing.assert_array_equal(pool.pages, pages[[2, 0, 1]])
+        np.testing.assert_array_equal(pool.pages, np.stack([staged.pages[0][p] for p in (2, 0, 1)]))
     finally:
         src.close()
         client.close()
+
+
+def test_the_load_verb_loads_a_standalone_server(server, staged, capsys):
+    from slacktier.cli import main
+    argv = ["load", str(staged.manifest.path), "--url", server.url, "--prefix", "verb", "--no-progress"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "loaded" in out and 'mode = "standalone"' in out
+    assert main(argv) == 0 and "already complete" in capsys.readouterr().out
+    _open(server, staged, "verb").close()
+
+
+def test_a_server_on_a_unix_socket_is_loaded_and_read(tmp_path, staged):
+    """A unix-socket url (standalone only): the loader's client and the tier's own sockets both reach it."""
+    import subprocess
+    import time
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    path = tmp_path / "redis.sock"
+    proc = subprocess.Popen([binary, "--port", "0", "--unixsocket", str(path), "--save", "", "--appendonly", "no",
+                             "--dir", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 10   # a bound on a server that never comes up, not a speed check
+        while not path.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not open its socket"
+            time.sleep(0.02)
+        options = RedisOptions(url=f"unix://{path}", prefix="u")
+        load_manifest(options, staged.manifest, tag_buckets=4)
+        src = RedisSource(staged.specs, options, page_crc32c=staged.manifest.region_checksums(),
+                          identity=staged.manifest.identity)
+        try:
+            pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
+            pool = PageBufferPool(len(pairs))
+            src.wait(src.submit(_reads(pairs), pool))
+            np.testing.assert_array_equal(pool.pages, np.stack([staged.pages[r][p] for r, p in pairs]))
+        finally:
+            src.close()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)

@@ -22,13 +22,12 @@ import tier_memfile  # registers the "memfile" tier
 from tier_memfile import MemfileOptions, MemfileSource
 
 from slacktier import config
-from slacktier.config import Options, RedisClusterOptions, RedisOptions
+from slacktier.config import Options, RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads, PageSource, get_tier, open_source, register_tier, tiers
 from slacktier.store.dram import DramSource
 from slacktier.store.queued import QueuedSource
-from slacktier.store.redis_cluster import load_table
-from slacktier.store.redis_source import load_regions_into_redis
+from slacktier.store.redis.loader import load_table
 from slacktier.store.testing import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
@@ -45,25 +44,16 @@ def staged(o_direct_module_dir):
 def _setup_for(name: str, request: pytest.FixtureRequest) -> Setup:
     """How tier `name` is opened over staged file regions: as they are, with default options, unless it keeps
     its pages elsewhere (Redis: loaded into a real redis-server first)."""
-    if name == "redis":
+    if name == "redis":   # standalone mode here; cluster mode runs the same tier in test_store_redis_cluster.py
         server = request.getfixturevalue("redis_server")
+        staged = request.getfixturevalue("staged")
 
         def to_redis(regions: Sequence[Region], tag: str) -> tuple[list[Region], Options | None]:
-            return load_regions_into_redis(server.url, regions, prefix=f"reg-{tag}"), RedisOptions(url=server.url)
-        return to_redis
-    if name == "redis-cluster":
-        cluster = request.getfixturevalue("redis_cluster")
-        staged = request.getfixturevalue("staged")
-        os.environ["ST_REG_LOADER_PW"], os.environ["ST_REG_READER_PW"] = cluster.loader.password, cluster.reader.password
-        loader = RedisClusterOptions(url=cluster.seed_url, username=cluster.loader.name, password_env="ST_REG_LOADER_PW")
-
-        def to_cluster(regions: Sequence[Region], tag: str) -> tuple[list[Region], Options | None]:
             # The loader checks every staged page against the manifest: a corrupted file is refused here.
-            load_table(loader, regions, staged.manifest.identity, page_crc32c=_checksums(staged), prefix=f"reg-{tag}",
-                       tag_buckets=4)
-            return list(regions), RedisClusterOptions(url=cluster.seed_url, username=cluster.reader.name,
-                                                      password_env="ST_REG_READER_PW", prefix=f"reg-{tag}")
-        return to_cluster
+            options = RedisOptions(url=server.url, prefix=f"reg-{tag}")
+            load_table(options, regions, staged.manifest.identity, page_crc32c=_checksums(staged), tag_buckets=4)
+            return list(regions), options
+        return to_redis
     return lambda regions, tag: (list(regions), None)
 
 
@@ -139,7 +129,7 @@ def test_every_registered_tier_reads_checks_and_closes(name, staged, request, o_
         f.seek(-1, os.SEEK_CUR)
         f.write(bytes([byte[0] ^ 0x01]))
     corrupt = [dataclasses.replace(r, path=paths[r.path]) for r in staged.specs]
-    if name == "redis-cluster":  # its loader checks every page before it counts: the corrupted one never gets in
+    if name == "redis":  # its loader checks every page before it counts: the corrupted one never gets in
         with pytest.raises(SlackTierError) as info:
             setup(corrupt, f"{name}-corrupt")
         assert info.value.kind is ErrorKind.CHECKSUM

@@ -1,4 +1,4 @@
-"""The compiled RESP scan of MGET replies (store/_resp.py), against hiredis' own parser, fed in every split."""
+"""The compiled RESP scan of MGET replies (store/redis/_resp.py), against hiredis' own parser, fed in every split."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import hiredis
 import numpy as np
 import pytest
 
-from slacktier.store import _resp
+from slacktier.store.redis import _resp
 
 
 def _scan_all(data: bytes, keys: list[int], chunk: int):

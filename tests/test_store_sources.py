@@ -16,7 +16,7 @@ from slacktier.store import PageBufferPool, PageReads, PageSource, ReadStats, op
 from slacktier.store._common import page_crc32c
 from slacktier.store._native import probe_io_uring
 from slacktier.store.dram import DramSource
-from slacktier.store.redis_source import load_regions_into_redis
+from slacktier.store.redis.loader import load_manifest
 from slacktier.store.testing import stage_synthetic
 
 _URING_MISSING = probe_io_uring()
@@ -38,8 +38,9 @@ def _open(kind: str, staged, redis_server_factory) -> PageSource:
     if kind.startswith("disk-"):
         return open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1], io_threads=2))
     server = redis_server_factory()
-    specs = load_regions_into_redis(server.url, staged.specs, prefix="t-sources")
-    return open_source("redis", specs, RedisOptions(url=server.url))
+    options = RedisOptions(url=server.url, prefix="t-sources")
+    load_manifest(options, staged.manifest)
+    return open_source("redis", staged.specs, options)
 
 
 @pytest.fixture(params=KINDS)
@@ -168,8 +169,9 @@ def test_checksum_verification_passes_on_intact_pages(kind, staged, request):
         src = open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1]), page_crc32c=sums)
     else:
         server = request.getfixturevalue("redis_server")
-        specs = load_regions_into_redis(server.url, staged.specs, prefix="t-verify")
-        src = open_source("redis", specs, RedisOptions(url=server.url), page_crc32c=sums)
+        options = RedisOptions(url=server.url, prefix="t-verify")
+        load_manifest(options, staged.manifest)
+        src = open_source("redis", staged.specs, options, page_crc32c=sums)
     try:
         assert src.verifies_reads
         _check_random_batch(src, staged, 100, seed=8)

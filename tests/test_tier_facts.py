@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from slacktier.config import DiskOptions, DramOptions, RedisClusterOptions, RedisOptions, tier_facts, tier_names
+from slacktier.config import DiskOptions, DramOptions, RedisOptions, tier_facts, tier_names
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "slacktier"
 
@@ -26,7 +26,6 @@ def test_no_tier_name_is_compared_outside_store() -> None:
 
 
 def test_the_built_in_tiers_facts() -> None:
-    assert [tier_facts(n) for n in ("dram", "disk", "redis", "redis-cluster")] == \
-        [DramOptions, DiskOptions, RedisOptions, RedisClusterOptions]
-    assert [(o.holds_host_copy, o.device_kind) for o in (DramOptions, DiskOptions, RedisOptions, RedisClusterOptions)] \
-        == [(True, "host"), (False, "file"), (False, "remote"), (False, "remote")]
+    assert [tier_facts(n) for n in ("dram", "disk", "redis")] == [DramOptions, DiskOptions, RedisOptions]
+    assert [(o.holds_host_copy, o.device_kind) for o in (DramOptions, DiskOptions, RedisOptions)] \
+        == [(True, "host"), (False, "file"), (False, "remote")]

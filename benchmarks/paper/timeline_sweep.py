@@ -70,18 +70,18 @@ def _remote_copy(workdir: Path, masters: int, manifest, progress: bool):
     password handed over in this process's environment, as a serving process would get it)."""
     import os
 
-    from slacktier.config import RedisClusterOptions
-    from slacktier.store.redis_cluster import load_manifest
-    from slacktier.store.redis_local import LocalRedisCluster
+    from slacktier.config import RedisOptions
+    from slacktier.store.redis.loader import load_manifest
+    from slacktier.testing.redis_cluster import LocalRedisCluster
 
     cluster = LocalRedisCluster(workdir, masters=masters, replicas=0).start()
     try:
         os.environ["SLACKTIER_TIMELINE_LOADER_PW"] = cluster.loader.password
         os.environ["SLACKTIER_TIMELINE_READER_PW"] = cluster.reader.password
-        load_manifest(RedisClusterOptions(url=cluster.seed_url, username=cluster.loader.name,
-                                          password_env="SLACKTIER_TIMELINE_LOADER_PW"), manifest, progress=progress)
+        load_manifest(RedisOptions(mode="cluster", url=cluster.seed_url, username=cluster.loader.name,
+                                   password_env="SLACKTIER_TIMELINE_LOADER_PW"), manifest, progress=progress)
     except BaseException:
         cluster.stop()
         raise
-    return cluster, RedisClusterOptions(url=cluster.seed_url, username=cluster.reader.name,
-                                        password_env="SLACKTIER_TIMELINE_READER_PW")
+    return cluster, RedisOptions(mode="cluster", url=cluster.seed_url, username=cluster.reader.name,
+                                 password_env="SLACKTIER_TIMELINE_READER_PW")

@@ -1,8 +1,8 @@
-"""The Redis Cluster tier: read time against nodes and hash-tag groups, the raw-socket limit, CPU per page,
+"""The Redis tier in cluster mode: read time against nodes and hash-tag groups, the raw-socket limit, CPU per page,
 redis-py's own cluster pipeline beside our routing, many serving processes on one copy, and the read-time
-model the planner reads.
+model the planner reads. (Our wire against valkey-glide and redis-py, interleaved: bench_redis_wire.py.)
 
-    .venv/bin/python benchmarks/bench_redis_cluster.py --append
+    .venv/bin/python -m benchmarks.tier.bench_redis_cluster --append
 
 Everything runs on this machine: every node is a local redis-server (Debian's) on loopback, sharing the
 machine's cores with the client, so the figures say what the client and the protocol cost here, not what a
@@ -28,22 +28,23 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import append_to_section, command_line, machine, utc_stamp  # noqa: E402
 from benchmarks.tier.raw_page_server import RawPageClient, RawPageServer  # noqa: E402
 
-from slacktier.config import RedisClusterOptions  # noqa: E402
+from slacktier.config import RedisOptions  # noqa: E402
 from slacktier.plan.fit import fit_quality  # noqa: E402
 from slacktier.store.base import PageBufferPool, PageReads  # noqa: E402
 from slacktier.store.dram import load_region_pages  # noqa: E402
-from slacktier.store.redis_cluster import RedisClusterSource, load_manifest  # noqa: E402
-from slacktier.store.redis_local import LocalRedisCluster  # noqa: E402
+from slacktier.store.redis.loader import load_manifest  # noqa: E402
+from slacktier.store.redis.source import RedisSource  # noqa: E402
 from slacktier.store.testing import stage_synthetic  # noqa: E402
+from slacktier.testing.redis_cluster import LocalRedisCluster  # noqa: E402
 
 SECTION = "## The tier: page sources, cache and step engine"
 SUBSECTION = "### Remote tier: Redis Cluster"
 
 
-def options(cluster: LocalRedisCluster, user, **kw) -> RedisClusterOptions:
+def options(cluster: LocalRedisCluster, user, **kw) -> RedisOptions:
     env = f"BENCH_PW_{user.name.replace('-', '_').upper()}"
     os.environ[env] = user.password
-    return RedisClusterOptions(url=cluster.seed_url, username=user.name, password_env=env, **kw)
+    return RedisOptions(mode="cluster", url=cluster.seed_url, username=user.name, password_env=env, **kw)
 
 
 def cpu_s() -> float:
@@ -61,7 +62,7 @@ def batches(regions, n: int, reps: int, seed: int) -> list[tuple[np.ndarray, np.
     return out
 
 
-def time_source(src: RedisClusterSource, regions, n: int, reps: int, seed: int = 0) -> dict:
+def time_source(src: RedisSource, regions, n: int, reps: int, seed: int = 0) -> dict:
     pool = PageBufferPool(n)
     buf = np.arange(n, dtype=np.int32)
     work = batches(regions, n, reps + 3, seed)
@@ -78,7 +79,7 @@ def time_source(src: RedisClusterSource, regions, n: int, reps: int, seed: int =
             "cpu_us_page": cpu * 1e6 / (reps * n)}
 
 
-def time_cluster_pipeline(cluster: LocalRedisCluster, src: RedisClusterSource, regions, n: int, reps: int) -> dict:
+def time_cluster_pipeline(cluster: LocalRedisCluster, src: RedisSource, regions, n: int, reps: int) -> dict:
     """redis-py's own ClusterPipeline, the same MGETs per page group: what our routing replaces."""
     import redis
     client = redis.cluster.RedisCluster(host="127.0.0.1", port=cluster.ports[0], username=cluster.reader.name,
@@ -128,7 +129,7 @@ def time_raw(pages: np.ndarray, n: int, reps: int) -> dict:
             "cpu_us_page": (cpu_s() - c0) * 1e6 / (reps * n)}
 
 
-def time_redis_raw_client(cluster: LocalRedisCluster, src: RedisClusterSource, regions, n: int, reps: int) -> dict:
+def time_redis_raw_client(cluster: LocalRedisCluster, src: RedisSource, regions, n: int, reps: int) -> dict:
     """One node's redis-server answering the same MGETs to a raw socket that only receives the bytes (no reply
     parsing, no copy into the pool): what the server and loopback cost by themselves."""
     import socket
@@ -162,7 +163,7 @@ def _instance(seed_url: str, user: str, password: str, manifest_path: str, n: in
     os.environ["BENCH_INST_PW"] = password
     manifest = Manifest.load(manifest_path)
     regions = manifest.runtime_regions()
-    src = RedisClusterSource(regions, RedisClusterOptions(url=seed_url, username=user, password_env="BENCH_INST_PW"),
+    src = RedisSource(regions, RedisOptions(mode="cluster", url=seed_url, username=user, password_env="BENCH_INST_PW"),
                              identity=manifest.identity)
     start.wait()
     try:
@@ -211,31 +212,14 @@ def main(argv: list[str] | None = None) -> None:
             load_manifest(options(cluster, cluster.loader), manifest, tag_buckets=64, workers=4)
             load_s = time.perf_counter() - t0
             row = {"load_s": load_s}
-            src = RedisClusterSource(regions, options(cluster, cluster.reader), page_crc32c=crcs,
+            src = RedisSource(regions, options(cluster, cluster.reader), page_crc32c=crcs,
                                      identity=manifest.identity)
             if nodes == 1:
                 row.update({f"rawredis{n}": time_redis_raw_client(cluster, src, regions, n, args.reps)
                             for n in (700, 3000)})
             for n in (700, 3000):
                 row[n] = time_source(src, regions, n, args.reps)
-                src.hand_reader = False     # the same routing, replies through redis-py's connections and hiredis
-                row[f"rp{n}"] = time_source(src, regions, n, args.reps)
-                src.hand_reader = True
                 row[f"pipe{n}"] = time_cluster_pipeline(cluster, src, regions, n, args.reps)
-            if nodes == 3:   # the same reads with redis-py's pure-Python reply parser instead of hiredis
-                import redis.connection as rconn
-
-                import slacktier.store.redis_cluster as rc
-                plain = rc.client_kwargs
-                rc.client_kwargs = lambda o: {**plain(o), "parser_class": rconn._RESP2Parser}
-                try:
-                    slow = RedisClusterSource(regions, options(cluster, cluster.reader), page_crc32c=crcs,
-                                              identity=manifest.identity)
-                    slow.hand_reader = False   # the parser matters only on redis-py's path
-                finally:
-                    rc.client_kwargs = plain
-                row["pure700"], row["pure3000"] = (time_source(slow, regions, n, args.reps) for n in (700, 3000))
-                slow.close()
             if nodes == 3:   # the read-time model: pages of each layer varied independently
                 rng = np.random.default_rng(5)
                 for _ in range(24):
@@ -264,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
             groups = T or max(r.pages for r in regions)
             pfx = f"tags{T}"
             load_manifest(options(cluster, cluster.loader), manifest, tag_buckets=groups, prefix=pfx, workers=4)
-            src = RedisClusterSource(regions, options(cluster, cluster.reader, prefix=pfx), page_crc32c=crcs,
+            src = RedisSource(regions, options(cluster, cluster.reader, prefix=pfx), page_crc32c=crcs,
                                      identity=manifest.identity)
             tags[T] = {n: time_source(src, regions, n, args.reps) for n in (700, 3000)}
             src.close()
@@ -290,36 +274,26 @@ def main(argv: list[str] | None = None) -> None:
               f"random pages, {args.reps} batches per cell after 3 warm-up ones, median (p90) ms; CPU per page is "
               "this process's user+sys over the pages read (the servers' CPU is not in it).", "",
               "Read time against nodes (64 hash-tag groups per region). Ours: our own node sockets and the "
-              "compiled reply scan (`store/_resp.py`). Beside it, the same MGETs and routing with replies read "
-              "through redis-py's per-node connections and hiredis (`hand_reader = False`), and redis-py's own "
-              "`ClusterPipeline`; the raw-socket server (one process, numpy gather, one `sendall`; "
+              "compiled reply scan (`store/redis/_wire.py`, `_resp.py`). Beside it, redis-py's own "
+              "`ClusterPipeline` with the same MGETs; the raw-socket server (one process, numpy gather, one `sendall`; "
               "`benchmarks/raw_page_server.py`) is the limit. Reads are CRC32C-verified (the tier's default), "
               "which the raw server is not.", "",
-              "| nodes | load s | 700 pages: ours | CPU us/page | redis-py conns | redis-py pipeline | 3000 pages: "
-              "ours | CPU us/page | redis-py conns | redis-py pipeline | ours / raw (700, 3000) |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| nodes | load s | 700 pages: ours | CPU us/page | redis-py pipeline | 3000 pages: "
+              "ours | CPU us/page | redis-py pipeline | ours / raw (700, 3000) |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for nodes, row in by_nodes.items():
         lines.append(f"| {nodes} | {row['load_s']:.1f} | {cell(row[700])} | {row[700]['cpu_us_page']:.2f} | "
-                     f"{cell(row['rp700'])} | {cell(row['pipe700'])} | {cell(row[3000])} | "
-                     f"{row[3000]['cpu_us_page']:.2f} | {cell(row['rp3000'])} | {cell(row['pipe3000'])} | "
+                     f"{cell(row['pipe700'])} | {cell(row[3000])} | "
+                     f"{row[3000]['cpu_us_page']:.2f} | {cell(row['pipe3000'])} | "
                      f"{row[700]['median_ms'] / raw[700]['median_ms']:.2f}x, "
                      f"{row[3000]['median_ms'] / raw[3000]['median_ms']:.2f}x |")
     if 1 in by_nodes and "rawredis700" in by_nodes[1]:
         r1 = by_nodes[1]
-        lines.append(f"| 1, raw client (server only) | - | {cell(r1['rawredis700'])} | - | - | - | "
-                     f"{cell(r1['rawredis3000'])} | - | - | - | {r1['rawredis700']['median_ms'] / raw[700]['median_ms']:.2f}x, "
+        lines.append(f"| 1, raw client (server only) | - | {cell(r1['rawredis700'])} | - | - | "
+                     f"{cell(r1['rawredis3000'])} | - | - | {r1['rawredis700']['median_ms'] / raw[700]['median_ms']:.2f}x, "
                      f"{r1['rawredis3000']['median_ms'] / raw[3000]['median_ms']:.2f}x |")
-    lines.append(f"| raw socket | - | {cell(raw[700])} | {raw[700]['cpu_us_page']:.2f} | - | - | {cell(raw[3000])} | "
-                 f"{raw[3000]['cpu_us_page']:.2f} | - | - | 1x |")
-    if 3 in by_nodes and "pure700" in by_nodes[3]:
-        r3 = by_nodes[3]
-        lines += ["", "Reply parser on redis-py's path (3 nodes): hiredis (installed with the test extras) against redis-py's "
-                  "pure-Python parser, same reads: "
-                  f"700 pages {cell(r3['rp700'])} vs {cell(r3['pure700'])} ms "
-                  f"({r3['pure700']['median_ms'] / r3['rp700']['median_ms']:.2f}x), "
-                  f"3000 pages {cell(r3['rp3000'])} vs {cell(r3['pure3000'])} ms "
-                  f"({r3['pure3000']['median_ms'] / r3['rp3000']['median_ms']:.2f}x); CPU per page "
-                  f"{r3['rp3000']['cpu_us_page']:.2f} vs {r3['pure3000']['cpu_us_page']:.2f} us."]
+    lines.append(f"| raw socket | - | {cell(raw[700])} | {raw[700]['cpu_us_page']:.2f} | - | {cell(raw[3000])} | "
+                 f"{raw[3000]['cpu_us_page']:.2f} | - | 1x |")
     lines += ["", "Hash-tag groups per region T (3 nodes): pages p and q share a slot, and so can share an MGET, "
               "when p % T == q % T; T = 0 here means one group per page (no sharing: one key per MGET).", "",
               "| T | 700 pages | 3000 pages |", "|---|---|---|"]

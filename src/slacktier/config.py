@@ -50,19 +50,20 @@ Schema (every key but `layer` and `manifest` has a default):
     queue_depth = 128       # reads in flight per worker
     io_threads = 1          # workers per device
 
-    [table.redis]
-    url = "redis://127.0.0.1:6379/0"   # no password here (refused): see password_env / password_file
-    prefix = ""             # key prefix (default: each region's staged path)
+    [table.redis]           # tier "redis": one server or a cluster (store/redis/)
+    mode = "standalone"     # "standalone" | "cluster" (a mode the server does not match is refused)
+    url = "redis://127.0.0.1:6379/0"   # the server, or one seed node of the cluster; no password here (refused)
+    nodes = []              # cluster: more seeds, "host:port" (a new engine starts while the url's node is down)
+    read_from_replicas = false   # cluster: spread reads over each slot's master and its replicas
+    prefix = ""             # key prefix (default: "st-" + the manifest's stage id, as `slacktier load` writes)
     socket_timeout_ms = 5000.0   # socket and connect timeout: a stopped server fails a batch, never blocks it
     username = ""           # ACL user (empty: the default user)
     password_env = ""       # name of the environment variable holding the password
     password_file = ""      # or a file whose first line is the password
     tls_ca_file = ""        # CA bundle: TLS on (use a rediss:// url)
 
-    [table.redis-cluster]   # the keys of [table.redis], plus:
-    url = "redis://127.0.0.1:7000"     # one seed node of the cluster
-    nodes = []                         # more seeds, "host:port" (a new engine starts while the url's node is down)
-    read_from_replicas = false         # spread reads over each slot's master and its replicas
+    The tier "redis-cluster" of earlier releases is refused by name, with the fix: `source = "redis"` and
+    `mode = "cluster"` in [table.redis] (one tier, one key layout and loader since issue 29).
 
 Worked example: two tables, layer 1 (order 0, share 0.7) and layer 14 (order 1,
 share 0.3), cache_rows = 1,000,000 -> layer 1 owns 700,000 slots and its pages
@@ -131,7 +132,12 @@ class DiskOptions(Options, frozen=True):
 
 
 class RedisOptions(Options, frozen=True):
-    """`[table.redis]`: where the pages are kept. Secrets never go in the control file.
+    """`[table.redis]`: where the pages are kept, a standalone server or a Redis Cluster (or Valkey) reached
+    through one seed node in `url` (the others are discovered). Secrets never go in the control file.
+
+    `read_from_replicas` (cluster) spreads reads over each slot's master and replicas (a replica may trail
+    its master by the replication lag; pages are only ever rewritten by a new load, which the table's
+    generation check guards).
 
     The password comes from the environment (`password_env` names the
     variable) or from a file (`password_file`, its first line); a url with a
@@ -143,7 +149,10 @@ class RedisOptions(Options, frozen=True):
     """
 
     device_kind: ClassVar[str] = "remote"
+    mode: Literal["standalone", "cluster"] = "standalone"
     url: str = "redis://127.0.0.1:6379/0"
+    nodes: tuple[str, ...] = ()     # cluster: more seed nodes, "host:port"
+    read_from_replicas: bool = False
     prefix: str = ""
     socket_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=3_600_000)] = 5000.0
     username: str = ""
@@ -170,6 +179,13 @@ class RedisOptions(Options, frozen=True):
                        "(password_env = \"VAR\") or in a file (password_file), and the user in `username`")
         if self.password_env and self.password_file:
             raise _bad("both password_env and password_file are set", "give the password one way")
+        if self.mode == "standalone" and (self.nodes or self.read_from_replicas):
+            raise _bad("nodes / read_from_replicas are set on a standalone Redis", 'set mode = "cluster" (they '
+                       "are a cluster's), or drop them")
+        for node in self.nodes:
+            host, sep, port = node.rpartition(":")
+            if not sep or not host or not port.isdigit():
+                raise _bad(f"redis seed node {node!r}", 'write seed nodes as "host:port"')
 
     @property
     def masked_url(self) -> str:
@@ -200,26 +216,11 @@ class RedisOptions(Options, frozen=True):
         return None
 
 
-class RedisClusterOptions(RedisOptions, frozen=True):
-    """`[table.redis-cluster]`: a Redis Cluster (or Valkey) reached through `url`, one seed node; the others are
-    discovered. `read_from_replicas` spreads reads over each slot's master and replicas (a replica may trail
-    its master by the replication lag; pages are only ever rewritten by a new load, which the table's
-    generation check guards)."""
-
-    url: str = "redis://127.0.0.1:7000"
-    nodes: tuple[str, ...] = ()     # more seed nodes, "host:port": a new engine starts while the url's node is down
-    read_from_replicas: bool = False
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        for node in self.nodes:
-            host, sep, port = node.rpartition(":")
-            if not sep or not host or not port.isdigit():
-                raise _bad(f"redis-cluster seed node {node!r}", 'write seed nodes as "host:port"')
-
-
-_TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions,
-                                           "redis-cluster": RedisClusterOptions}
+_TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions}
+#: tier names of earlier releases, refused with what to write instead
+RETIRED_TIERS: dict[str, str] = {
+    "redis-cluster": 'write source = "redis" and mode = "cluster" in [table.redis] (the Redis tiers are one since '
+                     "issue 29; keys, loader and options are the same)"}
 
 
 def register_tier_options(name: str, options: type[Options]) -> None:
@@ -245,7 +246,10 @@ def tier_facts(name: str) -> type[Options]:
 
 
 def tier_options_type(name: str) -> type[Options]:
-    """The option struct of tier `name`; raises BAD_INPUT naming the registered tiers."""
+    """The option struct of tier `name`; raises BAD_INPUT naming the registered tiers (or, for a retired name,
+    what to write instead)."""
+    if name in RETIRED_TIERS:
+        raise _bad(f"tier {name!r} is retired", RETIRED_TIERS[name])
     try:
         return _TIER_OPTIONS[name]
     except KeyError:
@@ -369,6 +373,9 @@ def from_dict(doc: dict[str, Any], base_dir: str | Path | None = None) -> Contro
         if not isinstance(source, str):
             raise _bad(f"{where}: source {source!r}", f"choose one of {', '.join(tier_names())}")
         kind = tier_options_type(source)
+        retired = sorted(k for k in raw if k in RETIRED_TIERS)
+        if retired:
+            raise _bad(f"{where}: [table.{retired[0]}] is retired", RETIRED_TIERS[retired[0]])
         others = sorted(k for k in raw if k in _TIER_OPTIONS and k != source)
         if others:
             raise _bad(f"{where}: options for {others} on a {source!r} table", f"put options under [table.{source}]")

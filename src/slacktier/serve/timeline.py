@@ -473,7 +473,7 @@ def timeline_placements(first: int, second: int, cache_rows: int, remote: bool =
     from slacktier.serve.tiers import Placement
 
     out = []
-    for tier, name in (("disk", "disk"), *((("redis-cluster", "remote"),) if remote else ())):
+    for tier, name in (("disk", "disk"), *((("redis", "remote"),) if remote else ())):
         both = ((first, tier), (second, tier))
         out += [Placement(f"l{first}-dram-l{second}-{name}", ((first, "dram"), (second, tier))),
                 Placement(name, both),

@@ -1,4 +1,4 @@
-"""Compiled RESP reply scanning for the Redis Cluster tier's page reads (one node's pipelined MGET replies).
+"""Compiled RESP reply scanning for the Redis tier's page reads (one node's pipelined MGET replies).
 
 A node's replies arrive into one byte buffer (`recv_into`, no per-value Python
 object). `scan_mget_replies` walks the replies received so far: per MGET an
@@ -6,7 +6,7 @@ array header `*k`, then k bulk strings `$4100` + data, or `$-1` (no such key);
 or an error line (`-MOVED 3999 127.0.0.1:7002`, `-NOPERM ...`). It records
 each value's offset and length and each command's outcome, and stops at the
 first incomplete reply, to be called again when more bytes arrive. The
-caller copies the pages out (redis_cluster.py: one strided copy per MGET).
+caller lands the pages (`land_values`, called by _wire.py).
 
 Worked example: replies "*2\\r\\n$4100\\r\\n<4100 B>\\r\\n$-1\\r\\n" for one MGET of two keys
 -> value 0 at offset 11, length 4100; value 1 length -1; command 0 status OK.
@@ -19,9 +19,8 @@ import ctypes
 import numpy as np
 from numba import njit
 
+from slacktier.store.redis.keys import VALUE_BYTES   # a stored value: the page, then its CRC32C
 from slacktier.tables.layout import PAGE_BYTES
-
-VALUE_BYTES = PAGE_BYTES + 4   # a stored value: the page, then its CRC32C (as store/redis_cluster.py writes it)
 
 # libc's memmove, called from compiled code: a numba slice copy of uint8 runs at about 1.3 GB/s here, memmove
 # at about 6 GB/s (measured on this 2-core VM, 12 MB of pages).

@@ -1,4 +1,5 @@
-"""A local authenticated Redis Cluster for tests, benchmarks and the demo: real `redis-server` nodes on loopback.
+"""A local authenticated Redis Cluster for trying the redis tier, tests and benchmarks: real `redis-server` nodes on
+loopback.
 
 Why Debian's `redis-server` (apt-get install -y redis-server): the test suite
 already needs it for the single-server tier (`testing.RedisServer`); 7.0 runs
@@ -97,7 +98,7 @@ REPLICATION = "slacktier-repl"
 #: HELLO (allowed to everyone), CLIENT SETINFO (Redis 7.2+; 7.0 answers "unknown subcommand", which
 #: redis-py ignores), READWRITE, INFO, CLUSTER NODES / SHARDS. ASKING: sent before a command that follows
 #: an ASK redirect, while a slot is being migrated (resharding); without it reads of that slot fail until the
-#: migration ends (test_store_redis_cluster.py migrates a slot mid-run).
+#: migration ends (tests/test_store_redis_cluster.py migrates a slot mid-run).
 _DISCOVERY = "+ping +cluster|slots +cluster|info +command +readonly +asking"
 _READS = "+get +mget +exists +strlen"
 #: serving reads only, on keys it may only read
