@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slacktier.store.testing import RedisServer, supports_o_direct
+from slacktier.testing.store import RedisServer, supports_o_direct
 
 REPO = Path(__file__).resolve().parents[1]
 # Experiments live beside the package, in benchmarks/ (issue 29); their tests import them from there.

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
-from slacktier.engine.testing import real_text
+from slacktier.testing.engine import real_text
 from slacktier.tables.ple_hash import PleLayout
 from slacktier.tables.stage import stage_checkpoint
 from slacktier.tables.tokenizer import encode

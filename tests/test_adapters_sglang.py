@@ -24,7 +24,7 @@ import torch
 from engines import SGLANG_VERSION, import_sglang, sglang_plugin_loaded
 from slacktier.adapters import sglang as plug
 from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
-from slacktier.engine.testing import real_text
+from slacktier.testing.engine import real_text
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.engram_hash import EngramHasher as StHasher
 from slacktier.tables.engram_hash import EngramLayout as StLayout

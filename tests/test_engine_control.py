@@ -13,7 +13,7 @@ import torch
 from slacktier.config import from_dict, write_control
 from slacktier.engine.step import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.testing import supports_o_direct
+from slacktier.testing.store import supports_o_direct
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.manifest import Manifest
 from slacktier.tables.stage import SyntheticSource, stage_synthetic
@@ -144,7 +144,7 @@ def test_reload_onto_a_redis_tier_keeps_the_cache(tables, tmp_path: Path) -> Non
     from slacktier.config import RedisOptions
     from slacktier.store.redis.loader import load_manifest
     from slacktier.store.redis.source import RedisSource
-    from slacktier.store.testing import RedisServer
+    from slacktier.testing.store import RedisServer
     a, _ = tables
     truth = {layer: SyntheticSource(a.layout, 1) for layer in ROWS}
     server = RedisServer(tmp_path)

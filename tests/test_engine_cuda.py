@@ -20,7 +20,7 @@ from slacktier.cache import RowCache
 from slacktier.engine.checker import ArrayRowReader
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
-from slacktier.engine.testing import ArraySource, pack_pages, real_token_ids
+from slacktier.testing.engine import ArraySource, pack_pages, real_token_ids
 from slacktier.tables.codec import synthetic_rows
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.layout import pages_for_rows, shard_bounds

@@ -21,10 +21,10 @@ from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
 from slacktier.engine.checker import ArrayRowReader
-from slacktier.engine.testing import array_tables, pack_pages
+from slacktier.testing.engine import array_tables, pack_pages
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.dram import DramSource
-from slacktier.store.testing import supports_o_direct
+from slacktier.testing.store import supports_o_direct
 from slacktier.tables.codec import dequantize_bits, synthetic_rows
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
 from slacktier.tables.manifest import Manifest

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from slacktier.engine.step import StepEngine
-from slacktier.engine.testing import real_token_ids
+from slacktier.testing.engine import real_token_ids
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.manifest import Manifest

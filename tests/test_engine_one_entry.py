@@ -24,7 +24,7 @@ from slacktier.config import DiskOptions
 from slacktier.engine.checker import ArrayRowReader
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
-from slacktier.engine.testing import ArraySource, pack_pages
+from slacktier.testing.engine import ArraySource, pack_pages
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import _native
 from slacktier.store.disk import DiskSource

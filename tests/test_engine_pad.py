@@ -13,7 +13,7 @@ import torch
 
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
-from slacktier.engine.testing import array_tables
+from slacktier.testing.engine import array_tables
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.codec import dequantize_bits
 

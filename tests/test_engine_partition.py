@@ -11,7 +11,7 @@ import torch
 from slacktier.config import from_dict, write_control
 from slacktier.engine.step import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.testing import supports_o_direct
+from slacktier.testing.store import supports_o_direct
 from slacktier.tables.codec import dequantize_bits
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.manifest import Manifest

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import seen_bitmap
-from slacktier.engine.testing import ArraySource, array_tables
+from slacktier.testing.engine import ArraySource, array_tables
 from slacktier.store.base import PageBufferPool, PageReads
 from slacktier.tables.codec import dequantize_bits
 

@@ -20,7 +20,7 @@ from slacktier.cache import RowCache
 from slacktier.engine.checker import ArrayRowReader
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
-from slacktier.engine.testing import ArraySource, pack_pages, real_token_ids
+from slacktier.testing.engine import ArraySource, pack_pages, real_token_ids
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.regions import Region
 from slacktier.tables.codec import synthetic_rows

@@ -46,7 +46,7 @@ from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE
 from slacktier.tables.manifest import Manifest, manifest_digest
 from slacktier.tables.stage import SyntheticSource, stage_synthetic, stage_table
 from slacktier.tables import page_writer
-from slacktier.tables.testing import FailingSource
+from slacktier.testing.tables import FailingSource
 
 ROWS = {1: 30_000, 14: 45_000}
 TOKENS = 64                       # lookups per step: 64 x 24 x 2 layers = 3,072

@@ -13,7 +13,7 @@ from slacktier.config import ControlFile, EngineConfig, TableConfig, write_contr
 from slacktier.engine.step import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.serve.demo import DemoConfig
-from slacktier.store.testing import supports_o_direct
+from slacktier.testing.store import supports_o_direct
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.manifest import check_tp_sharding
 from slacktier.tables.stage import stage_synthetic

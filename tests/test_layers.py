@@ -26,7 +26,7 @@ MAY_USE: dict[str, set[str]] = {
     "probe": set(),
     "workloads": {"tables", "cache"},
     "models": {"engine"},
-    "testing": set(),   # local stand-ins (a Redis Cluster on loopback) for tests and benchmarks; no room uses it
+    "testing": {"tables", "store", "engine"},   # stand-ins for tests and benchmarks (testing/__init__.py); no room uses it
     "serve": {"config", "tables", "store", "cache", "engine", "plan", "probe", "workloads", "models"},
     "redknot": {"models", "engine", "store"},
     "adapters": {"engine", "config", "tables"},

@@ -26,7 +26,7 @@ from slacktier.cache import RowCache
 from slacktier.engine.counters import LayerCounters
 from slacktier.engine.metrics import EngineMetrics, serve_metrics
 from slacktier.engine.step import StepEngine
-from slacktier.engine.testing import array_tables, real_token_ids
+from slacktier.testing.engine import array_tables, real_token_ids
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.engram_hash import EngramLayout
 
@@ -138,7 +138,7 @@ def test_off_by_default_registers_nothing(tmp_path: Path) -> None:
 def test_control_file_key_turns_metrics_on(tmp_path: Path) -> None:
     from prometheus_client import REGISTRY
     from slacktier.config import ControlFile, EngineConfig, TableConfig
-    from slacktier.store.testing import supports_o_direct
+    from slacktier.testing.store import supports_o_direct
     from slacktier.tables.stage import stage_synthetic
     if not supports_o_direct(tmp_path):
         pytest.skip("tmp_path does not support O_DIRECT")
@@ -168,7 +168,7 @@ RANK_PROCESS = textwrap.dedent("""
     from slacktier.cache import RowCache
     from slacktier.engine.metrics import EngineMetrics
     from slacktier.engine.step import StepEngine
-    from slacktier.engine.testing import array_tables
+    from slacktier.testing.engine import array_tables
     rank = int(sys.argv[1])
     tables, _, _ = array_tables({1: 3000}, ranks=1, seed=rank)
     eng = StepEngine(tables, RowCache(200), metrics=EngineMetrics())

@@ -206,7 +206,7 @@ def test_s_is_begin_step_alone_and_pulling_the_step_is_reported_apart():
 
 def test_runner_on_a_real_engine_records_counters():
     from slacktier.engine import StepEngine
-    from slacktier.engine.testing import array_tables
+    from slacktier.testing.engine import array_tables
     from slacktier.cache import RowCache
 
     tables, source, _ = array_tables({1: 3000, 14: 3000})

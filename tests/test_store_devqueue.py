@@ -19,7 +19,7 @@ from slacktier.store import PageBufferPool, PageReads
 from slacktier.store import _native
 from slacktier.store.devqueue import QUEUE_SETTING_CONFLICTS, open_queues
 from slacktier.store.disk import DiskSource
-from slacktier.store.testing import stage_synthetic
+from slacktier.testing.store import stage_synthetic
 from slacktier.tables.codec import synthetic_rows
 from slacktier.tables.synthetic_source import layer_seed
 

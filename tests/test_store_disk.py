@@ -19,7 +19,7 @@ from slacktier.store import _native
 from slacktier.store._common import page_crc32c
 from slacktier.store.devqueue import open_queues
 from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
-from slacktier.store.testing import stage_synthetic
+from slacktier.testing.store import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 

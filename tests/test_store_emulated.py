@@ -14,7 +14,7 @@ from slacktier.store.emulated import (NVME_PAPER, RDMA_PAPER, EmulatedOptions, E
                                       completions_ms, emulated_device, forget_devices, load_device_model,
                                       model_from_dict)
 from slacktier.store.devqueue import open_queues
-from slacktier.store.testing import stage_synthetic
+from slacktier.testing.store import stage_synthetic
 
 
 def test_four_ranks_on_one_nvme_paper_disk_land_at_the_papers_fit():

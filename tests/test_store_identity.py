@@ -25,7 +25,7 @@ from slacktier.store.redis.keys import identity_key, page_key
 from slacktier.store.redis.loader import load_manifest
 from slacktier.store.redis.source import RedisSource
 from slacktier.store.registry import verify_identity
-from slacktier.store.testing import RedisServer, stage_synthetic
+from slacktier.testing.store import RedisServer, stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TableIdentity, header_page
 

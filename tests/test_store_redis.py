@@ -15,7 +15,7 @@ from slacktier.store import PageBufferPool, PageReads
 from slacktier.store.redis.keys import gen_key, page_key
 from slacktier.store.redis.loader import load_manifest
 from slacktier.store.redis.source import RedisSource
-from slacktier.store.testing import RedisServer, stage_synthetic
+from slacktier.testing.store import RedisServer, stage_synthetic
 from slacktier.tables.regions import Region
 
 

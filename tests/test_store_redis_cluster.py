@@ -25,7 +25,7 @@ from slacktier.store.redis.keys import (COMPLETE, LOADING, VALUE_BYTES, default_
 from slacktier.store.redis.loader import load_manifest
 from slacktier.store.redis.source import RedisSource
 from slacktier.store.registry import verify_identity
-from slacktier.store.testing import stage_synthetic
+from slacktier.testing.store import stage_synthetic
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 

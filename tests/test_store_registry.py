@@ -28,7 +28,7 @@ from slacktier.store import PageBufferPool, PageReads, PageSource, get_tier, ope
 from slacktier.store.dram import DramSource
 from slacktier.store.queued import QueuedSource
 from slacktier.store.redis.loader import load_table
-from slacktier.store.testing import stage_synthetic
+from slacktier.testing.store import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 

@@ -17,7 +17,7 @@ from slacktier.store._common import page_crc32c
 from slacktier.store._native import probe_io_uring
 from slacktier.store.dram import DramSource
 from slacktier.store.redis.loader import load_manifest
-from slacktier.store.testing import stage_synthetic
+from slacktier.testing.store import stage_synthetic
 
 _URING_MISSING = probe_io_uring()
 KINDS = ["dram", "disk-io_uring", "disk-threads", "redis"]

@@ -21,7 +21,7 @@ from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, StagedLayou
     check_target_header, header_page, manifest_digest, parse_header, plan_regions
 from slacktier.tables.regions import Region
 from slacktier.tables.stage import SyntheticSource, layer_seed, stage_checkpoint, stage_synthetic, stage_table
-from slacktier.tables.testing import FailingSource
+from slacktier.testing.tables import FailingSource
 from slacktier.tables.verify import verify_table
 
 

@@ -50,7 +50,7 @@ from benchmarks.engine.bench_host_pass import build_rank_engine as host_pass_ran
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec, rank_regions_for
-from slacktier.engine.testing import real_text
+from slacktier.testing.engine import real_text
 from slacktier.store.disk import DiskSource
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout
 from slacktier.tables.layout import PAGE_BYTES, pages_for_rows, shard_bounds

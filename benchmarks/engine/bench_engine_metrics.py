@@ -35,7 +35,7 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 from slacktier.cache import RowCache  # noqa: E402
 from slacktier.engine.metrics import EngineMetrics  # noqa: E402
 from slacktier.engine.step import StepEngine  # noqa: E402
-from slacktier.engine.testing import array_tables, real_token_ids  # noqa: E402
+from slacktier.testing.engine import array_tables, real_token_ids  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 
 SECTION = "## The tier: page sources, cache and step engine"

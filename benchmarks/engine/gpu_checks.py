@@ -58,7 +58,7 @@ from slacktier.cache import RowCache  # noqa: E402
 from slacktier.engine.checker import ArrayRowReader  # noqa: E402
 from slacktier.engine.step import StepEngine  # noqa: E402
 from slacktier.engine.tables import TableSpec  # noqa: E402
-from slacktier.engine.testing import ArraySource, pack_pages, real_token_ids  # noqa: E402
+from slacktier.testing.engine import ArraySource, pack_pages, real_token_ids  # noqa: E402
 from slacktier.tables.codec import dequantize, synthetic_rows  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 from slacktier.tables.layout import ROW_VALUES, pages_for_rows  # noqa: E402

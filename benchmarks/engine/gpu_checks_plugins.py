@@ -66,7 +66,7 @@ from benchmarks.engine.gpu_checks_ple import ple_checks, vllm_with_plugin  # noq
 from slacktier.adapters import sglang as sg_plug  # noqa: E402
 from slacktier.adapters import vllm as vl_plug  # noqa: E402
 from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control  # noqa: E402
-from slacktier.engine.testing import real_text  # noqa: E402
+from slacktier.testing.engine import real_text  # noqa: E402
 from slacktier.tables.engram_hash import EngramHasher as StHasher  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 from slacktier.tables.stage import stage_checkpoint  # noqa: E402

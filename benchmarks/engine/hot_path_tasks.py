@@ -30,7 +30,7 @@ import torch
 import slacktier
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
-from slacktier.engine.testing import pack_pages, real_text
+from slacktier.testing.engine import pack_pages, real_text
 from slacktier.store.base import PageBufferPool, PageReads
 from slacktier.tables.codec import dequantize, synthetic_rows
 from slacktier.tables.engram_hash import EngramHasher, EngramLayout

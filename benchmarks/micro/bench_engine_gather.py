@@ -32,7 +32,7 @@ import torch
 from slacktier.cache import RowCache
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec, rank_regions_for
-from slacktier.engine.testing import pack_pages, real_text
+from slacktier.testing.engine import pack_pages, real_text
 from slacktier.tables.regions import Region
 from slacktier.store.dram import DramSource
 from slacktier.tables.codec import dequantize, reference_dequant, split_raw, synthetic_rows

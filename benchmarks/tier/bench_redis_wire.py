@@ -37,7 +37,7 @@ from slacktier.store.dram import load_region_pages  # noqa: E402
 from slacktier.store.redis import keys as K  # noqa: E402
 from slacktier.store.redis.loader import load_manifest  # noqa: E402
 from slacktier.store.redis.source import RedisSource  # noqa: E402
-from slacktier.store.testing import stage_synthetic  # noqa: E402
+from slacktier.testing.store import stage_synthetic  # noqa: E402
 from slacktier.tables.layout import PAGE_BYTES  # noqa: E402
 from slacktier.testing.redis_cluster import LocalRedisCluster  # noqa: E402
 
