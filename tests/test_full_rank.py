@@ -249,3 +249,10 @@ def test_whole_sessions_window_deep_in_the_replay_beside_the_characterizer(tmp_p
         assert window_hits.hit_rate >= window_hits.slot_hit_rate
     assert hits.rates[("disk-split", 14)][1].slot_hit_rate > 0
     assert "charact. hit" in window_table(hits, runs)
+    # the planner from the characterizer's pages: a disk of 1 ms a page stalls a layer-1-on-disk placement
+    from benchmarks.paper.full_rank import planner_stalls
+    from slacktier.plan.readmodel import DeviceReadModel
+
+    planned = planner_stalls(profile, cfg, hits, runs, DeviceReadModel(0.0, 1.0, 1.0, 0.0))
+    assert set(planned) == set(by) and planned["disk"] > planned["disk-split"] > 0
+    assert "planner" in window_table(hits, runs, planned)

@@ -23,7 +23,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import bench_log, append_to_section, command_line, machine, utc_stamp  # noqa: E402
 
 from benchmarks.paper.full_rank import (FullRankConfig, full_rank_table, peak_rss_gib, rank_page_counts,  # noqa: E402
-                                          rank_pages_table, run_full_rank, window_hit_rates, window_table)
+                                          planner_stalls, rank_pages_table, run_full_rank, window_hit_rates,
+                                          window_table)
+from slacktier.plan.readmodel import DeviceReadModel  # noqa: E402
 
 SECTION = "## Step timeline"
 
@@ -53,6 +55,10 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                          "so the cache holds the sessions' earlier turns)")
     ap.add_argument("--no-window-hits", action="store_true",
                     help="skip the characterizer's hit rates on the same replay (printed beside the measured ones)")
+    ap.add_argument("--read-model", default="",
+                    help="a,b,c,c_behind (ms): the disk's read-time model fitted before the runs "
+                         "(bench_probe_readfit.py); prints the planner's stall per placement from the "
+                         "characterizer's pages beside the measured one")
     ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
     ap.add_argument("--profile", default="v41_paper")
     ap.add_argument("--workdir", default="runs/full_rank")
@@ -80,12 +86,16 @@ def timeline(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     profile, manifest, runs = run_full_rank(cfg, progress=True)
     table = full_rank_table(profile, cfg, manifest, runs)
+    in_order = sorted(runs, key=lambda r: (r.rep, r.order))
     table += ("\nwall time per run (s, the untimed steps before the window included): "
-              + ", ".join(f"{r.placement} B={r.batch} {r.wall_s:.0f}" for r in sorted(runs, key=lambda r: r.order + 100 * r.rep)))
+              + ", ".join(f"{r.placement} B={r.batch} {r.wall_s:.0f}" for r in in_order))
     if not args.no_window_hits:
         t1 = time.perf_counter()
+        model = DeviceReadModel(*(float(x) for x in args.read_model.split(","))) if args.read_model else None
         for b in cfg.batches:
-            table += "\n\n" + window_table(window_hit_rates(cfg, manifest, b, runs), runs)
+            hits = window_hit_rates(cfg, manifest, b, runs)
+            planned = planner_stalls(profile, cfg, hits, runs, model) if model else None
+            table += "\n\n" + window_table(hits, runs, planned)
         table += f"\n(the characterizer's replay and CLOCK: {time.perf_counter() - t1:.0f} s)"
     wall = time.perf_counter() - t0
     table += f"\npeak RSS of this process: {peak_rss_gib():.2f} GiB"

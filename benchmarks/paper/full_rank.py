@@ -444,9 +444,29 @@ def window_hit_rates(cfg: FullRankConfig, manifest, batch: int, runs: Sequence[F
                       rates)
 
 
-def window_table(hits: WindowHits, runs: Sequence[FullRankRun]) -> str:
+def planner_stalls(profile: ComputeProfile, cfg: FullRankConfig, hits: WindowHits, runs: Sequence[FullRankRun],
+                   model) -> dict[str, float]:
+    """Per placement: the planner's stall per step (Eq. 1 over the device read-time model `model`, a
+    plan.readmodel.DeviceReadModel fitted before the runs), with the pages the characterizer counts in the window
+    (no timing), the profile's windows, and the runs' mean s (begin_step: the host pass, measured)."""
+    from slacktier.plan.exposure import device_exposure
+    from slacktier.plan.readmodel import LayerPages
+    from slacktier.serve.report import stat
+
+    times = profile.times(hits.batch, cfg.workload, cfg.layout().layer_ids)
+    out = {}
+    for name in sorted({n for n, _ in hits.rates}):
+        layers = sorted(l for n, l in hits.rates if n == name)
+        loads = [LayerPages(l, "disk", hits.rates[(name, l)][1].pages, i) for i, l in enumerate(layers)]
+        s_ms = stat([r.summary.s_ms for r in runs if r.batch == hits.batch and r.placement == name])[0]
+        out[name] = device_exposure(loads, {l: times.windows_ms[l] for l in layers}, {"disk": model},
+                                    resolve_ms=s_ms).slowdown_ms
+    return out
+
+
+def window_table(hits: WindowHits, runs: Sequence[FullRankRun], planned: dict[str, float] | None = None) -> str:
     """The timed window's measured hit rates and pages (mean over runs) beside the characterizer's, per placement
-    and served layer."""
+    and served layer; with `planned` (planner_stalls), each placement's planned stall beside its measured one."""
     from slacktier.serve.report import stat
 
     def pct(x: float) -> str:
@@ -472,6 +492,11 @@ def window_table(hits: WindowHits, runs: Sequence[FullRankRun]) -> str:
                  "per layer; slot hit = cached when the step began (the engine's `hits`, Table 2's hit column); "
                  "charact. hit = `characterize`'s (also a row read earlier in the same step); window = the timed "
                  "steps, whole = every full-batch decode step of the replay")
+    if planned:
+        lines.append(f"{'placement':16} {'stall measured':>14} {'planner':>8}   (ms per step, mean over runs)")
+        for name, ms in sorted(planned.items(), key=lambda kv: kv[1]):
+            measured = stat([r.summary.stall_ms for r in runs if r.batch == hits.batch and r.placement == name])[0]
+            lines.append(f"{name:16} {measured:14.2f} {ms:8.2f}")
     return "\n".join(lines)
 
 
