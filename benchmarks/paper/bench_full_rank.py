@@ -5,6 +5,10 @@
     # stage rank R's shard (52 GB, refused before writing if the disk lacks space) and time Table 2's rows on it
     flock /tmp/slacktier-bench.lock nice -n -5 .venv/bin/python benchmarks/bench_full_rank.py timeline \\
         --rank 3 --workload agent --batches 128 --runs 3 [--append]
+    # whole sessions, the window timed after 1,000 decode steps run untimed (cached placements read them: ~3 min a
+    # cached run), the measured hit rates beside the characterizer's, the planner's stalls from a read model
+    .venv/bin/python benchmarks/paper/bench_full_rank.py timeline --rank 3 --workload agent --batches 128 \
+        --engram-vocab 4000000 --whole-sessions --start-decode-steps 1000 --read-model 3.229,0.01344,0.01402,0
 
 Device compute comes from a compute profile (default v41_paper); hashing,
 begin_step, the cache and every page read are real, on this machine's disk.
@@ -98,7 +102,7 @@ def timeline(args: argparse.Namespace) -> int:
             table += "\n\n" + window_table(hits, runs, planned)
         table += f"\n(the characterizer's replay and CLOCK: {time.perf_counter() - t1:.0f} s)"
     wall = time.perf_counter() - t0
-    table += f"\npeak RSS of this process: {peak_rss_gib():.2f} GiB"
+    table += f"\npeak RSS of this process: {peak_rss_gib():.2f} GiB; the whole command: {wall:.0f} s"
     print(table)
     steps = sorted({r.summary.steps for r in runs})
     regime = (f"Regime: device compute from profile {profile.name} (the paper's V4.1 numbers, origin in the "
