@@ -213,3 +213,46 @@ def test_full_rank_refuses_a_batch_the_traffic_cannot_fill(tmp_path):
         run_full_rank(cfg)
     assert e.value.kind == ErrorKind.BAD_INPUT and "B=128" in str(e.value)
     assert list(tmp_path.iterdir()) == []   # refused before staging
+
+
+def test_whole_sessions_window_deep_in_the_replay_beside_the_characterizer(tmp_path):
+    """Whole sessions, prefills longer than the engine's token capacity chunked (none dropped), the timed window
+    after untimed decode steps; the engine's hit rates and pages in the window equal the characterizer's CLOCK
+    on the same replay (same rank's lookups, same cache rows) with evict-ahead off (which runs CLOCK exactly as
+    the characterizer)."""
+    from benchmarks.paper.full_rank import FullRankConfig, run_full_rank, window_hit_rates, window_table
+    from slacktier.serve.timeline import sweep_sessions
+    from slacktier.workloads.corpus import CorpusConfig, load_workload
+
+    cfg = FullRankConfig(workdir=str(tmp_path), rank=3, workload="chat", batches=(8,), runs=1, decode_steps=4,
+                         warmup_steps=1, check_steps=2, cache_rows=2048, engram_vocab=300, whole_sessions=True,
+                         start_decode_steps=40, prefill_chunk_tokens=256, evict_ahead=False,
+                         placements=("disk", "disk-split", "disk-cache-l14"))
+    pool = sweep_sessions(cfg.sweep(), 8)
+    split = load_workload("chat", CorpusConfig(seed=0, agent_sessions_per_source=1))
+    whole = {s.session_id: s for s in [*split.holdout, *split.fit]}
+    assert len(pool) == len(whole)   # no session dropped, every turn kept
+    assert all(s.num_replies == whole[s.session_id].num_replies for s in pool)
+    assert max(s.num_tokens for s in pool) > cfg.prefill_chunk_tokens   # longer than the engine's max_tokens
+    profile, manifest, runs = run_full_rank(cfg)
+    (window,) = {r.window for r in runs}
+    assert len(window) == 4 and min(window) > 40   # the window starts after 40 decode steps (and their prefills)
+    for r in runs:
+        assert r.summary.steps == 4 and r.checked_steps == 2 and r.mismatches == 0
+    hits = window_hit_rates(cfg, manifest, 8, runs)
+    assert hits.sessions == len(pool) and hits.window[0] > 1 and hits.window_turn >= 1
+    by = {r.placement: r for r in runs}
+    for (name, layer), (cap, window_hits, _) in hits.rates.items():
+        assert cap == {"disk": 0, "disk-split": 1024, "disk-cache-l14": 1024 if layer == 14 else 0}[name]
+        assert by[name].summary.hit_rate[layer] == pytest.approx(window_hits.slot_hit_rate, abs=1e-9)
+        assert by[name].summary.pages[layer] == pytest.approx(window_hits.pages, abs=1e-9)
+        assert window_hits.hit_rate >= window_hits.slot_hit_rate
+    assert hits.rates[("disk-split", 14)][1].slot_hit_rate > 0
+    assert "charact. hit" in window_table(hits, runs)
+    # the planner from the characterizer's pages: a disk of 1 ms a page stalls a layer-1-on-disk placement
+    from benchmarks.paper.full_rank import planner_stalls
+    from slacktier.plan.readmodel import DeviceReadModel
+
+    planned = planner_stalls(profile, cfg, hits, runs, DeviceReadModel(0.0, 1.0, 1.0, 0.0))
+    assert set(planned) == set(by) and planned["disk"] > planned["disk-split"] > 0
+    assert "planner" in window_table(hits, runs, planned)

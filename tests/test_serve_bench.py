@@ -72,6 +72,13 @@ def test_clip_sessions_keeps_whole_turns_within_the_budget() -> None:
     (c,) = clip_sessions([s], max_tokens=100, max_turns=1)
     assert c.num_tokens == 20 and c.num_replies == 1
     assert clip_sessions([s], max_tokens=15, max_turns=5) == []
+    # None: no cap of that kind; whole sessions keep every turn (up to the last reply's end)
+    (c,) = clip_sessions([s], max_tokens=None, max_turns=None)
+    assert c.num_tokens == 90 and list(c.reply_start) == [10, 40, 80]
+    (c,) = clip_sessions([s], max_tokens=None, max_turns=2)
+    assert c.num_tokens == 50 and c.num_replies == 2
+    (c,) = clip_sessions([s], max_tokens=60, max_turns=None)
+    assert c.num_replies == 2
 
 
 def _record(placement: str, rep: int, t1: float, t2: float, slow: float, delays=None) -> RunRecord:

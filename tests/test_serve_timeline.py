@@ -162,8 +162,8 @@ def test_sleep_then_spin_sleeps_all_but_the_last_100_us():
 
 def test_run_replay_warms_prefill_and_times_full_decode_steps():
     class S:
-        def __init__(self, kind, t):
-            self.kind, self.ids = kind, np.zeros((t, 2, 24), dtype=np.int64)
+        def __init__(self, kind, t, index=0):
+            self.kind, self.ids, self.index = kind, np.zeros((t, 2, 24), dtype=np.int64), index
 
         @property
         def num_tokens(self):
@@ -180,11 +180,38 @@ def test_run_replay_warms_prefill_and_times_full_decode_steps():
     assert summ.hit_rate[1] == pytest.approx(3 / 96)
 
 
+def test_run_replay_starts_its_window_deep_in_the_replay():
+    """start_decode_steps: the steps before the window run on the engine off the timeline (warm) or are skipped
+    (uncached); the window's steps carry their replay indices."""
+    class S:
+        def __init__(self, index, kind, t):
+            self.index, self.kind, self.ids = index, kind, np.zeros((t, 2, 24), dtype=np.int64)
+
+        @property
+        def num_tokens(self):
+            return self.ids.shape[0]
+
+    replay = [S(0, "prefill", 50), S(1, "decode", 4), S(2, "decode", 4), S(3, "prefill", 9), S(4, "decode", 3),
+              S(5, "decode", 4), S(6, "decode", 4), S(7, "decode", 4)]
+    for warm, begins in ((True, 8), (False, 4)):
+        clock = FakeClock()
+        engine = FakeEngine(clock, 0.05, {1: 0.1, 14: 2.0}, 0.0)
+        runner = TimelineRunner(engine, TIMES, clock=clock)
+        steps = run_replay(runner, replay, 4, 2, warm=warm, warmup_steps=1, start_decode_steps=3)
+        # decode steps 1, 2, 4 come before the window; 5 is the warm-up on the timeline; 6, 7 are timed
+        assert [s.replay_index for s in steps] == [6, 7]
+        assert [s.index for s in steps] == [1, 2]   # the runner timed 5, 6 and 7 only
+        # warm: every step reached the engine; uncached: the first (code warm-up) and the three on the timeline
+        assert sum(1 for c in engine.calls if c[0] == "begin") == begins
+    with pytest.raises(SlackTierError):
+        run_replay(runner, replay, 4, 2, start_decode_steps=-1)
+
+
 def test_s_is_begin_step_alone_and_pulling_the_step_is_reported_apart():
     """The step's clock starts at the begin_step call: s is begin_step alone (what a server pays); pulling and
     hashing the step from the replay happen before it and are kept in prepare_ms."""
     class Pulled:
-        kind, num_tokens = "decode", 4
+        kind, num_tokens, index = "decode", 4, 0
         ids = np.zeros((4, 2, 24), dtype=np.int64)
 
     clock = FakeClock()

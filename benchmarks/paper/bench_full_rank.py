@@ -5,6 +5,10 @@
     # stage rank R's shard (52 GB, refused before writing if the disk lacks space) and time Table 2's rows on it
     flock /tmp/slacktier-bench.lock nice -n -5 .venv/bin/python benchmarks/bench_full_rank.py timeline \\
         --rank 3 --workload agent --batches 128 --runs 3 [--append]
+    # whole sessions, the window timed after 1,000 decode steps run untimed (cached placements read them: ~3 min a
+    # cached run), the measured hit rates beside the characterizer's, the planner's stalls from a read model
+    .venv/bin/python benchmarks/paper/bench_full_rank.py timeline --rank 3 --workload agent --batches 128 \
+        --engram-vocab 4000000 --whole-sessions --start-decode-steps 1000 --read-model 3.229,0.01344,0.01402,0
 
 Device compute comes from a compute profile (default v41_paper); hashing,
 begin_step, the cache and every page read are real, on this machine's disk.
@@ -23,7 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import bench_log, append_to_section, command_line, machine, utc_stamp  # noqa: E402
 
 from benchmarks.paper.full_rank import (FullRankConfig, full_rank_table, peak_rss_gib, rank_page_counts,  # noqa: E402
-                                          rank_pages_table, run_full_rank)
+                                          planner_stalls, rank_pages_table, run_full_rank, window_hit_rates,
+                                          window_table)
+from slacktier.plan.readmodel import DeviceReadModel  # noqa: E402
 
 SECTION = "## Step timeline"
 
@@ -46,6 +52,17 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the first B sessions start over this many decode steps (not in lockstep)")
     ap.add_argument("--check-steps", type=int, default=4, help="checked decode steps after the timed ones")
     ap.add_argument("--max-session-tokens", type=int, default=0, help="0: 4096 for agent, 1024 for chat")
+    ap.add_argument("--whole-sessions", action="store_true",
+                    help="every turn of every session, no token cap (prefills chunked at 4096 tokens)")
+    ap.add_argument("--start-decode-steps", type=int, default=0,
+                    help="decode steps run untimed before the timed window (cached placements on the engine, "
+                         "so the cache holds the sessions' earlier turns)")
+    ap.add_argument("--no-window-hits", action="store_true",
+                    help="skip the characterizer's hit rates on the same replay (printed beside the measured ones)")
+    ap.add_argument("--read-model", default="",
+                    help="a,b,c,c_behind (ms): the disk's read-time model fitted before the runs "
+                         "(bench_probe_readfit.py); prints the planner's stall per placement from the "
+                         "characterizer's pages beside the measured one")
     ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
     ap.add_argument("--profile", default="v41_paper")
     ap.add_argument("--workdir", default="runs/full_rank")
@@ -63,7 +80,8 @@ def config(args: argparse.Namespace) -> FullRankConfig:
                           start_spread_steps=args.start_spread_steps,
                           check_steps=args.check_steps,
                           max_session_tokens=args.max_session_tokens, engram_vocab=args.engram_vocab,
-                          placements=tuple(p for p in args.placements.split(",") if p))
+                          placements=tuple(p for p in args.placements.split(",") if p),
+                          whole_sessions=args.whole_sessions, start_decode_steps=args.start_decode_steps)
 
 
 def timeline(args: argparse.Namespace) -> int:
@@ -71,9 +89,20 @@ def timeline(args: argparse.Namespace) -> int:
     cfg = config(args)
     t0 = time.perf_counter()
     profile, manifest, runs = run_full_rank(cfg, progress=True)
-    wall = time.perf_counter() - t0
     table = full_rank_table(profile, cfg, manifest, runs)
-    table += f"\npeak RSS of this process: {peak_rss_gib():.2f} GiB"
+    in_order = sorted(runs, key=lambda r: (r.rep, r.order))
+    table += ("\nwall time per run (s, the untimed steps before the window included): "
+              + ", ".join(f"{r.placement} B={r.batch} {r.wall_s:.0f}" for r in in_order))
+    if not args.no_window_hits:
+        t1 = time.perf_counter()
+        model = DeviceReadModel(*(float(x) for x in args.read_model.split(","))) if args.read_model else None
+        for b in cfg.batches:
+            hits = window_hit_rates(cfg, manifest, b, runs)
+            planned = planner_stalls(profile, cfg, hits, runs, model) if model else None
+            table += "\n\n" + window_table(hits, runs, planned)
+        table += f"\n(the characterizer's replay and CLOCK: {time.perf_counter() - t1:.0f} s)"
+    wall = time.perf_counter() - t0
+    table += f"\npeak RSS of this process: {peak_rss_gib():.2f} GiB; the whole command: {wall:.0f} s"
     print(table)
     steps = sorted({r.summary.steps for r in runs})
     regime = (f"Regime: device compute from profile {profile.name} (the paper's V4.1 numbers, origin in the "
@@ -88,9 +117,11 @@ def timeline(args: argparse.Namespace) -> int:
               "arrangement, one disk per rank (its \"1 disk\" rows, four ranks on one disk, are "
               "bench_one_disk.py's); all tables of the process share the disk's one device queue; "
               f"{cfg.workload} traffic "
-              f"(sessions within {cfg.max_session_tokens} tokens, {cfg.max_turns} turns), {cfg.decode_tokens} "
+              f"({cfg.sessions_text}), {cfg.decode_tokens} "
               f"decode tokens per turn, {'/'.join(map(str, steps))} full-batch decode steps timed per run after "
-              f"{cfg.warmup_steps} untimed ones (first sessions' starts spread over {cfg.start_spread_steps} "
+              + (f"{cfg.start_decode_steps} decode steps off the timeline (cached placements: run on the engine "
+                 "untimed; uncached: skipped) and " if cfg.start_decode_steps else "")
+              + f"{cfg.warmup_steps} untimed ones (first sessions' starts spread over {cfg.start_spread_steps} "
               "steps), "
               f"{cfg.runs} shuffled runs. A DRAM layer is the profile itself (stock path, not on the host's "
               "begin_step path); its host memory is computed. This cannot show the device's gather, PCIe, "

@@ -29,6 +29,13 @@ the replay pulls them, but not read): with no cache a prefill leaves nothing
 behind that a decode step could use, and reading ~2,000 prefill tokens per
 session on this VM's shared disk (tens of thousands of IOPS) would cost minutes per run. Cached placements
 read every prefill step, so their cache is warm as on a serving node.
+
+Whole sessions (`whole_sessions`, issue 27): every assistant turn of every session, no token cap; prefills
+longer than the engine's `max_tokens` are packed into chunks of `prefill_chunk_tokens` by the replay, so no
+session is dropped. The timed window then starts deep in the replay (`start_decode_steps`): every step before
+it runs on the engine untimed (cached placements; uncached ones skip them), and `window_hit_rates` runs the
+characterizer's CLOCK on the same replay for the rank's lookups, so the window's measured hit rates sit beside
+the simulator's over the same window and over the whole replay.
 """
 
 from __future__ import annotations
@@ -77,21 +84,37 @@ class FullRankConfig:
     engram_vocab: int = 0             # 0: the full V4.1 tables; > 0: EngramLayout.scaled (tests, CI)
     wait_timeout_ms: float = 60_000.0  # the engine's longest wait for a layer's reads (a 4k-token prefill chunk)
     partition: str = "columns"        # the rank partition the shard is staged and served under (tables.partition)
+    whole_sessions: bool = False      # every turn of every session, no token cap (max_session_tokens, max_turns unused)
+    start_decode_steps: int = 0       # decode steps of the replay run untimed before the timed window (cached
+                                      # placements on the engine; uncached ones skip them)
+    evict_ahead: bool = True          # the engine's evict-ahead (config: [engine] evict_ahead); False runs CLOCK
+                                      # exactly as the characterizer does
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.ranks:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"rank {self.rank} of {self.ranks}",
                                  fix=f"pick a rank in 0..{self.ranks - 1}")
+        if self.start_decode_steps < 0:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"start_decode_steps {self.start_decode_steps}",
+                                 fix="pass decode steps >= 0 to run before the timed window")
         if self.max_session_tokens == 0:
             object.__setattr__(self, "max_session_tokens", MAX_SESSION_TOKENS.get(self.workload, 1024))
 
     def sweep(self) -> SweepConfig:
         """The traffic settings in the scaled sweep's terms (serve.timeline.sweep_sessions reads them)."""
+        whole = self.whole_sessions
         return SweepConfig(workload=self.workload, profile=self.profile, batches=self.batches, runs=self.runs,
                            decode_steps=self.decode_steps, decode_tokens=self.decode_tokens,
-                           cache_rows=self.cache_rows, max_session_tokens=self.max_session_tokens,
-                           max_turns=self.max_turns, prefill_chunk_tokens=self.prefill_chunk_tokens, seed=self.seed,
-                           check_steps=self.check_steps)
+                           cache_rows=self.cache_rows, max_session_tokens=None if whole else self.max_session_tokens,
+                           max_turns=None if whole else self.max_turns, prefill_chunk_tokens=self.prefill_chunk_tokens,
+                           seed=self.seed, check_steps=self.check_steps)
+
+    @property
+    def sessions_text(self) -> str:
+        """How the sessions are cut, for a report."""
+        if self.whole_sessions:
+            return f"whole sessions (every turn, no token cap; prefills chunked at {self.prefill_chunk_tokens} tokens)"
+        return f"sessions within {self.max_session_tokens} tokens, {self.max_turns} turns"
 
     def layout(self):
         """The Engram layout: V4.1's, or the same hash over scaled tables."""
@@ -113,10 +136,11 @@ class FullRankConfig:
         return Path(self.workdir) / f"{self.table_name}.bin"
 
 
-def _replay(cfg: FullRankConfig, batch: int, hasher) -> Iterator:
+def _replay(cfg: FullRankConfig, batch: int, hasher, pool: Sequence | None = None) -> Iterator:
     from slacktier.workloads.replay import ReplayConfig, replay_steps
 
-    pool = sweep_sessions(cfg.sweep(), batch)   # refuses a B the traffic cannot fill
+    if pool is None:
+        pool = sweep_sessions(cfg.sweep(), batch)   # refuses a B the traffic cannot fill
     rc = ReplayConfig(batch=batch, decode_tokens=cfg.decode_tokens, prefill_chunk_tokens=cfg.prefill_chunk_tokens,
                       start_spread_steps=cfg.start_spread_steps, seed=cfg.seed)
     return replay_steps(pool, hasher, rc)
@@ -207,6 +231,15 @@ def _host_copy(tier: str) -> bool:
     return tier_facts(tier).holds_host_copy
 
 
+def served_slots(manifest, placement) -> dict[int, int]:
+    """Cache rows (slots) of each engine-served layer under `placement` (cache.rowcache.split_slots); the DRAM
+    layers (stock path) hold none."""
+    from slacktier.cache.rowcache import split_slots
+
+    served = {l: placement.share(l) for l in manifest.layout.layer_ids if not _host_copy(placement.tier(l))}
+    return split_slots(placement.cache_rows, served) if served else {}
+
+
 def host_memory_bytes(manifest, rank: int, placement) -> int:
     """Host memory of the rank's process for the tables under `placement` (computed): each DRAM layer's shard
     in pages, plus each engine-served layer's directory, sized to the cache slots it owns (cache.rowdir). The
@@ -216,10 +249,8 @@ def host_memory_bytes(manifest, rank: int, placement) -> int:
     500,000 cache rows (a directory of 2**20 entries, 8 MiB) -> 26.2 GB.
     """
     from slacktier.cache.rowdir import entries_for
-    from slacktier.cache.rowcache import split_slots
 
-    served = {l: placement.share(l) for l in manifest.layout.layer_ids if not _host_copy(placement.tier(l))}
-    slots = split_slots(placement.cache_rows, served) if served else {}
+    slots = served_slots(manifest, placement)
     total = 0
     for layer in manifest.layout.layer_ids:
         region = manifest.region(layer, rank)
@@ -244,7 +275,7 @@ def rank_control(manifest, rank: int, placement, cfg: FullRankConfig, max_tokens
     # a prefill chunk reads up to ~24k pages per layer, seconds on a shared disk: past the 5 s default wait
     engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows,
                           max_cache_rows=max(cfg.cache_rows, placement.cache_rows), max_tokens=max_tokens,
-                          owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms)
+                          owned_only=True, wait_timeout_ms=cfg.wait_timeout_ms, evict_ahead=cfg.evict_ahead)
     tables = tuple(TableConfig(layer=l, manifest=str(manifest.path), source=placement.tier(l), rank=rank,
                                partition=manifest.partition_kind, cache_share=placement.share(l), order=order)
                    for order, l in enumerate(served))
@@ -268,6 +299,7 @@ class FullRankRun:
     wall_s: float = 0.0
     warmed: bool = True
     step_stalls_ms: tuple[float, ...] = ()   # each timed step's stall (ms): the TP step is the slowest rank's
+    window: tuple[int, ...] = ()             # replay indices of the timed steps (workloads.replay.Step.index)
 
 
 def _checked(engine, runner: TimelineRunner, replay: Iterator, batch: int, n: int, warm: bool) -> tuple[int, int]:
@@ -327,7 +359,7 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False, before_step=None,
                 warm = placement.cache_rows > 0
                 replay = iter(_replay(cfg, batch, hasher))
                 steps = run_replay(runner, replay, batch, cfg.decode_steps, warm, cfg.warmup_steps,
-                                   before_step=before_step)
+                                   before_step=before_step, start_decode_steps=cfg.start_decode_steps)
                 checked, bad = _checked(engine, runner, replay, batch, cfg.check_steps, warm)
             finally:
                 engine.close()
@@ -336,13 +368,136 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False, before_step=None,
             out.append(FullRankRun(placement.name, batch, rep, order, st.step_ms, summarize(steps), tuple(served),
                                    host_memory_bytes(manifest, cfg.rank, placement), checked, bad,
                                    time.perf_counter() - t_run, warm,
-                                   tuple(st.stall_total_ms for st in steps)))
+                                   tuple(st.stall_total_ms for st in steps), tuple(st.replay_index for st in steps)))
             if progress:
                 s = out[-1].summary
                 print(f"  run {rep + 1}/{cfg.runs} B={batch} {placement.name}: {s.steps} steps, "
                       f"{s.stall_ms:.2f} ms stall/step, pages {dict((l, round(v)) for l, v in s.pages.items())}, "
                       f"{out[-1].wall_s:.0f} s, checker {checked} steps {bad} bad", flush=True)
     return profile, manifest, out
+
+
+@dataclass(frozen=True)
+class WindowHits:
+    """The characterizer's CLOCK (cache.simulate, pins per step) on the replay the timed runs served, over the
+    rank's own lookups: per (placement, layer) its cache rows, and hit rate and missed pages per step over the
+    timed window's steps and over every full-batch decode step of the whole replay."""
+
+    batch: int
+    sessions: int
+    turns: int                        # assistant turns replayed, all sessions
+    session_tokens: int
+    decode_steps: int                 # of any size
+    full_steps: int                   # with B tokens
+    window: tuple[int, int]           # the timed window: its first and last step's place among the full-batch steps
+    window_turn: float                # mean turn (1 = first) of the sessions in the window's steps
+    window_position: float            # mean token position of the window's decode tokens
+    rates: dict[tuple[str, int], tuple[int, object, object]]   # (placement, layer) -> (cache rows, window's
+                                      # StepSetHits, whole replay's StepSetHits (benchmarks.paper.rank_pages))
+
+
+def window_hit_rates(cfg: FullRankConfig, manifest, batch: int, runs: Sequence[FullRankRun]) -> WindowHits:
+    """The characterizer's hit rates of every run's placement on the same sessions, B, cache rows and split as
+    the timed runs of `batch`, over their timed window and over the whole replay (module docstring)."""
+    from benchmarks.paper.rank_pages import full_batch_steps, rank_hit_rates
+    from slacktier.workloads.hashing import EngramLookupHasher
+    from slacktier.workloads.replay import collect_trace
+
+    windows = {r.window for r in runs if r.batch == batch}
+    if len(windows) != 1 or not next(iter(windows)):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"the runs of B={batch} timed {len(windows)} different windows",
+                             fix="pass runs of one config (the replay is deterministic: one window per B)")
+    window = np.asarray(next(iter(windows)), dtype=np.int64)
+    wanted = set(window.tolist())
+    hasher = EngramLookupHasher(cfg.layout())
+    pool = sweep_sessions(cfg.sweep(), batch)
+    turns: list[int] = []
+    positions: list[int] = []
+
+    def tap(steps):   # the window's sessions: which turn each is in, at which position
+        for st in steps:
+            if st.index in wanted:
+                for sid, pos in zip(st.session_ids, st.positions):
+                    turns.append(int(np.searchsorted(pool[sid].reply_start, pos, side="right")))
+                    positions.append(int(pos))
+            yield st
+
+    trace = collect_trace(tap(_replay(cfg, batch, hasher, pool)), hasher, cfg.workload, batch)
+    full = full_batch_steps(trace)
+    placements = {p.name: p for p in timeline_placements(*cfg.layout().layer_ids[:2], cfg.cache_rows)}
+    sets = {"window": window, "whole": full}
+    by_capacity: dict[tuple[int, int], dict] = {}
+    rates = {}
+    for name in sorted({r.placement for r in runs if r.batch == batch}):
+        slots = served_slots(manifest, placements[name])
+        for layer in slots:
+            key = (layer, slots[layer])
+            if key not in by_capacity:
+                by_capacity[key] = rank_hit_rates(trace, layer, cfg.rank, cfg.ranks, slots[layer], sets,
+                                                  cfg.partition)
+            got = by_capacity[key]
+            rates[(name, layer)] = (slots[layer], got["window"], got["whole"])
+    place = np.searchsorted(full, window)
+    return WindowHits(batch, len(pool), sum(s.num_replies for s in pool), sum(s.num_tokens for s in pool),
+                      int(np.unique(trace.token_step[trace.token_decode]).shape[0]), int(full.shape[0]),
+                      (int(place[0]) + 1, int(place[-1]) + 1), float(np.mean(turns)), float(np.mean(positions)),
+                      rates)
+
+
+def planner_stalls(profile: ComputeProfile, cfg: FullRankConfig, hits: WindowHits, runs: Sequence[FullRankRun],
+                   model) -> dict[str, float]:
+    """Per placement: the planner's stall per step (Eq. 1 over the device read-time model `model`, a
+    plan.readmodel.DeviceReadModel fitted before the runs), with the pages the characterizer counts in the window
+    (no timing), the profile's windows, and the runs' mean s (begin_step: the host pass, measured)."""
+    from slacktier.plan.exposure import device_exposure
+    from slacktier.plan.readmodel import LayerPages
+    from slacktier.serve.report import stat
+
+    times = profile.times(hits.batch, cfg.workload, cfg.layout().layer_ids)
+    out = {}
+    for name in sorted({n for n, _ in hits.rates}):
+        layers = sorted(l for n, l in hits.rates if n == name)
+        loads = [LayerPages(l, "disk", hits.rates[(name, l)][1].pages, i) for i, l in enumerate(layers)]
+        s_ms = stat([r.summary.s_ms for r in runs if r.batch == hits.batch and r.placement == name])[0]
+        out[name] = device_exposure(loads, {l: times.windows_ms[l] for l in layers}, {"disk": model},
+                                    resolve_ms=s_ms).slowdown_ms
+    return out
+
+
+def window_table(hits: WindowHits, runs: Sequence[FullRankRun], planned: dict[str, float] | None = None) -> str:
+    """The timed window's measured hit rates and pages (mean over runs) beside the characterizer's, per placement
+    and served layer; with `planned` (planner_stalls), each placement's planned stall beside its measured one."""
+    from slacktier.serve.report import stat
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%" if np.isfinite(x) else "-"
+
+    lines = [f"B={hits.batch}: {hits.sessions} sessions, {hits.turns} assistant turns, {hits.session_tokens:,} "
+             f"tokens; {hits.decode_steps} decode steps, {hits.full_steps} of them full-batch; timed window = "
+             f"full-batch steps {hits.window[0]}..{hits.window[1]}, its sessions at turn {hits.window_turn:.1f} "
+             f"and token {hits.window_position:,.0f} on average",
+             f"{'placement':16} {'layer':>5} {'cache rows':>10} | {'measured':>8} {'sim':>6} | {'sim':>6} "
+             f"{'whole':>6} | {'measured':>8} {'sim':>6} {'whole':>6}",
+             f"{'':16} {'':>5} {'':>10} | {'slot hit, window':>15} | {'charact. hit: window':>20} | "
+             f"{'pages per step: window':>22}"]
+    for (name, layer), (cap, win, whole) in sorted(hits.rates.items()):
+        rs = [r for r in runs if r.batch == hits.batch and r.placement == name]
+        hm = stat([r.summary.hit_rate[layer] for r in rs])[0]
+        pm = stat([r.summary.pages[layer] for r in rs])[0]
+        lines.append(f"{name:16} {layer:>5} {cap:>10,} | {pct(hm):>8} {pct(win.slot_hit_rate):>6} | "
+                     f"{pct(win.hit_rate):>6} {pct(whole.hit_rate):>6} | {pm:8.0f} {win.pages:6.0f} "
+                     f"{whole.pages:6.0f}")
+    lines.append("over the rank's own decode lookups; sim = the characterizer's CLOCK (cache.simulate: the served "
+                 "cache's pass, pins per step) on the same replay, the rank's lookups, the placement's cache rows "
+                 "per layer; slot hit = cached when the step began (the engine's `hits`, Table 2's hit column); "
+                 "charact. hit = `characterize`'s (also a row read earlier in the same step); window = the timed "
+                 "steps, whole = every full-batch decode step of the replay")
+    if planned:
+        lines.append(f"{'placement':16} {'stall measured':>14} {'planner':>8}   (ms per step, mean over runs)")
+        for name, ms in sorted(planned.items(), key=lambda kv: kv[1]):
+            measured = stat([r.summary.stall_ms for r in runs if r.batch == hits.batch and r.placement == name])[0]
+            lines.append(f"{name:16} {measured:14.2f} {ms:8.2f}")
+    return "\n".join(lines)
 
 
 def peak_rss_gib() -> float:
@@ -361,7 +516,8 @@ def full_rank_table(profile: ComputeProfile, cfg: FullRankConfig, manifest, runs
     lines = [profile.header,
              f"rank {cfg.rank} of TP{cfg.ranks}, {'full-size' if not cfg.engram_vocab else 'scaled'} V4.1 shard "
              f"({shard}), {cfg.workload} traffic, "
-             f"{cfg.decode_tokens} decode tokens per turn",
+             f"{cfg.decode_tokens} decode tokens per turn, {cfg.sessions_text}"
+             + (f", timed after {cfg.start_decode_steps} untimed decode steps" if cfg.start_decode_steps else ""),
              f"{'B':>4} {'placement':16} {'runs':>4} {'profile':>7} {'overhead':>9} {'%':>6} {'min..max ms':>12} "
              f"{'p99 step':>8} {'Eq.1':>5} {'host GB':>7} "
              + " ".join(f"{f'hit L{l}':>6} {f'pg L{l}':>6} {f'read L{l}':>7}" for l in layers) + f" {'s ms':>5}"]

@@ -31,7 +31,8 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.partition import RankPartition, stored_spans
-from slacktier.workloads.characterize import decode_step_pages, prepare_layer, run_policy
+from slacktier.cache.simulate import HIT, READ, REUSE_FILLED, replay_clock
+from slacktier.workloads.characterize import decode_step_pages, prepare_layer, step_starts
 from slacktier.workloads.replay import LookupTrace
 
 
@@ -88,22 +89,71 @@ def rank_trace(trace: LookupTrace, layer: int, rank: int, ranks: int,
     return sub, lo
 
 
+def full_batch_steps(trace: LookupTrace) -> np.ndarray:
+    """Indices [S] of the trace's decode steps with a full batch (`trace.batch` tokens), in step order."""
+    dec_steps = np.unique(trace.token_step[trace.token_decode])
+    tokens_of = np.bincount(trace.token_step[trace.token_decode], minlength=int(trace.token_step[-1]) + 1)[dec_steps]
+    return dec_steps[tokens_of == trace.batch]
+
+
+def _step_lookups(trace: LookupTrace, steps: np.ndarray, per: int) -> np.ndarray:
+    """[T * per] bool: the lookups (token-major, `per` columns a token) of the tokens of `steps`."""
+    return np.isin(trace.token_step, steps)[:, None].repeat(per, axis=1).reshape(-1)
+
+
+def _rank_clock(trace: LookupTrace, layer: int, rank: int, ranks: int, capacity: int, partition: str):
+    """The served CLOCK over `rank`'s lookups of `layer` at `capacity` rows (0: uncached): the rank's one-layer
+    trace, each lookup's outcome [M] int8 (cache.simulate: HIT, REUSE_FILLED, REUSE_BYPASS, READ), and the
+    distinct missed pages of each decode step [S] (in step order)."""
+    sub, shard_start = rank_trace(trace, layer, rank, ranks, partition)
+    prep = prepare_layer(sub, layer)
+    outcome = np.full(prep.ids.shape[0], READ, dtype=np.int8) if capacity == 0 else \
+        replay_clock(prep.ids, step_starts(sub), prep.n_items, int(capacity))
+    hit = (outcome <= REUSE_FILLED).astype(np.uint8)   # the characterizer's hit (workloads.policies.clock)
+    return sub, outcome, decode_step_pages(prep, hit, shard_start=shard_start)
+
+
+@dataclass(frozen=True)
+class StepSetHits:
+    """One rank and layer over a set of decode steps under the served CLOCK."""
+
+    hit_rate: float        # the characterizer's: the row had a slot (cached at the step's start, or filled by a
+                           # read earlier in the step)
+    slot_hit_rate: float   # cached at the step's start: the engine's `hits` counter (a row read earlier in the
+                           # step is its `reused`)
+    pages: float           # distinct missed pages per step
+
+
+def rank_hit_rates(trace: LookupTrace, layer: int, rank: int, ranks: int, capacity: int,
+                   step_sets: dict[str, np.ndarray], partition: str = "columns") -> dict[str, StepSetHits]:
+    """Per named set of decode steps (replay step indices): `rank`'s decode hit rates on `layer` under the served
+    CLOCK at `capacity` rows, run over the whole trace, and its mean missed pages per step in the set."""
+    sub, outcome, pages = _rank_clock(trace, layer, rank, ranks, capacity, partition)
+    dec_steps = np.unique(trace.token_step[trace.token_decode])
+    nan = float("nan")
+    out = {}
+    for name, steps in step_sets.items():
+        got = outcome[_step_lookups(trace, steps, sub.n_columns)]
+        per_step = pages[np.isin(dec_steps, steps)]
+        out[name] = StepSetHits(float((got <= REUSE_FILLED).mean()) if got.size else nan,
+                                float((got == HIT).mean()) if got.size else nan,
+                                float(per_step.mean()) if per_step.size else nan)
+    return out
+
+
 def rank_pages(trace: LookupTrace, layer: int, rank: int, ranks: int, capacities: Sequence[int],
                partition: str = "columns") -> list[RankPages]:
     """Pages and hits of `rank`'s process on `layer` at each capacity (rows of its cache for that layer)."""
-    sub, shard_start = rank_trace(trace, layer, rank, ranks, partition)
-    prep = prepare_layer(sub, layer)
-    per = sub.n_columns
     dec_steps = np.unique(trace.token_step[trace.token_decode])
-    tokens_of = np.bincount(trace.token_step[trace.token_decode], minlength=int(trace.token_step[-1]) + 1)[dec_steps]
-    full = tokens_of == trace.batch                    # [decode steps] bool: a full batch decoding
-    full_lookup = np.isin(trace.token_step, dec_steps[full])[:, None].repeat(per, axis=1).reshape(-1)
+    full = np.isin(dec_steps, full_batch_steps(trace))   # [decode steps] bool: a full batch decoding
     cols = trace_partition(trace, ranks, partition).columns[rank]
+    full_lookup = _step_lookups(trace, dec_steps[full], len(cols))
     orders = tuple(sorted({trace.min_order + c // trace.heads_per_order for c in cols}))
     out = []
     for cap in capacities:
-        hit = np.zeros(prep.ids.shape[0], dtype=np.uint8) if cap == 0 else run_policy(prep, "clock", int(cap))
-        pages = decode_step_pages(prep, hit, shard_start=shard_start)[full]
+        _, outcome, pages = _rank_clock(trace, layer, rank, ranks, int(cap), partition)
+        hit = outcome <= REUSE_FILLED
+        pages = pages[full]
         n = int(full_lookup.sum())
         out.append(RankPages(trace.workload, trace.batch, rank, layer, int(cap), tuple(cols), orders,
                              int(pages.shape[0]), float(pages.mean()) if pages.size else float("nan"),

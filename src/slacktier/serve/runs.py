@@ -120,11 +120,13 @@ class RunRecord:
         return cls(**d)
 
 
-def clip_sessions(sessions, max_tokens: int, max_turns: int) -> list[TokenSession]:
-    """Each session cut to its first turns that end within `max_tokens` (at most `max_turns`); empty ones dropped."""
+def clip_sessions(sessions, max_tokens: int | None, max_turns: int | None) -> list[TokenSession]:
+    """Each session cut to its first turns that end within `max_tokens` (at most `max_turns`); empty ones dropped.
+    None: no cap of that kind (None, None: every session whole)."""
     out = []
     for s in sessions:
-        keep = [k for k in range(min(s.num_replies, max_turns)) if s.reply_end[k] <= max_tokens]
+        turns = s.num_replies if max_turns is None else min(s.num_replies, max_turns)
+        keep = [k for k in range(turns) if max_tokens is None or s.reply_end[k] <= max_tokens]
         if not keep or keep[0] != 0:
             continue
         k = keep[-1] + 1

@@ -290,6 +290,7 @@ class TimelineStep:
     lookups: dict[int, int]
     begin_ms: float = 0.0           # = s_ms (kept for runs stored when s also held the pulling and hashing)
     prepare_ms: float = 0.0         # pulling and hashing the step's ids, before its clock started (not in s)
+    replay_index: int = -1          # the replay Step's index (workloads.replay), set by run_replay; -1: not known
 
     @property
     def stall_total_ms(self) -> float:
@@ -368,27 +369,37 @@ class TimelineRunner:
 
 def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps: int, warm: bool = True,
                warmup_steps: int = 0, warm_first: bool = True,
-               before_step: Callable[[], object] | None = None) -> list[TimelineStep]:
+               before_step: Callable[[], object] | None = None, start_decode_steps: int = 0) -> list[TimelineStep]:
     """Replay Steps (workloads.replay): prefill warms the cache off the timeline; decode steps with `batch`
     tokens run on it until `decode_steps` of them ran (fewer decode tokens: warmed, not timed).
 
-    The first `warmup_steps` full-batch decode steps run on the timeline but are not recorded (first-call
-    costs, a cache filling); `warm=False` skips the non-timed steps on the engine, all but the first with
-    `warm_first` (an uncached placement: nothing a prefill reads survives the step; the first warms the code).
+    `start_decode_steps`: the timeline starts deep in the replay, after this many decode steps (of any size);
+    every step before that runs off the timeline like a prefill (warmed, untimed), so a cached placement's cache
+    holds what the sessions' earlier turns left in it, as on a serving node. The first `warmup_steps` full-batch
+    decode steps after it run on the timeline but are not recorded (first-call costs, the schedule's shift
+    estimates); `warm=False` skips the non-timed steps on the engine, all but the first with `warm_first` (an
+    uncached placement: nothing a step reads survives it; the first warms the code).
     Each step's ids are pulled and prepared before its clock starts (`TimelineStep.prepare_ms`, module doc).
     `before_step` runs after that, just before the step: TP ranks in several processes meet there (a barrier),
     so every rank's step starts together, as in a tensor-parallel forward."""
+    if start_decode_steps < 0 or warmup_steps < 0:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"start_decode_steps {start_decode_steps}, warmup_steps "
+                             f"{warmup_steps}", fix="both are >= 0")
     it: Iterator = iter(steps)
     out: list[TimelineStep] = []
     clock = runner.clock
     warmed_once = not warm_first
     skip = warmup_steps
+    before = start_decode_steps   # decode steps still to pass off the timeline
     while len(out) < decode_steps:
         tp = clock.now()
         st = next(it, None)   # pulling a step hashes its tokens: the benchmark's work, before the step's clock
         if st is None:
             break
-        if st.kind == "decode" and st.num_tokens == batch:
+        on_timeline = st.kind == "decode" and st.num_tokens == batch and before == 0
+        if st.kind == "decode" and before > 0:
+            before -= 1
+        if on_timeline:
             ids = runner.prepare(st.ids)
             prepare_ms = (clock.now() - tp) * 1e3
             if before_step is not None:
@@ -397,7 +408,7 @@ def run_replay(runner: TimelineRunner, steps: Iterable, batch: int, decode_steps
             if skip > 0:
                 skip -= 1
             else:
-                out.append(step)
+                out.append(dataclasses.replace(step, replay_index=int(st.index)))
         elif warm or not warmed_once:
             runner.warm(st.ids)
             warmed_once = True
@@ -458,8 +469,8 @@ class SweepConfig:
     decode_tokens: int = 64           # N tokens per assistant turn
     engram_vocab: int = 12_500        # ~300,000 rows per layer, the demo's table size
     cache_rows: int = 32_768          # rows of the cached placements (both layers)
-    max_session_tokens: int = 1024
-    max_turns: int = 2
+    max_session_tokens: int | None = 1024   # None: no token cap (whole sessions; chunked prefills)
+    max_turns: int | None = 2               # None: every assistant turn
     prefill_chunk_tokens: int = 1024
     seed: int = 0
     metrics: bool = False             # the engines publish Prometheus metrics
@@ -506,7 +517,8 @@ def sweep_sessions(cfg: SweepConfig, batch: int) -> list:
         clip_sessions(split.fit, cfg.max_session_tokens, cfg.max_turns)
     if len(pool) < batch:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"B={batch} needs {batch} sessions; the {cfg.workload} traffic "
-                             f"has {len(pool)} within {cfg.max_session_tokens} tokens",
+                             f"has {len(pool)}" + (f" within {cfg.max_session_tokens} tokens"
+                                                   if cfg.max_session_tokens is not None else ""),
                              fix="pick a smaller B or more traffic (no session is repeated to fill a batch)")
     return pool
 
