@@ -249,15 +249,25 @@ class EmulatedDevice:
         self._release: dict[int, int] = {}        # rank -> perf_counter_ns its timeline step began
         self._step_jobs: list[_Timing] = []
         self._rel_land: dict[int, float] | None = None   # id(job) -> ms after the rank's step start
+        self.queues: list[EmulatedQueue] = []   # the rank queues on this device (each registers itself)
 
     def begin_step(self) -> None:
-        """A TP step begins: batches submitted from now until every rank started are timed together."""
+        """A TP step begins: batches submitted from now until every rank started are timed together.
+
+        The rank queues copy no page until their rank's step starts (`start_rank`): a real device moves the
+        bytes itself, so the copies that stand in for it must not take the CPU from the ranks' host passes,
+        which run one after another in this process. Measured: with the copies running, four ranks' begin_step
+        took 3.0-4.9 ms each at B = 128 on this 2-core VM, against 0.2-0.4 ms for one rank on the disk tier
+        (docs/bench-log/whatif.md, 2026-12-03 14:37)."""
         with self._lock:
             self._stepping = True
             self._step_start.clear()
             self._release.clear()
             self._step_jobs = []
             self._rel_land = None
+            queues = list(self.queues)
+        for q in queues:
+            q.hold(True)
 
     def rank_host_pass(self, rank: int, at_ns: int | None = None) -> None:
         """Rank `rank`'s host pass (begin_step) starts at `at_ns` (default now): its batches are timed from here."""
@@ -277,6 +287,9 @@ class EmulatedDevice:
                     j.start_ns = now + j.rel_submit_ns
                     j.land_ns = now + int(self._rel_land[id(j)] * 1e6)
             self._lock.notify_all()
+            queues = [q for q in self.queues if q.rank == rank]
+        for q in queues:
+            q.hold(False)
 
     def cancel(self, job: _Timing) -> None:
         """Nobody waits for this batch (a timed-out wait): it lands now if its time is not known yet."""
@@ -290,6 +303,9 @@ class EmulatedDevice:
         """Back to free-running: batches land a + tau * pages after their submit."""
         with self._lock:
             self._stepping = False
+            queues = list(self.queues)
+        for q in queues:
+            q.hold(False)
 
     def add(self, job: _Timing) -> None:
         """Time a new batch (under the queue's submit)."""
@@ -382,6 +398,8 @@ class EmulatedQueue(PreadQueue):
         self._held_pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # client -> ([pages, 4096], [R] base)
         self._timing: dict[int, _Timing] = {}
         super().__init__(device, queue_depth, io_threads)
+        with self.emulated._lock:
+            self.emulated.queues.append(self)
 
     def thread_count(self) -> int:
         return 1   # a memcpy per read: one thread keeps up, and more would only take the host pass's cores
@@ -404,6 +422,12 @@ class EmulatedQueue(PreadQueue):
     def detach(self, client: int) -> None:
         super().detach(client)
         self._held_pages.pop(client, None)
+
+    def close(self) -> None:
+        with self.emulated._lock:
+            if self in self.emulated.queues:
+                self.emulated.queues.remove(self)
+        super().close()
 
     def read_chunk(self, client: int, c, job, lo: int, hi: int) -> None:
         held, base = self._held_pages[client]
