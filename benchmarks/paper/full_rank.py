@@ -434,7 +434,7 @@ def window_hit_rates(cfg: FullRankConfig, manifest, batch: int, runs: Sequence[F
             key = (layer, slots[layer])
             if key not in by_capacity:
                 by_capacity[key] = rank_hit_rates(trace, layer, cfg.rank, cfg.ranks, slots[layer], sets,
-                                                  cfg.partition)
+                                                  cfg.partition, cfg.evict_ahead)
             got = by_capacity[key]
             rates[(name, layer)] = (slots[layer], got["window"], got["whole"])
     place = np.searchsorted(full, window)

@@ -101,14 +101,15 @@ def _step_lookups(trace: LookupTrace, steps: np.ndarray, per: int) -> np.ndarray
     return np.isin(trace.token_step, steps)[:, None].repeat(per, axis=1).reshape(-1)
 
 
-def _rank_clock(trace: LookupTrace, layer: int, rank: int, ranks: int, capacity: int, partition: str):
-    """The served CLOCK over `rank`'s lookups of `layer` at `capacity` rows (0: uncached): the rank's one-layer
-    trace, each lookup's outcome [M] int8 (cache.simulate: HIT, REUSE_FILLED, REUSE_BYPASS, READ), and the
-    distinct missed pages of each decode step [S] (in step order)."""
+def _rank_clock(trace: LookupTrace, layer: int, rank: int, ranks: int, capacity: int, partition: str,
+                evict_ahead: bool = True):
+    """The served CLOCK over `rank`'s lookups of `layer` at `capacity` rows (0: uncached), with the engine's
+    evict_ahead unless told otherwise: the rank's one-layer trace, each lookup's outcome [M] int8 (cache.simulate:
+    HIT, REUSE_FILLED, REUSE_BYPASS, READ), and the distinct missed pages of each decode step [S] (in step order)."""
     sub, shard_start = rank_trace(trace, layer, rank, ranks, partition)
     prep = prepare_layer(sub, layer)
     outcome = np.full(prep.ids.shape[0], READ, dtype=np.int8) if capacity == 0 else \
-        replay_clock(prep.ids, step_starts(sub), prep.n_items, int(capacity))
+        replay_clock(prep.ids, step_starts(sub), prep.n_items, int(capacity), evict_ahead)
     hit = (outcome <= REUSE_FILLED).astype(np.uint8)   # the characterizer's hit (workloads.policies.clock)
     return sub, outcome, decode_step_pages(prep, hit, shard_start=shard_start)
 
@@ -125,10 +126,12 @@ class StepSetHits:
 
 
 def rank_hit_rates(trace: LookupTrace, layer: int, rank: int, ranks: int, capacity: int,
-                   step_sets: dict[str, np.ndarray], partition: str = "columns") -> dict[str, StepSetHits]:
+                   step_sets: dict[str, np.ndarray], partition: str = "columns",
+                   evict_ahead: bool = True) -> dict[str, StepSetHits]:
     """Per named set of decode steps (replay step indices): `rank`'s decode hit rates on `layer` under the served
-    CLOCK at `capacity` rows, run over the whole trace, and its mean missed pages per step in the set."""
-    sub, outcome, pages = _rank_clock(trace, layer, rank, ranks, capacity, partition)
+    CLOCK (with the engine's evict_ahead as given) at `capacity` rows, run over the whole trace, and its mean
+    missed pages per step in the set."""
+    sub, outcome, pages = _rank_clock(trace, layer, rank, ranks, capacity, partition, evict_ahead)
     dec_steps = np.unique(trace.token_step[trace.token_decode])
     nan = float("nan")
     out = {}
