@@ -60,7 +60,7 @@ class RefCache:
         the hand and every reference bit as they are; returns the rows evicted."""
         lay = self.layers[layer]
         m = len(lay.owned)
-        n = min(n, m // 8)
+        n = min(n, m // 8)   # the cache's cap (kernels.AHEAD_SHARE), restated
         evicted = found = 0
         for k in range(m):
             if found >= n:

@@ -129,24 +129,32 @@ def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, ref, ste
     return evicted
 
 
+AHEAD_SHARE = 8   # evict_ahead empties at most 1/AHEAD_SHARE of a layer's slots per step
+
+
 @njit(nogil=True, cache=True)
 def evict_ahead(n, directory, owned, lstate, slot_layer, slot_row, state, ref, step):
-    """Free the next `n` slots CLOCK will take, between steps; returns the rows evicted.
+    """Free the next `n` slots CLOCK will take (at most 1/AHEAD_SHARE of the owned slots), between steps;
+    returns the rows evicted.
 
     CLOCK's next victims are the unpinned, unreferenced owned slots from the hand on, in order (it clears the
     bits of referenced ones as it passes them). This frees those slots' rows now (directory entry removed,
     slot empty) without moving the hand or clearing any bit, so the next pass's victim searches take the
     same slots in the same order and find them empty: a miss then claims its slot with no random read of
-    a victim's directory entry. One lap at most. A row freed ahead and looked up in the next step is a
-    miss that CLOCK would have kept: that is the policy's whole difference (RowCache.evict_ahead).
+    a victim's directory entry. One lap at most; a slot already empty counts as one of the n. A row freed
+    ahead and looked up in the next step is a miss that CLOCK would have kept: that is the policy's whole
+    difference (RowCache.evict_ahead).
     """
     m = owned.shape[0]
-    if m == 0 or n <= 0:
+    n = min(n, m // AHEAD_SHARE)
+    if n <= 0:
         return 0
     hand = lstate[HAND]
     if hand >= m:
         hand = 0
-    # First sweep: the victims in order, their directory lines prefetched (all in flight together).
+    # The victims in order, their directory lines prefetched (all in flight together), then removed.
+    victims = np.empty(n, dtype=np.int32)
+    held = 0
     found = 0
     k = 0
     while found < n and k < m:
@@ -162,24 +170,15 @@ def evict_ahead(n, directory, owned, lstate, slot_layer, slot_row, state, ref, s
             h = D.home(slot_row[s], directory.shape[0] - 1)
             prefetch(directory, h)
             prefetch(directory, (h + 8) & (directory.shape[0] - 1))
-    # Second sweep over the same k slots: remove the rows.
-    hand = lstate[HAND]
-    if hand >= m:
-        hand = 0
-    evicted = 0
-    for _ in range(k):
-        s = owned[hand]
-        hand += 1
-        if hand == m:
-            hand = 0
-        if (state[s] >> 1) == step or ref[s] or slot_layer[s] < 0:
-            continue
+            victims[held] = s
+            held += 1
+    for j in range(held):
+        s = victims[j]
         D.remove(directory, slot_row[s], s)
         slot_layer[s] = -1
         slot_row[s] = -1
-        evicted += 1
-    lstate[EVICTIONS] += evicted
-    return evicted
+    lstate[EVICTIONS] += held
+    return held
 
 
 @njit(nogil=True, cache=True)

@@ -347,18 +347,15 @@ class RowCache:
             state.lstate[K.PINNED] = 0
 
     def evict_ahead(self, layer: int, rows: int) -> int:
-        """Between steps: empty the next `rows` slots `layer`'s CLOCK will take (at most an eighth of its slots);
-        returns the rows evicted (`kernels.evict_ahead`).
+        """Between steps: empty the next `rows` slots `layer`'s CLOCK will take (at most an eighth of its slots,
+        `kernels.AHEAD_SHARE`); returns the rows evicted (`kernels.evict_ahead`).
 
         The next step's misses then take those slots without reading a victim's directory entry, work
         that otherwise sits in `begin_step`. The policy differs from CLOCK in one way: a row freed here and
         looked up in the next step misses, where CLOCK would have kept it (and then evicted the next one)."""
         state = self.layer(layer)
         self.settle(state)
-        n = min(int(rows), state.owned.shape[0] // 8)
-        if n <= 0:
-            return 0
-        return int(K.evict_ahead(n, state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
+        return int(K.evict_ahead(int(rows), state.directory, state.owned, state.lstate, self.slot_layer, self.slot_row,
                                  self.state, self.ref, self.step))
 
     def lookup(self, layer: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -80,8 +80,8 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
                       page_region, page_no, page_buf, own_pos, own_row, 0, 0, counts)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
-            evict_ahead_kernel(min(counts[Count.MISSES] - counts[Count.BYPASS], capacity // 8), directory, owned,
-                               lstate, slot_layer, slot_row, state, ref, s + 1)
+            evict_ahead_kernel(counts[Count.MISSES] - counts[Count.BYPASS], directory, owned, lstate, slot_layer,
+                               slot_row, state, ref, s + 1)
         last = -1       # miss indices are handed out in order: a new read is the first with its index
         for i in range(b - a):
             if desc_kind[i] == KIND_SLOT:
