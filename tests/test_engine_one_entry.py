@@ -145,6 +145,32 @@ def test_io_uring_layers_are_submitted_from_compiled_code(files, monkeypatch) ->
     assert calls == {"disk": 0, "array": 4}
 
 
+@pytest.mark.skipif(URING_MISSING is not None, reason=f"io_uring unavailable: {URING_MISSING}")
+def test_reads_queued_by_the_compiled_call_are_taken_by_end_step_and_close_without_a_gather(files) -> None:
+    """begin_step leaves the jobs it queued for the step's first gather to book; a step ended, or an engine
+    closed, before any gather still waits them out: the counters count their pages, nothing half-read is
+    cached, and the sources close cleanly (their clients leave with no job left behind)."""
+    tables, sources = _tables(files, 1, {1: "disk", 3: "disk", 14: "disk"}, {1: 0.4, 3: 0.3, 14: 0.3})
+    engine = StepEngine(tables, RowCache(300), max_tokens=4, owned_sources=sources)
+    rng = np.random.default_rng(11)
+    ids = np.stack([rng.integers(0, n, (4, 24)) for n in ROWS.values()], axis=1)
+    engine.begin_step(ids)
+    c = engine.end_step()
+    assert all(c.layers[layer].pages_read > 0 for layer in ROWS)
+    assert engine.cache.verify() == [] and engine.cache.pinned().size == 0
+    engine.begin_step(ids)   # the same rows again: none was cached by the step never gathered
+    out = engine.gather(1).reshape(-1, 256).view(torch.int16).numpy()
+    assert engine.end_step().layers[1].hits == 0
+    assert np.array_equal(out, dequantize_bits(files["raws"][1][ids[:, 0].reshape(-1)]).view(np.int16))
+    engine.begin_step(np.stack([rng.integers(0, n, (4, 24)) for n in ROWS.values()], axis=1))
+    engine.close()   # with the step open and nothing gathered
+    assert not engine.in_step
+    for source in sources:
+        with pytest.raises(SlackTierError) as exc:
+            source.wait(1)
+        assert exc.value.kind is ErrorKind.CLOSED
+
+
 def test_a_closed_disk_source_is_a_clear_error_not_a_call_into_a_freed_engine(files) -> None:
     """A source closed under the engine: its C engine is gone, so the entry leaves the pages to Python's submit,
     which refuses them (CLOSED); the step is undone."""

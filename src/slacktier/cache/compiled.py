@@ -34,12 +34,15 @@ slots, rebuilds a directory, or adds or drops a layer (`RowCache.generation`);
 its owner builds a new one then, and whenever its own layers, scratch, pool or
 settings change. A larger step than any before grows the step hash table, and
 `start` names the new one. The C engine handles are set per
-step under the client's lock (`store.disk.NativeLane`), held until the jobs
-are booked as tickets, so a concurrent submit or close cannot interleave.
+step under the client's lock (`store.disk.NativeLane`), held around the call,
+so a concurrent submit or close cannot interleave with it. The jobs the call
+queued are in the C engine's own list from then on; the step engine books
+them as tickets of their sources later (at the step's first gather, each
+under its client's lock again), off the step's critical path.
 
 Worked example: two layers on io_uring disks, a fresh step: one call resolves
 layer 1, submits its 170 pages, resolves layer 14, submits its 160, returns
-stop = 2; the engine books the two jobs as tickets. Layer 14 on DRAM instead:
+stop = 2; at the first gather the engine books the two jobs as tickets. Layer 14 on DRAM instead:
 the call returns stop = 1, WHY_SUBMIT; the engine submits layer 14's pages to
 the DRAM source and is done (there is no layer after it).
 """

@@ -179,6 +179,7 @@ class StepEngine:
         self._layers: dict[int, _LayerRun] = {}
         self._order: list[int] = []
         self._plan: _Plan | None = None   # built on the first step after any change it depends on
+        self._taken = self._unread = 0   # window positions: results taken below _taken, resolved below _unread
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
         self._configure(list(tables), ids_layers)
@@ -493,15 +494,15 @@ class StepEngine:
     def _resolve(self, ids: np.ndarray) -> None:
         """begin_step's passes and submissions: the cache's compiled pass over every layer (cache.compiled);
         Python runs between layers only where a layer's pages go to a source without a C engine, or an id is
-        bad."""
+        bad. The passes' results and the booking of their C jobs wait for the step's first gather
+        (`_take_results`): the reads are in flight once the call returns, and what is left is bookkeeping."""
         plan = self._plan
         if plan is None or plan.cp.stale() or plan.pool is not self._pool:
             plan = self._plan = self._build_plan()
         cp = plan.cp
         cp.start(ids.shape[0])
-        runs, lanes, n_layers = plan.runs, plan.lanes, len(plan.runs)
-        pool, reads, check = self._pool, self._reads, self.check
-        start = 0
+        runs, n_layers = plan.runs, len(plan.runs)
+        self._taken = self._unread = start = 0
         while True:
             # The clients' locks are held around the call (see store.disk.NativeLane). A `with` per lock does not
             # fit a set of locks that varies per plan, and ExitStack costs microseconds on this path.
@@ -514,30 +515,48 @@ class StepEngine:
                     for i in layers:
                         cp.set_engine(i, handle)
                 stop, why = cp.run(ids, start)
-                for i, (res, job, clock) in enumerate(cp.results(start, stop), start):
-                    run = runs[i]
-                    run.res = res
-                    run.resolved = True   # whatever it claimed must be released on abort
-                    run.clock = clock
-                    if job:
-                        reads.adopt(run.spec.layer, lanes[i].source, lanes[i].adopt(job, res.pages, pool), res.pages)
-                    if check:
-                        run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
             finally:
                 for lane, _ in plan.natives[:held]:
                     lane.lock.release()
+            self._unread = min(stop + 1, n_layers)   # layers before this one have results to take
+            if self.check:
+                for run in runs[start:self._unread]:
+                    run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
             if stop == n_layers:
                 return
             # Layer `stop` is resolved: an id outside its table, or pages for Python to submit.
+            self._take_results()
             run = runs[stop]
             res = run.res
             if why == WHY_BAD:
                 self._refuse_row(run, ids[:, run.axis, :], res.bad_index)
             sc = run.scratch
-            reads.submit(run.spec.layer, run.spec.source, PageReads(
-                region=sc.page_region[:res.pages], page=sc.page_no[:res.pages], buffer=sc.page_buf[:res.pages]), pool)
+            self._reads.submit(run.spec.layer, run.spec.source, PageReads(
+                region=sc.page_region[:res.pages], page=sc.page_no[:res.pages], buffer=sc.page_buf[:res.pages]),
+                self._pool)
             run.clock = (run.clock[0], run.clock[1], perf_counter_ns())
             start = stop + 1
+
+    def _take_results(self) -> None:
+        """Take the compiled pass's results of the layers it resolved since the last take, and book the jobs
+        it queued on C engine clients as tickets of their sources (each under its client's lock). Every use
+        of a layer's result or reads in the step (gather, end_step, an abort) takes them first."""
+        lo, hi = self._taken, self._unread
+        if lo >= hi:
+            return
+        self._taken = hi
+        plan = self._plan
+        runs, lanes, pool, reads = plan.runs, plan.lanes, plan.pool, self._reads
+        for i, (res, job, clock) in enumerate(plan.cp.results(lo, hi - 1), lo):
+            run = runs[i]
+            run.res = res
+            run.resolved = True   # whatever it claimed must be released on abort
+            run.clock = clock
+            if job:
+                lane = lanes[i]
+                with lane.lock:
+                    ticket = lane.adopt(job, res.pages, pool)
+                reads.adopt(run.spec.layer, lane.source, ticket, res.pages)
 
     def _build_plan(self) -> _Plan:
         """The cache's compiled pass over the engine's layers, cache and scratch as they are now, with the
@@ -605,6 +624,7 @@ class StepEngine:
             raise SlackTierError(ErrorKind.BAD_INPUT, "gather outside a step", layer=layer,
                                  fix="call begin_step(ids) first")
         run = self._run(layer)
+        self._take_results()
         self._wait(run)
         sc = run.scratch
         n, n_miss, n_foreign = run.res.lookups, run.res.misses, run.res.foreign
@@ -681,6 +701,7 @@ class StepEngine:
         self._refuse_if_closed()
         if not self._in_step:
             raise SlackTierError(ErrorKind.BAD_INPUT, "end_step without begin_step", fix="call begin_step first")
+        self._take_results()
         error: BaseException | None = None
         for layer in self._order:
             run = self._layers[layer]
@@ -716,6 +737,7 @@ class StepEngine:
 
     def _abort_step(self) -> None:
         """Undo an open step after an error: wait out submitted reads, forget their fills, release pins."""
+        self._take_results()
         for exc in self._reads.drain():   # the step is being abandoned; the first error is already raised
             log.warning("layer %s: read error while aborting the step: %s", exc.layer, exc)
         for run in self._layers.values():

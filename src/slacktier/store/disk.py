@@ -87,9 +87,11 @@ class NativeLane:
     """A DiskSource's one io_uring client, for compiled code that queues batches on it (`DiskSource.native_lane`).
 
     Hold `lock` (the source's) around the compiled call: `handle()` is then the client's address, or 0 when
-    batches must go through `submit` (the source is closed, or timed-out jobs wait to be reaped), and
-    `adopt` books each job the call queued as a ticket of the source. Holding the lock until then keeps a
-    concurrent submit or close from interleaving with the call.
+    batches must go through `submit` (the source is closed, or timed-out jobs wait to be reaped); this keeps a
+    concurrent submit or close from interleaving with the call. `adopt`, under the lock again, books a job the
+    call queued as a ticket of the source; until then the job is the C engine's alone, so a caller books
+    every job before it waits for the step's reads or closes the source (the step engine: at its first gather,
+    end_step or abort).
     """
 
     def __init__(self, source: DiskSource, lock: threading.Lock, submit_address: int, client: int) -> None:
