@@ -54,6 +54,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 
+from benchmarks.paper.bench_full_rank import add_session_arguments  # noqa: E402
 from benchmarks.paper.full_rank import (FullRankConfig, peak_rss_gib, run_full_rank, stage_rank_shard,  # noqa: E402
                                           window_hit_rates, window_table)
 
@@ -148,11 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=8)
     ap.add_argument("--check-steps", type=int, default=4)
     ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
-    ap.add_argument("--whole-sessions", action="store_true",
-                    help="every turn of every session, no token cap (prefills chunked at 4096 tokens)")
-    ap.add_argument("--start-decode-steps", type=int, default=0,
-                    help="decode steps run untimed before the timed window (cached placements on the engine, "
-                         "so the cache holds the sessions' earlier turns)")
+    add_session_arguments(ap)
     ap.add_argument("--no-window-hits", action="store_true",
                     help="skip the characterizer's hit rates on the same replay (printed per rank beside the "
                          "measured ones)")
