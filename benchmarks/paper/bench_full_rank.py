@@ -40,6 +40,15 @@ def _append(title: str, regime: str, wall: float, table: str) -> None:
     append_to_section(block, SECTION)
 
 
+def add_session_arguments(ap: argparse.ArgumentParser) -> None:
+    """--whole-sessions and --start-decode-steps (FullRankConfig's fields; also bench_one_disk.py's)."""
+    ap.add_argument("--whole-sessions", action="store_true",
+                    help="every turn of every session, no token cap (prefills chunked at 4096 tokens)")
+    ap.add_argument("--start-decode-steps", type=int, default=0,
+                    help="decode steps run untimed before the timed window (cached placements on the engine, "
+                         "so the cache holds the sessions' earlier turns)")
+
+
 def add_arguments(ap: argparse.ArgumentParser) -> None:
     """The options of the `timeline` part (also `bench_timeline.py --full-rank R`)."""
     ap.add_argument("--rank", type=int, default=3)
@@ -52,11 +61,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
                     help="the first B sessions start over this many decode steps (not in lockstep)")
     ap.add_argument("--check-steps", type=int, default=4, help="checked decode steps after the timed ones")
     ap.add_argument("--max-session-tokens", type=int, default=0, help="0: 4096 for agent, 1024 for chat")
-    ap.add_argument("--whole-sessions", action="store_true",
-                    help="every turn of every session, no token cap (prefills chunked at 4096 tokens)")
-    ap.add_argument("--start-decode-steps", type=int, default=0,
-                    help="decode steps run untimed before the timed window (cached placements on the engine, "
-                         "so the cache holds the sessions' earlier turns)")
+    add_session_arguments(ap)
     ap.add_argument("--no-window-hits", action="store_true",
                     help="skip the characterizer's hit rates on the same replay (printed beside the measured ones)")
     ap.add_argument("--read-model", default="",

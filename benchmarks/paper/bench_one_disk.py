@@ -24,8 +24,17 @@ An I/O priority class for the short-window layer's reads was measured with
 this benchmark (docs/bench-log/table2.md, 2026-12-03 09:03 UTC: no gain) and
 then removed from the product, so the option is gone here too.
 
-    .venv/bin/python benchmarks/bench_one_disk.py --workload agent --batches 128 --runs 3 \\
+    .venv/bin/python benchmarks/paper/bench_one_disk.py --workload agent --batches 128 --runs 3 \\
         --log docs/bench-log/table2.md
+    # whole sessions, the window timed after 1,000 decode steps run untimed (as bench_full_rank.py timeline),
+    # each rank's measured window hit rates beside the characterizer's on the same replay
+    .venv/bin/python benchmarks/paper/bench_one_disk.py --workload agent --batches 128 --runs 3 \\
+        --whole-sessions --start-decode-steps 1000 --log docs/bench-log/table2.md
+
+Every round replays the same traffic (the config's `seed`; bench_full_rank.py's runs do too) and shuffles the
+placements' order with its own `order_seed`, the same order on every rank. A round is one call of
+`run_ranks` (fresh processes), so the untimed steps before the window run again in every round: a cached
+placement's cache is built by the engine itself, never restored.
 
 Shards go under runs/one_disk (git-ignored); --delete removes them at the end.
 """
@@ -45,7 +54,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 
-from benchmarks.paper.full_rank import FullRankConfig, peak_rss_gib, run_full_rank, stage_rank_shard  # noqa: E402
+from benchmarks.paper.bench_full_rank import add_session_arguments  # noqa: E402
+from benchmarks.paper.full_rank import (FullRankConfig, peak_rss_gib, run_full_rank, stage_rank_shard,  # noqa: E402
+                                          window_hit_rates, window_table)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -92,6 +103,7 @@ def table(per_rank: dict[int, list], ranks: int) -> str:
             f"{'min..max':>12} {'p99 stall':>9} | per rank: stall ms, pages L1/L14, read ms L1/L14, s ms")
     lines.append(head)
     keys = sorted({(r.batch, r.placement) for r in per_rank[0]})
+    per_round: dict[str, list[float]] = {}
     for batch, placement in keys:
         runs = {k: [r for r in per_rank[k] if (r.batch, r.placement) == (batch, placement)] for k in range(ranks)}
         tp_means, all_steps = [], []
@@ -101,6 +113,7 @@ def table(per_rank: dict[int, list], ranks: int) -> str:
             all_steps.extend(per_step.tolist())
         step_ms = runs[0][0].step_ms
         m = statistics.mean(tp_means)
+        per_round[f"B={batch} {placement}"] = tp_means
         cells = []
         for k in range(ranks):
             rs = runs[k]
@@ -115,6 +128,8 @@ def table(per_rank: dict[int, list], ranks: int) -> str:
                      f"{float(np.percentile(all_steps, 99)):9.2f} | " + "; ".join(cells))
     checked = sum(r.checked_steps for rs in per_rank.values() for r in rs)
     bad = sum(r.mismatches for rs in per_rank.values() for r in rs)
+    lines.append("per round, in order (TP stall, ms): " + "; ".join(
+        f"{p} " + ", ".join(f"{x:.2f}" for x in v) for p, v in sorted(per_round.items())))
     lines.append(f"checker: {checked} decode steps after the timed ones (all ranks, all runs), every row against "
                  f"the table's source: {bad} mismatching rows")
     lines.append("TP stall: per timed step, the largest of the four ranks' stalls (each rank's step starts at a "
@@ -134,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup-steps", type=int, default=8)
     ap.add_argument("--check-steps", type=int, default=4)
     ap.add_argument("--placements", default="", help="comma-separated placement names (default: all)")
+    add_session_arguments(ap)
+    ap.add_argument("--no-window-hits", action="store_true",
+                    help="skip the characterizer's hit rates on the same replay (printed per rank beside the "
+                         "measured ones)")
     ap.add_argument("--workdir", default="runs/one_disk")
     ap.add_argument("--delete", action="store_true", help="delete the staged shards at the end")
     ap.add_argument("--log", type=Path, help="append the dated block to this bench-log file")
@@ -142,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
                           batches=tuple(int(b) for b in args.batches.split(",")), runs=args.runs,
                           decode_steps=args.decode_steps, warmup_steps=args.warmup_steps,
                           check_steps=args.check_steps, engram_vocab=args.engram_vocab,
-                          placements=tuple(p for p in args.placements.split(",") if p))
+                          placements=tuple(p for p in args.placements.split(",") if p),
+                          whole_sessions=args.whole_sessions, start_decode_steps=args.start_decode_steps)
     t0 = time.perf_counter()
     manifests = []
     for r in range(args.ranks):   # staged one after another, before any rank starts stepping
@@ -152,17 +172,37 @@ def main(argv: list[str] | None = None) -> int:
     peaks: dict[int, float] = {}
     try:
         for rep in range(args.runs):
-            cfg = dataclasses.replace(base, runs=1, seed=base.seed + rep)
+            cfg = dataclasses.replace(base, runs=1, order_seed=base.seed + rep)
+            t_round = time.perf_counter()
             out, rss = run_ranks(cfg, args.ranks)
+            print(f"round {rep + 1}/{args.runs}: {time.perf_counter() - t_round:.0f} s", flush=True)
             for k, runs in out.items():
                 per_rank[k].extend(dataclasses.replace(r, rep=rep) for r in runs)
                 peaks[k] = max(peaks.get(k, 0.0), rss[k])
     finally:
-        if args.delete:
-            for m in manifests:
-                for t in {r.path for r in m.regions}:
+        if args.delete:   # the targets and their manifests (a manifest left behind would name a missing file)
+            for r, m in enumerate(manifests):
+                for t in {x.path for x in m.regions}:
                     Path(t).unlink(missing_ok=True)
+                manifest = dataclasses.replace(base, rank=r).manifest_path
+                manifest.unlink(missing_ok=True)
+                manifest.with_suffix(".crc").unlink(missing_ok=True)
     wall = time.perf_counter() - t0
+    timed = table(per_rank, args.ranks)
+    print(timed, flush=True)   # before the characterizer's replay (minutes on agent): a failure there keeps it
+    hits_text = ""
+    if not args.no_window_hits:   # after the timed runs: counts, no timing
+        t1 = time.perf_counter()
+        for b in base.batches:
+            for k in range(args.ranks):
+                cfg = dataclasses.replace(base, rank=k)
+                hits_text += (f"\nrank {k}: " if hits_text else f"rank {k}: ") + window_table(
+                    window_hit_rates(cfg, manifests[k], b, per_rank[k]), per_rank[k]) + "\n"
+        foot = "over the rank's own decode lookups"   # window_table's footnote: kept once, at the end
+        tables = hits_text.split("\n")
+        last = max(i for i, x in enumerate(tables) if x.startswith(foot))
+        hits_text = "\n".join(x for i, x in enumerate(tables) if i == last or not x.startswith(foot))
+        hits_text += f"\n(the characterizer's replay and CLOCK: {time.perf_counter() - t1:.0f} s)"
     rows = manifests[0].layout.rows
     block = "\n".join([
         f"#### \"1 disk\": {args.ranks} rank processes on one disk, {args.workload}, B={args.batches}, {utc_stamp()}",
@@ -174,13 +214,17 @@ def main(argv: list[str] | None = None) -> int:
         f"{'full size' if not args.engram_vocab else f'engram_vocab {args.engram_vocab:,}'} "
         f"({', '.join(f'layer {l}: {n:,} rows' for l, n in rows.items())}; {staged_gb:.1f} GB in all) in one file "
         f"per rank on this VM's one virtio disk, O_DIRECT; the ranks step together (a barrier before every step). "
-        f"{args.runs} rounds, placements shuffled within a round (the same order on every rank). Peak RSS per rank: "
+        f"Traffic: {base.sessions_text}"
+        + (f", timed after {base.start_decode_steps} untimed decode steps" if base.start_decode_steps else "")
+        + f"; {args.runs} rounds, placements shuffled within a round (the same order on every rank). "
+        "Peak RSS per rank: "
         + ", ".join(f"{peaks[k]:.2f}" for k in sorted(peaks)) + " GiB.",
         "",
         "```",
-        table(per_rank, args.ranks),
+        timed,
         "```",
-    ])
+    ] + (["", "Each rank's timed window beside the characterizer's CLOCK on the same replay:", "", "```", hits_text,
+          "```"] if hits_text else []))
     print(block)
     if args.log:
         args.log.parent.mkdir(parents=True, exist_ok=True)

@@ -89,6 +89,8 @@ class FullRankConfig:
                                       # placements on the engine; uncached ones skip them)
     evict_ahead: bool = True          # the engine's evict-ahead (config: [engine] evict_ahead); False runs CLOCK
                                       # exactly as the characterizer does
+    order_seed: int | None = None     # the seed of the placements' shuffled order (None: `seed`); rounds run as
+                                      # separate calls (bench_one_disk.py) vary it and keep the traffic's `seed`
 
     def __post_init__(self) -> None:
         if not 0 <= self.rank < self.ranks:
@@ -340,7 +342,7 @@ def run_full_rank(cfg: FullRankConfig, progress: bool = False, before_step=None,
         sweep_sessions(cfg.sweep(), b)   # refuse a B the traffic cannot fill before staging anything
     times = {b: profile.times(b, cfg.workload, layout.layer_ids) for b in cfg.batches}
     manifest = stage_rank_shard(cfg, progress=progress)
-    rng = np.random.default_rng(cfg.seed)
+    rng = np.random.default_rng(cfg.seed if cfg.order_seed is None else cfg.order_seed)
     out: list[FullRankRun] = []
     max_tokens = max(cfg.prefill_chunk_tokens, *cfg.batches)
     for rep in range(cfg.runs):
