@@ -545,21 +545,22 @@ class StepEngine:
         runs = [self._layers[layer] for layer in self._order]
         lanes: list[object | None] = []
         natives: dict[int, tuple[object | None, list[int]]] = {}   # per source: its NativeLane or None, its layers
-        submit_fn = 0
         for i, run in enumerate(runs):
             source = run.spec.source
-            if id(source) not in natives:   # native_lane: a capability of io_uring disk sources
+            if id(source) not in natives:   # native_lane: a capability of io_uring disk and emulated sources
                 make = getattr(source, "native_lane", None)
                 natives[id(source)] = (make() if callable(make) else None, [])
             lane, layers = natives[id(source)]
             if lane is not None:
                 layers.append(i)
-                submit_fn = lane.submit_address
             lanes.append(lane)
         cp = self.cache.compiled_pass(
             [PassLayer(run.spec.layer, run.axis, run.spec.geometry, run.scratch) for run in runs],
             columns=self.columns, owned_only=self.owned_only, lossy=self.lossy, pad_id=self.pad_id,
-            pool_base=self._pool.base, pool_buffers=self._pool.capacity, submit_fn=submit_fn)
+            pool_base=self._pool.base, pool_buffers=self._pool.capacity)
+        for i, lane in enumerate(lanes):   # each lane's own submit: st_eng_submit, or an emulated device's
+            if lane is not None:
+                cp.set_submit_fn(i, lane.submit_address)
         return _Plan(cp, self._pool, runs, lanes, [(lane, layers) for lane, layers in natives.values() if lane])
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
@@ -811,7 +812,7 @@ class _Plan:
     cp: CompiledPass
     pool: PageBufferPool            # the page pool it names; a new pool needs a new plan
     runs: list[_LayerRun]           # the engine's layer runs, in window order
-    lanes: list[object | None]      # their sources' NativeLane (store.disk), None where Python submits
+    lanes: list[object | None]      # their sources' NativeLane (store.disk, store.emulated), None: Python submits
     natives: list[tuple[object, list[int]]]   # (NativeLane, the indices of its layers), one per such client
 
 
