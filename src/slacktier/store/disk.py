@@ -89,7 +89,9 @@ class NativeLane:
     Hold `lock` (the source's) around the compiled call: `handle()` is then the client's address, or 0 when
     batches must go through `submit` (the source is closed, or timed-out jobs wait to be reaped), and
     `adopt` books each job the call queued as a ticket of the source. Holding the lock until then keeps a
-    concurrent submit or close from interleaving with the call.
+    concurrent submit or close from interleaving with the call. `submit_address` is the function compiled
+    code calls with the handle: st_eng_submit here, a submit of the same C signature on an emulated device
+    (store.emulated.EmulatedLane).
     """
 
     def __init__(self, source: DiskSource, lock: threading.Lock, submit_address: int, client: int) -> None:
