@@ -13,6 +13,7 @@ from slacktier.store import PageBufferPool, PageReads
 from slacktier.store.emulated import (NVME_PAPER, RDMA_PAPER, EmulatedOptions, EmulatedSource, SimJob,
                                       completions_ms, emulated_device, forget_devices, load_device_model,
                                       model_from_dict)
+from slacktier.store._native import probe_io_uring
 from slacktier.store.devqueue import open_queues
 from slacktier.testing.store import stage_synthetic
 
@@ -167,8 +168,9 @@ def test_whatif_runs_two_ranks_on_one_emulated_disk_with_exact_rows(tmp_path, ca
 LANE_ROWS = {1: 700, 14: 500}
 
 
-def _lane_engine(directory, device: str):
-    """A StepEngine over layers 1 and 14, each on an EmulatedSource (rdma-paper) of one rank, and the raw rows."""
+def _lane_engine(directory, device: str, disk_layer: int | None = None):
+    """A StepEngine over layers 1 and 14, each on an EmulatedSource (rdma-paper) of one rank, and the raw rows;
+    `disk_layer` on an io_uring DiskSource instead."""
     from slacktier.cache import RowCache
     from slacktier.engine.checker import ArrayRowReader
     from slacktier.engine.step import StepEngine
@@ -186,7 +188,12 @@ def _lane_engine(directory, device: str):
         path.write_bytes(pack_pages(raws[layer]).tobytes())
         region = Region(layer=layer, rank=0, path=str(path), offset_bytes=0, pages=pages_for_rows(n), row_start=0,
                         rows=n)
-        source = EmulatedSource([region], opts)
+        if layer == disk_layer:
+            from slacktier.config import DiskOptions
+            from slacktier.store.disk import DiskSource
+            source = DiskSource([region], DiskOptions(engine="io_uring", queue_depth=32))
+        else:
+            source = EmulatedSource([region], opts)
         sources.append(source)
         tables.append(TableSpec(layer=layer, row_start=0, rows=n, regions=(region,), source=source, cache_share=0.5,
                                 reference=ArrayRowReader(raws[layer])))
@@ -277,6 +284,25 @@ def test_a_batch_the_lane_refuses_goes_through_python_and_the_lane_then_takes_th
         assert sum(emulated.LANE_REFUSALS.values()) - refused == 2   # counted once per table that grew
         assert per_step[-1] == 0 and q.batches["lane"] >= 2         # grown: the last step went through the lane
         assert q.batches["submit"] == sum(per_step)
+    finally:
+        engine.close()
+        forget_devices()
+
+
+@pytest.mark.skipif(probe_io_uring() is not None, reason=f"io_uring unavailable: {probe_io_uring()}")
+def test_one_compiled_pass_feeds_an_io_uring_disk_layer_and_an_emulated_layer_each_through_its_own_lane(
+        o_direct_dir, monkeypatch):
+    """Layer 1 on an io_uring disk, layer 14 on an emulated device: the one compiled call hands each layer's
+    pages to its own client's submit (st_eng_submit, the emulated lane's), none through Python, rows exact."""
+    forget_devices()
+    calls = _counting_submit(monkeypatch)
+    engine, raws = _lane_engine(o_direct_dir, "lane-mixed", disk_layer=1)
+    try:
+        [q] = [q for q in open_queues() if q.device.name == "emulated:lane-mixed/rank0"]
+        for _ in _lane_steps(engine, raws, 3, seed=13):
+            pass
+        assert calls["submit"] == 0
+        assert q.batches["lane"] == 3 and q.batches["submit"] == 0   # layer 14's, one a step
     finally:
         engine.close()
         forget_devices()
