@@ -661,9 +661,9 @@ class EmulatedQueue(PreadQueue):
 
     def flush(self) -> None:
         """Queue the lane's deferred jobs, in the order they were booked, and have the device time them."""
-        if not self._deferred:
-            return
-        with self._flushing:   # a wait() that finds its job deferred waits for a flush already running
+        with self._flushing:   # a wait() whose job another thread is flushing waits for that flush to end
+            if not self._deferred:
+                return
             with self._work:
                 deferred, self._deferred = self._deferred, []
             for handle, client, b, pool in deferred:
