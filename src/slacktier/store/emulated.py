@@ -595,6 +595,10 @@ class EmulatedQueue(PreadQueue):
     copying each read from a DRAM copy of the pages, and a batch handed back when its device says it lands."""
 
     engine_name: ClassVar[str] = "emulated"
+    #: pages copied per turn of the worker: its Python between turns needs the GIL. Measured on the RDMA row
+    #: (chat B=128, 760 pages per rank and layer, 2026-12-03 17:22 UTC, quiet): the bytes were in the pool a median
+    #: 3.4-4.0 ms after the model's landing with 4 per turn, 1.8-2.1 ms with 256 (docs/bench-log/whatif.md)
+    chunk_reads: ClassVar[int] = 256
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         with _device_lock:

@@ -63,6 +63,8 @@ class PreadQueue(DeviceQueue):
     """A device's reads through os.preadv threads, one admission order."""
 
     engine_name: ClassVar[str] = "threads"
+    #: reads a thread takes from the queue at a time (a subclass that copies instead of reading takes more)
+    chunk_reads: ClassVar[int] = CHUNK_READS
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
@@ -156,7 +158,7 @@ class PreadQueue(DeviceQueue):
                     return
                 job = self._queue[0][2]
                 lo = job.admitted
-                hi = min(job.region.shape[0], lo + CHUNK_READS)
+                hi = min(job.region.shape[0], lo + self.chunk_reads)
                 job.admitted = hi
                 if lo == 0:
                     job.first_ns = time.perf_counter_ns()
