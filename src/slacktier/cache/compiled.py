@@ -6,8 +6,10 @@ This is the only way a step's lookups are resolved: the step engine's
 layers in window order; one call, `run_layers(ids, arr)`, then runs their
 passes (`cache.directory.resolve_layer`) and, right after each pass, hands
 that layer's pages to the C engine client of its device queue
-(`st_eng_submit`, called by address, see `store.uring_queue`), so layer 1's
-reads are in flight while layer 14 is resolved, with no Python in between.
+(`st_eng_submit`, called by address, see `store.uring_queue`; an emulated
+device's lane has a submit of the same signature, `store.emulated`, named per
+layer), so layer 1's reads are in flight while layer 14 is resolved, with no
+Python in between.
 
 The pass's array (`CompiledPass.arr`, int64) describes the step once: the
 header holds the cache's slot arrays, the step hash table and what changes per
@@ -87,7 +89,7 @@ H_LOSSY = 17
 H_PAD_ID = 18
 H_POOL_ADDR = 19  # the page pool's first buffer and buffer count (the engine's PageBufferPool)
 H_POOL_CAP = 20
-H_SUBMIT_FN = 21  # address of st_eng_submit (0: no helper, every layer submits from Python)
+H_SUBMIT_FN = 21  # address of st_eng_submit, for layers without their own R_SUBMIT_FN (0: Python submits)
 H_CLOCK_FN = 22   # address of clock_gettime
 H_TS = 23         # two words: clock_gettime's timespec
 H_OUT = 25        # the results [layers, OUT] int64 (CompiledPass.out)
@@ -122,6 +124,7 @@ R_ERR = 24         # st_eng_submit's error word
 R_OWN_POS = 25     # the pass's list of in-table lookups (PassScratch.own_pos, own_row)
 R_OWN_ROW = 26
 R_DIR_LEN = 27     # the directory's entries (cache.rowdir)
+R_SUBMIT_FN = 28   # address of the submit its pages go to, st_eng_submit's signature (0: H_SUBMIT_FN's)
 RECORD = 32
 
 # a layer's row of results (CompiledPass.out), read by Python with one tolist() for all layers
@@ -247,9 +250,12 @@ def run_layers(ids, plan):
             return
         if pages > 0:
             engine = plan[r + R_ENGINE]
+            fn = plan[r + R_SUBMIT_FN]
+            if fn == 0:
+                fn = submit_fn
             job = 0
-            if engine != 0 and submit_fn != 0:
-                job = _submit_at(submit_fn, engine, pages, plan[r + R_PAGE_REGION], plan[r + R_PAGE_NO],
+            if engine != 0 and fn != 0:
+                job = _submit_at(fn, engine, pages, plan[r + R_PAGE_REGION], plan[r + R_PAGE_NO],
                                  plan[r + R_PAGE_BUF], plan[H_POOL_ADDR], plan[H_POOL_CAP], base + 8 * (r + R_ERR))
             if job == 0:
                 plan[H_STOP] = li
@@ -413,6 +419,11 @@ class CompiledPass:
     def set_engine(self, i: int, handle: int) -> None:
         """The C engine client taking layer i's pages this step (0: the caller submits them)."""
         self._words[HEADER + i * RECORD + R_ENGINE] = handle
+
+    def set_submit_fn(self, i: int, address: int) -> None:
+        """The submit (st_eng_submit's signature) that takes layer i's pages, for a layer whose client is not
+        the C engine's: an emulated device's lane (store.emulated)."""
+        self.arr[HEADER + i * RECORD + R_SUBMIT_FN] = address
 
     def run(self, ids: np.ndarray, start: int = 0) -> tuple[int, int]:
         """Resolve layers start.. of the step `ids` [T, L, C] int64 (C-contiguous); (stop, WHY_*) (module doc)."""

@@ -495,7 +495,8 @@ class StepEngine:
         """begin_step's passes and submissions: the cache's compiled pass over every layer (cache.compiled);
         Python runs between layers only where a layer's pages go to a source without a C engine, or an id is
         bad. The passes' results and the booking of their C jobs wait for the step's first gather
-        (`_take_results`): the reads are in flight once the call returns, and what is left is bookkeeping."""
+        (`_take_results`): the reads are in flight once the call returns, and what is left is bookkeeping.
+        A lane whose device times the step's jobs only once booked (an emulated one) has them booked here."""
         plan = self._plan
         if plan is None or plan.cp.stale() or plan.pool is not self._pool:
             plan = self._plan = self._build_plan()
@@ -519,6 +520,8 @@ class StepEngine:
                 for lane, _ in plan.natives[:held]:
                     lane.lock.release()
             self._unread = min(stop + 1, n_layers)   # layers before this one have results to take
+            if plan.book_in_pass:   # a lane that must have its jobs booked now (NativeLane.book_in_pass)
+                self._take_results()
             if self.check:
                 for run in runs[start:self._unread]:
                     run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
@@ -564,22 +567,24 @@ class StepEngine:
         runs = [self._layers[layer] for layer in self._order]
         lanes: list[object | None] = []
         natives: dict[int, tuple[object | None, list[int]]] = {}   # per source: its NativeLane or None, its layers
-        submit_fn = 0
         for i, run in enumerate(runs):
             source = run.spec.source
-            if id(source) not in natives:   # native_lane: a capability of io_uring disk sources
+            if id(source) not in natives:   # native_lane: a capability of io_uring disk and emulated sources
                 make = getattr(source, "native_lane", None)
                 natives[id(source)] = (make() if callable(make) else None, [])
             lane, layers = natives[id(source)]
             if lane is not None:
                 layers.append(i)
-                submit_fn = lane.submit_address
             lanes.append(lane)
         cp = self.cache.compiled_pass(
             [PassLayer(run.spec.layer, run.axis, run.spec.geometry, run.scratch) for run in runs],
             columns=self.columns, owned_only=self.owned_only, lossy=self.lossy, pad_id=self.pad_id,
-            pool_base=self._pool.base, pool_buffers=self._pool.capacity, submit_fn=submit_fn)
-        return _Plan(cp, self._pool, runs, lanes, [(lane, layers) for lane, layers in natives.values() if lane])
+            pool_base=self._pool.base, pool_buffers=self._pool.capacity)
+        for i, lane in enumerate(lanes):   # each lane's own submit: st_eng_submit, or an emulated device's
+            if lane is not None:
+                cp.set_submit_fn(i, lane.submit_address)
+        return _Plan(cp, self._pool, runs, lanes, [(lane, layers) for lane, layers in natives.values() if lane],
+                     any(lane is not None and lane.book_in_pass for lane in lanes))
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
         spec = run.spec
@@ -833,8 +838,9 @@ class _Plan:
     cp: CompiledPass
     pool: PageBufferPool            # the page pool it names; a new pool needs a new plan
     runs: list[_LayerRun]           # the engine's layer runs, in window order
-    lanes: list[object | None]      # their sources' NativeLane (store.disk), None where Python submits
+    lanes: list[object | None]      # their sources' NativeLane (store.disk, store.emulated), None: Python submits
     natives: list[tuple[object, list[int]]]   # (NativeLane, the indices of its layers), one per such client
+    book_in_pass: bool = False      # a lane needs its jobs booked before begin_step returns
 
 
 @dataclass

@@ -13,6 +13,7 @@ One TP step (`WhatIfRun`):
     pull the step's ids (hash), before the step's clock starts (s is begin_step alone, the paper's s)
     every emulated device: begin_step
     for each rank r: device.rank_host_pass(r); begin_step(ids of r's columns)   -> b_r ms  (pre-phase)
+    every emulated device: seal (queue and time the batches the ranks' native lanes booked)
     for each rank r: its timeline step; its begin_step is the pre-phase's (its batches land relative to
                      now: device.start_rank(r)), held for b_r ms so s = b_r
     the step's stall is the slowest rank's
@@ -376,6 +377,8 @@ def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int
                     d.begin_step()
                 for w in wrapped:
                     w.pre(st.ids)
+                for d in devices:   # the batches the ranks' lanes booked are queued and timed here, off the clocks
+                    d.seal()
                 ranks = [r.step(st.ids) for r in runners]
                 for d in devices:
                     d.end_step()

@@ -91,8 +91,14 @@ class NativeLane:
     concurrent submit or close from interleaving with the call. `adopt`, under the lock again, books a job the
     call queued as a ticket of the source; until then the job is the C engine's alone, so a caller books
     every job before it waits for the step's reads or closes the source (the step engine: at its first gather,
-    end_step or abort).
+    end_step or abort). `submit_address` is the function compiled code calls with the handle: st_eng_submit
+    here, a submit of the same C signature on an emulated device (store.emulated.EmulatedLane).
     """
+
+    #: whether the caller books the call's jobs before begin_step returns: False for io_uring, whose C engine
+    #: queues and times them on its own; an emulated device (store.emulated) times a TP step's batches once every
+    #: rank's host pass is done, so it needs them booked by then
+    book_in_pass = False
 
     def __init__(self, source: DiskSource, lock: threading.Lock, submit_address: int, client: int) -> None:
         self.source = source

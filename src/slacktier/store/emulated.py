@@ -44,21 +44,41 @@ batches land relative to the moment that rank's timeline step starts. Out of
 a step (prefill chunks warming the cache, checker steps) a batch lands
 a + tau * pages after its submit, alone.
 
+The native lane: the disk tier's io_uring client is called by address from the cache's compiled pass
+(cache.compiled, `st_eng_submit`), so a disk rank's begin_step is one compiled call. The emulated queue offers
+the same: `EmulatedSource.native_lane` hands the engine an `EmulatedLane` whose submit (`_lane_submit`, a numba
+cfunc with st_eng_submit's C signature and error word) checks a batch against the client's regions and the
+pool and copies its page lists, priority and submit time into a `LaneTable` the queue owns, without entering
+Python; the source then books each job as a ticket (`EmulatedQueue.adopt`: one slice copied out of the table).
+During a TP step's pre-phase the queue defers queuing and timing the booked jobs to the device's `seal`, once
+every rank's host pass is done, so begin_step pays for what a disk rank's begin_step pays for and the
+emulator's own bookkeeping stays off the ranks' clocks, as its page copies do. A batch the table has no room
+for is refused (-ENOSPC) and goes through `submit`; the table then grows (logged, counted in
+`LANE_REFUSALS`). Before the lane begin_step took 1.05-1.88 ms per rank at B = 128, much of it the thread
+queue's Python submit (docs/bench-log/whatif.md, 14:55). The cfunc is compiled on first use (about 1 s;
+numba cannot cache a function that calls clock_gettime through ctypes).
+
 `queue_depth` is recorded with the model and refused at 0; the emulation
 does not model a change of depth (the terms are the device's at that depth).
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import functools
+import logging
 import math
 import threading
 import time
 import tomllib
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar, Sequence
 
 import numpy as np
+from numba import carray, cfunc, types
 
 from slacktier.config import DiskOptions, Options
 from slacktier.errors import ErrorKind, SlackTierError
@@ -66,7 +86,7 @@ from slacktier.store._common import check_file_targets
 from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import Device, DeviceQueue, Landed
 from slacktier.store.pread_queue import PreadQueue
-from slacktier.store.disk import DiskSource
+from slacktier.store.disk import DiskSource, NativeLane, _Ticket
 from slacktier.store.dram import copy_pages, load_region_pages
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
@@ -274,8 +294,17 @@ class EmulatedDevice:
         with self._lock:
             self._step_start[rank] = time.perf_counter_ns() if at_ns is None else at_ns
 
+    def seal(self) -> None:
+        """Every rank's host pass of the step is done: queue and time the batches their native lanes booked
+        (EmulatedQueue.adopt), off every rank's clock. The first `start_rank` does it when nobody did."""
+        with self._lock:
+            queues = list(self.queues)
+        for q in queues:
+            q.flush()
+
     def start_rank(self, rank: int, at_ns: int | None = None) -> None:
         """Rank `rank`'s step started at `at_ns` (perf_counter_ns; default now): its batches land relative to it."""
+        self.seal()
         with self._lock:
             if self._rel_land is None:
                 sims = [SimJob(id(j), j.priority, j.pages, j.rel_submit_ns / 1e6) for j in self._step_jobs]
@@ -386,17 +415,205 @@ def rank_queue_device(dev: EmulatedDevice, rank: int) -> Device:
     return Device(number, f"emulated:{dev.name}/rank{rank}")
 
 
+# ---- the native lane: compiled code queues a batch without entering Python ---------------------------------
+
+log = logging.getLogger(__name__)
+
+#: a lane table's first room (jobs, reads); a batch that does not fit is refused to Python and the table grows
+LANE_JOBS = 16
+LANE_PAGES = 8192
+#: batches the lane refused to Python for want of room in its table, by reason (each also logged at INFO)
+LANE_REFUSALS: Counter[str] = Counter()
+
+# A lane table is one int64 array: these header words, the client's regions (page counts, then admission
+# priorities), a record per job (where its reads start, how many, its submit time, its priority), then the jobs'
+# reads, each job's as one block of page, region and buffer lists (3 n words), so booking it copies one slice.
+L_SELF = 0         # the table's own address (clock_gettime writes its timespec at L_TS)
+L_TS = 1           # two words
+L_REGIONS = 3
+L_JOBS = 4         # job records it holds
+L_WORDS = 5        # read words it holds (3 per read), all jobs together
+L_USED_JOBS = 6    # recorded since the lane's handle() (the engine books each before it asks again)
+L_USED_WORDS = 7
+L_NEED_JOBS = 8    # the room a refused batch needed (rearm grows the table to twice that)
+L_NEED_WORDS = 9
+L_HEADER = 10
+J_AT, J_N, J_SUBMIT_NS, J_PRIORITY = 0, 1, 2, 3
+J_WORDS = 4
+
+_libc_clock = ctypes.CDLL(None).clock_gettime
+_libc_clock.argtypes = (ctypes.c_int, ctypes.c_int64)   # the timespec's address as a word: the same register
+_libc_clock.restype = ctypes.c_int
+_CLOCK_MONOTONIC = 1   # perf_counter_ns's clock on Linux
+_ENOSPC = errno.ENOSPC
+_NO_PRIORITY = 2**31 - 1
+
+_LANE_SIG = types.int64(types.CPointer(types.int64), types.int32, types.CPointer(types.int32),
+                        types.CPointer(types.int64), types.CPointer(types.int32), types.int64, types.int64,
+                        types.CPointer(types.int64))
+
+
+def _lane_submit(table, n, region, page, buffer, pool_addr, pool_buffers, err):
+    """st_eng_submit's contract on a lane table: check every read against the regions and the pool (err = i + 1
+    for read i out of range), copy the batch, its submit time and priority into the table, return its job
+    (k + 1); 0 and err = -ENOSPC when the table has no room."""
+    head = carray(table, L_HEADER)
+    n_regions = head[L_REGIONS]
+    jobs = head[L_JOBS]
+    words = head[L_WORDS]
+    jobs_at = L_HEADER + 2 * n_regions
+    reads_at = jobs_at + J_WORDS * jobs
+    w = carray(table, reads_at + words)
+    reg = carray(region, n)
+    pg = carray(page, n)
+    buf = carray(buffer, n)
+    priority = _NO_PRIORITY
+    for i in range(n):
+        g = reg[i]
+        if g < 0 or g >= n_regions or pg[i] < 0 or pg[i] >= w[L_HEADER + g] or buf[i] < 0 or buf[i] >= pool_buffers:
+            err[0] = i + 1
+            return 0
+        priority = min(priority, w[L_HEADER + n_regions + g])
+    k = w[L_USED_JOBS]
+    at = w[L_USED_WORDS]
+    if k >= jobs or at + 3 * n > words:
+        w[L_NEED_JOBS] = max(w[L_NEED_JOBS], k + 1)
+        w[L_NEED_WORDS] = max(w[L_NEED_WORDS], at + 3 * n)
+        err[0] = -_ENOSPC
+        return 0
+    b = reads_at + at
+    for i in range(n):
+        w[b + i] = pg[i]
+        w[b + n + i] = reg[i]
+        w[b + 2 * n + i] = buf[i]
+    _libc_clock(_CLOCK_MONOTONIC, w[L_SELF] + 8 * L_TS)
+    j = jobs_at + J_WORDS * k
+    w[j + J_AT] = at
+    w[j + J_N] = n
+    w[j + J_SUBMIT_NS] = w[L_TS] * 1_000_000_000 + w[L_TS + 1]
+    w[j + J_PRIORITY] = priority if n else 0
+    w[L_USED_JOBS] = k + 1
+    w[L_USED_WORDS] = at + 3 * n
+    err[0] = 0
+    return k + 1
+
+
+@functools.cache
+def lane_submit_address() -> int:
+    """The address of `_lane_submit` compiled with st_eng_submit's C signature (compiled on first use)."""
+    return cfunc(_LANE_SIG, nopython=True)(_lane_submit).address
+
+
+@dataclass(frozen=True, slots=True)
+class LaneJob:
+    """A batch compiled code recorded: its reads as one block [page n | region n | buffer n] int64, when."""
+
+    block: np.ndarray
+    n: int
+    submit_ns: int
+    priority: int
+
+    @property
+    def page(self) -> np.ndarray:
+        return self.block[:self.n]
+
+    @property
+    def region(self) -> np.ndarray:
+        return self.block[self.n:2 * self.n]
+
+    @property
+    def buffer(self) -> np.ndarray:
+        return self.block[2 * self.n:]
+
+
+class LaneTable:
+    """One client's batches as compiled code recorded them (`_lane_submit`), until its source books them.
+
+    Guarded by the client's source lock (NativeLane.lock): compiled code records into it only inside a call made
+    under that lock, and the source books (`take`s) every job the call returned before it releases it. Worked
+    example: a batch of 3 reads then one of 2 -> jobs 1 and 2; job 2's reads are the 6 words after job 1's 9.
+    """
+
+    def __init__(self, region_pages: np.ndarray, region_priority: np.ndarray) -> None:
+        self.regions = np.concatenate([np.asarray(region_pages, np.int64), np.asarray(region_priority, np.int64)])
+        self._alloc(LANE_JOBS, 3 * LANE_PAGES)
+
+    def _alloc(self, jobs: int, words: int) -> None:
+        r2 = self.regions.shape[0]
+        self.words = w = np.zeros(L_HEADER + r2 + J_WORDS * jobs + words, np.int64)
+        w[L_SELF] = w.ctypes.data
+        w[L_REGIONS], w[L_JOBS], w[L_WORDS] = r2 // 2, jobs, words
+        w[L_HEADER:L_HEADER + r2] = self.regions
+        self._jobs_at = L_HEADER + r2
+        self._reads_at = L_HEADER + r2 + J_WORDS * jobs
+        self._m = memoryview(w)
+
+    def rearm(self) -> int:
+        """Empty the table for the next compiled call (every job of the last one was taken), grown first when a
+        batch was refused for room; its address, the handle compiled code passes `_lane_submit`."""
+        m = self._m
+        if m[L_NEED_JOBS] or m[L_NEED_WORDS]:
+            jobs, words = max(2 * m[L_NEED_JOBS], m[L_JOBS]), max(2 * m[L_NEED_WORDS], m[L_WORDS])
+            LANE_REFUSALS["room"] += 1
+            log.info("emulated lane: a batch needed room for %d jobs and %d reads, the table held %d and %d; it went "
+                     "through Python, and the table grows to %d and %d (refusal #%d in this process)",
+                     m[L_NEED_JOBS], m[L_NEED_WORDS] // 3, m[L_JOBS], m[L_WORDS] // 3, jobs, words // 3,
+                     sum(LANE_REFUSALS.values()))
+            self._alloc(jobs, words)
+            m = self._m
+        m[L_USED_JOBS] = 0
+        m[L_USED_WORDS] = 0
+        return m[L_SELF]
+
+    def take(self, job: int) -> LaneJob:
+        """Job `job` as recorded (its reads copied out of the table)."""
+        m = self._m
+        if not 1 <= job <= m[L_USED_JOBS]:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"the lane table holds no job {job}",
+                                 fix="book only the jobs the compiled call returned, before the next call")
+        j = self._jobs_at + J_WORDS * (job - 1)
+        at, n = m[j + J_AT], m[j + J_N]
+        lo = self._reads_at + at
+        return LaneJob(self.words[lo:lo + 3 * n].copy(), n, m[j + J_SUBMIT_NS], m[j + J_PRIORITY])
+
+
+class EmulatedLane(NativeLane):
+    """An emulated source's native lane: compiled code calls `_lane_submit` on the client's lane table, and the
+    source books each job as a ticket (`adopt`), as the disk tier books st_eng_submit's. The jobs are booked
+    within begin_step (`book_in_pass`): the device queues and times a TP step's batches at `seal`, once every
+    rank's host pass is done, and only booked jobs are there to time."""
+
+    book_in_pass = True
+
+    def __init__(self, source: EmulatedSource, lock: threading.Lock, table: LaneTable) -> None:
+        super().__init__(source, lock, lane_submit_address(), 0)
+        self.table = table
+
+    def handle(self) -> int:
+        """The lane table's address, emptied for this call, or 0 when the caller must use `submit` (lock held)."""
+        return 0 if self.source.busy_or_closed() else self.table.rearm()
+
+
 class EmulatedQueue(PreadQueue):
     """One rank's queue on an emulated device: the thread queue's admission (window order, strict), one worker
     copying each read from a DRAM copy of the pages, and a batch handed back when its device says it lands."""
 
     engine_name: ClassVar[str] = "emulated"
+    #: pages copied per turn of the worker: its Python between turns needs the GIL. Measured on the RDMA row
+    #: (chat B=128, 760 pages per rank and layer, 2026-12-03 17:22 UTC, quiet): the bytes were in the pool a median
+    #: 3.4-4.0 ms after the model's landing with 4 per turn, 1.8-2.1 ms with 256 (docs/bench-log/whatif.md)
+    chunk_reads: ClassVar[int] = 256
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         with _device_lock:
             self.emulated, self.rank = _rank_queues[device.number]
         self._held_pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # client -> ([pages, 4096], [R] base)
         self._timing: dict[int, _Timing] = {}
+        self._lanes: dict[int, LaneTable] = {}
+        self._deferred: list[tuple[int, int, LaneJob, PageBufferPool]] = []   # (job, client, batch, pool)
+        self._flushing = threading.Lock()
+        #: batches queued through the native lane ("lane") and through `submit` ("submit")
+        self.batches: Counter[str] = Counter()
         super().__init__(device, queue_depth, io_threads)
         with self.emulated._lock:
             self.emulated.queues.append(self)
@@ -417,13 +634,59 @@ class EmulatedQueue(PreadQueue):
                             pages=int(pages[i]))
             held[base[i]:base[i] + pages[i]] = load_region_pages(region)
         self._held_pages[client] = (held, base)
+        self._lanes[client] = LaneTable(pages, priority)
         return client
 
     def detach(self, client: int) -> None:
         super().detach(client)
         self._held_pages.pop(client, None)
+        self._lanes.pop(client, None)
+
+    def lane_table(self, client: int) -> LaneTable:
+        """The table where compiled code records the client's batches (`EmulatedSource.native_lane`)."""
+        return self._lanes[client]
+
+    def adopt(self, client: int, job: int, pool: PageBufferPool) -> int:
+        """Book the batch compiled code recorded as `job` in the client's lane table as a job of this queue, timed
+        from when it was recorded; its job here.
+
+        While the queue is held (its device's step pre-phase: no rank's step has started), only the page lists
+        are copied out of the table; the job is queued and timed at `flush`, which the device runs once every
+        rank's host pass is done (`EmulatedDevice.seal`), so the emulator's own bookkeeping, like its page
+        copies, is not charged to begin_step: a disk's C engine does it on its own threads."""
+        batch = self._lanes[client].take(job)
+        with self._work:
+            if self._stop:
+                raise SlackTierError(ErrorKind.CLOSED, "the device queue is closed", fix="open a new source")
+            handle = self._next
+            self._next += 1
+            self.batches["lane"] += 1
+            self._deferred.append((handle, client, batch, pool))
+            held = self._held
+        if not held:
+            self.flush()
+        return handle
+
+    def flush(self) -> None:
+        """Queue the lane's deferred jobs, in the order they were booked, and have the device time them."""
+        with self._flushing:   # a wait() whose job another thread is flushing waits for that flush to end
+            if not self._deferred:
+                return
+            with self._work:
+                deferred, self._deferred = self._deferred, []
+            for handle, client, b, pool in deferred:
+                with self._work:
+                    self._enqueue(client, b.region, b.page, b.buffer, pool, b.submit_ns, b.priority, handle)
+                t = self._timing[handle] = _Timing(self, b.priority, b.n, b.submit_ns)
+                self.emulated.add(t)
+
+    def hold(self, on: bool) -> None:
+        if not on:
+            self.flush()
+        super().hold(on)
 
     def close(self) -> None:
+        self.flush()
         with self.emulated._lock:
             if self in self.emulated.queues:
                 self.emulated.queues.remove(self)
@@ -438,13 +701,17 @@ class EmulatedQueue(PreadQueue):
                pool: PageBufferPool) -> int:
         handle = super().submit(client, region, page, buffer, pool)
         if handle > 0:
-            n = int(np.asarray(region).shape[0])
-            priority = int(self._clients[client].priority[np.asarray(region)].min()) if n else 0
+            with self._work:
+                self.batches["submit"] += 1
+            region = np.asarray(region)
+            n = int(region.shape[0])
+            priority = int(self._clients[client].priority[region].min()) if n else 0
             t = self._timing[handle] = _Timing(self, priority, n, self._jobs[handle].submit_ns)
             self.emulated.add(t)
         return handle
 
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
+        self.flush()
         deadline = None if timeout_s is None else time.perf_counter_ns() + int(timeout_s * 1e9)
         landed = super().wait(job, timeout_s)   # the bytes are in the pool
         if landed is None:
@@ -455,6 +722,7 @@ class EmulatedQueue(PreadQueue):
         return Landed(t.start_ns, t.start_ns, max(t.land_ns, t.start_ns), landed.cpu_ns, landed.first_bad)
 
     def cancel(self, job: int) -> int:
+        self.flush()
         n = super().cancel(job)
         t = self._timing[job]
         self.emulated.cancel(t)
@@ -512,10 +780,25 @@ class EmulatedSource(DiskSource):
     def device_of(self, fd: int) -> Device:
         return rank_queue_device(self.emulated, self.emulated_options.rank)
 
+    def native_lane(self) -> NativeLane | None:
+        """Capability: compiled code may record batches straight into our rank queue's lane table
+        (`_lane_submit`), so begin_step runs as one compiled call as on the disk tier; None where every batch
+        must go through `submit` (regions on several queues, or a subclass that overrides `submit`)."""
+        att = self._direct
+        if att is None or not isinstance(att.queue, EmulatedQueue) or type(self).submit is not DiskSource.submit:
+            return None
+        return EmulatedLane(self, self._lock, att.queue.lane_table(att.client))
+
+    def book_native(self, job: int, pages: int, pool: PageBufferPool) -> int:
+        """Queue and book a job compiled code recorded in our lane table (lock held); its ticket."""
+        att = self._direct
+        queued = att.queue.adopt(att.client, job, pool)
+        return self._new_ticket(_Ticket([(att, queued, pages)], pool, pages))
+
 
 register_tier("emulated", EmulatedSource, EmulatedOptions)
 
-__all__ = ["BUILTIN_MODELS", "DeviceModel", "EmulatedDevice", "EmulatedOptions", "EmulatedQueue", "EmulatedSource",
-           "NVME_PAPER", "RDMA_PAPER", "SimJob", "completions_ms", "emulated_device", "emulated_devices",
-           "forget_devices", "load_device_model", "model_from_dict"]
-
+__all__ = ["BUILTIN_MODELS", "DeviceModel", "EmulatedDevice", "EmulatedLane", "EmulatedOptions", "EmulatedQueue",
+           "EmulatedSource", "LANE_REFUSALS", "LaneJob", "LaneTable", "NVME_PAPER", "RDMA_PAPER", "SimJob",
+           "completions_ms", "emulated_device", "emulated_devices", "forget_devices", "lane_submit_address",
+           "load_device_model", "model_from_dict"]

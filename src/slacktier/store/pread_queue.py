@@ -63,6 +63,8 @@ class PreadQueue(DeviceQueue):
     """A device's reads through os.preadv threads, one admission order."""
 
     engine_name: ClassVar[str] = "threads"
+    #: reads a thread takes from the queue at a time (a subclass that copies instead of reading takes more)
+    chunk_reads: ClassVar[int] = CHUNK_READS
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
@@ -122,16 +124,27 @@ class PreadQueue(DeviceQueue):
                                          (buffer >= pool.capacity))
                 if bad.size:
                     return -(int(bad[0]) + 1)
-            job = _Job(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32), time.perf_counter_ns())
+            return self._enqueue(client, region, page, buffer, pool, time.perf_counter_ns())
+
+    def _enqueue(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool: PageBufferPool,
+                 submit_ns: int, priority: int | None = None, handle: int = 0) -> int:
+        """Queue a checked batch (our own copies of its arrays) submitted at `submit_ns`, of `priority` (None: its
+        regions'), as job `handle` (0: a new one); its job (lock held)."""
+        c = self._clients[client]
+        n = region.shape[0]
+        job = _Job(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32), submit_ns)
+        if not handle:
             handle = self._next
             self._next += 1
-            self._jobs[handle] = job
-            c.live += 1
-            if n == 0:
-                job.done = True
-                job.first_ns = job.end_ns = job.submit_ns
-            else:
-                heapq.heappush(self._queue, (int(c.priority[region].min()), handle, job))
+        self._jobs[handle] = job
+        c.live += 1
+        if n == 0:
+            job.done = True
+            job.first_ns = job.end_ns = job.submit_ns
+        else:
+            heapq.heappush(self._queue, (int(c.priority[region].min()) if priority is None else priority, handle,
+                                         job))
+            if not self._held:   # a held queue's workers would wake only to wait again (hold(False) wakes them)
                 self._work.notify_all()
         return handle
 
@@ -145,7 +158,7 @@ class PreadQueue(DeviceQueue):
                     return
                 job = self._queue[0][2]
                 lo = job.admitted
-                hi = min(job.region.shape[0], lo + CHUNK_READS)
+                hi = min(job.region.shape[0], lo + self.chunk_reads)
                 job.admitted = hi
                 if lo == 0:
                     job.first_ns = time.perf_counter_ns()
