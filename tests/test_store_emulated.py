@@ -265,6 +265,38 @@ def test_begin_step_queues_emulated_pages_from_compiled_code_with_exact_rows(o_d
         forget_devices()
 
 
+def test_in_a_tp_step_the_lanes_batches_are_booked_when_the_device_seals(o_direct_dir):
+    """The device times a TP step's batches at its seal, once every rank's host pass is done, so begin_step
+    books the emulated lane's jobs before it returns (the disk tier books its own at the first gather): by the
+    seal both layers' batches are the queue's, none is left for a gather to book."""
+    import torch
+
+    from slacktier.tables.codec import dequantize_bits
+
+    forget_devices()
+    engine, raws = _lane_engine(o_direct_dir, "lane-sealed")
+    try:
+        [q] = [q for q in open_queues() if q.device.name == "emulated:lane-sealed/rank0"]
+        device = emulated_device("lane-sealed", RDMA_PAPER)
+        rng = np.random.default_rng(9)
+        ids = np.stack([rng.integers(0, n, (8, 24)) for n in LANE_ROWS.values()], axis=1)
+        device.begin_step()
+        device.rank_host_pass(0)
+        engine.begin_step(ids)
+        device.seal()
+        assert q.batches["lane"] == 2   # booked and sealed before any gather
+        device.start_rank(0)
+        for axis, layer in enumerate(LANE_ROWS):
+            out = engine.gather(layer).reshape(-1, 256).view(torch.int16).numpy()
+            assert np.array_equal(out, dequantize_bits(raws[layer][ids[:, axis].reshape(-1)]).view(np.int16))
+        engine.end_step()
+        device.end_step()
+        assert q.batches["lane"] == 2
+    finally:
+        engine.close()
+        forget_devices()
+
+
 def test_a_batch_the_lane_refuses_goes_through_python_and_the_lane_then_takes_the_next(o_direct_dir, monkeypatch):
     """A lane table too small for a batch: the compiled call refuses it, the engine submits it from Python (counted
     in LANE_REFUSALS), rows stay exact, and once the table has grown the batches go through the lane again."""
