@@ -592,6 +592,9 @@ def test_a_refused_apply_leaves_the_engine_exactly_as_it_was(staged, o_direct_di
         "cache memory": cfg.replace(cache_rows=2000, max_cache_rows=MAX_CACHE_ROWS),
         "metrics": cfg.replace(metrics=True, wait_timeout_ms=0.001),
     }
+    # prometheus_client picks its value class (one process, or files in PROMETHEUS_MULTIPROC_DIR) when first
+    # imported: imported here with the variable set, it would stay in multiprocess mode for every later test
+    import prometheus_client  # noqa: F401
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(o_direct_dir / "no-such-dir"))
     monkeypatch.setattr(RefusingDisk, "refusing", True)
     for stage, bad in refused.items():
