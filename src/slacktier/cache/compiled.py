@@ -44,9 +44,10 @@ under its client's lock again), off the step's critical path.
 
 Worked example: two layers on io_uring disks, a fresh step: one call resolves
 layer 1, submits its 170 pages, resolves layer 14, submits its 160, returns
-stop = 2; at the first gather the engine books the two jobs as tickets. Layer 14 on DRAM instead:
-the call returns stop = 1, WHY_SUBMIT; the engine submits layer 14's pages to
-the DRAM source and is done (there is no layer after it).
+stop = 2; at the first gather the engine books the two jobs as tickets.
+Layer 14 on DRAM instead: the call returns stop = 1, WHY_SUBMIT; the engine
+submits layer 14's pages to the DRAM source and is done (there is no layer
+after it).
 """
 
 from __future__ import annotations
@@ -89,11 +90,10 @@ H_LOSSY = 17
 H_PAD_ID = 18
 H_POOL_ADDR = 19  # the page pool's first buffer and buffer count (the engine's PageBufferPool)
 H_POOL_CAP = 20
-H_SUBMIT_FN = 21  # address of st_eng_submit, for layers without their own R_SUBMIT_FN (0: Python submits)
-H_CLOCK_FN = 22   # address of clock_gettime
-H_TS = 23         # two words: clock_gettime's timespec
-H_OUT = 25        # the results [layers, OUT] int64 (CompiledPass.out)
-HEADER = 26
+H_CLOCK_FN = 21   # address of clock_gettime
+H_TS = 22         # two words: clock_gettime's timespec
+H_OUT = 24        # the results [layers, OUT] int64 (CompiledPass.out)
+HEADER = 25
 
 # a layer's record, at HEADER + i * RECORD
 R_AXIS = 0         # its index in the ids' layer axis
@@ -124,7 +124,7 @@ R_ERR = 24         # st_eng_submit's error word
 R_OWN_POS = 25     # the pass's list of in-table lookups (PassScratch.own_pos, own_row)
 R_OWN_ROW = 26
 R_DIR_LEN = 27     # the directory's entries (cache.rowdir)
-R_SUBMIT_FN = 28   # address of the submit its pages go to, st_eng_submit's signature (0: H_SUBMIT_FN's)
+R_SUBMIT_FN = 28   # address of the submit its pages go to, st_eng_submit's signature (0: Python submits)
 RECORD = 32
 
 # a layer's row of results (CompiledPass.out), read by Python with one tolist() for all layers
@@ -211,7 +211,6 @@ def run_layers(ids, plan):
     owned_only = plan[H_OWNED_ONLY] != 0
     lossy = plan[H_LOSSY] != 0
     pad_id = plan[H_PAD_ID]
-    submit_fn = plan[H_SUBMIT_FN]
     clock_fn = plan[H_CLOCK_FN]
     base = plan.ctypes.data
     ts = base + 8 * H_TS
@@ -251,8 +250,6 @@ def run_layers(ids, plan):
         if pages > 0:
             engine = plan[r + R_ENGINE]
             fn = plan[r + R_SUBMIT_FN]
-            if fn == 0:
-                fn = submit_fn
             job = 0
             if engine != 0 and fn != 0:
                 job = _submit_at(fn, engine, pages, plan[r + R_PAGE_REGION], plan[r + R_PAGE_NO],
@@ -321,7 +318,7 @@ class CompiledPass:
     """
 
     def __init__(self, cache: _Cache, layers: Sequence[PassLayer], *, columns: int, owned_only: bool,
-                 lossy: bool, pad_id: int, pool_base: int, pool_buffers: int, submit_fn: int = 0) -> None:
+                 lossy: bool, pad_id: int, pool_base: int, pool_buffers: int) -> None:
         n = len(layers)
         self._cache = cache
         self.layers = tuple(layers)
@@ -343,7 +340,6 @@ class CompiledPass:
         a[H_OUT] = _address(self.out)
         a[H_POOL_ADDR] = pool_base
         a[H_POOL_CAP] = pool_buffers
-        a[H_SUBMIT_FN] = submit_fn
         a[H_CLOCK_FN] = _CLOCK_FN
         a[H_OWNED_ONLY] = bool(owned_only)
         a[H_LOSSY] = bool(lossy)
@@ -421,8 +417,8 @@ class CompiledPass:
         self._words[HEADER + i * RECORD + R_ENGINE] = handle
 
     def set_submit_fn(self, i: int, address: int) -> None:
-        """The submit (st_eng_submit's signature) that takes layer i's pages, for a layer whose client is not
-        the C engine's: an emulated device's lane (store.emulated)."""
+        """The submit (st_eng_submit's signature) that takes layer i's pages: its NativeLane's `submit_address`
+        (st_eng_submit, or an emulated device's lane, store.emulated); 0, the default, leaves them to Python."""
         self.arr[HEADER + i * RECORD + R_SUBMIT_FN] = address
 
     def run(self, ids: np.ndarray, start: int = 0) -> tuple[int, int]:

@@ -382,11 +382,12 @@ class RowCache:
         return self._table
 
     def compiled_pass(self, layers: Sequence[PassLayer], *, columns: int, owned_only: bool = False,
-                      lossy: bool = False, pad_id: int = 0, pool_base: int = 0, pool_buffers: int = 0,
-                      submit_fn: int = 0) -> CompiledPass:
-        """The compiled pass over `layers` (window order) of this cache, as it is now (`cache.compiled`)."""
+                      lossy: bool = False, pad_id: int = 0, pool_base: int = 0,
+                      pool_buffers: int = 0) -> CompiledPass:
+        """The compiled pass over `layers` (window order) of this cache, as it is now (`cache.compiled`); each
+        layer's submit is named with `CompiledPass.set_submit_fn`."""
         return CompiledPass(self, layers, columns=columns, owned_only=owned_only, lossy=lossy, pad_id=pad_id,
-                            pool_base=pool_base, pool_buffers=pool_buffers, submit_fn=submit_fn)
+                            pool_base=pool_base, pool_buffers=pool_buffers)
 
     def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
                 buf_base: int = 0, lossy: bool = False, owned_only: bool = False, pad_id: int = 0) -> PassResult:

@@ -520,15 +520,15 @@ class StepEngine:
                 for lane, _ in plan.natives[:held]:
                     lane.lock.release()
             self._unread = min(stop + 1, n_layers)   # layers before this one have results to take
-            if plan.book_in_pass:   # a lane that must have its jobs booked now (NativeLane.book_in_pass)
+            # Taken now where a lane needs its jobs booked before begin_step returns (NativeLane.book_in_pass),
+            # or where layer `stop` stopped the call: an id outside its table, or pages for Python to submit.
+            if plan.book_in_pass or stop < n_layers:
                 self._take_results()
             if self.check:
                 for run in runs[start:self._unread]:
                     run.ids = ids[:, run.axis, :].copy()   # the checker reads them at gather
             if stop == n_layers:
                 return
-            # Layer `stop` is resolved: an id outside its table, or pages for Python to submit.
-            self._take_results()
             run = runs[stop]
             res = run.res
             if why == WHY_BAD:
