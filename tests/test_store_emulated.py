@@ -163,6 +163,26 @@ def test_whatif_runs_two_ranks_on_one_emulated_disk_with_exact_rows(tmp_path, ca
     assert ": 0 mismatching rows" in out and "checker: 2 TP steps" in out
 
 
+def test_a_one_rank_whatif_on_emulated_devices_copies_each_steps_pages_at_the_seal(tmp_path, capsys, monkeypatch):
+    """One rank runs the TP step as four do: its host pass, then the device's seal (every page copied before the
+    step's clock starts), then its timeline step; only a layer on this machine's disk runs begin_step inline."""
+    from slacktier.store.emulated import EmulatedDevice
+
+    seals = {"n": 0}
+    real = EmulatedDevice.seal
+
+    def seal(self):
+        seals["n"] += 1
+        return real(self)
+
+    monkeypatch.setattr(EmulatedDevice, "seal", seal)
+    assert main(["whatif", "--out", str(tmp_path / "w"), "--vocab", "2000", "--steps", "2", "--batch", "8",
+                 "--ranks", "1", "--table", "1=rdma-paper", "--table", "14=nvme-paper"]) == 0
+    out = capsys.readouterr().out
+    assert ": 0 mismatching rows" in out
+    assert seals["n"] >= 2 * 2   # two devices (one per model), at least the two timed steps
+
+
 # ---- the native lane: begin_step's pages reach the emulated queue from compiled code --------------------------
 
 LANE_ROWS = {1: 700, 14: 500}
@@ -268,7 +288,7 @@ def test_begin_step_queues_emulated_pages_from_compiled_code_with_exact_rows(o_d
 def test_in_a_tp_step_the_lanes_batches_are_booked_when_the_device_seals(o_direct_dir):
     """The device times a TP step's batches at its seal, once every rank's host pass is done, so begin_step
     books the emulated lane's jobs before it returns (the disk tier books its own at the first gather): by the
-    seal both layers' batches are the queue's, none is left for a gather to book."""
+    seal both layers' batches are the queue's, none is left for a gather to book, and their pages are copied."""
     import torch
 
     from slacktier.tables.codec import dequantize_bits
@@ -285,6 +305,9 @@ def test_in_a_tp_step_the_lanes_batches_are_booked_when_the_device_seals(o_direc
         engine.begin_step(ids)
         device.seal()
         assert q.batches["lane"] == 2   # booked and sealed before any gather
+        # and copied: every page of the step is in its pool before the rank's step starts, so nothing of the
+        # emulator's runs beside the rank's timeline
+        assert len(q._jobs) == 2 and all(j.done for j in q._jobs.values())
         device.start_rank(0)
         for axis, layer in enumerate(LANE_ROWS):
             out = engine.gather(layer).reshape(-1, 256).view(torch.int16).numpy()

@@ -13,7 +13,7 @@ One TP step (`WhatIfRun`):
     pull the step's ids (hash), before the step's clock starts (s is begin_step alone, the paper's s)
     every emulated device: begin_step
     for each rank r: device.rank_host_pass(r); begin_step(ids of r's columns)   -> b_r ms  (pre-phase)
-    every emulated device: seal (queue and time the batches the ranks' native lanes booked)
+    every emulated device: seal (queue, time and copy into the pools the batches the ranks' lanes booked)
     for each rank r: its timeline step; its begin_step is the pre-phase's (its batches land relative to
                      now: device.start_rank(r)), held for b_r ms so s = b_r
     the step's stall is the slowest rank's
@@ -22,7 +22,9 @@ The ranks' host passes run one after another in this one process (each
 rank's own b_r is what its own CPU would take alone; on a TP node each rank
 has its own cores); every rank's batches are placed on its device's clock
 relative to its own step start, so the device sees the four ranks' reads as
-arriving together, as on the node.
+arriving together, as on the node. One rank runs the same way; only a
+placement with a layer on this machine's disk (one rank) runs its
+begin_step inline, on the step's clock, since its reads are real.
 
 The report's first line names both sides: "device reads from model X;
 device compute from profile Y". Beside the measured stall it prints the
@@ -228,9 +230,10 @@ def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfCon
 
 
 class _PrePassed(LayerSubset):
-    """A rank engine for the timeline (module docstring). With several ranks its begin_step already ran in the TP
-    step's pre-phase: begin_step then releases the rank's batches on its devices' clocks from now and holds for the
-    pre-phase's own time. With one rank (`inline`) begin_step runs in place, its batches timed from its start."""
+    """A rank engine for the timeline (module docstring). Its begin_step already ran in the TP step's pre-phase:
+    begin_step then releases the rank's batches on its devices' clocks from now and holds for the pre-phase's own
+    time. With a layer on this machine's disk (`inline`, one rank) begin_step runs in place, its batches timed
+    from its start."""
 
     def __init__(self, engine, axes: Sequence[int], rank: int, devices, inline: bool) -> None:
         super().__init__(engine, axes)
@@ -253,7 +256,7 @@ class _PrePassed(LayerSubset):
             t = time.perf_counter_ns()
             for d in self.devices:
                 d.start_rank(self.rank, t)
-            sleep_then_spin(t / 1e9 + self.begin_s)   # sleeps: the queues' copy threads need the GIL meanwhile
+            sleep_then_spin(t / 1e9 + self.begin_s)
             self.prepassed = False
             return
         if not self.inline:   # off the TP step protocol (warm steps): batches land as if alone
@@ -334,7 +337,7 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
         devices = emulated_devices()
         for rank, eng in enumerate(engines):
             axes = [layout.layer_ids.index(l) for l in served]
-            w = _PrePassed(eng, axes, rank, devices, inline=cfg.ranks == 1)
+            w = _PrePassed(eng, axes, rank, devices, inline=bool(real))
             wrapped.append(w)
             runners.append(TimelineRunner(w, StepTimes(times.workload, times.batch, times.step_ms,
                                                        {l: times.windows_ms[l] for l in served})))
@@ -370,14 +373,14 @@ def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int
         if st.kind == "decode" and st.num_tokens == batch:
             # The step's clock starts once its ids are hashed: s is begin_step alone, the paper's "CPU time to
             # resolve the batch's indices" (section 4.1; the timeline's own runs move to this in issue 28).
-            if len(runners) == 1:
+            if wrapped[0].inline:   # a layer on this machine's disk: its reads run on the step's own clock
                 ranks = [runners[0].step(st.ids)]
             else:
                 for d in devices:
                     d.begin_step()
                 for w in wrapped:
                     w.pre(st.ids)
-                for d in devices:   # the batches the ranks' lanes booked are queued and timed here, off the clocks
+                for d in devices:   # the ranks' batches are queued, timed and copied here, off the clocks
                     d.seal()
                 ranks = [r.step(st.ids) for r in runners]
                 for d in devices:

@@ -37,10 +37,12 @@ paper's T_1 = 0.30 + 3.05 us * 700 + 0.37 us * 700.
 
 Clock: a TP step starts at the same moment on every rank, but one process
 runs the four ranks' host passes one after another. So the what-if runner
-steps the device (`EmulatedDevice.begin_step` / `start_rank`): every rank's
-`begin_step` submits with times relative to its own start, the device
-computes the step's completions once all ranks submitted, and each rank's
-batches land relative to the moment that rank's timeline step starts. Out of
+steps the device (`EmulatedDevice.begin_step` / `seal` / `start_rank`):
+every rank's `begin_step` submits with times relative to its own start; once
+all ranks submitted, `seal` computes the step's completions and copies every
+page of the step into the pools, before any rank's timeline step and off its
+clock; each rank's batches then land relative to the moment that rank's
+timeline step starts, with nothing of the emulator's left to run beside it. Out of
 a step (prefill chunks warming the cache, checker steps) a batch lands
 a + tau * pages after its submit, alone.
 
@@ -274,9 +276,9 @@ class EmulatedDevice:
     def begin_step(self) -> None:
         """A TP step begins: batches submitted from now until every rank started are timed together.
 
-        The rank queues copy no page until their rank's step starts (`start_rank`): a real device moves the
-        bytes itself, so the copies that stand in for it must not take the CPU from the ranks' host passes,
-        which run one after another in this process. Measured: with the copies running, four ranks' begin_step
+        The rank queues copy no page until the device is sealed (`seal`): a real device moves the bytes
+        itself, so the copies that stand in for it must not take the CPU from the ranks' host passes, which run
+        one after another in this process, nor from their timeline steps. Measured: with the copies running, four ranks' begin_step
         took 3.0-4.9 ms each at B = 128 on this 2-core VM, against 0.2-0.4 ms for one rank on the disk tier
         (docs/bench-log/whatif.md, 2026-12-03 14:37)."""
         with self._lock:
@@ -295,26 +297,52 @@ class EmulatedDevice:
             self._step_start[rank] = time.perf_counter_ns() if at_ns is None else at_ns
 
     def seal(self) -> None:
-        """Every rank's host pass of the step is done: queue and time the batches their native lanes booked
-        (EmulatedQueue.adopt), off every rank's clock. The first `start_rank` does it when nobody did."""
+        """Every rank's host pass of the step is done: queue the batches the ranks' native lanes booked
+        (EmulatedQueue.adopt), compute when each lands, and copy every page of the step into its pool, all before
+        any rank's step starts and so off every rank's clock. A rank's step then only waits for its batches'
+        landing times, as it waits for a real device that moves the bytes itself.
+
+        Before the copies moved here they ran from each rank's step start, in the queue's worker thread beside
+        the timeline. Measured (chat B = 128, 2026-12-03, docs/bench-log/whatif.md): on `rdma-paper` a rank's 760
+        pages were in the pool 1.8-2.1 ms (median) after the model's landing, and the worker's turns between
+        copies took the interpreter from the rank's timeline, whose begin_step hold overran by 1.3-1.9 ms on
+        about one step in five: the slowest rank's mean s of 0.9-2.8 ms against medians of 0.17 ms."""
+        self._queue_booked()
+        with self._lock:
+            if self._stepping:
+                self._landings()
+            queues = list(self.queues)
+        for q in queues:
+            q.copy_queued()
+
+    def _queue_booked(self) -> None:
+        """Queue and time the batches the rank queues' lanes booked (their `flush`)."""
         with self._lock:
             queues = list(self.queues)
         for q in queues:
             q.flush()
 
+    def _landings(self) -> dict[int, float]:
+        """id(job) -> ms after its rank's step start, for every batch of the step: computed once, and again if a
+        batch came since (lock held)."""
+        if self._rel_land is None or len(self._rel_land) != len(self._step_jobs):
+            sims = [SimJob(id(j), j.priority, j.pages, j.rel_submit_ns / 1e6) for j in self._step_jobs]
+            self._rel_land = completions_ms(sims, self.model)
+        return self._rel_land
+
     def start_rank(self, rank: int, at_ns: int | None = None) -> None:
-        """Rank `rank`'s step started at `at_ns` (perf_counter_ns; default now): its batches land relative to it."""
-        self.seal()
+        """Rank `rank`'s step started at `at_ns` (perf_counter_ns; default now): its batches land relative to it.
+        Without a `seal` first (a rank timed inline, beside this machine's disk) its batches are queued and timed
+        here, and their pages are copied from now on, beside the rank's step."""
+        self._queue_booked()
         with self._lock:
-            if self._rel_land is None:
-                sims = [SimJob(id(j), j.priority, j.pages, j.rel_submit_ns / 1e6) for j in self._step_jobs]
-                self._rel_land = completions_ms(sims, self.model)
+            rel_land = self._landings()
             now = time.perf_counter_ns() if at_ns is None else at_ns
             self._release[rank] = now
             for j in self._step_jobs:
                 if j.queue.rank == rank:
                     j.start_ns = now + j.rel_submit_ns
-                    j.land_ns = now + int(self._rel_land[id(j)] * 1e6)
+                    j.land_ns = now + int(rel_land[id(j)] * 1e6)
             self._lock.notify_all()
             queues = [q for q in self.queues if q.rank == rank]
         for q in queues:
@@ -684,6 +712,15 @@ class EmulatedQueue(PreadQueue):
         if not on:
             self.flush()
         super().hold(on)
+
+    def copy_queued(self) -> None:
+        """Let the worker copy every queued read into its pool, and return once all are there (the device's
+        `seal`: the step's copies done before any rank's step starts)."""
+        self.flush()
+        with self._work:
+            self._held = False
+            self._work.notify_all()
+            self._done.wait_for(lambda: self._stop or not (self._queue or self._active))
 
     def close(self) -> None:
         self.flush()
