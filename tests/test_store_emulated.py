@@ -183,6 +183,32 @@ def test_a_one_rank_whatif_on_emulated_devices_copies_each_steps_pages_at_the_se
     assert seals["n"] >= 2 * 2   # two devices (one per model), at least the two timed steps
 
 
+@pytest.mark.parametrize("value", ["nan", "-0.1", "1e400", "x"])
+def test_whatif_refuses_a_stated_host_pass_that_is_not_a_finite_number_of_ms(tmp_path, capsys, value):
+    assert _whatif(tmp_path, "--table", "1=nvme-paper", "--host-pass-ms", value) == 2
+    assert "--host-pass-ms" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
+
+
+def test_whatif_refuses_a_stated_host_pass_beside_this_machines_disk(tmp_path, capsys):
+    assert main(["whatif", "--out", str(tmp_path / "w"), "--vocab", "2000", "--steps", "2", "--batch", "8",
+                 "--ranks", "1", "--real", "1", "--host-pass-ms", "0.1"]) == 2
+    assert "a stated host pass with layer 1 on this machine's disk" in capsys.readouterr().err
+
+
+def test_a_stated_host_pass_is_named_in_the_first_line_beside_the_measured_one(tmp_path, capsys):
+    """--host-pass-ms states the user's s: the report says so before anything else, and still prints this
+    machine's own begin_step from the same runs; the rows stay exact."""
+    assert _whatif(tmp_path, "--table", "1=nvme-paper", "--table", "14=nvme-paper", "--host-pass-ms", "0.05") == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = [i for i, l in enumerate(lines) if l.startswith("device reads")][0]
+    assert lines[first] == ("device reads from model nvme-paper; device compute from profile v41_paper; host pass "
+                            "stated at 0.05 ms per rank, not measured")
+    stated = [l for l in lines if l.startswith("  host pass s: stated, 0.05 ms per rank")]
+    assert len(stated) == 1 and "slowest rank's mean" in stated[0]
+    assert any(": 0 mismatching rows" in l for l in lines)
+
+
 # ---- the native lane: begin_step's pages reach the emulated queue from compiled code --------------------------
 
 LANE_ROWS = {1: 700, 14: 500}

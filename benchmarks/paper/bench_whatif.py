@@ -65,6 +65,8 @@ def _summary(run) -> dict:
     out = {"placement": run.placement.name, "overhead_pct": 100 * float(run.tp_stalls_ms().mean()) / step,
            "median_pct": 100 * float(np.median(run.tp_stalls_ms())) / step,
            "s_ms": float(run.rank_mean(lambda s: s.s_ms).max())}
+    if run.measured_s_ms:   # this machine's begin_step (the timeline's s unless --host-pass-ms stated it)
+        out["measured_s_ms"] = float(np.max(np.mean(np.array(run.measured_s_ms), axis=0)))
     for l in layers:
         ranks = len(run.steps[0])
         out[f"hit_l{l}"] = float(np.mean([sum(st[k].hits[l] for st in run.steps) /
@@ -201,7 +203,7 @@ def _workloads(args) -> list[tuple[int, str]]:
 def _base(args, workload: str, batch: int) -> WhatIfConfig:
     return WhatIfConfig(workdir=args.out, workload=workload, batch=batch, ranks=4, engram_vocab=args.vocab,
                         decode_steps=args.steps, warmup_steps=args.warmup, check_steps=1,
-                        max_session_tokens=4096 if workload == "agent" else 1024)
+                        max_session_tokens=4096 if workload == "agent" else 1024, host_pass_ms=args.host_pass_ms)
 
 
 def _eq1_pct(summ: dict, model_name: str, sharing: int, windows: dict[int, float], step_ms: float,
@@ -241,6 +243,12 @@ def section_compare(args, out: Path) -> None:
         if not f.is_file():
             continue
         doc = json.loads(f.read_text())
+        stated = doc["config"].get("host_pass_ms")
+        if stated is not None:
+            own = [r["measured_s_ms"] for r in doc["runs"] if "measured_s_ms" in r]
+            lines.append(f"({f.name}: s stated at {stated:g} ms per rank, not measured; this machine's own in the "
+                         f"same runs, slowest rank's mean: {min(own):.2f}-{max(own):.2f} ms)" if own else
+                         f"({f.name}: s stated at {stated:g} ms per rank, not measured)")
         i = ("agent", "chat").index(wl)
         batch = doc["config"]["batch"]
         times = prof.times(batch, wl, (1, 14))
@@ -325,6 +333,8 @@ def main() -> None:
     ap.add_argument("--workloads", default="agent,chat", help="table2, rdma, table9: these workloads only")
     ap.add_argument("--tag", default="", help="suffix of the saved runs' files (compare reads the same tag)")
     ap.add_argument("--fit-max-pages", type=int, default=3000, help="fit: pages per layer per run drawn from 1..this")
+    ap.add_argument("--host-pass-ms", type=float, default=None,
+                    help="table2, rdma, table9: state s (ms per rank) instead of measuring it (slacktier whatif's flag)")
     args = ap.parse_args()
     global _TAG
     _TAG = args.tag

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from slacktier.commands._args import finite_number, whole
+from slacktier.commands._args import finite, finite_number, whole
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 
@@ -41,6 +41,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="sessions clipped to this many tokens (default 1024)")
     p.add_argument("--this-disk", default="", metavar="TIERS",
                    help="tiers file with this disk's read fit (slacktier probe --read-fit), for model this-disk")
+    p.add_argument("--host-pass-ms", type=finite("--host-pass-ms", 0.0, 1000.0), default=None,
+                   metavar="MS", help="state the host pass s of your host (ms per rank) instead of measuring this "
+                   "machine's begin_step; the report's first line says so (default: measured)")
     p.add_argument("--out", default="runs/whatif", help="working directory (default runs/whatif)")
 
 
@@ -96,7 +99,8 @@ def run(args: argparse.Namespace) -> int:
     placements = placements_from_args(args)
     cfg = WhatIfConfig(workdir=args.out, profile=args.profile, workload=args.workload, batch=args.batch,
                        ranks=args.ranks, engram_vocab=args.vocab, decode_steps=args.steps,
-                       max_session_tokens=args.max_session_tokens, this_disk=args.this_disk)
+                       max_session_tokens=args.max_session_tokens, this_disk=args.this_disk,
+                       host_pass_ms=args.host_pass_ms)
     profile, runs = run_whatif(cfg, placements, runs=args.runs, progress=True)
     print(report(cfg, profile, runs))
     return 0

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +122,9 @@ class WhatIfConfig:
     table_seed: int = 1
     check_steps: int = 2              # TP steps after the timed ones with every rank's checker on (untimed)
     this_disk: str = ""               # tiers file with the disk's read fit (model `this-disk`)
+    #: the host pass s stated for the user's host (ms per rank): each rank's timeline holds begin_step this long
+    #: instead of its own measured pre-phase time; None: measured on this machine (the default)
+    host_pass_ms: float | None = None
     table_ranks: int = 0              # ranks the table is staged for (0: `ranks`); ranks 0..ranks-1 of it run
 
     @property
@@ -132,6 +136,11 @@ class WhatIfConfig:
                 self.table_ranks and self.table_ranks < self.ranks):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ranks {self.ranks}",
                                  fix="use a rank count that divides V4.1's 24 hash columns (1, 2, 3, 4, 6, ...)")
+        if self.host_pass_ms is not None and not (isinstance(self.host_pass_ms, (int, float))
+                                                  and math.isfinite(self.host_pass_ms)
+                                                  and 0 <= self.host_pass_ms <= 1000):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"host_pass_ms = {self.host_pass_ms!r}",
+                                 fix="state the host pass as a number of ms in 0..1000, or leave it measured")
         if self.batch < 1 or self.decode_steps < 1 or self.engram_vocab < 1:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"batch {self.batch}, decode_steps {self.decode_steps}, "
                                  f"engram_vocab {self.engram_vocab}", fix="give positive values")
@@ -235,12 +244,14 @@ class _PrePassed(LayerSubset):
     time. With a layer on this machine's disk (`inline`, one rank) begin_step runs in place, its batches timed
     from its start."""
 
-    def __init__(self, engine, axes: Sequence[int], rank: int, devices, inline: bool) -> None:
+    def __init__(self, engine, axes: Sequence[int], rank: int, devices, inline: bool,
+                 hold_s: float | None = None) -> None:
         super().__init__(engine, axes)
         self.rank = rank
         self.devices = devices
         self.inline = inline
-        self.begin_s = 0.0
+        self.hold_s = hold_s      # a stated host pass (WhatIfConfig.host_pass_ms); None: the measured one
+        self.begin_s = 0.0        # the last pre-phase's begin_step, measured
         self.prepassed = False
 
     def pre(self, ids: np.ndarray) -> None:
@@ -256,7 +267,7 @@ class _PrePassed(LayerSubset):
             t = time.perf_counter_ns()
             for d in self.devices:
                 d.start_rank(self.rank, t)
-            sleep_then_spin(t / 1e9 + self.begin_s)
+            sleep_then_spin(t / 1e9 + (self.begin_s if self.hold_s is None else self.hold_s))
             self.prepassed = False
             return
         if not self.inline:   # off the TP step protocol (warm steps): batches land as if alone
@@ -284,6 +295,8 @@ class WhatIfRun:
     checked_steps: int = 0
     mismatches: int = 0
     wall_s: float = 0.0
+    #: [step][rank] begin_step of the pre-phase as measured here, in ms (the timeline's s unless s was stated)
+    measured_s_ms: tuple[tuple[float, ...], ...] = ()
 
     @property
     def step_ms(self) -> float:
@@ -319,6 +332,10 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
     from slacktier.workloads.hashing import EngramLookupHasher
 
     real = [l for l, t in placement.tiers if tier_facts(t).device_kind == "file"]
+    if real and cfg.host_pass_ms is not None:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {placement.name}: a stated host pass with layer "
+                             f"{real[0]} on this machine's disk", fix="leave s measured for real-disk placements: "
+                             "their reads start in begin_step, on the step's clock", layer=real[0])
     if real and cfg.ranks > 1:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {placement.name}: layer {real[0]} on this machine's "
                              f"disk with {cfg.ranks} ranks", fix="run real-disk placements with --ranks 1 (one "
@@ -337,13 +354,16 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
         devices = emulated_devices()
         for rank, eng in enumerate(engines):
             axes = [layout.layer_ids.index(l) for l in served]
-            w = _PrePassed(eng, axes, rank, devices, inline=bool(real))
+            w = _PrePassed(eng, axes, rank, devices, inline=bool(real),
+                           hold_s=None if cfg.host_pass_ms is None else cfg.host_pass_ms / 1e3)
             wrapped.append(w)
             runners.append(TimelineRunner(w, StepTimes(times.workload, times.batch, times.step_ms,
                                                        {l: times.windows_ms[l] for l in served})))
         warm = placement.cache_rows > 0
         replay = iter(_replay(cfg, hasher))
-        steps = _tp_steps(runners, wrapped, devices, replay, cfg.batch, cfg.decode_steps, cfg.warmup_steps, warm)
+        measured: list[tuple[float, ...]] = []
+        steps = _tp_steps(runners, wrapped, devices, replay, cfg.batch, cfg.decode_steps, cfg.warmup_steps, warm,
+                          measured)
         checked, bad = _checked(engines, runners, wrapped, devices, replay, cfg.batch, cfg.check_steps, warm)
     finally:
         for eng in engines:
@@ -351,7 +371,7 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
         forget_devices()
         gc.collect()
     run = WhatIfRun(placement, rep, times, tuple(steps), tuple(served), checked, bad,
-                    time.perf_counter() - t_run)
+                    time.perf_counter() - t_run, tuple(measured))
     if progress:
         st = run.tp_stalls_ms()
         print(f"  {placement.name} run {rep}: {len(steps)} TP steps, stall {st.mean():.2f} ms/step "
@@ -361,8 +381,9 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
 
 
 def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int, warm: bool,
-              ) -> list[tuple[TimelineStep, ...]]:
-    """`n` timed TP steps (after `warmup` untimed ones) of the replay; other steps warm the caches when `warm`."""
+              measured: list | None = None) -> list[tuple[TimelineStep, ...]]:
+    """`n` timed TP steps (after `warmup` untimed ones) of the replay; other steps warm the caches when `warm`.
+    `measured` gets each timed step's measured begin_step per rank (ms)."""
     out: list[tuple[TimelineStep, ...]] = []
     skip = warmup
     warmed_once = False
@@ -389,6 +410,8 @@ def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int
                 skip -= 1
             else:
                 out.append(tuple(ranks))
+                if measured is not None:
+                    measured.append(tuple(r.s_ms if w.inline else 1e3 * w.begin_s for r, w in zip(ranks, wrapped)))
         elif warm or not warmed_once:
             for r in runners:
                 r.warm(st.ids)
@@ -455,7 +478,10 @@ def header(placements: Sequence[WhatIfPlacement], profile: ComputeProfile, cfg: 
     names = sorted({m for p in placements for _, m in p.models})
     real = any(tier_facts(t).device_kind == "file" for p in placements for _, t in p.tiers)
     reads = ", ".join(names) + (" and this machine's disk" if real else "") if names else "this machine's disk"
-    return f"device reads from model {reads or '-'}; device compute from profile {profile.name}"
+    line = f"device reads from model {reads or '-'}; device compute from profile {profile.name}"
+    if cfg.host_pass_ms is not None:
+        line += f"; host pass stated at {cfg.host_pass_ms:g} ms per rank, not measured"
+    return line
 
 
 def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]) -> str:
@@ -467,6 +493,15 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
     lines = [header(placements, profile, cfg)]
     for m in sorted({m for p in placements for _, m in p.models}):
         lines.append("  " + resolve_model(m, cfg).describe())
+    measured = [max(np.mean([st[k] for st in r.measured_s_ms]) for k in range(cfg.ranks))
+                for r in runs if r.measured_s_ms]
+    own = f"slowest rank's mean {np.mean(measured):.2f} ms" if measured else "not recorded"
+    if cfg.host_pass_ms is not None:
+        lines.append(f"  host pass s: stated, {cfg.host_pass_ms:g} ms per rank; each rank's timeline holds begin_step "
+                     f"that long (this machine's begin_step, measured in the same runs: {own})")
+    else:
+        lines.append(f"  host pass s: measured, each rank's begin_step on this machine, one rank after another in "
+                     f"this process ({own})")
     lines.append(f"  {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}"
                  + (f" (ranks 0..{cfg.ranks - 1} run)" if cfg.ranks < cfg.staged_ranks else "")
                  + f" (step = slowest rank), V4.1 hash over a "
