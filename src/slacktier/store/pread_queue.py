@@ -57,6 +57,7 @@ class _Job:
     end_ns: int = 0
     cpu_ns: int = 0
     done: bool = False
+    first_bad: int = -1     # the first read whose result is not a whole page, once done (-1: none)
 
 
 class PreadQueue(DeviceQueue):
@@ -170,10 +171,13 @@ class PreadQueue(DeviceQueue):
                     self._trace.extend((job.client, int(job.region[i]), int(job.page[i])) for i in range(lo, hi))
             t0 = time.thread_time_ns()
             self.read_chunk(job.client, c, job, lo, hi)
+            bad = np.flatnonzero(job.res[lo:hi] != PAGE_BYTES)
             spent = time.thread_time_ns() - t0
             with self._work:
                 job.cpu_ns += spent
                 job.landed += hi - lo
+                if bad.size and (job.first_bad < 0 or lo + int(bad[0]) < job.first_bad):
+                    job.first_bad = lo + int(bad[0])
                 if job.landed == job.region.shape[0]:
                     job.end_ns = time.perf_counter_ns()
                     job.done = True
@@ -205,8 +209,8 @@ class PreadQueue(DeviceQueue):
             j = self._jobs[job]
             if not self._done.wait_for(lambda: j.done, timeout_s):
                 return None
-        bad = np.flatnonzero(j.res != PAGE_BYTES)
-        return Landed(j.submit_ns, j.first_ns, j.end_ns, j.cpu_ns, int(bad[0]) if bad.size else -1)
+        # first_bad is found by the thread that read each chunk, so a wait on landed reads scans nothing
+        return Landed(j.submit_ns, j.first_ns, j.end_ns, j.cpu_ns, j.first_bad)
 
     def cancel(self, job: int) -> int:
         with self._work:
@@ -217,6 +221,8 @@ class PreadQueue(DeviceQueue):
             self._queue = [e for e in self._queue if e[2] is not j]
             heapq.heapify(self._queue)
             j.res[j.admitted:] = -errno.ECANCELED
+            if j.first_bad < 0 or j.admitted < j.first_bad:
+                j.first_bad = j.admitted
             j.admitted = j.region.shape[0]
             j.landed += n
             if j.landed == j.region.shape[0]:
@@ -247,7 +253,11 @@ class PreadQueue(DeviceQueue):
     def hold(self, on: bool) -> None:
         with self._work:
             self._held = on
-            self._work.notify_all()
+            # Wake the threads only when a release leaves them reads to take: a waiting thread has nothing to do
+            # with a hold, and each one woken takes the interpreter from whoever runs next (the emulated devices
+            # hold and release their queues around every what-if step, right before a rank's host pass).
+            if not on and self._queue:
+                self._work.notify_all()
 
     def trace(self, reads: int) -> None:
         with self._work:
