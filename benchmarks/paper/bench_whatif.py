@@ -4,8 +4,10 @@ against this disk (issue 31). Sections, in the order run:
     fit       this disk's read fit on the staged table's rank-0 regions (`slacktier probe --read-fit`'s code),
               written to <out>/this-disk.tiers.toml: the `this-disk` model, fitted on random reads, not on the
               timeline runs it is compared with
+    fit-timeline  the same model fitted on real timeline runs instead (rank 0, chat B=128 and agent B=64, not the
+              runs validate compares), written to <out>/this-disk-timeline.toml
     validate  rank 0 of the TP4 table alone (the paper's one disk per rank) on this disk, real and emulated with
-              `this-disk`, the placements interleaved and shuffled, `--runs` each
+              `this-disk` (or `--validate-model FILE`), the placements interleaved and shuffled, `--runs` each
     table2    Table 2's six placements on `nvme-paper`, agent and chat, B=128, four ranks, each beside the paper
     rdma      section 6.8's remote rows on `rdma-paper`: B = 8 and 128, uncached and a 1M-row split cache
     table9    Table 9's sweep, f in 0..1, one shared and four per-rank disks
@@ -125,19 +127,64 @@ def section_fit(args, out: Path) -> None:
                    max_pages=args.fit_max_pages, rank=0, command=command_line(__file__))
 
 
+def section_fit_timeline(args, out: Path) -> None:
+    """`this-disk` fitted on real timeline runs other than the ones it is checked against: rank 0, both layers on
+    this disk, chat at B=128 and agent at B=64 (about 765 and 380 pages per layer, around validate's 618). Each
+    step gives two equations of the emulated device's own terms (store.emulated: layer 1 submitted first, layer
+    14 right behind it): T1 = a + b P1 + c P14 (layer 14's pages steal c each from layer 1) and T14 = a + b (P1 +
+    P14) + c P14 (layer 14 waits for layer 1's pages by the queue order). Written to
+    <out>/this-disk-timeline.toml; `validate --validate-model <that file>` checks it."""
+    rows, rhs = [], []
+    for wl, b in (("chat", 128), ("agent", 64)):
+        cfg = dataclasses.replace(_base(args, wl, b), ranks=1, table_ranks=4)
+        p = WhatIfPlacement(f"fit: both disk, {wl} B={b}", ((1, "disk"), (14, "disk")))
+        _, rs = run_whatif(cfg, [p], runs=args.runs, progress=True)
+        for r in rs:
+            for st in r.steps:
+                p1, p14 = st[0].pages[1], st[0].pages[14]
+                rows += [(1.0, p1, p14), (1.0, p1 + p14, p14)]
+                rhs += [st[0].read_ms[1], st[0].read_ms[14]]
+    x, y = np.array(rows), np.array(rhs)
+    coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    free = np.ones(3, bool)
+    while (coef[free] < 0).any():   # a negative term is no device's: hold it at 0 and fit the others again
+        free[np.flatnonzero(free)[np.argmin(coef[free])]] = False
+        coef = np.zeros(3)
+        coef[free], *_ = np.linalg.lstsq(x[:, free], y, rcond=None)
+    a, b, c = (float(v) for v in coef)
+    pred = x @ np.array([a, b, c])
+    r2 = 1 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
+    free_fit, *_ = np.linalg.lstsq(x, y, rcond=None)
+    print(f"timeline fit over {len(y) // 2} steps: a {a:.3f} ms, b {1e3 * b:.2f} us, c {1e3 * c:.2f} us "
+          f"(terms held at 0: {', '.join(n for n, f in zip('abc', free) if not f) or 'none'}; unconstrained: "
+          f"{free_fit[0]:.3f} ms + {1e3 * free_fit[1]:.2f} us P + {1e3 * free_fit[2]:.2f} us P14), R^2 {r2:.3f}; "
+          f"pages per layer {x[::2, 1].min():.0f}-{x[::2, 1].max():.0f}", flush=True)
+    for name, (lo, hi) in (("chat B=128", (0, len(y) // 4)), ("agent B=64", (len(y) // 4, len(y) // 2))):
+        t1 = y[0::2][lo:hi]   # the two configurations ran the same number of steps
+        print(f"  {name}: layer 1 {x[0::2, 1][lo:hi].mean():.0f} pages in {t1.mean():.2f} ms mean "
+              f"({1e3 * t1.sum() / x[0::2, 1][lo:hi].sum():.2f} us a page)", flush=True)
+    (out / "this-disk-timeline.toml").write_text(
+        "[device]\n" + f'name = "this-disk-timeline"\nintercept_ms = {a!r}\npage_us = {1e3 * b!r}\n'
+        f"behind_page_us = {1e3 * c!r}\nqueue_depth = 128\nranks_in_fit = 1\n"
+        f'origin = "fitted {utc_stamp()} on real timeline runs (rank 0, chat B=128, agent B=64, both layers on this '
+        f'disk), {len(y) // 2} steps, R^2 {r2:.3f}"\n')
+    print(f"wrote {out / 'this-disk-timeline.toml'}", flush=True)
+
+
 def section_validate(args, out: Path) -> None:
     cfg = dataclasses.replace(_base(args, "agent", 128), ranks=1, table_ranks=4,
                               this_disk=str(out / "this-disk.tiers.toml"))
     both_real = ((1, "disk"), (14, "disk"))
     both_emu = ((1, "emulated"), (14, "emulated"))
-    on = ((1, "this-disk"), (14, "this-disk"))
+    model = args.validate_model
+    on = ((1, model), (14, model))
     placements = [WhatIfPlacement("real: L1 DRAM, L14 disk", ((1, "dram"), (14, "disk"))),
-                  WhatIfPlacement("emulated: L1 DRAM, L14 disk", ((1, "dram"), (14, "emulated")), ((14, "this-disk"),)),
+                  WhatIfPlacement("emulated: L1 DRAM, L14 disk", ((1, "dram"), (14, "emulated")), ((14, model),)),
                   WhatIfPlacement("real: both disk", both_real),
                   WhatIfPlacement("emulated: both disk", both_emu, on)]
     rs = _run(cfg, placements, args.runs, out, "validate")
-    from slacktier.serve.whatif import this_disk_model
-    print(this_disk_model(cfg.this_disk).describe(), flush=True)
+    from slacktier.serve.whatif import resolve_model
+    print(resolve_model(model, cfg).describe(), flush=True)
     lines = [f"{'placement':30} {'runs':>4} {'stall ms per run':>32} {'mean':>6} {'spread':>6}"]
     for p in placements:
         st = [float(r.tp_stalls_ms().mean()) for r in rs if r.placement == p]
@@ -317,7 +364,7 @@ def section_hits(args, out: Path) -> None:
 
 _TAG = ""   # --tag: a suffix on the saved runs' file names (a second campaign beside the first)
 
-SECTIONS = {"fit": section_fit, "validate": section_validate, "table2": section_table2, "rdma": section_rdma,
+SECTIONS = {"fit": section_fit, "fit-timeline": section_fit_timeline, "validate": section_validate, "table2": section_table2, "rdma": section_rdma,
             "table9": section_table9, "compare": section_compare,
             "hits": section_hits}
 
@@ -333,6 +380,9 @@ def main() -> None:
     ap.add_argument("--workloads", default="agent,chat", help="table2, rdma, table9: these workloads only")
     ap.add_argument("--tag", default="", help="suffix of the saved runs' files (compare reads the same tag)")
     ap.add_argument("--fit-max-pages", type=int, default=3000, help="fit: pages per layer per run drawn from 1..this")
+    ap.add_argument("--validate-model", default="this-disk",
+                    help="validate: the emulated side's model (this-disk from `fit`, or a TOML file such as the one "
+                         "`fit-timeline` writes)")
     ap.add_argument("--host-pass-ms", type=float, default=None,
                     help="table2, rdma, table9: state s (ms per rank) instead of measuring it (slacktier whatif's flag)")
     args = ap.parse_args()
