@@ -76,6 +76,15 @@ def test_a_toml_model_loads_and_an_unknown_name_is_refused(tmp_path):
         load_device_model("nvme-fast")
 
 
+def test_a_model_written_as_toml_reads_back_equal(tmp_path):
+    from slacktier.store.emulated import DeviceModel, device_model_toml
+
+    m = DeviceModel("my \"nvme\"", 0.123456789, 2.5, 0.0, 64, 4, 'fit of "today", C:\\runs')
+    path = tmp_path / "m.toml"
+    path.write_text(device_model_toml(m))
+    assert load_device_model(str(path)) == m
+
+
 def test_one_device_serves_one_model():
     forget_devices()
     try:

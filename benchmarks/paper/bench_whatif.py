@@ -135,7 +135,9 @@ def section_fit_timeline(args, out: Path) -> None:
     P14) + c P14 (layer 14 waits for layer 1's pages by the queue order). Written to
     <out>/this-disk-timeline.toml; `validate --validate-model <that file>` checks it."""
     rows, rhs = [], []
+    spans = []   # (configuration, its first and last step + 1)
     for wl, b in (("chat", 128), ("agent", 64)):
+        first = len(rhs) // 2
         cfg = dataclasses.replace(_base(args, wl, b), ranks=1, table_ranks=4)
         p = WhatIfPlacement(f"fit: both disk, {wl} B={b}", ((1, "disk"), (14, "disk")))
         _, rs = run_whatif(cfg, [p], runs=args.runs, progress=True)
@@ -144,8 +146,10 @@ def section_fit_timeline(args, out: Path) -> None:
                 p1, p14 = st[0].pages[1], st[0].pages[14]
                 rows += [(1.0, p1, p14), (1.0, p1 + p14, p14)]
                 rhs += [st[0].read_ms[1], st[0].read_ms[14]]
+        spans.append((f"{wl} B={b}", first, len(rhs) // 2))
     x, y = np.array(rows), np.array(rhs)
     coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+    free_fit = coef.copy()
     free = np.ones(3, bool)
     while (coef[free] < 0).any():   # a negative term is no device's: hold it at 0 and fit the others again
         free[np.flatnonzero(free)[np.argmin(coef[free])]] = False
@@ -154,20 +158,21 @@ def section_fit_timeline(args, out: Path) -> None:
     a, b, c = (float(v) for v in coef)
     pred = x @ np.array([a, b, c])
     r2 = 1 - float(((y - pred) ** 2).sum()) / float(((y - y.mean()) ** 2).sum())
-    free_fit, *_ = np.linalg.lstsq(x, y, rcond=None)
     print(f"timeline fit over {len(y) // 2} steps: a {a:.3f} ms, b {1e3 * b:.2f} us, c {1e3 * c:.2f} us "
           f"(terms held at 0: {', '.join(n for n, f in zip('abc', free) if not f) or 'none'}; unconstrained: "
           f"{free_fit[0]:.3f} ms + {1e3 * free_fit[1]:.2f} us P + {1e3 * free_fit[2]:.2f} us P14), R^2 {r2:.3f}; "
           f"pages per layer {x[::2, 1].min():.0f}-{x[::2, 1].max():.0f}", flush=True)
-    for name, (lo, hi) in (("chat B=128", (0, len(y) // 4)), ("agent B=64", (len(y) // 4, len(y) // 2))):
-        t1 = y[0::2][lo:hi]   # the two configurations ran the same number of steps
+    for name, lo, hi in spans:   # each configuration's own layer-1 cost per page
+        t1 = y[0::2][lo:hi]
         print(f"  {name}: layer 1 {x[0::2, 1][lo:hi].mean():.0f} pages in {t1.mean():.2f} ms mean "
               f"({1e3 * t1.sum() / x[0::2, 1][lo:hi].sum():.2f} us a page)", flush=True)
-    (out / "this-disk-timeline.toml").write_text(
-        "[device]\n" + f'name = "this-disk-timeline"\nintercept_ms = {a!r}\npage_us = {1e3 * b!r}\n'
-        f"behind_page_us = {1e3 * c!r}\nqueue_depth = 128\nranks_in_fit = 1\n"
-        f'origin = "fitted {utc_stamp()} on real timeline runs (rank 0, chat B=128, agent B=64, both layers on this '
-        f'disk), {len(y) // 2} steps, R^2 {r2:.3f}"\n')
+    from slacktier.store.emulated import DeviceModel, device_model_toml
+
+    where = ", ".join(name for name, _, _ in spans)
+    (out / "this-disk-timeline.toml").write_text(device_model_toml(DeviceModel(
+        "this-disk-timeline", a, 1e3 * b, 1e3 * c, 128, 1,
+        f"fitted {utc_stamp()} on real timeline runs (rank 0, {where}, both layers on this disk), {len(y) // 2} "
+        f"steps, R^2 {r2:.3f}")))
     print(f"wrote {out / 'this-disk-timeline.toml'}", flush=True)
 
 

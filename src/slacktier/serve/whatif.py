@@ -173,12 +173,11 @@ def model_file(spec: str, cfg: WhatIfConfig) -> str:
     if not cfg.this_disk:
         raise SlackTierError(ErrorKind.MISSING, "device model this-disk needs the disk's read fit",
                              fix="pass --this-disk TIERS (written by slacktier probe --read-fit)")
-    m = this_disk_model(cfg.this_disk)
+    from slacktier.store.emulated import device_model_toml
+
     path = Path(cfg.workdir) / "this-disk.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("[device]\n" + f'name = "this-disk"\nintercept_ms = {m.intercept_ms!r}\npage_us = {m.page_us!r}\n'
-                    f"behind_page_us = {m.behind_page_us!r}\nqueue_depth = {m.queue_depth}\nranks_in_fit = 1\n"
-                    f'origin = "{m.origin}"\n')
+    path.write_text(device_model_toml(this_disk_model(cfg.this_disk)))
     return str(path)
 
 

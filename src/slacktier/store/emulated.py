@@ -69,6 +69,7 @@ from __future__ import annotations
 import ctypes
 import errno
 import functools
+import json
 import logging
 import math
 import threading
@@ -163,6 +164,14 @@ def model_from_dict(doc: dict, where: str) -> DeviceModel:
     return DeviceModel(str(dev.get("name", Path(where).stem)), dev["intercept_ms"], dev["page_us"],
                        dev["behind_page_us"], dev["queue_depth"], dev.get("ranks_in_fit", 1),
                        str(dev.get("origin", where)))
+
+
+def device_model_toml(m: DeviceModel) -> str:
+    """`m` as a TOML file's text, a [device] table that `load_device_model` reads back equal."""
+    # strings as JSON writes them: a TOML basic string with the same escapes; floats by repr, which reads back equal
+    return (f"[device]\nname = {json.dumps(m.name)}\nintercept_ms = {m.intercept_ms!r}\npage_us = {m.page_us!r}\n"
+            f"behind_page_us = {m.behind_page_us!r}\nqueue_depth = {m.queue_depth}\n"
+            f"ranks_in_fit = {m.ranks_in_fit}\norigin = {json.dumps(m.origin)}\n")
 
 
 def load_device_model(spec: str) -> DeviceModel:
@@ -278,9 +287,9 @@ class EmulatedDevice:
 
         The rank queues copy no page until the device is sealed (`seal`): a real device moves the bytes
         itself, so the copies that stand in for it must not take the CPU from the ranks' host passes, which run
-        one after another in this process, nor from their timeline steps. Measured: with the copies running, four ranks' begin_step
-        took 3.0-4.9 ms each at B = 128 on this 2-core VM, against 0.2-0.4 ms for one rank on the disk tier
-        (docs/bench-log/whatif.md, 2026-12-03 14:37)."""
+        one after another in this process, nor from their timeline steps. Measured: with the copies running,
+        four ranks' begin_step took 3.0-4.9 ms each at B = 128 on this 2-core VM, against 0.2-0.4 ms for one
+        rank on the disk tier (docs/bench-log/whatif.md, 2026-12-03 14:37)."""
         with self._lock:
             self._stepping = True
             self._step_start.clear()
@@ -323,9 +332,9 @@ class EmulatedDevice:
             q.flush()
 
     def _landings(self) -> dict[int, float]:
-        """id(job) -> ms after its rank's step start, for every batch of the step: computed once, and again if a
-        batch came since (lock held)."""
-        if self._rel_land is None or len(self._rel_land) != len(self._step_jobs):
+        """id(job) -> ms after its rank's step start, for every batch of the step: computed once, and again after
+        `add` or `cancel` changed the step's batches (lock held)."""
+        if self._rel_land is None:
             sims = [SimJob(id(j), j.priority, j.pages, j.rel_submit_ns / 1e6) for j in self._step_jobs]
             self._rel_land = completions_ms(sims, self.model)
         return self._rel_land
@@ -354,6 +363,7 @@ class EmulatedDevice:
             if job.land_ns < 0:
                 job.start_ns = job.land_ns = job.submit_ns
                 self._step_jobs = [j for j in self._step_jobs if j is not job]
+                self._rel_land = None
             self._lock.notify_all()
 
     def end_step(self) -> None:
@@ -371,6 +381,7 @@ class EmulatedDevice:
             if self._stepping and rank in self._step_start and rank not in self._release:
                 job.rel_submit_ns = job.submit_ns - self._step_start[rank]
                 self._step_jobs.append(job)
+                self._rel_land = None
                 return
             m = self.model
             alone = m.intercept_ms + m.page_us / m.ranks_in_fit / 1e3 * job.pages
@@ -716,10 +727,8 @@ class EmulatedQueue(PreadQueue):
     def copy_queued(self) -> None:
         """Let the worker copy every queued read into its pool, and return once all are there (the device's
         `seal`: the step's copies done before any rank's step starts)."""
-        self.flush()
-        with self._work:
-            self._held = False
-            self._work.notify_all()
+        self.hold(False)
+        with self._done:
             self._done.wait_for(lambda: self._stop or not (self._queue or self._active))
 
     def close(self) -> None:
@@ -835,7 +844,7 @@ class EmulatedSource(DiskSource):
 
 register_tier("emulated", EmulatedSource, EmulatedOptions)
 
-__all__ = ["BUILTIN_MODELS", "DeviceModel", "EmulatedDevice", "EmulatedLane", "EmulatedOptions", "EmulatedQueue",
+__all__ = ["BUILTIN_MODELS", "DeviceModel", "device_model_toml", "EmulatedDevice", "EmulatedLane", "EmulatedOptions", "EmulatedQueue",
            "EmulatedSource", "LANE_REFUSALS", "LaneJob", "LaneTable", "NVME_PAPER", "RDMA_PAPER", "SimJob",
            "completions_ms", "emulated_device", "emulated_devices", "forget_devices", "lane_submit_address",
            "load_device_model", "model_from_dict"]

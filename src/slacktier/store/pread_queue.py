@@ -57,7 +57,7 @@ class _Job:
     end_ns: int = 0
     cpu_ns: int = 0
     done: bool = False
-    first_bad: int = -1     # the first read whose result is not a whole page, once done (-1: none)
+    first_bad: int = -1     # the first read whose result is not a whole page, found once it is done (-1: none)
 
 
 class PreadQueue(DeviceQueue):
@@ -171,19 +171,23 @@ class PreadQueue(DeviceQueue):
                     self._trace.extend((job.client, int(job.region[i]), int(job.page[i])) for i in range(lo, hi))
             t0 = time.thread_time_ns()
             self.read_chunk(job.client, c, job, lo, hi)
-            bad = np.flatnonzero(job.res[lo:hi] != PAGE_BYTES)
             spent = time.thread_time_ns() - t0
             with self._work:
                 job.cpu_ns += spent
                 job.landed += hi - lo
-                if bad.size and (job.first_bad < 0 or lo + int(bad[0]) < job.first_bad):
-                    job.first_bad = lo + int(bad[0])
                 if job.landed == job.region.shape[0]:
-                    job.end_ns = time.perf_counter_ns()
-                    job.done = True
-                    self._active = [(p, j) for p, j in self._active if j is not job]
-                    self._done.notify_all()
+                    self._land(job)
                     self._work.notify_all()   # a job held back behind it may start
+
+    def _land(self, job: _Job) -> None:
+        """Every read of `job` has its result: mark it done and find its first bad read once, here rather than in
+        each wait (lock held)."""
+        bad = np.flatnonzero(job.res != PAGE_BYTES)
+        job.first_bad = int(bad[0]) if bad.size else -1
+        job.end_ns = time.perf_counter_ns()
+        job.done = True
+        self._active = [(p, j) for p, j in self._active if j is not job]
+        self._done.notify_all()
 
     def read_chunk(self, client: int, c: _Client, job: _Job, lo: int, hi: int) -> None:
         """Read the job's reads lo..hi-1 into its pool, each result in job.res (bytes or -errno); no lock held."""
@@ -209,7 +213,6 @@ class PreadQueue(DeviceQueue):
             j = self._jobs[job]
             if not self._done.wait_for(lambda: j.done, timeout_s):
                 return None
-        # first_bad is found by the thread that read each chunk, so a wait on landed reads scans nothing
         return Landed(j.submit_ns, j.first_ns, j.end_ns, j.cpu_ns, j.first_bad)
 
     def cancel(self, job: int) -> int:
@@ -221,15 +224,10 @@ class PreadQueue(DeviceQueue):
             self._queue = [e for e in self._queue if e[2] is not j]
             heapq.heapify(self._queue)
             j.res[j.admitted:] = -errno.ECANCELED
-            if j.first_bad < 0 or j.admitted < j.first_bad:
-                j.first_bad = j.admitted
             j.admitted = j.region.shape[0]
             j.landed += n
             if j.landed == j.region.shape[0]:
-                j.end_ns = time.perf_counter_ns()
-                j.done = True
-                self._active = [(p, a) for p, a in self._active if a is not j]
-                self._done.notify_all()
+                self._land(j)
             self._work.notify_all()
             return n
 
