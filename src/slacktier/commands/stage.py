@@ -64,6 +64,9 @@ def parse_layers(text: str) -> list[int]:
 def parse_ranks(text: str, ranks: int) -> list[int]:
     """'3' or '0,3' -> [3] / [0, 3], each below `ranks`; anything else is refused."""
     fix = f"write ranks below --ranks {ranks} separated by commas, e.g. --only-ranks 3"
+    if not text.strip():   # an unset shell variable: refused, never read as "every rank"
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--only-ranks {text!r} names no rank",
+                             fix=fix + ", or leave the flag out to stage every rank")
     try:
         out = [int(x) for x in text.split(",")]
     except ValueError as exc:
@@ -137,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
                   buffered=args.buffered, progress=not args.no_progress)
     if args.writers is not None:
         common["writers"] = args.writers
-    if args.only_ranks:
+    if args.only_ranks is not None:
         common["only_ranks"] = parse_ranks(args.only_ranks, args.ranks)
     common["partition"] = args.partition
     t0 = time.perf_counter()
