@@ -45,7 +45,7 @@ def test_installed_entry_point_runs():
 
 def test_stage_and_verify_synthetic(tmp_path, capsys):
     target = tmp_path / "t.bin"
-    rc = cli.main(["stage", "--synthetic", "1:2000,14:1500", "--ranks", "2", "--seed", "4", "--target", str(target),
+    rc = cli.main(["stage", "--synthetic", "1=2000,14=1500", "--ranks", "2", "--seed", "4", "--target", str(target),
                    "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -54,7 +54,7 @@ def test_stage_and_verify_synthetic(tmp_path, capsys):
     assert cli.main(["verify", manifest, "--rows", "20", "--no-progress"]) == 0
     assert ": OK;" in capsys.readouterr().out
     # another table onto the same target: refused with a fix message, exit code 2 (cli.py: a refused command)
-    rc = cli.main(["stage", "--synthetic", "1:2000", "--seed", "5", "--target", str(target), "--no-progress"])
+    rc = cli.main(["stage", "--synthetic", "1=2000", "--seed", "5", "--target", str(target), "--no-progress"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "another table" in err and "--overwrite" in err
@@ -86,8 +86,8 @@ def test_stage_scaled_engram_layout(tmp_path, capsys):
 
 
 def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
-    assert cli.main(["stage", "--synthetic", "1=20", "--target", str(tmp_path / "t.bin")]) == 2
-    assert "LAYER:ROWS" in capsys.readouterr().err
+    assert cli.main(["stage", "--synthetic", "1-20", "--target", str(tmp_path / "t.bin")]) == 2
+    assert "LAYER=ROWS" in capsys.readouterr().err
 
 
 def test_demo_runs_small(tmp_path, capsys):

@@ -645,7 +645,7 @@ def test_a_restage_from_another_process_never_has_its_rows_served(staged, o_dire
     target, other = staged.targets[0], o_direct_dir / "other.manifest.json"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     before = _sha(target)
-    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1:30000,14:45000",
+    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1=30000,14=45000",
                           "--ranks", "2", "--seed", "12", "--target", target, "--manifest", str(other),
                           "--overwrite", "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr

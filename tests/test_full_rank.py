@@ -131,7 +131,7 @@ def test_check_targets_with_a_small_fake_free_space_refuses_and_writes_nothing(t
 def test_stage_refuses_a_table_larger_than_the_disk_before_writing(tmp_path, capsys):
     # 10^14 rows (27 PB of pages) exceeds any disk this runs on: the real free space is the figure
     t = tmp_path / "big.bin"
-    assert cli.main(["stage", "--synthetic", "1:100000000000000", "--target", str(t), "--no-progress"]) == 2
+    assert cli.main(["stage", "--synthetic", "1=100000000000000", "--target", str(t), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "not enough disk space" in err and "nothing was written" in err
     assert list(tmp_path.iterdir()) == []

@@ -67,7 +67,7 @@ def test_probe_read_fit_writes_a_tiers_file_that_plan_reads(staged, tmp_path, ca
     curves.write_text(json.dumps({"workload": "agent", "batch": 8, "layers": {
         "1": {"capacity_rows": [0, 1000], "pages_per_step": [100, 50]},
         "14": {"capacity_rows": [0, 1000], "pages_per_step": [100, 50]}}}))
-    assert cli.main(["plan", "--table", f"1:{staged.path}", "--table", f"14:{staged.path}", "--window", "1=1000",
+    assert cli.main(["plan", "--table", f"1={staged.path}", "--table", f"14={staged.path}", "--window", "1=1000",
                      "--window", "14=2000", "--tiers", str(out), "--curves", str(curves), "--cache-rows", "1000",
                      "--target-ms", "0", "--out", str(tmp_path / "control.toml")]) == 0
     assert "predicted slowdown 0.000" in capsys.readouterr().out

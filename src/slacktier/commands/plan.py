@@ -6,7 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
-from slacktier.commands._args import MAX_MS, finite, finite_number, whole
+from slacktier.commands._args import MAX_MS, finite, finite_number, layer_item, whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("place each table on the tier cheapest in host memory whose predicted stall fits the target, split the "
@@ -15,8 +15,9 @@ HELP = ("place each table on the tier cheapest in host memory whose predicted st
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     """Flags of the plan verb."""
-    p.add_argument("--table", action="append", required=True, metavar="LAYER:MANIFEST[:ROWS]",
-                   help="a table to place (repeat per table); ROWS defaults to the layer's rows in the manifest")
+    p.add_argument("--table", action="append", required=True, metavar="LAYER=MANIFEST[:ROWS]",
+                   help="a table to place (repeat per table), e.g. 1=runs/t.bin.manifest.json; ROWS defaults to "
+                        "the layer's rows in the manifest")
     add_window_arguments(p)
     p.add_argument("--tiers", type=Path, required=True,
                    help="tiers TOML: one [[tier]] per device queue with its read-time model (plan.tiers; "
@@ -47,13 +48,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _parse_tables(specs: list[str]) -> list[tuple[int, str, int | None]]:
     out = []
     for s in specs:
-        parts = s.split(":")
-        if len(parts) not in (2, 3):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"--table {s!r}", fix="use LAYER:MANIFEST or LAYER:MANIFEST:ROWS")
-        try:
-            out.append((int(parts[0]), parts[1], int(parts[2]) if len(parts) == 3 else None))
-        except ValueError as exc:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"--table {s!r}", fix="LAYER and ROWS are integers") from exc
+        layer, rest = layer_item(s, "--table", "LAYER=MANIFEST[:ROWS]")
+        manifest, sep, rows = rest.rpartition(":")
+        if not sep or not rows.strip().isdigit():   # no :ROWS (a path may hold ':' itself)
+            manifest, rows = rest, ""
+        if not manifest:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--table {s!r} names no manifest",
+                                 fix="write --table LAYER=MANIFEST[:ROWS], e.g. 1=runs/t.bin.manifest.json")
+        out.append((layer, manifest, int(rows) if rows else None))
     return out
 
 

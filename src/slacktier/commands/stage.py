@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from slacktier.commands._args import whole
+from slacktier.commands._args import layer_item, whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 if TYPE_CHECKING:
@@ -27,15 +27,16 @@ def _whole_number(text: str) -> int:
 
 
 def parse_layer_rows(text: str) -> dict[int, int]:
-    """'1:1000000,14:1000000' -> {1: 1000000, 14: 1000000}; a layer listed twice or a non-number is refused."""
+    """'1=1000000,14=1000000' -> {1: 1000000, 14: 1000000} (the older '1:1000000' read with a warning); a layer
+    listed twice or a non-number is refused."""
     out: dict[int, int] = {}
-    fix = "write LAYER:ROWS,LAYER:ROWS with each layer once, e.g. 1:1000000,14:1000000"
+    fix = "write LAYER=ROWS,LAYER=ROWS with each layer once, e.g. 1=1000000,14=1000000"
     if not text.strip():
         raise SlackTierError(ErrorKind.BAD_INPUT, "--synthetic is empty", fix=fix)
     try:
         for item in text.split(","):
-            layer_text, rows_text = item.split(":")
-            layer, rows = int(layer_text), _whole_number(rows_text)
+            layer, rows_text = layer_item(item, "--synthetic", "LAYER=ROWS,...")
+            rows = _whole_number(rows_text)
             if layer in out:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} is listed twice in {text!r}", fix=fix,
                                      layer=layer)
@@ -98,8 +99,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", nargs="+", metavar="PATH",
                      help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale")
-    src.add_argument("--synthetic", metavar="LAYER:ROWS,...",
-                     help="a seeded synthetic table, e.g. 1:8000000,14:8000000")
+    src.add_argument("--synthetic", metavar="LAYER=ROWS,...",
+                     help="a seeded synthetic table, e.g. 1=8000000,14=8000000")
     src.add_argument("--engram", metavar="VOCAB|v41",
                      help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
                           "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one")
