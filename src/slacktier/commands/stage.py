@@ -130,7 +130,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slacktier.tables.layout import PAGE_BYTES
+    from slacktier.tables.layout import PAGE_BYTES, binary_bytes
     from slacktier.tables.stage import stage_checkpoint, stage_synthetic
 
     if args.layers and not args.checkpoint:
@@ -158,7 +158,7 @@ def run(args: argparse.Namespace) -> int:
     dt = time.perf_counter() - t0
     nbytes = m.total_pages * PAGE_BYTES
     print(f"staged {len(m.regions)} regions ({sum(r.rows for r in m.regions)} rows, {m.total_pages} pages, "
-          f"{nbytes / 1e9:.2f} GB) in {dt:.1f} s ({nbytes / dt / 1e9:.2f} GB/s)")
+          f"{binary_bytes(nbytes)}) in {dt:.1f} s ({binary_bytes(nbytes / dt)}/s)")
     print(f"source {m.source_digest}")
     print(f"manifest {m.path}")
     return 0

@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from slacktier.serve.runs import LayerStats, RunRecord
+from slacktier.tables.layout import binary_bytes
 
 NAN = math.nan
 
@@ -150,8 +151,8 @@ def demo_stage_report(layers: int, rows: int, ranks: int, regions: int, nbytes: 
     """The demo's staging section: what was staged, how fast, one row read back, the verification."""
     lines = ["SlackTier demo",
              f"  table      {layers} layers x {rows:,} rows, {ranks} ranks -> {regions} regions",
-             f"  staged     {nbytes / 1e6:.1f} MB into {target} in {stage_s:.2f} s "
-             f"({nbytes / stage_s / 1e6:.0f} MB/s, O_DIRECT; a first run also compiles the kernels)",
+             f"  staged     {binary_bytes(nbytes)} into {target} in {stage_s:.2f} s "
+             f"({binary_bytes(nbytes / stage_s)}/s, O_DIRECT; a first run also compiles the kernels)",
              f"  manifest   {manifest}",
              f"  layer {sample_layer} rank 0 row 0 (bf16, first 4): {[round(float(v), 6) for v in sample]}"]
     lines += [f"  {line}" for line in verify_lines]

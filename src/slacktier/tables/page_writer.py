@@ -34,7 +34,7 @@ import numpy as np
 from tqdm import tqdm
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
+from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, binary_bytes, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
     layer_spans, new_stage_id, parse_header, plan_regions, region_pieces, target_bytes
 from slacktier.tables.odirect import DirectFile, aligned_array, lock_target, os_error, probe_target, write_file_atomic
@@ -84,8 +84,8 @@ def check_free_space(targets: list[str], need_bytes: list[int], size_bytes: list
     for fs, more in grow.items():
         if more > free[fs]:
             where = ", ".join(names[fs])
-            raise SlackTierError(ErrorKind.TARGET, f"not enough disk space: the table needs {more / 1e9:.2f} GB more "
-                                 f"on the filesystem of {where}, which has {free[fs] / 1e9:.2f} GB free; nothing "
+            raise SlackTierError(ErrorKind.TARGET, f"not enough disk space: the table needs {binary_bytes(more)} more "
+                                 f"on the filesystem of {where}, which has {binary_bytes(free[fs])} free; nothing "
                                  "was written", fix="free space, stage elsewhere, or stage fewer rows or ranks "
                                  "(--only-ranks)")
 
