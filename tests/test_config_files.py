@@ -111,6 +111,22 @@ def test_a_missing_manifest_is_named_as_resolved_with_the_file_that_named_it(tmp
     assert "relative path is read from the file's folder" in said
 
 
+def test_a_missing_target_is_named_with_the_manifest_that_named_it(o_direct_dir, capsys) -> None:
+    m = stage_synthetic([o_direct_dir / "gone.bin"], {1: 150}, 1, 0, progress=False)
+    control = write_control(ControlFile(tables=(TableConfig(layer=1, manifest=m.path),)), o_direct_dir / "c.toml")
+    assert cli.main(["inspect", str(control)]) == 0
+    os.remove(o_direct_dir / "gone.bin")
+    for source in ("disk", "dram"):
+        control.write_text(f'[[table]]\nlayer = 1\nmanifest = "{m.path}"\nsource = "{source}"\n')
+        with pytest.raises(SlackTierError) as err:
+            StepEngine.from_control(control)
+        assert err.value.kind is ErrorKind.MISSING and (err.value.layer, err.value.rank) == (1, 0)
+        assert str(err.value).startswith(f"[missing] control file {control}: target {o_direct_dir}/gone.bin (named "
+                                         f"by manifest {m.path}) does not exist"), str(err.value)
+        assert cli.main(["inspect", str(control)]) == 2   # inspect runs the same check
+        assert f"target {o_direct_dir}/gone.bin (named by manifest" in capsys.readouterr().err
+
+
 # ---- plan writes what the engine opens -----------------------------------------------------------------------
 
 def test_plan_refuses_queue_settings_the_engine_refuses(staged, monkeypatch, capsys) -> None:

@@ -24,6 +24,7 @@ is passed in (and annotated `Any`: a StepEngine).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from slacktier.cache import RowCache
-from slacktier.config import ControlFile, EngineConfig, TableConfig, load_control, named_by
+from slacktier.config import ControlFile, EngineConfig, TableConfig, load_control, named_by, tier_facts
 from slacktier.engine.checker import SourceRowReader
 from slacktier.engine.tables import TableSpec, seen_bitmap
 from slacktier.errors import ErrorKind, SlackTierError
@@ -118,6 +119,15 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     rank = t.rank if t.rank >= 0 else None
     # In rank order, with the control file's target overrides (a Redis tier reads its own key prefix).
     regions = tuple(m.runtime_regions(layer=t.layer, rank=rank, targets=t.targets))
+    facts = tier_facts(t.source)
+    if facts.device_kind == "file" or facts.holds_host_copy:   # the tier reads the staged files on this host
+        for r in regions:
+            if not os.path.exists(r.path):
+                moved = r.device < len(t.targets) and t.targets[r.device]
+                named = "the table's `targets`" if moved else f"manifest {m.path}"
+                raise SlackTierError(ErrorKind.MISSING, f"target {r.path} (named by {named}) does not exist",
+                                     layer=t.layer, rank=r.rank, fix="restage the table, or point the table's "
+                                     "`targets` at where its files are now")
     rows, row_start = m.layout.rows[t.layer], 0
     row_map = m.row_map(t.layer)
     if row_map is not None:   # the regions' rows are stored rows (tables.partition): so is the directory
