@@ -6,7 +6,10 @@ import argparse
 import json
 from pathlib import Path
 
+import msgspec
+
 from slacktier.commands._args import MAX_MS, finite, finite_number, layer_item, whole
+from slacktier.config import DiskOptions, int_range
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("place each table on the tier cheapest in host memory whose predicted stall fits the target, split the "
@@ -33,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="cache split grid (shares in steps of 1/grid)")
     p.add_argument("--refine", type=whole("--refine", 1, 100_000), default=20, help="refinement of the split grid")
     p.add_argument("--device", default="cpu", help="[engine] device")
-    p.add_argument("--io-threads", type=whole("--io-threads", 1, 1024), default=1,
+    p.add_argument("--io-threads", type=whole("--io-threads", *int_range(DiskOptions, "io_threads")), default=1,
                    help="[table.disk] io_threads (workers per device)")
-    p.add_argument("--queue-depth", type=whole("--queue-depth", 1, 1 << 16), default=128,
+    p.add_argument("--queue-depth", type=whole("--queue-depth", *int_range(DiskOptions, "queue_depth")), default=128,
                    help="[table.disk] queue_depth (reads in flight)")
     p.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads"),
                    help="[table.disk] engine")
@@ -67,6 +70,17 @@ def _rows_from_manifest(path: str, layer: int) -> int:
         raise SlackTierError(ErrorKind.MISSING, f"manifest {path} has no layer {layer}", layer=layer,
                              fix="point the table at the manifest that holds its layer, or give :ROWS")
     return int(m.layout.rows[layer])
+
+
+def _in_memory(path: str, layer: int) -> tuple[int, list[str]]:
+    """Bytes of `layer`'s regions in the manifest at `path` whose target sits in host memory, and where."""
+    from slacktier.tables.manifest import Manifest
+    from slacktier.tables.memfs import ram_backed
+
+    m = Manifest.load(path)
+    where = {target: ram_backed(target) for target in m.targets}
+    mine = [r for r in m.regions if r.layer == layer and where[r.path]]
+    return sum(r.nbytes for r in mine), sorted({where[r.path] for r in mine})
 
 
 def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None) -> dict[int, float]:
@@ -124,24 +138,41 @@ def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
 
 def run(args: argparse.Namespace) -> int:
     """Plan, print the placement and write the control file (and the plan as JSON if asked)."""
-    from slacktier.config import DiskOptions, EngineConfig
-    from slacktier.plan import TableDemand, format_plan, load_miss_curves, load_tiers, make_plan, plan_to_dict, write_plan
+    from slacktier.config import EngineConfig, write_control
+    from slacktier.engine.build import resolve_control
+    from slacktier.plan import TableDemand, control_file, format_plan, load_miss_curves, load_tiers, make_plan, \
+        plan_comment, plan_to_dict
+    from slacktier.tables.manifest import Manifest
 
     windows = windows_from_args(args)
+    tiers, curves = load_tiers(args.tiers), load_miss_curves(args.curves).by_layer   # bad inputs before manifests
     tables = []
     for layer, manifest, rows in _parse_tables(args.table):
         if layer not in windows:
             raise SlackTierError(ErrorKind.MISSING, f"no window for layer {layer}", layer=layer,
                                  fix="pass --window LAYER=MS or a probe JSON that measured this layer")
+        in_memory_bytes, in_memory = _in_memory(manifest, layer)
+        if in_memory:
+            print(f"layer {layer}: {in_memory_bytes / 2**20:,.1f} MiB of its staged files sit in host memory "
+                  f"({', '.join(in_memory)}), counted as host memory on every tier")
         tables.append(TableDemand(layer=layer, rows=rows if rows is not None else _rows_from_manifest(manifest, layer),
-                                  manifest=manifest, window_ms=windows[layer]))
+                                  manifest=manifest, window_ms=windows[layer], in_memory_bytes=in_memory_bytes))
     engine = EngineConfig(device=args.device, verify_reads=args.verify_reads, lossy=args.lossy)
     disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
-    plan = make_plan(tables, load_tiers(args.tiers), load_miss_curves(args.curves).by_layer, args.cache_rows,
-                     args.target_ms, resolve_ms=args.resolve_ms, kappa_ms=args.kappa_ms, grid=args.grid,
-                     refine=args.refine)
+    plan = make_plan(tables, tiers, curves, args.cache_rows, args.target_ms, resolve_ms=args.resolve_ms,
+                     kappa_ms=args.kappa_ms, grid=args.grid, refine=args.refine)
     print(format_plan(plan))
-    write_plan(plan, args.out, engine, (disk,))
+    # The engine opens what plan writes: each table served with the rank partition its manifest was staged
+    # with, checked as the engine checks at open (one function), validated by the schema as it is written.
+    cfg = control_file(plan, engine, (disk,))
+    try:
+        cfg = msgspec.structs.replace(cfg, tables=tuple(
+            msgspec.structs.replace(t, partition=Manifest.load(t.manifest).partition_kind) for t in cfg.tables))
+        resolve_control(cfg)
+    except SlackTierError as exc:
+        raise SlackTierError(exc.kind, f"{args.out} not written, the engine would refuse it: {exc.message}",
+                             fix=f"{exc.fix} (the --table flags name the manifests)", layer=exc.layer) from None
+    write_control(cfg, args.out, comment=plan_comment(plan))
     print(f"wrote {args.out}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

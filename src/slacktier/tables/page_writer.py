@@ -37,6 +37,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, binary_bytes, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
     layer_spans, new_stage_id, parse_header, plan_regions, region_pieces, target_bytes
+from slacktier.tables.memfs import ram_backed
 from slacktier.tables.odirect import DirectFile, aligned_array, lock_target, os_error, probe_target, write_file_atomic
 from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition
 from slacktier.tables.regions import StagedRegion
@@ -271,6 +272,12 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
         part = RankPartition.make(partition, cols.pop(), ranks, heads_per_order)
     regions = plan_regions(layout, ranks, paths, only_ranks, part)
     need = target_bytes(regions, len(paths))
+    for path, nbytes in zip(paths, need):
+        in_memory = ram_backed(path)
+        if in_memory:
+            log.warning("target %s is in host memory (%s): its %.1f MiB take DRAM as a DRAM-tier copy would, "
+                        "whichever tier reads it (slacktier inspect and plan count them as host memory)",
+                        path, in_memory, nbytes / 2**20)
     block_targets = [os.path.exists(p) and Path(p).is_block_device() for p in paths]
     if manifest_path is None:
         if block_targets[0]:
