@@ -54,10 +54,11 @@ class Resolved:
     rows: int
     row_start: int
     regions: tuple[Region, ...]            # what the source reads, in rank order
-    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified
+    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified or the tier has stored_crc32c
     data_key: tuple
     source_key: tuple
     row_map: RowMap | None = None          # global row id -> stored row (None under the columns partition)
+    verify: bool = False                   # each read page's CRC32C checked (verify_reads)
 
 
 def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
@@ -82,12 +83,13 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     if rank is not None:   # one rank's shard: the directory covers only its rows
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
-    if verifies(t, eng):
+    verify = verifies(t, eng)
+    if verify or get_tier(t.source).source_cls.stored_crc32c:   # a stored CRC32C is compared on every read
         crcs = tuple(sums for r, sums in zip(m.regions, m.region_checksums(), strict=True)
                      if r.layer == t.layer and (rank is None or r.rank == rank))
     data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
-    source_key = (t.source, t.options, regions, crcs is not None, m.identity)
-    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map)
+    source_key = (t.source, t.options, regions, verify, m.identity)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -101,9 +103,9 @@ def verifies(t: TableConfig, eng: EngineConfig) -> bool:
 def open_table_source(r: Resolved) -> PageSource:
     """Open the page source of one table: its tier over its own regions, checking it holds the manifest's table."""
     source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs,
-                         identity=r.manifest.identity)
+                         identity=r.manifest.identity, verify_pages=r.verify)
     log.info("layer %d: %s source over %d regions%s", r.config.layer, r.config.source, len(r.regions),
-             ", reads verified" if r.crcs is not None else "")
+             ", reads verified" if r.verify else "")
     return source
 
 

@@ -230,7 +230,7 @@ class StepEngine:
         if check:
             for run in runs.values():
                 self._reader(run)
-        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens)
+        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens, lossy)
 
     def _commit(self, layout: _Layout) -> None:
         """Serve `layout` (built by `_prepare`): from here on nothing is refused."""
@@ -251,6 +251,9 @@ class StepEngine:
             if t.layer not in cache.layers:
                 cache.add_layer(t.layer, t.rows, 0.0)
         cache.resize(slots=layout.slots, shares={t.layer: t.cache_share for t in layout.tables})
+        if layout.lossy:
+            for t in layout.tables:
+                _forget_unseen(cache, t)
         self._layers = layout.runs
         self._order = layout.order
         # (axis, map) of every layer served under a rank partition other than columns (tables.partition)
@@ -855,6 +858,23 @@ class _Layout:
     invalidate: tuple[int, ...]
     pool: PageBufferPool | None
     tokens: int               # steps of up to this many tokens fit the runs' scratch and the pool
+    lossy: bool = False       # served lossy: cached rows outside a table's seen-set are dropped on commit
+
+
+def _forget_unseen(cache: RowCache, table: TableSpec) -> None:
+    """Drop the cached rows of `table` that its seen-set does not hold: a lossy row outside the seen-set is
+    zeros, so a row cached under a wider seen-set (or before lossy mode) must not be served from the cache.
+    Worked example: seen bitmap [0b00000101] (rows 0 and 2), cached rows 0, 1, 2 -> the slot of row 1 is freed."""
+    if table.seen is None:
+        return
+    rows, slots = cache.cached(table.layer)   # [n] int64 local rows, [n] int32 slots
+    if not rows.shape[0]:
+        return
+    seen = (table.seen[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1
+    unseen = slots[seen == 0]
+    if unseen.shape[0]:
+        cache.forget(table.layer, unseen)
+        log.info("layer %d: %d cached rows outside the seen-set dropped", table.layer, unseen.shape[0])
 
 
 def _widened_ids(ids: np.ndarray) -> np.ndarray:
