@@ -239,6 +239,8 @@ def apply(engine: Any, cfg: ControlFile) -> None:
                 sources[t.layer] = live.sources[t.layer]
             else:
                 sources[t.layer] = opened[t.layer] = open_table_source(resolved[t.layer])
+                if old is not None:
+                    refuse_queue_change(old, resolved[t.layer], sources[t.layer])
         specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
         invalidate = [layer for layer, r in resolved.items()
                       if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
@@ -269,6 +271,26 @@ def apply(engine: Any, cfg: ControlFile) -> None:
             s.close()
     log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
              len(cfg.tables), len(opened), len(invalidate))
+
+
+def refuse_queue_change(old: Resolved, new: Resolved, source: PageSource) -> None:
+    """Refuse (BAD_INPUT, naming the key) a reload that changes a table's device-queue setting which its device's
+    queue does not take: the queue belongs to the device and runs as the table that opened it asked, and the
+    sources this reload replaces still hold it, so the engine would serve at the old value while its control
+    file says the new one."""
+    kept = getattr(source, "queue_settings_kept", None)
+    if kept is None:
+        return
+    for key, asked, runs, device in kept():
+        was = getattr(old.config.options, key, None) if old.config.source == new.config.source else None
+        if was == asked:
+            continue   # unchanged by this reload: served as when the engine was built (logged then)
+        layer = new.config.layer
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: a reload cannot change [table.{new.config.source}] "
+                             f"{key} to {asked}: device {device}'s read queue runs {key} = {runs} and stays open "
+                             "while a served table reads through it", layer=layer,
+                             fix=f"keep {key} = {runs} in this control file, or start a new engine (process) with "
+                                 f"the new value: the first table to open a device's queue sets it")
 
 
 def reload(engine: Any, path: str | Path) -> None:
