@@ -54,8 +54,8 @@ def run(args: argparse.Namespace) -> int:
 
     options = RedisOptions(mode=args.mode, url=args.url, username=args.user, password_env=args.password_env,
                            password_file=args.password_file, tls_ca_file=args.tls_ca_file)
-    asked = [f for f, on in (("a manifest", bool(args.manifest)), ("--list", args.list), ("--remove", bool(args.remove)))
-             if on]
+    asked = [f for f, on in (("a manifest", bool(args.manifest)), ("--list", args.list),
+                             ("--remove", bool(args.remove))) if on]
     if len(asked) != 1:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"load got {' and '.join(asked) or 'nothing to do'}",
                              fix="give a manifest to load, or --list, or --remove PREFIX (one of them)")
