@@ -108,6 +108,15 @@ CASES = [
     ([*PLAN, "--tiers", "{d}/tiers.toml", "--curves", "{d}/layers-list.json"], "`layers` is list"),
     ([*PLAN, "--tiers", "{d}/tiers.toml", "--curves", "{d}/layers-str.json"], "`layers` is str"),
     ([*PLAN, "--tiers", "{d}/tiers.toml", "--curves", "{d}/capacity-nan.json"], "capacity_rows holds nan"),
+    # whatif: binary input files
+    (["whatif", "--model", "{d}/binary.toml", "--out", "{out}/w"],
+     "device model {d}/binary.toml is not TOML text: a binary file"),
+    (["whatif", "--table", "14={d}/binary.toml", "--out", "{out}/w"],
+     "device model {d}/binary.toml is not TOML text: a binary file"),
+    (["whatif", "--profile", "{d}/binary.json", "--out", "{out}/w"],
+     "compute profile {d}/binary.json is not JSON text: a binary file"),
+    (["whatif", "--model", "this-disk", "--this-disk", "{d}/binary.toml", "--out", "{out}/w"],
+     "tiers file {d}/binary.toml is not TOML text: a binary file"),
     # load, demo
     (["load", M, "--url", "redis://127.0.0.1:notaport"], "redis url 'redis://127.0.0.1:notaport'"),
     (["load", M, "--url", "redis://127.0.0.1:99999"], "Port out of range"),

@@ -78,3 +78,30 @@ def test_probe_read_fit_refuses_layers_the_manifest_lacks(staged, tmp_path, caps
                      "--read-runs", "9", "--tiers-out", str(tmp_path / "t.toml")]) == 2
     assert "--read-layers [1, 7]" in capsys.readouterr().err
     assert not (tmp_path / "t.toml").exists()
+
+
+def test_probe_read_fit_fits_a_redis_read_model_from_a_loaded_table(staged, tmp_path, capsys):
+    """`--read-tier redis --url`: the loaded table is read through the Redis tier as the engine opens it; without
+    --url it is refused in one line before anything is measured."""
+    import shutil
+
+    from slacktier.config import RedisOptions
+    from slacktier.store.redis.loader import load_manifest
+    from slacktier.testing.store import RedisServer
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    out = tmp_path / "tiers.toml"
+    argv = ["probe", "--read-fit", staged.path, "--read-tier", "redis", "--read-runs", "9", "--read-max-pages", "60",
+            "--tiers-out", str(out)]
+    assert cli.main(argv) == 2 and "--read-tier redis without --url" in capsys.readouterr().err
+    srv = RedisServer(tmp_path)
+    try:
+        load_manifest(RedisOptions(url=srv.url), staged, tag_buckets=8)
+        assert cli.main([*argv, "--url", srv.url]) == 0
+        assert capsys.readouterr().out.startswith("redis: T_l = ")
+        (redis_tier,) = load_tiers(out)
+        assert redis_tier.name == "redis" and not redis_tier.holds_table and redis_tier.fit.runs == 6
+        assert f"--read-tier redis" in redis_tier.fit.measured
+    finally:
+        srv.stop()

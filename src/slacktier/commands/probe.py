@@ -66,6 +66,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rf.add_argument("--io-threads", type=int, default=1, help="[table.disk] io_threads of the disk tier's sources")
     rf.add_argument("--queue-depth", type=int, default=128, help="[table.disk] queue_depth")
     rf.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads"), help="[table.disk] engine")
+    rf.add_argument("--url", default="", help="[table.redis] url: the server (or a cluster node) a redis read fit "
+                                              "reads, where `slacktier load` put the manifest's table")
+    rf.add_argument("--mode", choices=("standalone", "cluster"), default="standalone", help="[table.redis] mode")
+    rf.add_argument("--user", default="", help="[table.redis] username (the serving, read-only user)")
+    rf.add_argument("--password-env", default="", metavar="VAR", help="[table.redis] password_env")
+    rf.add_argument("--prefix", default="", help="[table.redis] prefix (default: the one `slacktier load` used)")
     rf.add_argument("--tiers-out", type=Path, default=Path("runs/probe/tiers.toml"),
                     help="the tiers file to write (tiers already in it and not refitted are kept)")
 
@@ -108,8 +114,18 @@ def _read_fit(args: argparse.Namespace) -> int:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"--read-layers {args.read_layers!r}",
                              fix="two layer ids, e.g. 1,14") from exc
     disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
+    options: dict[str, object] = {"disk": disk}
+    if "redis" in (args.read_tier or []):
+        from slacktier.config import RedisOptions
+
+        if not args.url:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "--read-tier redis without --url",
+                                 fix="pass --url redis://host:port of the server holding the loaded table "
+                                     "(and --mode cluster for a cluster)")
+        options["redis"] = RedisOptions(mode=args.mode, url=args.url, username=args.user,
+                                        password_env=args.password_env, prefix=args.prefix)
     fit_tiers_file(args.read_fit, args.read_tier or ["disk"], args.tiers_out, layers=layers, runs=args.read_runs,
-                   max_pages=args.read_max_pages, rank=args.read_rank, options={"disk": disk}, seed=args.seed,
+                   max_pages=args.read_max_pages, rank=args.read_rank, options=options, seed=args.seed,
                    command=f"slacktier probe --read-fit {args.read_fit} --read-tier "
                            f"{' --read-tier '.join(args.read_tier or ['disk'])}"
                            f" --read-runs {args.read_runs} --read-max-pages {args.read_max_pages} --queue-depth "

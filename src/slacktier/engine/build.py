@@ -55,10 +55,11 @@ class Resolved:
     rows: int
     row_start: int
     regions: tuple[Region, ...]            # what the source reads, in rank order
-    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified
+    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified or the tier has stored_crc32c
     data_key: tuple
     source_key: tuple
     row_map: RowMap | None = None          # global row id -> stored row (None under the columns partition)
+    verify: bool = False                   # each read page's CRC32C checked (verify_reads)
 
 
 def resolve_control(cfg: ControlFile) -> dict[int, Resolved]:
@@ -135,12 +136,13 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     if rank is not None:   # one rank's shard: the directory covers only its rows
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
-    if verifies(t, eng):
+    verify = verifies(t, eng)
+    if verify or get_tier(t.source).source_cls.stored_crc32c:   # a stored CRC32C is compared on every read
         crcs = tuple(sums for r, sums in zip(m.regions, m.region_checksums(), strict=True)
                      if r.layer == t.layer and (rank is None or r.rank == rank))
     data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
-    source_key = (t.source, t.options, regions, crcs is not None, m.identity)
-    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map)
+    source_key = (t.source, t.options, regions, verify, m.identity)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -154,9 +156,9 @@ def verifies(t: TableConfig, eng: EngineConfig) -> bool:
 def open_table_source(r: Resolved) -> PageSource:
     """Open the page source of one table: its tier over its own regions, checking it holds the manifest's table."""
     source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs,
-                         identity=r.manifest.identity)
+                         identity=r.manifest.identity, verify_pages=r.verify)
     log.info("layer %d: %s source over %d regions%s", r.config.layer, r.config.source, len(r.regions),
-             ", reads verified" if r.crcs is not None else "")
+             ", reads verified" if r.verify else "")
     return source
 
 
@@ -291,6 +293,8 @@ def apply(engine: Any, cfg: ControlFile) -> None:
                 sources[t.layer] = live.sources[t.layer]
             else:
                 sources[t.layer] = opened[t.layer] = open_table_source(resolved[t.layer])
+                if old is not None:
+                    refuse_queue_change(old, resolved[t.layer], sources[t.layer])
         specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
         invalidate = [layer for layer, r in resolved.items()
                       if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
@@ -319,6 +323,26 @@ def apply(engine: Any, cfg: ControlFile) -> None:
             s.close()
     log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
              len(cfg.tables), len(opened), len(invalidate))
+
+
+def refuse_queue_change(old: Resolved, new: Resolved, source: PageSource) -> None:
+    """Refuse (BAD_INPUT, naming the key) a reload that changes a table's device-queue setting which its device's
+    queue does not take: the queue belongs to the device and runs as the table that opened it asked, and the
+    sources this reload replaces still hold it, so the engine would serve at the old value while its control
+    file says the new one."""
+    kept = getattr(source, "queue_settings_kept", None)
+    if kept is None:
+        return
+    for key, asked, runs, device in kept():
+        was = getattr(old.config.options, key, None) if old.config.source == new.config.source else None
+        if was == asked:
+            continue   # unchanged by this reload: served as when the engine was built (logged then)
+        layer = new.config.layer
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: a reload cannot change [table.{new.config.source}] "
+                             f"{key} to {asked}: device {device}'s read queue runs {key} = {runs} and stays open "
+                             "while a served table reads through it", layer=layer,
+                             fix=f"keep {key} = {runs} in this control file, or start a new engine (process) with "
+                                 f"the new value: the first table to open a device's queue sets it")
 
 
 def reload(engine: Any, path: str | Path) -> None:

@@ -70,6 +70,7 @@ runs: begin_step and gather are unchanged, end_step tests one attribute.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -165,7 +166,11 @@ class StepEngine:
         # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
         self.evict_ahead = bool(evict_ahead)
         self.wait_timeout_s = _checked_timeout(wait_timeout_s)
-        self._owned_sources: list[PageSource] = list(owned_sources)
+        self._owned_sources: list[PageSource] = list(owned_sources)   # changed in place: the finalizer holds it
+        # An engine garbage-collected without close() still releases what its sources hold (descriptors,
+        # device-queue attachments, target locks, which would refuse a later restage), and says so.
+        self._finalizer = weakref.finalize(self, _close_dropped, self._owned_sources)
+        self._finalizer.atexit = False   # at exit the process releases them; a source's join could only delay it
         self._closed = False
         self._in_step = False
         self._step = 0
@@ -230,7 +235,7 @@ class StepEngine:
         if check:
             for run in runs.values():
                 self._reader(run)
-        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens)
+        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens, lossy)
 
     def _commit(self, layout: _Layout) -> None:
         """Serve `layout` (built by `_prepare`): from here on nothing is refused."""
@@ -251,6 +256,9 @@ class StepEngine:
             if t.layer not in cache.layers:
                 cache.add_layer(t.layer, t.rows, 0.0)
         cache.resize(slots=layout.slots, shares={t.layer: t.cache_share for t in layout.tables})
+        if layout.lossy:
+            for t in layout.tables:
+                _forget_unseen(cache, t)
         self._layers = layout.runs
         self._order = layout.order
         # (axis, map) of every layer served under a rank partition other than columns (tables.partition)
@@ -325,7 +333,7 @@ class StepEngine:
         if owned_only is not None:
             self.owned_only = bool(owned_only)
         if owned_sources is not None:
-            self._owned_sources = list(owned_sources)
+            self._owned_sources[:] = list(owned_sources)
         if pad_id is not None:
             self.pad_id = int(pad_id)
         if evict_ahead is not None:
@@ -782,6 +790,7 @@ class StepEngine:
             return
         if self._in_step:
             self._abort_step()
+        self._finalizer.detach()
         for source in self._owned_sources:
             source.close()
         self._unpin_pool()
@@ -855,6 +864,36 @@ class _Layout:
     invalidate: tuple[int, ...]
     pool: PageBufferPool | None
     tokens: int               # steps of up to this many tokens fit the runs' scratch and the pool
+    lossy: bool = False       # served lossy: cached rows outside a table's seen-set are dropped on commit
+
+
+def _close_dropped(sources: list[PageSource]) -> None:
+    """The finalizer of an engine collected without close(): close the sources it owned, and log it once."""
+    failed = []
+    for source in sources:
+        try:
+            source.close()
+        except Exception as exc:   # a finalizer cannot raise: every failure is logged below, none is dropped
+            failed.append(f"{type(source).__name__}: {exc}")
+    log.warning("a StepEngine was garbage-collected without close(): closed its %d page sources (their files, "
+                "device-queue attachments and target locks)%s; call engine.close() or use `with StepEngine...`",
+                len(sources), f"; closing failed for {'; '.join(failed)}" if failed else "")
+
+
+def _forget_unseen(cache: RowCache, table: TableSpec) -> None:
+    """Drop the cached rows of `table` that its seen-set does not hold: a lossy row outside the seen-set is
+    zeros, so a row cached under a wider seen-set (or before lossy mode) must not be served from the cache.
+    Worked example: seen bitmap [0b00000101] (rows 0 and 2), cached rows 0, 1, 2 -> the slot of row 1 is freed."""
+    if table.seen is None:
+        return
+    rows, slots = cache.cached(table.layer)   # [n] int64 local rows, [n] int32 slots
+    if not rows.shape[0]:
+        return
+    seen = (table.seen[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1
+    unseen = slots[seen == 0]
+    if unseen.shape[0]:
+        cache.forget(table.layer, unseen)
+        log.info("layer %d: %d cached rows outside the seen-set dropped", table.layer, unseen.shape[0])
 
 
 def _widened_ids(ids: np.ndarray) -> np.ndarray:

@@ -68,9 +68,13 @@ class TierReadFit:
 
 def measure_reads(tier: str, manifest, layers: Sequence[int], *, runs: int,
                   max_pages: Sequence[int] = (3000, 3000), options=None, seed: int = 0, rank: int = 0) -> ReadRuns:
-    """`runs` runs over `manifest`'s rank-`rank` regions of `layers` (submitted in that order), random pages."""
+    """`runs` runs over `manifest`'s rank-`rank` regions of `layers` (submitted in that order), random pages.
+
+    Each source is opened as the engine opens it: checked against the manifest's identity (a Redis prefix
+    defaults to the one `slacktier load` writes), and a tier that compares stored CRC32Cs on every read (Redis)
+    is given the manifest's, with its page check as under `verify_reads = "auto"`."""
     from slacktier.store.base import PageBufferPool
-    from slacktier.store.registry import open_source
+    from slacktier.store.registry import get_tier, open_source
 
     if len(layers) != len(max_pages) or len(layers) < 2:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"layers {list(layers)} with max pages {list(max_pages)}",
@@ -78,14 +82,18 @@ def measure_reads(tier: str, manifest, layers: Sequence[int], *, runs: int,
     regions = [manifest.runtime_regions(layer=l, rank=rank) for l in layers]
     sources = []
     try:
+        cls = get_tier(tier).source_cls
+        sums = dict(zip(((r.layer, r.rank) for r in manifest.regions), manifest.region_checksums(), strict=True))
         for r in regions:
-            sources.append(open_source(tier, r, options))
+            crcs = [sums[(x.layer, x.rank)] for x in r] if cls.stored_crc32c else None
+            sources.append(open_source(tier, r, options, page_crc32c=crcs, identity=manifest.identity,
+                                       verify_pages=cls.verify_by_default))
         pools = [PageBufferPool(m) for m in max_pages]
         rng = np.random.default_rng(seed)
         pages_drawn, t_ms = [], []
         for _ in range(3):   # warm-up: threads, rings, first touches
             for src, reg, pool in zip(sources, regions, pools):
-                src.wait(src.submit(_random_reads(min(64, reg[0].pages), reg[0].pages, rng), pool))
+                src.wait(src.submit(_random_reads(min(64, reg[0].pages, pool.capacity), reg[0].pages, rng), pool))
         for _ in range(runs):
             counts = [int(rng.integers(1, min(m, r[0].pages) + 1)) for m, r in zip(max_pages, regions)]
             reads = [_random_reads(n, r[0].pages, rng) for n, r in zip(counts, regions)]

@@ -175,9 +175,10 @@ def model_file(spec: str, cfg: WhatIfConfig) -> str:
                              fix="pass --this-disk TIERS (written by slacktier probe --read-fit)")
     from slacktier.store.emulated import device_model_toml
 
+    text = device_model_toml(this_disk_model(cfg.this_disk))   # a bad tiers file is refused before anything is written
     path = Path(cfg.workdir) / "this-disk.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(device_model_toml(this_disk_model(cfg.this_disk)))
+    path.write_text(text)
     return str(path)
 
 

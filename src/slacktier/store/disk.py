@@ -292,6 +292,15 @@ class DiskSource(RegionSource):
                 raise
             self._attached.append(_Attached(q, client, idx))
 
+    def queue_settings_kept(self) -> list[tuple[str, int, int, str]]:
+        """(key, asked, kept, device) for each queue setting the options ask for that a device queue this source
+        reads through does not run with (another table opened the queue first): `queue_depth` 8 asked on a
+        queue opened at 64 -> [("queue_depth", 8, 64, "sda")]."""
+        o = self.options
+        return [(key, asked, kept, att.queue.device.name) for att in self._attached
+                for key, asked, kept in (("queue_depth", o.queue_depth, att.queue.queue_depth),
+                                         ("io_threads", o.io_threads, att.queue.io_threads)) if asked != kept]
+
     def queue_engine(self) -> type[DeviceQueue]:
         """The device-queue class of the chosen engine (store/emulated.py's tier serves its own)."""
         return _QUEUES[self.engine_name]

@@ -14,10 +14,14 @@ holding a signature and JSON: format, format_version, source_digest, stage_id,
 device, targets, target_bytes and state ("staging" while a staging run writes,
 "complete" after its fsync), so a device that already holds another table is
 recognised even without its manifest. Regions start after it. Each staging run
-draws a fresh random `stage_id`, recorded in the manifest and in every header:
-`check_target_header` refuses, at open time, a target restaged since the
-manifest was written (another table, or the same table staged again), a
-half-written restage and a truncated target.
+derives its `stage_id` from what it writes (`content_stage_id`: the rows'
+digest, layout, ranks, partition and region geometry, not the target paths),
+recorded in the manifest and in every header: `check_target_header` refuses,
+at open time, a target restaged since the manifest was written with other
+content, a half-written restage (its header says "staging" until the end) and
+a truncated target. Restaging an identical source keeps the stage id, so the
+manifests of both runs open the target (its bytes are the same) and a Redis
+copy loaded under "st-<stage id>" is still found.
 
 The manifest also records `manifest_digest`, the sha256 of its own content
 (every other key, as canonical JSON: sorted keys, no spaces), checked by
@@ -50,7 +54,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -148,12 +151,18 @@ class TableIdentity:
     """What a target's header must match for a manifest to serve it: the rows' digest and the staging run."""
 
     source_digest: str   # "sha256:..." of the staged rows (checkpoint bytes, or generator + seed + layout)
-    stage_id: str        # random hex drawn by each staging run; "" for manifests written before it existed
+    stage_id: str        # a digest of what the staging run wrote (content_stage_id); "" before stage ids existed
 
 
-def new_stage_id() -> str:
-    """A fresh random staging-run id (32 hex digits)."""
-    return uuid.uuid4().hex
+def content_stage_id(source_digest: str, layout: StagedLayout, ranks: int, regions: Sequence[StagedRegion],
+                     partition: RankPartition | None, need_bytes: Sequence[int]) -> str:
+    """A staging run's id (32 hex digits), derived from what it writes: the same source staged the same way
+    (layout, ranks, partition, each region's device, offset and size, each target's size) gets the same id
+    wherever its targets are, and any other content or geometry another one."""
+    doc = [FORMAT, FORMAT_VERSION, source_digest, layout.to_json(), ranks,
+           partition.to_json() if partition is not None else None,
+           [{k: v for k, v in asdict(r).items() if k != "path"} for r in regions], [int(n) for n in need_bytes]]
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
 def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],

@@ -7,7 +7,7 @@ when it is built). Writes are O_DIRECT, in large aligned chunks (4 MiB) from
 page-aligned buffers: filler threads fill the next chunks (rows, and each
 page's CRC32C while the page is still in L1) while writer threads (4 by
 default, so 4 writes in flight, each at its own offset) write. Every target
-starts with a header page carrying the run's fresh `stage_id`, marked "staging"
+starts with a header page carrying the run's `stage_id` (derived from what it writes), marked "staging"
 before anything else on any target changes (its size included) and "complete"
 only after all of its regions are written and fsynced; a run that fails or is
 interrupted leaves "staging", which `manifest.check_target_header` refuses.
@@ -36,7 +36,7 @@ from tqdm import tqdm
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, binary_bytes, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
-    layer_spans, new_stage_id, parse_header, plan_regions, region_pieces, target_bytes
+    layer_spans, content_stage_id, parse_header, plan_regions, region_pieces, target_bytes
 from slacktier.tables.memfs import ram_backed
 from slacktier.tables.odirect import DirectFile, aligned_array, lock_target, os_error, probe_target, write_file_atomic
 from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition
@@ -331,7 +331,7 @@ def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list
     if manifest_path.exists():
         manifest_path.unlink()  # checks passed: a stale manifest must not outlive the bytes it describes
     files = [DirectFile(p, write=True, create=not b, buffered=buffered) for p, b in zip(paths, is_block)]
-    stage_id = new_stage_id()
+    stage_id = content_stage_id(digest, layout, ranks, regions, part, need)
     crcs = np.zeros(total_pages, dtype=np.uint32)
     try:
         for f in files:
