@@ -81,6 +81,9 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
                                  fix=f"use one of {[s['batch'] for s in sweeps]}")
         out = {}
         for lw in chosen["layers"]:
+            if lw.get("below_noise_floor") or (lw["window_ms"] is not None and lw["window_ms"] < 0):
+                out[int(lw["layer"])] = 0.0   # under the probe's noise floor: no window a plan may count on
+                continue
             if lw["window_ms"] is None:
                 continue
             out[int(lw["layer"])] = float(lw["window_frac"] * step_ms if step_ms else lw["window_ms"])
@@ -96,15 +99,19 @@ def add_window_arguments(p) -> None:
     p.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
                    help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
     p.add_argument("--windows-json", type=Path, default=None,
-                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer)")
+                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer; a window "
+                        "under the probe's noise floor counts as 0 ms)")
     p.add_argument("--windows-batch", type=whole("--windows-batch", 1), default=None,
                    help="which batch of the probe JSON (default: first)")
     p.add_argument("--step-ms", type=finite("--step-ms"), default=None,
                    help="scale the probe's windows (as fractions of its step) to this step time")
 
 
-def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
-    """Windows (ms) per layer from --windows-json and --window (the latter wins); shared with `inspect`."""
+def windows_from_args(args: argparse.Namespace, layers=None) -> dict[int, float]:
+    """Windows (ms) per layer from --windows-json and --window (the latter wins); shared with `inspect`.
+
+    `layers`: the layers that hold a table; only theirs are checked (a probe JSON's other layers are ignored).
+    """
     windows: dict[int, float] = {}
     if args.windows_json:
         windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
@@ -116,8 +123,9 @@ def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
         windows[whole("--window LAYER", 0, 2**31 - 1)(layer_text)] = finite_number(ms, f"--window {layer}=MS")
     for layer, ms in windows.items():   # the probe JSON's too: a window is a finite time
-        finite_number(str(ms), f"the window of layer {layer} (ms)")
-    return windows
+        if layers is None or layer in layers:
+            finite_number(str(ms), f"the window of layer {layer} (ms)")
+    return windows if layers is None else {layer: ms for layer, ms in windows.items() if layer in layers}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -125,9 +133,10 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.config import DiskOptions, EngineConfig
     from slacktier.plan import TableDemand, format_plan, load_miss_curves, load_tiers, make_plan, plan_to_dict, write_plan
 
-    windows = windows_from_args(args)
+    specs = _parse_tables(args.table)
+    windows = windows_from_args(args, {layer for layer, _, _ in specs})
     tables = []
-    for layer, manifest, rows in _parse_tables(args.table):
+    for layer, manifest, rows in specs:
         if layer not in windows:
             raise SlackTierError(ErrorKind.MISSING, f"no window for layer {layer}", layer=layer,
                                  fix="pass --window LAYER=MS or a probe JSON that measured this layer")

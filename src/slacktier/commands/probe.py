@@ -27,9 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Face model directory")
     p.add_argument("--layers-path", default=None,
                    help="dotted path of the decoder ModuleList (default: found by name, e.g. model.layers)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (sequences per decode step)")
-    p.add_argument("--layers", default="all",
-                   help="decoder layer indices to probe: 'all', a comma list (0,5,10), or 'every:N'")
+    p.add_argument("--batch", type=int, nargs="+", default=[1],
+                   help="batch sizes (sequences per decode step; default 1; each one more sweep)")
+    p.add_argument("--layers", default="tables",
+                   help="decoder layer indices to probe: 'tables' (default: DeepSeek-V4.1's Engram layers 1,14, "
+                        "the ones `plan` places), 'all', a comma list (0,5,10), or 'every:N'")
     p.add_argument("--clock", choices=("wall", "thread_cpu"), default="wall",
                    help="wall: real time (the paper's); thread_cpu: the decode thread's CPU time, for shared "
                         "machines (needs --threads 1)")
@@ -88,12 +90,12 @@ def run(args: argparse.Namespace) -> int:
     settings = SweepSettings(baseline_steps=args.baseline_steps, repeats=args.repeats, floor_ms=args.floor_ms,
                              points_per_step=args.points_per_step, max_delay_frac=args.max_delay_frac,
                              seed=args.seed)
-    run_probe(ProbeRunConfig(
+    sweeps = run_probe(ProbeRunConfig(
         model=args.model, layers_path=args.layers_path, batches=tuple(args.batch), layers=args.layers,
         clock=args.clock, threads=args.threads, config_path=args.config, settings=settings,
         prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, overhead_pairs=args.overhead_pairs,
         follow=args.follow, seed=args.seed, json_path=args.json, plot_path=None if args.no_plot else args.plot))
-    return 0
+    return 130 if any(s.interrupted for s in sweeps) else 0   # 130: the shell's code for a run ended by Ctrl-C
 
 
 def _read_fit(args: argparse.Namespace) -> int:
