@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=whole("--vocab", 1000, 16_000_000), default=50_000,
                    help="staged table's rows per hash head (V4.1: 16M; default 50000)")
     p.add_argument("--steps", type=whole("--steps", 1, 100_000), default=16, help="timed TP steps per run")
-    p.add_argument("--runs", type=whole("--runs", 1, 100), default=1, help="runs per placement, shuffled")
+    p.add_argument("--runs", type=whole("--runs", 1, 100), default=3,
+                   help="runs per placement, shuffled (default 3: the verdict needs a spread to say which "
+                        "placements cannot be told apart)")
     p.add_argument("--max-session-tokens", type=whole("--max-session-tokens", 16), default=1024,
                    help="sessions clipped to this many tokens (default 1024)")
     p.add_argument("--this-disk", default="", metavar="TIERS",
