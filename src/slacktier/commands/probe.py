@@ -53,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=Path("runs/probe/windows.json"), help="where to write the JSON")
     p.add_argument("--plot", type=Path, default=Path("runs/probe/windows.png"), help="where to write the plot")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG (the window plot, or the read fit's scatter)")
     rf = p.add_argument_group("read fit (--read-fit): each tier's device read-time model T_l = a + b P_l + "
                               "c P_ahead + c_behind P_behind, for `slacktier plan` and `inspect` --tiers")
     rf.add_argument("--read-fit", type=Path, default=None, metavar="MANIFEST",
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 def _read_fit(args: argparse.Namespace) -> int:
     """--read-fit: serve.readfit.fit_tiers_file with the flags."""
     from slacktier.config import DiskOptions
-    from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.errors import ErrorKind, SlackTierError, optional_import
     from slacktier.serve.readfit import fit_tiers_file
 
     try:
@@ -110,10 +110,13 @@ def _read_fit(args: argparse.Namespace) -> int:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"--read-layers {args.read_layers!r}",
                              fix="two layer ids, e.g. 1,14") from exc
     disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
+    if not args.no_plot:
+        optional_import("matplotlib", "probe", "the read fit's PNG plot (or pass --no-plot)")
     fit_tiers_file(args.read_fit, args.read_tier or ["disk"], args.tiers_out, layers=layers, runs=args.read_runs,
                    max_pages=args.read_max_pages, rank=args.read_rank, options={"disk": disk}, seed=args.seed,
                    command=f"slacktier probe --read-fit {args.read_fit} --read-tier "
                            f"{' --read-tier '.join(args.read_tier or ['disk'])}"
                            f" --read-runs {args.read_runs} --read-max-pages {args.read_max_pages} --queue-depth "
-                           f"{args.queue_depth} --io-threads {args.io_threads} --disk-engine {args.disk_engine}")
+                           f"{args.queue_depth} --io-threads {args.io_threads} --disk-engine {args.disk_engine}",
+                   plots=not args.no_plot)
     return 0
