@@ -42,6 +42,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lossy", action="store_true", help="[engine] lossy = true")
     p.add_argument("--out", type=Path, default=Path("runs/plan/control.toml"), help="the control file to write")
     p.add_argument("--json", type=Path, default=None, help="also write the plan with its predictions as JSON")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="the PNG of predicted stall against cache size (default: plan.png beside --out)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
 
 
 def _parse_tables(specs: list[str]) -> list[tuple[int, str, int | None]]:
@@ -144,9 +147,9 @@ def run(args: argparse.Namespace) -> int:
                                   manifest=manifest, window_ms=windows[layer]))
     engine = EngineConfig(device=args.device, verify_reads=args.verify_reads, lossy=args.lossy)
     disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
-    plan = make_plan(tables, load_tiers(args.tiers), load_miss_curves(args.curves).by_layer, args.cache_rows,
-                     args.target_ms, resolve_ms=args.resolve_ms, kappa_ms=args.kappa_ms, grid=args.grid,
-                     refine=args.refine)
+    tiers, curves = load_tiers(args.tiers), load_miss_curves(args.curves).by_layer
+    plan = make_plan(tables, tiers, curves, args.cache_rows, args.target_ms, resolve_ms=args.resolve_ms,
+                     kappa_ms=args.kappa_ms, grid=args.grid, refine=args.refine)
     print(format_plan(plan))
     write_plan(plan, args.out, engine, (disk,))
     print(f"wrote {args.out}")
@@ -154,4 +157,19 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(plan_to_dict(plan), indent=1))
         print(f"wrote {args.json}")
+    import importlib.util
+
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        # plan works on the base install; its plot is the one part that needs an extra, so it is said, not refused
+        print("no plot: matplotlib is not installed (pip install 'slacktier[workloads]', or pass --no-plot)")
+    elif not args.no_plot:
+        from slacktier.plan.report import plot_plan, stall_by_cache
+
+        # the planned budget from none to 4x, a geometric grid (a budget of 0 included: the tables uncached)
+        budgets = sorted({0, *(int(round(args.cache_rows * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4))})
+        points = stall_by_cache(plan, tables, tiers, curves, budgets, grid=args.grid, refine=args.refine)
+        others = {f"every table on {t.name}": stall_by_cache(plan, tables, tiers, curves, budgets, grid=args.grid,
+                                                             refine=args.refine, source=t.name)
+                  for t in tiers if not t.holds_table and {p.source for p in plan.tables} != {t.name}}
+        print(f"wrote {plot_plan(plan, points, args.plot or args.out.with_name('plan.png'), others)}")
     return 0
