@@ -197,6 +197,7 @@ def test_whatif_report_starts_with_a_verdict_computed_from_its_table(tmp_path, c
     assert at[0] < head   # the verdict above the table
     overhead = re.search(r"([+-]\d+\.\d)%", row[30:]).group(1)
     assert f": {overhead}% of the step in stalls (3 runs," in verdict
+    assert (tmp_path / "w" / "whatif.png").stat().st_size > 5000
 
 
 def test_a_one_rank_whatif_on_emulated_devices_copies_each_steps_pages_at_the_seal(tmp_path, capsys, monkeypatch):

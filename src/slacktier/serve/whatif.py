@@ -495,8 +495,11 @@ def placement_words(p: WhatIfPlacement, ranks: int) -> str:
         text += (f" (one disk for {ranks} ranks)" if p.disks == "shared" and ranks > 1 else
                  " (one disk per rank)" if ranks > 1 else "")
     if p.cache_rows:
-        shares = ", ".join(f"{100 * f:.0f}% to layer {l}" for l, f in p.shares) or "no share set"
-        text += f", {p.cache_rows:,}-row cache ({shares})"
+        if len(p.shares) == 1:
+            text += f", {p.cache_rows:,}-row cache on layer {p.shares[0][0]} only"
+        else:
+            shares = "/".join(f"{100 * f:.0f}" for _, f in p.shares) or "no share set"
+            text += f", {p.cache_rows:,}-row cache split {shares}"
     return text
 
 
@@ -553,7 +556,7 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
     width = max(30, *(len(p.name) for p in placements))   # 35 keeps two layers' columns within 120 characters
     lines.append(f"{'placement':{width}} {'n':>2} {'overhead':>8} {'min..max %':>12} {'model':>6} "
                  + " ".join(f"{f'hit L{l}':>6} {f'pg L{l}':>6} {f'read L{l}':>7}" for l in layers) + f" {'s':>5}")
-    for p, cost in zip(placements, costs):
+    for p, cost in sorted(zip(placements, costs), key=lambda pc: pc[1].mean_pct):   # cheapest first, as the verdict
         rs = [r for r in runs if r.placement == p]
         step = rs[0].step_ms
         pred = np.mean([predicted_stall_ms(r, cfg) for r in rs])
@@ -577,6 +580,41 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
                  f"{sum(r.mismatches for r in runs)} mismatching rows")
     lines.append(wrap(WHATIF_LEGEND))
     return "\n".join(lines)
+
+
+def plot_whatif(cfg: WhatIfConfig, runs: Sequence[WhatIfRun], path: str | Path) -> Path:
+    """Overhead per placement (% of the profile's step): each run as a point, the mean as a bar, the exposure
+    model's prediction as a mark; cheapest first, as the verdict reads them."""
+    from slacktier.errors import optional_import
+
+    matplotlib = optional_import("matplotlib", "workloads", "the what-if's PNG plot (or pass --no-plot)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    placements = list(dict.fromkeys(r.placement for r in runs))
+    costs = placement_costs(cfg, runs)
+    order = sorted(range(len(placements)), key=lambda i: costs[i].mean_pct)
+    fig, ax = plt.subplots(figsize=(9.0, 1.4 + 0.55 * len(placements)))
+    for y, i in enumerate(order):
+        rs = [r for r in runs if r.placement == placements[i]]
+        per_run = [100 * r.tp_stalls_ms().mean() / r.step_ms for r in rs]
+        pred = np.mean([100 * predicted_stall_ms(r, cfg) / r.step_ms for r in rs])
+        ax.barh(y, costs[i].mean_pct, color="0.8", label="mean over runs" if y == 0 else None)
+        ax.plot(per_run, [y] * len(per_run), "o", color="tab:blue", ms=4, label="one run" if y == 0 else None)
+        if np.isfinite(pred):
+            ax.plot([pred], [y], "|", color="tab:red", ms=14, mew=2, label="model's prediction" if y == 0 else None)
+    ax.set_yticks(range(len(order)), [placements[i].name for i in order], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("stall per step, % of the profile's step")
+    ax.set_title(f"what-if: {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}, profile {cfg.profile}",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, never over one
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p
 
 
 def run_whatif(cfg: WhatIfConfig, placements: Sequence[WhatIfPlacement], runs: int = 1,
