@@ -137,8 +137,8 @@ def test_prepared_ranks_are_each_lookups_rank_in_the_fit(tmp_path):
 
     from slacktier.workloads.corpus import CorpusConfig, load_workload
 
-    split = load_workload("agent", CorpusConfig(agent_source="template", agent_sources=("idna", "packaging"), cache_dir=tmp_path,
-                                                 agent_sessions_per_source=1))
+    split = load_workload("agent", CorpusConfig(agent_source="template", agent_sources=("idna", "packaging"),
+                                                 cache_dir=tmp_path, agent_sessions_per_source=1))
     hasher = lookup_hasher("engram")
     trace = collect_trace(replay_steps(list(split.holdout), hasher, ReplayConfig(batch=1, decode_tokens=16)),
                           hasher, "agent", 1)

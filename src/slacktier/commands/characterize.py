@@ -86,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         optional_import("matplotlib", "workloads", "characterize's PNG plots (or pass --no-plots)")
     characterize(CharacterizeConfig(
         corpus=corpus, replay=replay, workloads=workloads, table=args.table,
-        policies=POLICIES if args.policies == "all" else _items(args.policies, "--policies"), layers=_items(args.layers, "--layers", int),
+        policies=POLICIES if args.policies == "all" else _items(args.policies, "--policies"),
+        layers=_items(args.layers, "--layers", int),
         capacities_rows=_items(args.capacities, "--capacities", _rows), static_head_share=args.static_head_share,
         miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, plots=not args.no_plots,
         progress=not args.no_progress))

@@ -22,8 +22,9 @@ def plan_comment(plan: Plan) -> str:
 
 def format_plan(plan: Plan) -> str:
     """The verdict in words, then the placement as a table, one row per table in window order, then the totals."""
-    lines = [*plan_verdict(plan), "", f"{'layer':>5} {'order':>5} {'tier':>6} {'share':>7} {'window ms':>9} {'pages/step':>10} "
-             f"{'read ms':>8} {'stall ms':>8} {'host GiB':>9}"]
+    lines = [*plan_verdict(plan), ""]
+    lines += [f"{'layer':>5} {'order':>5} {'tier':>6} {'share':>7} {'window ms':>9} {'pages/step':>10} "
+              f"{'read ms':>8} {'stall ms':>8} {'host GiB':>9}"]
     lines += [f"{t.layer:>5} {t.order:>5} {t.source:>6} {t.cache_share:>7.4f} {t.window_ms:>9.3f} "
               f"{t.pages_per_step:>10.1f} {t.read_ms:>8.3f} {t.stall_ms:>8.3f} {t.host_bytes / 2**30:>9.3f}"
               for t in plan.tables]
