@@ -215,7 +215,8 @@ def test_a_one_rank_whatif_on_emulated_devices_copies_each_steps_pages_at_the_se
 
     monkeypatch.setattr(EmulatedDevice, "seal", seal)
     assert main(["whatif", "--out", str(tmp_path / "w"), "--vocab", "2000", "--steps", "2", "--batch", "8",
-                 "--ranks", "1", "--runs", "1", "--no-plot", "--table", "1=rdma-paper", "--table", "14=nvme-paper"]) == 0
+                 "--ranks", "1", "--runs", "1", "--no-plot", "--table", "1=rdma-paper",
+                 "--table", "14=nvme-paper"]) == 0
     out = capsys.readouterr().out
     assert ": 0 mismatching rows" in out
     assert seals["n"] >= 2 * 2   # two devices (one per model), at least the two timed steps
