@@ -64,8 +64,9 @@ def format_table(sweeps: Sequence[WindowSweep]) -> str:
     lines = []
     for s in sweeps:
         n = s.noise
-        lines.append(f"{s.model}  B={s.batch}  clock={s.clock}  step {n.baseline_ms:.3f} ms (median of {n.steps}), "
-                     f"robust std {n.std_ms:.3f} ms, threshold {n.threshold_ms:.3f} ms, {s.steps_run} steps")
+        lines.append(f"{s.model}  B={s.batch}  clock={s.clock}")
+        lines.append(f"step {n.baseline_ms:.3f} ms (median of {n.steps}), robust std {n.std_ms:.3f} ms, threshold "
+                     f"{n.threshold_ms:.3f} ms, {s.steps_run} steps")
         if s.interrupted:
             lines.append(f"interrupted: {len(s.layers)} of {len(s.layers_requested) or '?'} layers measured")
         lines.append(f"{'layer':>5} {'k/L':>6} {'window ms':>10} {'window/step':>11} {'(w/step)/(k/L)':>14} "

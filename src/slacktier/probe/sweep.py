@@ -271,9 +271,16 @@ def sweep_windows(run_step: Callable[[], float], probe: WindowProbe, layers: Seq
         return noise.threshold_ms
 
     n_points = max(1, math.ceil(settings.max_delay_frac * settings.points_per_step))
+
+    def expected_points(k: int) -> int:
+        """Blocks layer k should take: X walks up to about its arrival, then a confirmation and the extra points;
+        deeper layers take more, so the ETA counts blocks, not layers."""
+        return min(n_points, math.ceil(arrival_ms[k] / dx) + 1) + int(settings.confirm) + settings.extra_points
+
     out = []
     interrupted = False
     t_start = time.monotonic()
+    blocks_done = 0
     try:
         for i, k in enumerate(layers, 1):
             points, window, detected, fit = _measure_layer(stepper, k, settings, dx, n_points, rng, threshold)
@@ -289,9 +296,11 @@ def sweep_windows(run_step: Callable[[], float], probe: WindowProbe, layers: Seq
                              detected_at_ms=detected, window_fit_ms=fit, arrival_ms=float(arrival_ms[k]),
                              points=tuple(points), below_noise_floor=below)
             out.append(lw)
+            blocks_done += len(points)
             if progress:
-                elapsed = time.monotonic() - t_start
-                left = "done" if i == len(layers) else f"about {format_eta(elapsed / i * (len(layers) - i))} left"
+                per_block_s = (time.monotonic() - t_start) / blocks_done
+                blocks_left = sum(expected_points(j) for j in layers[i:])
+                left = "done" if i == len(layers) else f"about {format_eta(per_block_s * blocks_left)} left"
                 w = lw.describe() + ("" if window is None else f" ({window / noise.baseline_ms:.3f} of step)")
                 progress(f"layer {k} ({i} of {len(layers)}): {w}, arrival {lw.arrival_ms:.3f} ms, "
                          f"{len(points)} points, threshold now {noise.threshold_ms:.3f} ms; {left}")
