@@ -106,7 +106,8 @@ def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "
         if pts:
             xs, ys = zip(*pts)
             line, = ax.plot(xs, ys, marker="o", ms=3,
-                            label=f"B={s.batch} ({s.noise.baseline_ms:.1f} ms step, {s.clock}): X - delta")
+                            label=f"B={s.batch} ({s.noise.baseline_ms:.1f} ms step, {s.clock} clock): measured "
+                                  "window")
             if arrivals:
                 ax.plot([depth(lw.layer, s.num_layers) for lw in s.layers],
                         [lw.arrival_ms / s.noise.baseline_ms for lw in s.layers], ls="--", lw=1,
