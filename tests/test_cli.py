@@ -105,6 +105,13 @@ def test_demo_runs_small(tmp_path, capsys):
     assert (tmp_path / "demo" / "table.bin.manifest.json").exists()
     assert os.path.getsize(tmp_path / "demo" / "table.bin") > 0
     assert "device compute from profile v41_paper; host, cache and I/O real" in out
+    # a person reads it: lines fit a terminal, no tracker numbers or paper sections, a verdict per experiment
+    import re
+
+    lines = out.splitlines()
+    assert max(len(l) for l in lines if str(tmp_path) not in l) <= 120, max(lines, key=len)
+    assert not any(re.search(r"issue \d|section \d", l) for l in lines)
+    assert sum(l.startswith("Verdict: ") for l in lines) == 2
     # --metrics-port: the demo's engines published into the endpoint it served (still up in this process)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     lookups = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -231,8 +231,16 @@ def test_control_file_round_trips_through_toml(tmp_path):
     # write_plan is the same two steps
     assert write_plan(plan, tmp_path / "again.toml", config.EngineConfig(verify_reads=True), (disk,)) == cfg
     assert config.load_control(tmp_path / "again.toml") == cfg
-    table = format_plan(plan).splitlines()
+    text = format_plan(plan).splitlines()
+    table = text[text.index("") + 1:]
     assert table[0].split()[:3] == ["layer", "order", "tier"] and len(table) == 2 + len(plan.tables)
+    # the verdict above it says the table's placement in words, computed from the plan
+    verdict = " ".join(l.strip() for l in text[:text.index("")])
+    for t in plan.tables:
+        where = "in DRAM" if t.source == "dram" else f"on {t.source}"
+        assert f"layer {t.layer} {where}" in verdict
+    assert verdict.startswith("Verdict: ") and f"predicted {plan.slowdown_ms:+.3f} ms per step, within" in verdict
+    assert max(map(len, text)) <= 120
 
 
 def test_control_file_takes_the_engine_section_and_refuses_two_options_of_one_tier():
@@ -346,7 +354,8 @@ def test_plan_cli_end_to_end(tmp_path, o_direct_dir, capsys):
                    "--out", str(out), "--json", str(tmp_path / "plan.json")])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "predicted slowdown" in text
+    assert "predicted slowdown" in text and text.startswith("Verdict: put layer 1 on disk")
+    assert (tmp_path / "plan.png").stat().st_size > 5000 and f"wrote {tmp_path / 'plan.png'}" in text
     cfg = config.load_control(out)
     assert [t.source for t in cfg.tables] == ["disk", "disk"]
     assert cfg.engine.cache_rows == 1_000_000

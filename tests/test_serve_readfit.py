@@ -105,3 +105,31 @@ def test_probe_read_fit_fits_a_redis_read_model_from_a_loaded_table(staged, tmp_
         assert f"--read-tier redis" in redis_tier.fit.measured
     finally:
         srv.stop()
+
+
+def test_a_read_fit_below_the_trusted_r2_warns_and_its_scatter_is_drawn(staged, tmp_path, capsys):
+    import dataclasses
+
+    from slacktier.plan.fit import FitQuality
+    from slacktier.serve.readfit import TRUSTED_HELD_OUT_R2, fit_warning, plot_read_fit, predicted_read_ms
+
+    fit = read_fit("dram", staged, (1, 14), runs=9, max_pages=(200, 200))
+    poor = dataclasses.replace(fit, fit=dataclasses.replace(fit.fit, held_out=FitQuality(0.55, 1.0, 6)))
+    good = dataclasses.replace(fit, fit=dataclasses.replace(fit.fit, held_out=FitQuality(0.95, 1.0, 6)))
+    assert fit_warning(poor).startswith(f"WARNING dram: held-out R^2 0.55 is below {TRUSTED_HELD_OUT_R2}")
+    assert fit_warning(good) is None   # negative control
+    pred = predicted_read_ms(fit)
+    m = fit.spec.read
+    p = fit.runs.pages[0]
+    assert pred[0, 0] == pytest.approx(m.intercept_ms + m.page_ms * p[0] + m.behind_page_ms * p[1])
+    assert pred[0, 1] == pytest.approx(m.intercept_ms + m.page_ms * p[1] + m.ahead_page_ms * p[0])
+    assert plot_read_fit(fit, tmp_path / "fit.png").stat().st_size > 5000
+    assert max(map(len, describe_fit(fit).splitlines())) <= 120
+
+
+def test_probe_read_fit_writes_its_scatter_beside_the_tiers_file(staged, tmp_path, capsys):
+    out = tmp_path / "tiers.toml"
+    assert cli.main(["probe", "--read-fit", staged.path, "--read-tier", "dram", "--read-runs", "9",
+                     "--read-max-pages", "100", "--tiers-out", str(out)]) == 0
+    assert (tmp_path / "tiers.toml.dram.fit.png").stat().st_size > 5000
+    assert f"wrote {tmp_path / 'tiers.toml.dram.fit.png'}" in capsys.readouterr().out

@@ -116,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"slacktier {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C: one line, not a traceback; verbs that can save partial work do so first
+        print(f"slacktier {args.verb}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lossy", action="store_true", help="[engine] lossy = true")
     p.add_argument("--out", type=Path, default=Path("runs/plan/control.toml"), help="the control file to write")
     p.add_argument("--json", type=Path, default=None, help="also write the plan with its predictions as JSON")
+    p.add_argument("--plot", type=Path, default=None,
+                   help="the PNG of predicted stall against cache size (default: plan.png beside --out)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
 
 
 def _parse_tables(specs: list[str]) -> list[tuple[int, str, int | None]]:
@@ -97,6 +100,9 @@ def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None
                                  fix=f"use one of {[s['batch'] for s in sweeps]}")
         out = {}
         for lw in chosen["layers"]:
+            if lw.get("below_noise_floor") or (lw["window_ms"] is not None and lw["window_ms"] < 0):
+                out[int(lw["layer"])] = 0.0   # under the probe's noise floor: no window a plan may count on
+                continue
             if lw["window_ms"] is None:
                 continue
             out[int(lw["layer"])] = float(lw["window_frac"] * step_ms if step_ms else lw["window_ms"])
@@ -112,15 +118,19 @@ def add_window_arguments(p) -> None:
     p.add_argument("--window", action="append", default=[], metavar="LAYER=MS",
                    help="the window of a table's layer in ms (repeat per table), e.g. 1=0.27")
     p.add_argument("--windows-json", type=Path, default=None,
-                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer)")
+                   help="windows from `slacktier probe` JSON instead (decoder layer index = table layer; a window "
+                        "under the probe's noise floor counts as 0 ms)")
     p.add_argument("--windows-batch", type=whole("--windows-batch", 1), default=None,
                    help="which batch of the probe JSON (default: first)")
     p.add_argument("--step-ms", type=finite("--step-ms"), default=None,
                    help="scale the probe's windows (as fractions of its step) to this step time")
 
 
-def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
-    """Windows (ms) per layer from --windows-json and --window (the latter wins); shared with `inspect`."""
+def windows_from_args(args: argparse.Namespace, layers=None) -> dict[int, float]:
+    """Windows (ms) per layer from --windows-json and --window (the latter wins); shared with `inspect`.
+
+    `layers`: the layers that hold a table; only theirs are checked (a probe JSON's other layers are ignored).
+    """
     windows: dict[int, float] = {}
     if args.windows_json:
         windows.update(windows_from_probe_json(args.windows_json, args.windows_batch, args.step_ms))
@@ -132,8 +142,9 @@ def windows_from_args(args: argparse.Namespace) -> dict[int, float]:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"--window {w!r}", fix="use LAYER=MS, e.g. 14=9.35") from exc
         windows[whole("--window LAYER", 0, 2**31 - 1)(layer_text)] = finite_number(ms, f"--window {layer}=MS")
     for layer, ms in windows.items():   # the probe JSON's too: a window is a finite time
-        finite_number(str(ms), f"the window of layer {layer} (ms)")
-    return windows
+        if layers is None or layer in layers:
+            finite_number(str(ms), f"the window of layer {layer} (ms)")
+    return windows if layers is None else {layer: ms for layer, ms in windows.items() if layer in layers}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -144,10 +155,11 @@ def run(args: argparse.Namespace) -> int:
         plan_comment, plan_to_dict
     from slacktier.tables.manifest import Manifest
 
-    windows = windows_from_args(args)
+    specs = _parse_tables(args.table)
+    windows = windows_from_args(args, {layer for layer, _, _ in specs})
     tiers, curves = load_tiers(args.tiers), load_miss_curves(args.curves).by_layer   # bad inputs before manifests
     tables = []
-    for layer, manifest, rows in _parse_tables(args.table):
+    for layer, manifest, rows in specs:
         if layer not in windows:
             raise SlackTierError(ErrorKind.MISSING, f"no window for layer {layer}", layer=layer,
                                  fix="pass --window LAYER=MS or a probe JSON that measured this layer")
@@ -178,4 +190,19 @@ def run(args: argparse.Namespace) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(plan_to_dict(plan), indent=1))
         print(f"wrote {args.json}")
+    import importlib.util
+
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        # plan works on the base install; its plot is the one part that needs an extra, so it is said, not refused
+        print("no plot: matplotlib is not installed (pip install 'slacktier[workloads]', or pass --no-plot)")
+    elif not args.no_plot:
+        from slacktier.plan.report import plot_plan, stall_by_cache
+
+        # the planned budget from none to 4x, a geometric grid (a budget of 0 included: the tables uncached)
+        budgets = sorted({0, *(int(round(args.cache_rows * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4))})
+        points = stall_by_cache(plan, tables, tiers, curves, budgets, grid=args.grid, refine=args.refine)
+        others = {f"every table on {t.name}": stall_by_cache(plan, tables, tiers, curves, budgets, grid=args.grid,
+                                                             refine=args.refine, source=t.name)
+                  for t in tiers if not t.holds_table and {p.source for p in plan.tables} != {t.name}}
+        print(f"wrote {plot_plan(plan, points, args.plot or args.out.with_name('plan.png'), others)}")
     return 0
