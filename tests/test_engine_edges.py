@@ -177,3 +177,24 @@ def test_tp1_serves_an_id_outside_the_table_as_a_zero_row(staged, tmp_path: Path
             assert not _wrong(e.gather(layer), _expected(g, rows[j], truth, layer)).any()
         c = e.end_step().layers
     assert (c[1].out_of_table, c[1].padded) == (18, 0) and (c[14].out_of_table, c[14].padded) == (12, 6)
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(st.sampled_from([2, 4, 8]), st.lists(st.integers(-50, 7_000), min_size=1, max_size=64))
+def test_a_row_map_puts_only_table_rows_in_the_stored_rows(tp, ids):
+    """RowMap.to_stored (balanced, layer 1's 6,660 rows): an id lands inside the stored rows exactly when it is a
+    row of the table, and maps back to itself; ids past the table (the padding's numbers among them) land past
+    the stored rows."""
+    from slacktier.tables.partition import RankPartition, RowMap, stored_spans
+
+    layer = LAYOUT.layer_ids[0]
+    bounds = LAYOUT.layer_column_bounds(layer)
+    rows = bounds[-1]
+    rm = RowMap.of(stored_spans(RankPartition.make("balanced", 24, tp, 8), bounds, rows, tp), rows)
+    assert rm.stored_rows > rows   # the padding's numbers exist: ids in [rows, stored_rows) are the risk
+    g = np.array(ids + [rows, rm.stored_rows - 1], dtype=np.int64)
+    stored = rm.to_stored(g)
+    table = (g >= 0) & (g < rows)
+    assert np.array_equal((stored >= 0) & (stored < rm.stored_rows), table)
+    assert np.array_equal(rm.to_global(stored[table]), g[table])
+    assert np.array_equal(stored[g < 0], g[g < 0])

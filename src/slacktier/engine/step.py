@@ -749,9 +749,9 @@ class StepEngine:
             run.ids = None
             if c.out_of_table and layer not in self._warned_outside:
                 self._warned_outside.add(layer)
-                log.warning("layer %d: %d ids outside the layer's %d rows were served as zero rows (as the serving "
-                            "engines' own lookups serve them; counted in out_of_table): the hasher's layout may "
-                            "not be the table's", layer, c.out_of_table, run.spec.table_rows)
+                log.warning("layer %d: %d ids outside the layer were served as zero rows (as the serving engines' "
+                            "own lookups serve them; counted in out_of_table): the hasher's layout may not be the "
+                            "table's", layer, c.out_of_table)
         self._finish_step()
         if self.evict_ahead:
             for layer, c in counters.layers.items():   # counted as this step's evictions
