@@ -431,3 +431,52 @@ def test_inert_without_the_variable(sg, world, tp, monkeypatch):
     with tp(1, 0):
         emb = _served(sg, world, 1)
     assert emb.weight.shape[0] == world.st_layout.layer_rows(1)   # SGLang's own table, untouched
+
+
+def _edge_hash_ids(sg, world) -> torch.Tensor:
+    """SGLang's hash ids of the test tokens, then in token 0 ids a hasher never emits: each layer's last row, the
+    rows just past it, far past it, the pad id and another negative id."""
+    ids = world.hasher(torch.from_numpy(world.tokens), _batch(sg, len(world.tokens))).clone()
+    for i, layer in enumerate(LAYERS):
+        rows = world.st_layout.layer_rows(layer)
+        ids[0, i, :8] = torch.tensor([rows - 1, rows, rows + 1, rows + 40, 2**40, -1, -7, 0])
+    return ids
+
+
+@pytest.mark.parametrize("partition", ["columns", "balanced"])
+def test_ids_outside_the_table_give_sglangs_zero_rows(sg, world, tp, monkeypatch, tmp_path, partition):
+    """SGLang's own lookup masks an id outside its table to a +0.0 row (at TP 1, and summed over TP 2 ranks); the
+    plug-in gives the same rows bit for bit, under either partition, and counts them."""
+    ids = _edge_hash_ids(sg, world)
+    manifest = world.manifests["tp1"]
+    if partition == "balanced":
+        manifest = stage_checkpoint(world.dir / "tp2.safetensors", [tmp_path / "balanced.bin"], ranks=2,
+                                    expected=world.st_layout, partition="balanced", progress=False).path
+    for size in (1, 2):
+        _control(tmp_path / "rank-1.toml", world.manifests["tp1"])
+        for rank in range(size):
+            _control(tmp_path / f"rank{rank}.toml", world.manifests["tp2"] if partition == "columns" else manifest,
+                     rank=rank, owned_only=True, partition=partition)
+        want, got = [], []
+        for rank in range(size):
+            with tp(size, rank):
+                monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
+                stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
+                want.append([stock[layer]._owned_rows(ids[:, i]) for i, layer in enumerate(LAYERS)])
+                template = "rank-1.toml" if size == 1 else "rank{tp_rank}.toml"
+                monkeypatch.setenv(plug.CONTROL_ENV, str(tmp_path / template))
+                served = {layer: _served(sg, world, layer) for layer in LAYERS}
+                binding = plug.current()
+                with plug.step():
+                    binding.begin(ids)
+                    got.append([served[layer]._owned_rows(ids[:, i]) for i, layer in enumerate(LAYERS)])
+                counts = binding.engine.last_step.layers
+                assert [counts[layer].out_of_table for layer in LAYERS] == [5, 5]   # rows, +1, +40, 2**40, -7
+                plug.close()
+        for i in range(len(LAYERS)):
+            total_want, total_got = want[0][i], got[0][i]
+            for rank in range(1, size):
+                total_want, total_got = total_want + want[rank][i], total_got + got[rank][i]
+            _assert_same_rows(total_got, total_want)
+            assert not bool(_bits(total_got[0, 1:7]).any())   # the ids outside the table: +0.0 rows
+            assert bool(_bits(total_got[0, [0, 7]]).any())    # the last row and row 0: the table's (can fail)

@@ -5,9 +5,9 @@ What runs here: the plug-in loads through vLLM's load_general_plugins() from the
 serves equal vLLM's own ParallelEngramEmbedding's and SlackTier's staged rank
 regions at TP 1, 2 and 4; settings outside its scope are refused.
 
-What does not: the rows. vLLM's Engram lookup and hash are Triton kernels with
-no CPU path, so rows against vLLM's own lookup need a GPU
-(benchmarks/gpu_checks_plugins.py, part 2).
+The rows against vLLM's own lookup kernel, run under Triton's interpreter on
+this CPU: tests/test_adapters_vllm_parity.py. vLLM's hash kernel and its lookup
+compiled for a GPU need one (benchmarks/gpu_checks_plugins.py, part 2).
 
 vLLM's ParallelEngramEmbedding asks its process groups for the TP size and rank
 and the GPU for its SM count; a CPU process has neither, so the geometry test

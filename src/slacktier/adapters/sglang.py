@@ -54,8 +54,10 @@ Rank partitions (tables.partition): a table staged with `--partition balanced`
 (and `partition = "balanced"` on its [[table]]s) gives every rank as many heads
 of each n-gram order instead of SGLang's contiguous columns, so no rank reads
 most of the step's pages. SGLang's all-reduce sums whatever each rank fills, so
-nothing else changes: each rank's `_owned_rows` is its partition's columns'
-rows, +0.0 in the others, and the TP sum is the stock one bit for bit.
+nothing else changes: each rank's `_owned_rows` is the rows of its partition's
+columns' row spans, +0.0 in the others (by row, as SGLang's own shards mask, so
+an id that is not its column's also sums to SGLang's row), and the TP sum is
+the stock one bit for bit.
 """
 
 from __future__ import annotations
@@ -101,15 +103,14 @@ def _adopt(binding: Binding, module: torch.nn.Module, num_embeddings: int, dim: 
                              f"(layer {layer_id}: {len(bounds) - 1} columns ending at row {bounds[-1]}, the model's "
                              f"{len(column_bounds) - 1} ending at {column_bounds[-1]})", layer=layer_id,
                              fix="stage the table from this model's checkpoint (or its config's layout)")
-    owned_columns = None
+    owned_spans = None
     if t.partition != "columns":
         # Another partition than SGLang's own: the region is not SGLang's shard_range, by design; the manifest
-        # must be cut for this TP size, and the rows this rank serves are its partition's columns.
+        # must be cut for this TP size, and the rows this rank serves are its partition's columns' row spans.
         m = Manifest.load(t.manifest)
         check_tp_sharding(m, s.tp_size, [layer_id])
         if s.tp_size > 1:
-            owned_columns = torch.zeros(len(column_bounds) - 1, dtype=torch.bool)
-            owned_columns[list(m.partition.columns[s.tp_rank])] = True
+            owned_spans = torch.tensor(m.partition.spans(column_bounds, s.tp_rank), dtype=torch.int64)   # [S, 2]
     elif (spec.row_start, spec.rows) != (start, end - start):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer_id}: {binding.path} serves rows [{spec.row_start}, "
                              f"{spec.row_start + spec.rows}), SGLang's TP {s.tp_size} rank {s.tp_rank} owns "
@@ -131,7 +132,7 @@ def _adopt(binding: Binding, module: torch.nn.Module, num_embeddings: int, dim: 
     module.weight.weight_loader = skip_rows
     module.scale.weight_loader = skip_rows
     module._slacktier_layer = layer_id
-    module._slacktier_owned_columns = owned_columns   # [24] bool under a non-columns partition at TP > 1
+    module._slacktier_owned_spans = owned_spans   # [S, 2] global row spans under a non-columns partition at TP > 1
     binding.adopted.add(layer_id)
 
 
@@ -176,9 +177,13 @@ def _around_owned_rows(original: Callable[..., torch.Tensor], module: torch.nn.M
                              fix="a step's lookups must be the hash ids its hasher returned (no DP or CP gather)")
     rows = rows.to(indices.device, non_blocking=True)
     if module.tp_size > 1:
-        columns = module.__dict__.get("_slacktier_owned_columns")
-        if columns is not None:   # a partition other than SGLang's: this rank owns whole columns
-            owned = columns.to(indices.device).expand(indices.shape)
+        spans = module.__dict__.get("_slacktier_owned_spans")
+        if spans is not None:   # a partition other than SGLang's: this rank owns its columns' row spans
+            # by row, as SGLang's own shards: an id in another column's rows is still served by its row's owner,
+            # so the TP sum is SGLang's for every id (an id outside the table is +0.0 on every rank)
+            spans = spans.to(indices.device)
+            at = indices.unsqueeze(-1)
+            owned = ((at >= spans[:, 0]) & (at < spans[:, 1])).any(-1)
         else:
             local = indices - module.row_start
             owned = (local >= 0) & (local < module.rows)

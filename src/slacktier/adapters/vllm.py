@@ -17,6 +17,12 @@ against vLLM 0.33.0 (another version is refused when the plug-in loads):
 | `Engram.embed` | under a partition other than columns, puts the all-gathered columns back in column order |
 | `nvidia.model.DeepseekV4Model.forward` | `end_step()` after the forward, also when it raised |
 
+Rows equal vLLM's own `_engram_lookup_kernel`: the engine serves in its "vllm"
+dequant convention (an E8M0 scale byte 0x00 reads as 0.0 and 0xFF as +inf,
+where SGLang and torch read 2**-127 and NaN; ids outside the rank's rows, the
+table or the pad id give +0.0 rows), checked against that kernel run under
+TRITON_INTERPRET=1 on a CPU (tests/test_adapters_vllm_parity.py).
+
 A table placed in host DRAM (`source = "dram"`) keeps vLLM's own table and
 lookup. vLLM shards the 24 hash columns (heads) over TP and each rank looks up
 its own columns only, then all-gathers them: each rank's control file serves
@@ -44,9 +50,9 @@ decoding; the CUDA model file (not ROCm's).
 
 What runs on a CPU: vLLM's modules import and the plug-in loads through its
 entry point; the head shard geometry is checked against vLLM's own
-`ParallelEngramEmbedding` and SlackTier's rank regions; refusals. vLLM's lookup
-and hash are Triton kernels, so the rows themselves need a GPU
-(benchmarks/engine/gpu_checks_plugins.py).
+`ParallelEngramEmbedding` and SlackTier's rank regions; refusals; the rows
+against vLLM's lookup kernel under Triton's interpreter (above). vLLM's hash
+and its lookup compiled for a GPU need one (benchmarks/engine/gpu_checks_plugins.py).
 """
 
 from __future__ import annotations

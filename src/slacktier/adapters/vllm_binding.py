@@ -175,7 +175,10 @@ def bind(hash_columns: int, table: str = "Engram") -> Binding | None:
                                      fix=f"one control file per rank with rank = {serving.tp_rank} on every table "
                                      f"(stage with --ranks {serving.tp_size})")
     heads = -(-hash_columns // serving.tp_size)
-    engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads) if served else None
+    # vLLM's own lookup reads an E8M0 byte 0x00 as 0.0 and fills rows it does not hold with +0.0: the engine's
+    # rows follow it ("vllm" convention), so the plug-in equals vLLM's stock rows, not SGLang's.
+    engine = (StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads, convention="vllm")
+              if served else None)
     binding = _BINDINGS[path] = Binding(path, cfg, serving, engine)
     log.info("SlackTier serves %s layers %s of TP rank %d from %s; layers %s stay on vLLM's tables",
              table, [t.layer for t in served], serving.tp_rank, path,

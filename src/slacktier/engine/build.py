@@ -60,6 +60,7 @@ class Resolved:
     source_key: tuple
     row_map: RowMap | None = None          # global row id -> stored row (None under the columns partition)
     verify: bool = False                   # each read page's CRC32C checked (verify_reads)
+    table_rows: int = 0                    # the whole layer's rows, all ranks (stored rows under a partition)
 
 
 def resolve_control(cfg: ControlFile) -> dict[int, Resolved]:
@@ -133,6 +134,7 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     row_map = m.row_map(t.layer)
     if row_map is not None:   # the regions' rows are stored rows (tables.partition): so is the directory
         rows = row_map.stored_rows
+    table_rows = rows
     if rank is not None:   # one rank's shard: the directory covers only its rows
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
@@ -142,7 +144,7 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
                      if r.layer == t.layer and (rank is None or r.rank == rank))
     data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
     source_key = (t.source, t.options, regions, verify, m.identity)
-    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify, table_rows)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -173,7 +175,7 @@ def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
     reference = SourceRowReader(r.manifest, r.config.layer, r.row_start, r.row_map) if check else None
     return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
                      cache_share=r.config.cache_share, seen=_seen(r.config, r.rows),
-                     reference=reference, row_map=r.row_map)
+                     reference=reference, row_map=r.row_map, table_rows=r.table_rows)
 
 
 def _seen(t: TableConfig, rows: int) -> np.ndarray | None:

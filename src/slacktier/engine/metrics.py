@@ -15,6 +15,7 @@ serving every rank's region):
     slacktier_pages_read_total     unique 4 KiB pages read
     slacktier_evictions_total      cache slots given to another row
     slacktier_padded_total         lookups of the pad id (zero rows, nothing read)
+    slacktier_out_of_table_total   lookups of ids outside the layer (zero rows, nothing read)
     slacktier_errors_total{kind,layer,rank}   errors the engine raised, by SlackTierError kind
     slacktier_gather_stall_seconds histogram: per step, how long gather(layer) blocked on its reads
     slacktier_read_seconds         histogram: per step with reads, submit-to-completion of the layer's reads
@@ -71,6 +72,7 @@ class _Families:
     pages_read: Counter
     evictions: Counter
     padded: Counter
+    out_of_table: Counter
     errors: Counter
     stall: Histogram
     read: Histogram
@@ -116,6 +118,8 @@ def _families(registry: CollectorRegistry) -> _Families:
             pages_read=counter("slacktier_pages_read", "Unique 4 KiB pages read from the tier"),
             evictions=counter("slacktier_evictions", "Cache slots given to another row"),
             padded=counter("slacktier_padded", "Lookups of the pad id (zero rows, nothing read)"),
+            out_of_table=counter("slacktier_out_of_table", "Lookups of ids outside the layer (zero rows, nothing "
+                                 "read)"),
             errors=Counter("slacktier_errors", "Errors the engine raised, by kind", ("kind", "layer", "rank"),
                            registry=None),
             stall=Histogram("slacktier_gather_stall_seconds", "Per step: how long gather(layer) blocked on "
@@ -149,7 +153,8 @@ class LayerLabels:
 class _LayerSeries:
     """One layer's bound children, so a step's update is a few `inc`/`observe` calls."""
 
-    __slots__ = ("lookups", "hits", "rows_read", "pages_read", "evictions", "padded", "stall", "read")
+    __slots__ = ("lookups", "hits", "rows_read", "pages_read", "evictions", "padded", "out_of_table", "stall",
+                 "read")
 
     def __init__(self, fam: _Families, values: tuple[str, str, str]) -> None:
         for name in self.__slots__:
@@ -201,6 +206,8 @@ class EngineMetrics:
             s.evictions.inc(c.evictions)
             if c.padded:
                 s.padded.inc(c.padded)
+            if c.out_of_table:
+                s.out_of_table.inc(c.out_of_table)
             s.stall.observe(c.wait_us / 1e6)
             if c.pages_read:
                 s.read.observe(c.read_us / 1e6)

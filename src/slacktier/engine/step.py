@@ -51,8 +51,26 @@ per-rank host lookup zero-fills rows it does not own before its all-reduce.
 -0.0 rather than +0.0 because -0.0 is the additive identity of IEEE addition
 (x + -0.0 == x for every x, -0.0 included; -0.0 + +0.0 is +0.0), so the
 all-reduce sum over ranks reproduces the single-process rows bit for bit, the
-owner's -0.0 values included. Without owned_only an id outside the table is an
-error.
+owner's -0.0 values included. Without owned_only an id outside the rows the
+process serves is an error, unless it is outside the whole layer (below).
+
+Ids outside the whole layer (`TableSpec.table_rows`, which a control file's
+manifest always gives): a zero row (+0.0), nothing read or cached, counted in
+`out_of_table` (and zero_rows), in every mode, rank and partition. That is what
+SGLang's and vLLM's own lookups give such an id (their masked loads and fills),
+so a plug-in serves it as the stock path does; the hashers never emit one, so
+the first of each layer is logged as a warning. Under a rank partition the id
+is mapped outside the stored rows too (RowMap.to_stored), never onto another
+row's place.
+
+Conventions (`convention`, codec.DEQUANT_CONVENTIONS): a plug-in's rows must
+equal its serving engine's own lookup. "torch" (the default: SGLang's host
+path and the reference DESIGN.md names) reads an E8M0 byte 0x00 as 2**-127 and
+writes -0.0 in rows another rank serves (an all-reduce sums them); "vllm" reads
+the byte as vLLM's Triton lookup does (0x00 -> 0.0, 0xFF -> +inf) and writes
++0.0 there, as that kernel's masked loads do (vLLM all-gathers, never sums).
+The compiled gather takes the convention's own exact table, so it stays one
+table lookup per value.
 
 Padding (`pad_id`, default -1, what vLLM pads a step's hash ids with): a
 lookup of the pad id comes out as a zero row (+0.0), touches no cache slot,
@@ -93,6 +111,7 @@ from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
+from slacktier.tables.codec import check_convention
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROW_VALUES, ROWS_PER_PAGE
 
 if TYPE_CHECKING:
@@ -135,7 +154,7 @@ class StepEngine:
                  lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
                  owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None,
-                 evict_ahead: bool = True, control: B.Applied | None = None) -> None:
+                 evict_ahead: bool = True, control: B.Applied | None = None, convention: str = "torch") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -153,6 +172,8 @@ class StepEngine:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"cache on {self.cache.device}, engine on {self.device}",
                                  fix="build the cache on the engine's device")
         self.columns = int(columns)
+        self.convention = check_convention(convention)
+        self._lut_t = G.lut_by_scale(self.convention)
         self.lossy = bool(lossy)
         self.owned_only = bool(owned_only)
         self.pad_id = _checked_pad_id(pad_id)
@@ -187,6 +208,7 @@ class StepEngine:
         self._taken = self._unread = 0   # window positions: results taken below _taken, resolved below _unread
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
+        self._warned_outside: set[int] = set()   # layers whose out-of-table ids were logged once
         self._configure(list(tables), ids_layers)
         self._ensure_capacity(max(1, int(max_tokens)))
         if metrics is not None:
@@ -493,7 +515,7 @@ class StepEngine:
 
     def _stored_ids(self, ids: np.ndarray) -> np.ndarray:
         """The step's ids with each partitioned layer's global row ids as its stored rows (TableSpec.row_map);
-        pad and out-of-table ids unchanged, so the pass refuses or pads them as before."""
+        pad and out-of-table ids stay outside the stored rows, so the pass pads or zero-fills them."""
         out = ids.copy()
         for axis, row_map in self._row_maps:
             row_map.to_stored(ids[:, axis, :], out[:, axis, :])
@@ -645,8 +667,8 @@ class StepEngine:
         if self.gather_impl == "numba":
             bits = np.empty((n, ROW_VALUES), dtype=np.uint16)
             G.gather_cpu(sc.desc_kind, sc.desc_idx, n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, n_miss,
-                         self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut_by_scale(), bits)
-            if n_foreign:
+                         self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), self._lut_t, bits)
+            if n_foreign and self.convention == "torch":   # "vllm": +0.0, as gather_cpu leaves them
                 fill_foreign(sc.desc_kind, n, bits)
             out = torch.from_numpy(bits).view(torch.bfloat16)
         else:
@@ -658,8 +680,8 @@ class StepEngine:
                 staging = self._staging[run.axis * span:(run.axis + 1) * span]
             out = G.gather_torch(sc.desc_kind[:n], sc.desc_idx[:n], sc.miss_buf[:n_miss],
                                  sc.miss_inpage[:n_miss], sc.miss_slot[:n_miss], self._pool.pages,
-                                 self.cache.weight, self.cache.scale, staging)
-            if n_foreign:
+                                 self.cache.weight, self.cache.scale, staging, self.convention)
+            if n_foreign and self.convention == "torch":
                 foreign = np.flatnonzero(sc.desc_kind[:n] == KIND_FOREIGN)
                 out.index_fill_(0, torch.from_numpy(foreign).to(out.device, non_blocking=True), -0.0)
         run.counters.gather_us += (perf_counter_ns() - t0) / 1e3
@@ -670,7 +692,7 @@ class StepEngine:
 
     def _check(self, run: _LayerRun, out: torch.Tensor) -> None:
         kinds = run.scratch.desc_kind[:run.res.lookups]
-        if run.res.zero or run.res.foreign or run.res.padded:
+        if run.res.zero or run.res.foreign or run.res.padded or run.res.outside:
             keep = np.flatnonzero(kinds <= KIND_MISS)   # zero and foreign rows are not the table's
             ours = out[torch.from_numpy(keep)]
             local = run.ids.reshape(-1)[keep] - run.spec.row_start
@@ -678,7 +700,7 @@ class StepEngine:
             keep = np.arange(run.res.lookups)
             ours = out
             local = run.ids.reshape(-1) - run.spec.row_start
-        ref = reference_gather(self._reader(run).read(local))
+        ref = reference_gather(self._reader(run).read(local), self.convention)
         differ = mismatching_rows(ours, ref)
         bad = int(differ.sum())
         run.counters.checked_rows += int(keep.size)
@@ -733,6 +755,11 @@ class StepEngine:
             counters.layers[layer] = c
             self.totals[layer].add(c)
             run.ids = None
+            if c.out_of_table and layer not in self._warned_outside:
+                self._warned_outside.add(layer)
+                log.warning("layer %d: %d ids outside the layer were served as zero rows (as the serving engines' "
+                            "own lookups serve them; counted in out_of_table): the hasher's layout may not be the "
+                            "table's", layer, c.out_of_table)
         self._finish_step()
         if self.evict_ahead:
             for layer, c in counters.layers.items():   # counted as this step's evictions
