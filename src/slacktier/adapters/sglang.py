@@ -65,9 +65,10 @@ from typing import Any, Callable
 
 import torch
 
+from slacktier.adapters import checking_loader, identity_check
 from slacktier.adapters.sglang_binding import BREAKABLE_PLE_PREFILL, CHECKED_VERSION, CONTROL_ENV, UNVERIFIED_ENV, \
     Binding, SglangServing, bind, check_scope, check_version, close, current, end_step, installed_version, \
-    read_serving, record_layer_order, skip_rows, step, unverified_allowed
+    loaded_from, read_serving, record_layer_order, step, unverified_allowed
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
@@ -128,8 +129,9 @@ def _adopt(binding: Binding, module: torch.nn.Module, num_embeddings: int, dim: 
     module.weight = torch.nn.Parameter(torch.empty(0, dim, dtype=torch.float8_e4m3fn), requires_grad=False)
     module.scale = torch.nn.Parameter(torch.empty(0, dim // _FP8_BLOCK, dtype=torch.float8_e8m0fnu),
                                       requires_grad=False)
-    module.weight.weight_loader = skip_rows
-    module.scale.weight_loader = skip_rows
+    check = identity_check(t.manifest, layer_id, "SGLang", loaded_from())   # the checkpoint must be the staged one
+    module.weight.weight_loader = checking_loader(check, "values", f"model.layers.{layer_id}.engram.embed.weight")
+    module.scale.weight_loader = checking_loader(check, "scales", f"model.layers.{layer_id}.engram.embed.scale")
     module._slacktier_layer = layer_id
     module._slacktier_owned_columns = owned_columns   # [24] bool under a non-columns partition at TP > 1
     binding.adopted.add(layer_id)

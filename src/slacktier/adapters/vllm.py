@@ -58,8 +58,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from slacktier.adapters import checking_loader, identity_check
 from slacktier.adapters.vllm_binding import CHECKED_VERSION, CONTROL_ENV, Binding, VllmServing, bind, check_scope, \
-    check_version, close, current, installed_version, read_serving, step, wrap
+    check_version, close, current, installed_version, loaded_from, read_serving, step, wrap
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
@@ -168,6 +169,10 @@ def _served_table(binding: Binding, layer: int, num_embeddings: int, dim: int,
     s = binding.serving
     m = Manifest.load(t.manifest)
     table = ServedTable(layer, num_embeddings, dim, head_sizes, s.tp_size, s.tp_rank, m.partition)
+    check = identity_check(t.manifest, layer, "vLLM", loaded_from())   # the checkpoint must be the staged one
+    prefix = f"model.layers.{layer}.engram.embed_tokens"
+    table.weight.weight_loader = checking_loader(check, "values", f"{prefix}.weight")
+    table.weight_scale_inv.weight_loader = checking_loader(check, "scales", f"{prefix}.weight_scale_inv")
     bounds = m.layout.column_bounds.get(layer)
     model_bounds = tuple(int(b) for b in np.cumsum((0, *head_sizes)))
     if bounds is not None and tuple(bounds) != model_bounds:
