@@ -33,8 +33,10 @@ are a constant), and `tensor_rows` is the row count of the engine's tensor
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import logging
+import mmap
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +142,48 @@ def check_identity_json(d: Any, bad: Callable[[str, Any, str], Exception]) -> No
             raise bad(f"{where}.tensors", v.get("tensors"), "an object {part: [header entries]}")
 
 
+class _random_access:
+    """Within the block, the page-aligned interior of a CPU tensor's bytes is advised MADV_RANDOM, then NORMAL.
+
+    An engine may hand a tensor memory-mapped from the checkpoint file. A cold page fault there reads around
+    the page (the device's read-ahead, often megabytes), so touching 4096 rows spread over a large table would
+    read most of it; advised random, each sampled row costs one page read. No effect on anonymous memory, and
+    no advice where libc has no madvise (the read is the same, only slower when cold).
+    """
+
+    def __init__(self, t: Any) -> None:
+        self.span: tuple[int, int] | None = None
+        if t.device.type != "cpu" or _LIBC is None:
+            return
+        page = mmap.PAGESIZE
+        begin, end = t.data_ptr(), t.data_ptr() + t.numel() * t.element_size()
+        lo, hi = -(-begin // page) * page, end // page * page
+        if hi - lo >= 16 * page:
+            self.span = (lo, hi - lo)
+
+    def _advise(self, advice: int) -> None:
+        if self.span is not None:
+            _LIBC.madvise(ctypes.c_void_p(self.span[0]), ctypes.c_size_t(self.span[1]), advice)
+
+    def __enter__(self) -> None:
+        self._advise(mmap.MADV_RANDOM)
+
+    def __exit__(self, *exc: object) -> None:
+        self._advise(mmap.MADV_NORMAL)
+
+
+def _libc() -> Any:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        return libc if hasattr(mmap, "MADV_RANDOM") else None
+    except (OSError, AttributeError):
+        return None
+
+
+_LIBC = _libc()
+
+
 @dataclass(frozen=True)
 class Recorded:
     """What a manifest recorded for one layer's identity, and where its rows came from (for messages)."""
@@ -231,7 +275,8 @@ class IdentityCheck:
         lo, hi = np.searchsorted(self.ids, [start, start + n])
         if hi > lo:
             local = torch.from_numpy(self.ids[lo:hi] - start)
-            self._got[part][lo:hi] = t.view(torch.uint8).index_select(0, local.to(t.device)).cpu().numpy()
+            with _random_access(t):
+                self._got[part][lo:hi] = t.view(torch.uint8).index_select(0, local.to(t.device)).cpu().numpy()
             self._seen[part][lo:hi] = True
         if part not in self.checked and self._seen[part].all():
             got = digest_bytes(self._got[part])
