@@ -11,7 +11,7 @@ import torch
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.identity import SAMPLE_ROWS, IdentityCheck, recorded_identity, sample_rows
 from slacktier.tables.manifest import Manifest, manifest_digest
-from slacktier.tables.stage import stage_checkpoint, stage_synthetic
+from slacktier.tables.stage import source_from_manifest, stage_checkpoint, stage_synthetic
 
 
 @pytest.mark.parametrize("rows", [1, 2, 15, 4095, 4096, 4097, 100_003, 384_006_168])
@@ -88,8 +88,6 @@ def test_sharded_feeds_equal_a_whole_feed_and_a_changed_sampled_row_is_refused(t
 
 def test_a_synthetic_table_records_its_generators_rows(tmp_path):
     m = stage_synthetic([tmp_path / "s.bin"], {1: 5_000}, 1, 4, progress=False)
-    from slacktier.tables.stage import source_from_manifest
-
     rows = source_from_manifest(m).rows(1, np.arange(5_000))
     check = IdentityCheck(recorded_identity(m, 1), "test", "x")
     check.feed("values", rows[:, :256])
@@ -112,3 +110,33 @@ def test_a_malformed_identity_is_refused_at_load(tmp_path):
     doc["manifest_digest"] = manifest_digest(doc)
     open(m.path, "w").write(json.dumps(doc))
     assert recorded_identity(Manifest.load(m.path), 1) is None
+
+
+def test_a_manifest_without_identity_is_served_with_a_warning_and_unfed_checks_are_reported(tmp_path, caplog):
+    """The plug-ins' side (adapters.identity_check): a manifest staged before identities gets no check and a
+    warning naming it; a check its engine's loader never completes is reported, naming the table, at the
+    first step; a completed one is not."""
+    from slacktier import adapters
+
+    m = stage_synthetic([tmp_path / "s.bin"], {1: 500, 14: 300}, 1, 4, progress=False)
+    source = source_from_manifest(m)
+    rows = {layer: source.rows(layer, np.arange(n)) for layer, n in m.layout.rows.items()}
+    caplog.set_level("WARNING", logger=adapters.log.name)
+    adapters.report_unchecked()   # checks left by other tests
+    caplog.clear()
+    fed = adapters.identity_check(m.path, 1, "SGLang", "/models/x")
+    unfed = adapters.identity_check(m.path, 14, "SGLang", "/models/x")
+    adapters.checking_loader(fed, "values")(None, rows[1][:, :256])
+    adapters.checking_loader(fed, "scales")(None, rows[1][:, 256:])
+    adapters.checking_loader(unfed, "values")(None, rows[14][:, :256])   # its scales never arrive
+    adapters.report_unchecked()
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "layer 14" in warned[0] and "scales" in warned[0] and "not compared" in warned[0]
+    adapters.report_unchecked()   # once only
+    assert len(caplog.records) == 1
+    doc = json.loads(open(m.path).read())
+    del doc["source"]["identity"]
+    doc["manifest_digest"] = manifest_digest(doc)
+    open(m.path, "w").write(json.dumps(doc))
+    assert adapters.identity_check(m.path, 1, "SGLang", "/models/x") is None
+    assert "records no checkpoint identity" in caplog.records[-1].getMessage()

@@ -12,7 +12,8 @@ its own control file (`{tp_rank}` is replaced by the process's TP rank) and:
   SGLang's stock table and gather: SlackTier's DRAM tier copies whole 4 KiB
   pages for 264 B rows, several times the cost of SGLang's own row gather;
 - every other table allocates no rows in SGLang (zero-row `weight`/`scale`
-  parameters whose loader skips the checkpoint's copy), its rows come from
+  parameters whose loader compares the checkpoint's copy with the manifest's
+  identity, tables.identity, then skips it), its rows come from
   `StepEngine.gather(layer)`, which replaces `EngramEmbedding._owned_rows`, so
   SGLang's all-reduce stays its own; rows another rank owns are +0.0 (SGLang's
   own fill), so each rank's output, and the TP sum, equal the stock path's bit
@@ -24,7 +25,7 @@ other version is refused at start-up, when the first Engram table is built):
 | target | hook | what it does |
 |---|---|---|
 | `sglang.srt.layers.engram.EngramLayout.from_config` | AFTER | records the model's Engram layer order (the hash ids' layer axis) |
-| `sglang.srt.layers.engram.EngramEmbedding.__init__` | AROUND | a served table: checks, zero-row parameters, no-op loader; others stock |
+| `sglang.srt.layers.engram.EngramEmbedding.__init__` | AROUND | a served table: checks, zero-row parameters, identity-checking loader; others stock |
 | `sglang.srt.layers.engram.EngramEmbedding._owned_rows` | AROUND | a served table: `gather(layer)`, +0.0 in rows of other ranks |
 | `sglang.srt.layers.engram.EngramHasher.forward` | AFTER | `begin_step(hash ids)` as soon as the step's ids exist |
 | `sglang.srt.models.deepseek_v4.DeepseekV4Model.forward` | AROUND | `end_step()` after the forward, also when it raised |

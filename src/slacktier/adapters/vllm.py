@@ -11,7 +11,7 @@ against vLLM 0.33.0 (another version is refused when the plug-in loads):
 
 | target | what it does for a table SlackTier serves |
 |---|---|
-| `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader skips the checkpoint's copy, and vLLM's own head shard geometry |
+| `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader compares the checkpoint's copy with the manifest's identity (tables.identity) and skips it, and vLLM's own head shard geometry |
 | `Engram.prepare_embeddings` | collects the rank's hash columns of every served layer; `begin_step` once, when the last one arrives |
 | `Engram._ready_rows` | fills the persistent `staged_rows` slice from `gather(layer)` and returns it |
 | `Engram.embed` | under a partition other than columns, puts the all-gathered columns back in column order |

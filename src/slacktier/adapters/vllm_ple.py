@@ -16,9 +16,9 @@ the third backend, in their place:
 | `vllm.models.qwen4_exp.nvidia.ngram_embedding.Qwen4ExpNGramEmbedding.__init__` | builds `ServedPLEEmbedding` (checks: scope, format, the manifest's hash layout) |
 | `vllm.models.qwen4_exp.nvidia.model.Qwen4ExpModel.forward` | `end_step()` after the forward, also when it raised |
 
-`ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader skips
-the checkpoint's rows and shards; vLLM's per-tensor `weight_scale` loads as
-usual). `start_prefetch(ids)` hands the layer's ids to the binding, which calls
+`ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader compares
+the checkpoint's rows and shards with the manifest's identity, tables.identity,
+then skips them; vLLM's per-tensor `weight_scale` loads as usual). `start_prefetch(ids)` hands the layer's ids to the binding, which calls
 `begin_step` once every served PLE layer's ids are in; `finalize_prefetch`
 returns `gather(layer)`'s rows, [T, C * 256] bf16. vLLM then applies its own
 `dequantize` (rows to bf16, times the per-tensor scale), so the output equals
