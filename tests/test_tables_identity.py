@@ -55,7 +55,8 @@ def test_checkpoint_staging_records_the_sample_and_the_header_entries(tmp_path):
     assert weight["name"] == "layers.1.engram.embed.weight" and weight["dtype"] == "F8_E4M3"
     assert weight["shape"] == [9_000, 256] and weight["nbytes"] == 9_000 * 256
     raw = open(weight["file"], "rb").read()   # the recorded offset is where the tensor's bytes are
-    assert raw[weight["offset_bytes"]:weight["offset_bytes"] + 256] == tables[1][0][0].view(torch.uint8).numpy().tobytes()
+    first_row = tables[1][0][0].view(torch.uint8).numpy().tobytes()
+    assert raw[weight["offset_bytes"]:weight["offset_bytes"] + 256] == first_row
     check = IdentityCheck(recorded_identity(m, 1), "test", "a.safetensors")
     w, s = tables[1]
     check.feed("values", w)

@@ -171,5 +171,5 @@ def close_engines(bindings: dict) -> None:
     bindings.clear()
 
 
-__all__ = ["TP_RANK_FIELD", "check_ple_layout", "checking_loader", "close_engines", "control_path", "ending_step", "finish_step",
-           "identity_check", "layer_in_prefix", "report_unchecked"]
+__all__ = ["TP_RANK_FIELD", "check_ple_layout", "checking_loader", "close_engines", "control_path", "ending_step",
+           "finish_step", "identity_check", "layer_in_prefix", "report_unchecked"]

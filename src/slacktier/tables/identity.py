@@ -221,10 +221,10 @@ class IdentityCheck:
     """Compares the tensors a serving engine's weight loader is handed for one table with its manifest's identity.
 
     `feed(part, tensor)` takes a whole tensor, `feed(part, shard, start, whole=False)` a shard of rows
-    [start, start + n);
-    once every sampled row of the part has been seen, its digest is compared and a mismatch raises CHECKPOINT in
-    one line naming the manifest, its source and digest, the engine's tensor and checkpoint, and the fix. Cost:
-    the sampled rows only (an index of SAMPLE_ROWS rows per part), whatever the table's size.
+    [start, start + n); once every sampled row of the part has been seen, its digest is compared and a mismatch
+    raises CHECKPOINT in one line naming the manifest, its source and digest, the engine's tensor and
+    checkpoint, and the fix. Cost: the sampled rows only (an index of SAMPLE_ROWS rows per part), whatever the
+    table's size; their pages are read under MADV_RANDOM (`_random_access`), then the advice is reset to NORMAL.
     """
 
     def __init__(self, recorded: Recorded, engine: str, loaded_from: str,
@@ -240,8 +240,8 @@ class IdentityCheck:
 
     @property
     def done(self) -> bool:
-        """Whether every part the manifest recorded has been compared (and matched)."""
-        return all(part in self.checked for part in self.pending_parts())
+        """Whether every part the manifest recorded and this engine hands over has been compared (and matched)."""
+        return not self.pending_parts()
 
     def pending_parts(self) -> list[str]:
         """The parts still to compare: recorded, handed over by this engine, and not yet seen whole."""

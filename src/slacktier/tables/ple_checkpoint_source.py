@@ -89,10 +89,11 @@ def ple_layout_of(text: dict[str, Any], layer: int, where: str) -> tuple[PleLayo
     eos = text.get("eos_token_id")
     eos = eos[0] if isinstance(eos, list) else eos
     try:
-        layout = PleLayout.scaled(int(text.get("ngram_vocab_size_base", 20_000_000)), vocab_size=int(text["vocab_size"]),
-                                  eos_token_id=int(eos), ngram_size=int(text.get("ngram_size", 3)),
-                                  heads_per_ngram=int(text.get("heads_per_ngram", 8)), ple_layer_index=ids.index(layer + 1),
-                                  seed=int(text.get("seed", 1234)),
+        layout = PleLayout.scaled(int(text.get("ngram_vocab_size_base", 20_000_000)),
+                                  vocab_size=int(text["vocab_size"]), eos_token_id=int(eos),
+                                  ngram_size=int(text.get("ngram_size", 3)),
+                                  heads_per_ngram=int(text.get("heads_per_ngram", 8)),
+                                  ple_layer_index=ids.index(layer + 1), seed=int(text.get("seed", 1234)),
                                   divisible_by=int(text.get("make_ngram_vocab_size_divisible_by", 128)), layer_id=layer)
     except (KeyError, TypeError, ValueError) as exc:
         raise SlackTierError(ErrorKind.CHECKPOINT, f"{where} lacks a PLE setting the hash needs ({exc!r})",
