@@ -480,3 +480,89 @@ def test_ids_outside_the_table_give_sglangs_zero_rows(sg, world, tp, monkeypatch
             _assert_same_rows(total_got, total_want)
             assert not bool(_bits(total_got[0, 1:7]).any())   # the ids outside the table: +0.0 rows
             assert bool(_bits(total_got[0, [0, 7]]).any())    # the last row and row 0: the table's (can fail)
+
+
+# ---- checkpoint identity -------------------------------------------------------------------------------------
+
+
+def _load(embeds: dict[int, Any], tables: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """What SGLang's load_weights does with each Engram tensor: the parameter's own weight_loader, whole tensor."""
+    for layer, e in embeds.items():
+        w, s = tables[layer]
+        e.weight.weight_loader(e.weight, w)
+        e.scale.weight_loader(e.scale, s)
+
+
+@pytest.mark.parametrize("size, rank", [(1, 0), (2, 1)])
+def test_a_table_from_another_checkpoint_is_refused_at_load(sg, world, tp, monkeypatch, tmp_path, size, rank):
+    """SGLang's loader hands the served table the checkpoint's tensors: the staged checkpoint's are accepted and the
+    table serves; another checkpoint of the same shapes (the `clean` one) is refused in one line naming both."""
+    manifest = world.manifests["tp1" if size == 1 else "tp2"]
+    control = _control(tmp_path / f"rank{rank}.toml", manifest, rank=-1 if size == 1 else rank,
+                       owned_only=size > 1)
+    with tp(size, rank):
+        monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
+        want = _step(sg, world, {layer: _stock(sg, world, layer) for layer in LAYERS}, lookup="owned")
+        monkeypatch.setenv(plug.CONTROL_ENV, str(control))
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        _load(served, world.tables)   # the staged checkpoint: accepted
+        for g, w in zip(_step(sg, world, served, lookup="owned"), want):
+            _assert_same_rows(g, w)
+        other = {LAYERS[0]: _served(sg, world, LAYERS[0])}
+        with pytest.raises(SlackTierError) as err:
+            _load(other, world.clean)
+    e = err.value
+    assert e.kind is ErrorKind.CHECKPOINT and e.layer == LAYERS[0]
+    text = str(e)
+    assert "\n" not in text and f"{manifest} was staged from checkpoint" in text
+    assert f"{'tp1' if size == 1 else 'tp2'}.safetensors" in text and "model.layers.1.engram.embed.weight" in text
+    assert "slacktier stage --checkpoint" in e.fix
+
+
+def test_another_checkpoints_scales_alone_are_refused(sg, world, tp, monkeypatch, tmp_path):
+    """Values and scales are compared apart: the staged values with another checkpoint's scales are refused."""
+    with tp(1, 0):
+        monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifests["tp1"])))
+        e = _served(sg, world, 14)
+        w, _ = world.tables[14]
+        e.weight.weight_loader(e.weight, w)
+        with pytest.raises(SlackTierError, match="engram.embed.scale.*sampled rows digest"):
+            e.scale.weight_loader(e.scale, world.clean[14][1])
+
+
+def test_a_synthetic_table_is_refused_beside_a_checkpoint_and_says_so(sg, world, tp, monkeypatch, tmp_path):
+    """A table staged from the seeded generator stands for no checkpoint: an engine that loads one is refused,
+    naming the synthetic source; an engine that loads no Engram tensors (dummy weights) serves it with a warning."""
+    from slacktier.tables.stage import stage_synthetic
+
+    m = stage_synthetic([tmp_path / "syn.bin"], world.st_layout, 1, 5, progress=False)
+    with tp(1, 0):
+        monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "syn.toml", m.path)))
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        with pytest.raises(SlackTierError, match="synthetic table .*seed 5.*not a checkpoint"):
+            _load(served, world.tables)
+    plug.close()
+    with tp(1, 0):
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        from slacktier import adapters
+        with _captured_warnings(adapters.log) as logged:
+            _step(sg, world, served)
+        assert any("not compared" in line and "synthetic" in line for line in logged)
+
+
+class _captured_warnings:
+    """The warnings a logger emits inside the block, as text."""
+
+    def __init__(self, logger: Any) -> None:
+        import logging
+
+        self.logger, self.lines = logger, []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        self.logger.addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.handler)

@@ -12,7 +12,8 @@ its own control file (`{tp_rank}` is replaced by the process's TP rank) and:
   SGLang's stock table and gather: SlackTier's DRAM tier copies whole 4 KiB
   pages for 264 B rows, several times the cost of SGLang's own row gather;
 - every other table allocates no rows in SGLang (zero-row `weight`/`scale`
-  parameters whose loader skips the checkpoint's copy), its rows come from
+  parameters whose loader compares the checkpoint's copy with the manifest's
+  identity, tables.identity, then skips it), its rows come from
   `StepEngine.gather(layer)`, which replaces `EngramEmbedding._owned_rows`, so
   SGLang's all-reduce stays its own; rows another rank owns are +0.0 (SGLang's
   own fill), so each rank's output, and the TP sum, equal the stock path's bit
@@ -24,7 +25,7 @@ other version is refused at start-up, when the first Engram table is built):
 | target | hook | what it does |
 |---|---|---|
 | `sglang.srt.layers.engram.EngramLayout.from_config` | AFTER | records the model's Engram layer order (the hash ids' layer axis) |
-| `sglang.srt.layers.engram.EngramEmbedding.__init__` | AROUND | a served table: checks, zero-row parameters, no-op loader; others stock |
+| `sglang.srt.layers.engram.EngramEmbedding.__init__` | AROUND | a served table: checks, zero-row parameters, identity-checking loader; others stock |
 | `sglang.srt.layers.engram.EngramEmbedding._owned_rows` | AROUND | a served table: `gather(layer)`, +0.0 in rows of other ranks |
 | `sglang.srt.layers.engram.EngramHasher.forward` | AFTER | `begin_step(hash ids)` as soon as the step's ids exist |
 | `sglang.srt.models.deepseek_v4.DeepseekV4Model.forward` | AROUND | `end_step()` after the forward, also when it raised |
@@ -67,9 +68,10 @@ from typing import Any, Callable
 
 import torch
 
+from slacktier.adapters import checking_loader, identity_check
 from slacktier.adapters.sglang_binding import BREAKABLE_PLE_PREFILL, CHECKED_VERSION, CONTROL_ENV, UNVERIFIED_ENV, \
     Binding, SglangServing, bind, check_scope, check_version, close, current, end_step, installed_version, \
-    read_serving, record_layer_order, skip_rows, step, unverified_allowed
+    loaded_from, read_serving, record_layer_order, step, unverified_allowed
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
@@ -129,8 +131,9 @@ def _adopt(binding: Binding, module: torch.nn.Module, num_embeddings: int, dim: 
     module.weight = torch.nn.Parameter(torch.empty(0, dim, dtype=torch.float8_e4m3fn), requires_grad=False)
     module.scale = torch.nn.Parameter(torch.empty(0, dim // _FP8_BLOCK, dtype=torch.float8_e8m0fnu),
                                       requires_grad=False)
-    module.weight.weight_loader = skip_rows
-    module.scale.weight_loader = skip_rows
+    check = identity_check(t.manifest, layer_id, "SGLang", loaded_from())   # the checkpoint must be the staged one
+    module.weight.weight_loader = checking_loader(check, "values", f"model.layers.{layer_id}.engram.embed.weight")
+    module.scale.weight_loader = checking_loader(check, "scales", f"model.layers.{layer_id}.engram.embed.scale")
     module._slacktier_layer = layer_id
     module._slacktier_owned_spans = owned_spans   # [S, 2] global row spans under a non-columns partition at TP > 1
     binding.adopted.add(layer_id)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step, finish_step
+from slacktier.adapters import close_engines, control_path, ending_step, finish_step, report_unchecked
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
@@ -178,6 +178,7 @@ class Binding:
                                      f"layers {order}", fix=f"SGLang {CHECKED_VERSION} builds EngramLayout.from_config "
                                      "before its tables; report this with the model config")
             self.axis = [order.index(layer) for layer in engine.ids_layers]
+        report_unchecked()
         ids = hash_ids.detach().to("cpu").numpy()
         if len(self.axis) != ids.shape[1]:
             ids = ids[:, self.axis, :]
@@ -258,6 +259,16 @@ def _check_patched(targets: tuple[tuple[str, str], ...], running: str) -> None:
                                  "'Failed to apply hooks' in its log")
 
 
+def loaded_from() -> str:
+    """The checkpoint SGLang loads (its model path), as identity refusals name it."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return str(get_server_args().model_path)
+    except (ImportError, AttributeError, ValueError, RuntimeError):
+        return "the checkpoint SGLang loads"
+
+
 def skip_rows(param: torch.nn.Parameter, loaded_weight: torch.Tensor) -> None:
     """Weight loader of a served table: its rows are read from SlackTier's regions, the checkpoint's are skipped."""
 
@@ -286,5 +297,5 @@ def close() -> None:
 
 
 __all__ = ["BREAKABLE_PLE_PREFILL", "CHECKED_VERSION", "CONTROL_ENV", "UNVERIFIED_ENV", "Binding", "SglangServing",
-           "bind", "check_scope", "check_version", "close", "current", "end_step", "installed_version", "read_serving",
-           "record_layer_order", "skip_rows", "step", "unverified_allowed"]
+           "bind", "check_scope", "check_version", "close", "current", "end_step", "installed_version", "loaded_from",
+           "read_serving", "record_layer_order", "skip_rows", "step", "unverified_allowed"]

@@ -11,7 +11,7 @@ against vLLM 0.33.0 (another version is refused when the plug-in loads):
 
 | target | what it does for a table SlackTier serves |
 |---|---|
-| `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader skips the checkpoint's copy, and vLLM's own head shard geometry |
+| `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader compares the checkpoint's copy with the manifest's identity (tables.identity) and skips it, and vLLM's own head shard geometry |
 | `Engram.prepare_embeddings` | collects the rank's hash columns of every served layer; `begin_step` once, when the last one arrives |
 | `Engram._ready_rows` | fills the persistent `staged_rows` slice from `gather(layer)` and returns it |
 | `Engram.embed` | under a partition other than columns, puts the all-gathered columns back in column order |
@@ -64,8 +64,9 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from slacktier.adapters import checking_loader, identity_check
 from slacktier.adapters.vllm_binding import CHECKED_VERSION, CONTROL_ENV, Binding, VllmServing, bind, check_scope, \
-    check_version, close, current, installed_version, read_serving, step, wrap
+    check_version, close, current, installed_version, loaded_from, read_serving, step, wrap
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
@@ -174,6 +175,10 @@ def _served_table(binding: Binding, layer: int, num_embeddings: int, dim: int,
     s = binding.serving
     m = Manifest.load(t.manifest)
     table = ServedTable(layer, num_embeddings, dim, head_sizes, s.tp_size, s.tp_rank, m.partition)
+    check = identity_check(t.manifest, layer, "vLLM", loaded_from())   # the checkpoint must be the staged one
+    prefix = f"model.layers.{layer}.engram.embed_tokens"
+    table.weight.weight_loader = checking_loader(check, "values", f"{prefix}.weight")
+    table.weight_scale_inv.weight_loader = checking_loader(check, "scales", f"{prefix}.weight_scale_inv")
     bounds = m.layout.column_bounds.get(layer)
     model_bounds = tuple(int(b) for b in np.cumsum((0, *head_sizes)))
     if bounds is not None and tuple(bounds) != model_bounds:

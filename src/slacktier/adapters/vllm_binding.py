@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step
+from slacktier.adapters import close_engines, control_path, ending_step, report_unchecked
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
@@ -141,6 +141,7 @@ class Binding:
         if layer in self.pending:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}'s ids arrived twice in one step", layer=layer,
                                  fix="one forward looks each table layer up once")
+        report_unchecked()
         self.pending[layer] = ids
         if len(self.pending) < len(engine.layers):
             return
@@ -184,6 +185,16 @@ def bind(hash_columns: int, table: str = "Engram") -> Binding | None:
              table, [t.layer for t in served], serving.tp_rank, path,
              [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
     return binding
+
+
+def loaded_from() -> str:
+    """The checkpoint vLLM loads (its model), as identity refusals name it."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        return str(get_current_vllm_config().model_config.model)
+    except (ImportError, AttributeError, ValueError, RuntimeError):
+        return "the checkpoint vLLM loads"
 
 
 def current() -> Binding | None:

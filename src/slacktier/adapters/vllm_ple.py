@@ -16,9 +16,9 @@ the third backend, in their place:
 | `vllm.models.qwen4_exp.nvidia.ngram_embedding.Qwen4ExpNGramEmbedding.__init__` | builds `ServedPLEEmbedding` (checks: scope, format, the manifest's hash layout) |
 | `vllm.models.qwen4_exp.nvidia.model.Qwen4ExpModel.forward` | `end_step()` after the forward, also when it raised |
 
-`ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader skips
-the checkpoint's rows and shards; vLLM's per-tensor `weight_scale` loads as
-usual). `start_prefetch(ids)` hands the layer's ids to the binding, which calls
+`ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader compares
+the checkpoint's rows and shards with the manifest's identity, tables.identity,
+then skips them; vLLM's per-tensor `weight_scale` loads as usual). `start_prefetch(ids)` hands the layer's ids to the binding, which calls
 `begin_step` once every served PLE layer's ids are in; `finalize_prefetch`
 returns `gather(layer)`'s rows, [T, C * 256] bf16. vLLM then applies its own
 `dequantize` (rows to bf16, times the per-tensor scale), so the output equals
@@ -46,7 +46,7 @@ from typing import Any, Callable
 
 import torch
 
-from slacktier.adapters import check_ple_layout, layer_in_prefix
+from slacktier.adapters import check_ple_layout, identity_check, layer_in_prefix
 from slacktier.adapters import vllm_binding as core
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
@@ -116,6 +116,9 @@ def served_embedding_class() -> type:
                               "equal row blocks, not SlackTier's rank regions)", "ETP size 1")
             self.layer = layer
             self.num_ngram_heads = num_ngram_heads
+            # the checkpoint's rows the loader skips are compared with the staged table's identity first
+            self._slacktier_identity = identity_check(building[0].table(layer).manifest, layer, "vLLM",
+                                                      core.loaded_from(), ("values",))
 
         def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int,
                                       dtype: torch.dtype) -> torch.Tensor:
@@ -124,8 +127,12 @@ def served_embedding_class() -> type:
 
         def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
                           checkpoint_start: int | None = None) -> None:
-            """The checkpoint's rows (whole or in shards) are skipped; the per-tensor scale loads as vLLM's."""
+            """The checkpoint's rows (whole or in shards) are compared with the table's identity, then skipped;
+            the per-tensor scale loads as vLLM's."""
             if param is self.weight:
+                if self._slacktier_identity is not None:
+                    self._slacktier_identity.feed("values", loaded_weight, checkpoint_start or 0,
+                                                  whole=checkpoint_start is None)
                 return
             super().weight_loader(param, loaded_weight, checkpoint_start)
 

@@ -98,13 +98,16 @@ def engram_layout(spec: str) -> EngramLayout:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--checkpoint", nargs="+", metavar="PATH",
-                     help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale")
+                     help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale (DeepSeek "
+                          "Engram), or a Qwen4Exp (Qwen3.8) model directory: its ...layers.{L}.ple.ple_embedding."
+                          "ngram_embedding.shard_{I}.weight tables, head sizes from its config.json")
     src.add_argument("--synthetic", metavar="LAYER=ROWS,...",
                      help="a seeded synthetic table, e.g. 1=8000000,14=8000000")
     src.add_argument("--engram", metavar="VOCAB|v41",
                      help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
                           "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one")
-    p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram layer found)")
+    p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram or PLE layer "
+                   "found; a PLE layer is its decoder layer, the N of model.layers.N.ple)")
     p.add_argument("--seed", type=whole("--seed", 0, 2**63 - 1), default=0, help="synthetic table seed (default 0)")
     p.add_argument("--target", action="append", required=True, metavar="PATH",
                    help="a file or raw block device; repeat for several (ranks map round-robin)")

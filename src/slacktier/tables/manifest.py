@@ -4,7 +4,9 @@
 layer ids, rows per layer, column bounds, row/page geometry), the rank count,
 the targets, every (layer, rank) region (`tables.regions.StagedRegion`: target,
 device index, byte offset, pages, global rows),
-the source digest, and a reference to the per-page checksums. Checksums
+the source digest and identity (tables.identity: sampled rows' digests and the
+checkpoint tensors' header entries, which the plug-ins compare with the weights
+their engine loads), and a reference to the per-page checksums. Checksums
 (CRC32C of each whole 4 KiB page, little-endian uint32, regions concatenated in
 manifest order) live in a binary file beside the manifest, `<manifest stem>.crc`,
 whose sha256 the manifest records: a 16M-row table has over a million pages.
@@ -62,6 +64,7 @@ from typing import Any
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.identity import check_identity_json
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
 from slacktier.tables.odirect import write_file_atomic
 from slacktier.tables.partition import (DEFAULT_PARTITION, RankPartition, RowMap, StoredSpan, columns_text,
@@ -539,6 +542,8 @@ def _source_from_json(d: Any, f: _Fields) -> dict[str, Any]:
             f.str(x, f"$.source.files[{i}]")
     else:
         raise f.bad("$.source.kind", kind, '"synthetic" or "checkpoint"')
+    if "identity" in d:   # absent in manifests staged before identities were recorded
+        check_identity_json(d["identity"], f.bad)
     return dict(d)
 
 

@@ -15,18 +15,21 @@ from pathlib import Path
 from typing import Any
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.checkpoint_source import CHECKPOINT_NAME_TEMPLATES, CheckpointSource
+from slacktier.tables.checkpoint_source import CHECKPOINT_NAME_TEMPLATES, CheckpointSource, _checkpoint_files, \
+    _read_safetensors_header
 from slacktier.tables.manifest import Manifest, StagedLayout
 from slacktier.tables.page_writer import DEFAULT_CHUNK_BYTES, DEFAULT_FILLERS, DEFAULT_WRITERS, StageStats, \
     check_targets, stage_table
+from slacktier.tables.ple_checkpoint_source import FORMAT as PLE_FORMAT
+from slacktier.tables.ple_checkpoint_source import PleCheckpointSource, ple_tensor_names
 from slacktier.tables.row_source import RowSource
 from slacktier.tables.synthetic_source import SYNTHETIC_GENERATOR, SyntheticSource, layer_seed
 from slacktier.tables.table_layout import TableLayout
 
 __all__ = ["CHECKPOINT_NAME_TEMPLATES", "DEFAULT_CHUNK_BYTES", "DEFAULT_FILLERS", "DEFAULT_WRITERS",
-           "SYNTHETIC_GENERATOR", "CheckpointSource", "RowSource", "StageStats", "SyntheticSource", "check_targets",
-           "layer_seed", "source_from_manifest", "stage_checkpoint", "stage_synthetic", "stage_table",
-           "staged_layout"]
+           "SYNTHETIC_GENERATOR", "CheckpointSource", "PleCheckpointSource", "RowSource", "StageStats",
+           "SyntheticSource", "check_targets", "is_ple_checkpoint", "layer_seed", "source_from_manifest",
+           "stage_checkpoint", "stage_synthetic", "stage_table", "staged_layout"]
 
 
 def staged_layout(layout: StagedLayout | TableLayout | Mapping[int, int],
@@ -60,18 +63,37 @@ def stage_checkpoint(checkpoint: str | Path | list[str | Path], targets: list[st
                      layers: list[int] | None = None, column_bounds: Mapping[int, Sequence[int]] | None = None,
                      overwrite: bool = False, expected: StagedLayout | TableLayout | Mapping[int, int] | None = None,
                      **kwargs: Any) -> Manifest:
-    """Stage a safetensors checkpoint's Engram tables (all layers found, or `layers`).
+    """Stage a safetensors checkpoint's Engram tables, or a Qwen4Exp checkpoint's PLE tables (all layers found, or
+    `layers`; a checkpoint with PLE row tensors and no Engram ones is read by tables.ple_checkpoint_source).
 
     `expected` (see `staged_layout`) refuses a checkpoint whose row counts differ
     and, unless `column_bounds` is given, supplies the column bounds. kwargs go
     to `stage_table`.
     """
+    if is_ple_checkpoint(checkpoint):
+        if column_bounds is not None:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "column_bounds given for a Qwen4Exp PLE checkpoint, whose "
+                                 "head sizes come from its config.json", fix="drop column_bounds")
+        ple = PleCheckpointSource(checkpoint, layers=layers)
+        if expected is not None and staged_layout(expected).rows != ple.layout.rows:
+            raise SlackTierError(ErrorKind.CHECKPOINT, f"the PLE tables have rows {ple.layout.rows}, the layout "
+                                 f"expects {staged_layout(expected).rows}", fix="check the layout against the "
+                                 "checkpoint and its config.json")
+        return stage_table(ple, targets, ranks, overwrite=overwrite, **kwargs)
     exp = staged_layout(expected) if expected is not None else None
     if exp is not None and column_bounds is None:
         column_bounds = exp.column_bounds
     bounds = {int(k): tuple(int(x) for x in v) for k, v in (column_bounds or {}).items()}
     source = CheckpointSource(checkpoint, layers=layers, column_bounds=bounds, expected=exp)
     return stage_table(source, targets, ranks, overwrite=overwrite, **kwargs)
+
+
+def is_ple_checkpoint(checkpoint: str | Path | list[str | Path]) -> bool:
+    """Whether a checkpoint holds Qwen4Exp PLE row tensors and no Engram table (its headers only are read)."""
+    names: list[str] = []
+    for f in _checkpoint_files(checkpoint):
+        names += list(_read_safetensors_header(f))
+    return bool(ple_tensor_names(names)) and not any(n.endswith("engram.embed.weight") for n in names)
 
 
 def source_from_manifest(manifest: Manifest, checkpoint: str | Path | list[str | Path] | None = None) -> RowSource:
@@ -82,6 +104,10 @@ def source_from_manifest(manifest: Manifest, checkpoint: str | Path | list[str |
             raise SlackTierError(ErrorKind.BAD_INPUT, f"synthetic generator {src.get('generator')} is not "
                                  f"{SYNTHETIC_GENERATOR}", fix="restage the table with this version")
         return SyntheticSource(manifest.layout, int(src["seed"]))
+    if src["kind"] == "checkpoint" and src.get("format") == PLE_FORMAT:
+        return PleCheckpointSource(checkpoint if checkpoint is not None else list(src["files"]),
+                                   layers=list(manifest.layout.layer_ids),
+                                   config=None if checkpoint is not None else src.get("config"))
     if src["kind"] == "checkpoint":
         return CheckpointSource(checkpoint if checkpoint is not None else list(src["files"]),
                                 layers=list(manifest.layout.layer_ids), column_bounds=manifest.layout.column_bounds,
