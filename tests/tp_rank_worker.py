@@ -161,7 +161,7 @@ def _run(args: argparse.Namespace, out: dict[str, Any]) -> None:
         os.environ[plug.CONTROL_ENV] = template
         try:
             embeds = tables(load=False)
-            record: dict[str, Any] = {"sglang_rows": {str(k): int(e.weight.shape[0]) for k, e in embeds.items()}}
+            record: dict[str, Any] = {"table_rows": {str(k): int(e.weight.shape[0]) for k, e in embeds.items()}}
             out["runs"][template] = record
             binding = plug.current()
             record["served_layers"] = sorted(binding.adopted) if binding is not None else []
