@@ -181,16 +181,18 @@ def test_cli_staged_table_on_every_rank_equals_the_engines_sharded_path(world, t
         assert neg["mismatches"] > run["rows"] // 2
 
 
-def test_a_rank_killed_mid_step_fails_the_others_next_collective_as_sglangs_own(world, tmp_path):
-    """Rank 1 is SIGKILLed in step 1, after its begin_step and before the layers' all-reduce. Rank 0's all-reduce
-    then fails with the error SGLang's stock path raises in the same place; its step is ended (no step left open),
-    and every step it returned before is the stock one (no row of another table, none half-filled)."""
-    _needs("sglang")
-    manifest = _stage(world, "kill2", world["sglang"]["ckpt"], 2)
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_a_rank_killed_mid_step_fails_the_others_next_collective_as_the_engines_own(world, tmp_path, engine):
+    """Rank 1 is SIGKILLed in step 1, after its begin_step and before the layers' collective (SGLang's all-reduce,
+    vLLM's all-gather). Rank 0's collective then fails with the error the engine's stock path raises in the same
+    place; its step is ended (no step left open), and every step it returned before is the stock one (no row of
+    another table, none half-filled)."""
+    _needs(engine)
+    manifest = _stage(world, f"{engine}kill2", world[engine]["ckpt"], 2)
     served = _controls(tmp_path, manifest, 2, "rank")
     die = ("--die-at-step", "1", "--die-rank", "1")
-    stock = _ranks(world, "sglang", 2, tmp_path / "stock", [], *die)
-    plugged = _ranks(world, "sglang", 2, tmp_path / "plugged", [served], "--skip-stock", *die)
+    stock = _ranks(world, engine, 2, tmp_path / "stock", [], *die)
+    plugged = _ranks(world, engine, 2, tmp_path / "plugged", [served], "--skip-stock", *die)
     for reports in (stock, plugged):
         assert reports[1].get("exit") == -9 and "runs" not in reports[1]   # killed: it wrote nothing
     want = stock[0]["error"]
@@ -198,7 +200,9 @@ def test_a_rank_killed_mid_step_fails_the_others_next_collective_as_sglangs_own(
     assert "error" not in plugged[0], plugged[0]["error"]
     run = plugged[0]["runs"][served]
     assert run["error"]["type"] == want["type"], (run["error"], want)
-    port = re.compile(r":\d+")   # the peer's address differs between the two runs
-    assert port.sub(":", run["error"]["message"]) == port.sub(":", want["message"])
+    # gloo's words for a lost peer vary with timing, in the stock path too ("Connection reset by peer" when the
+    # read fails, "Connection closed by peer" when the close is seen first)
+    for message in (want["message"], run["error"]["message"]):
+        assert re.search(r"Connection (reset|closed) by peer", message), message
     assert run["error"]["in_step"] is False   # end_step ran after the failed forward
     assert run["digests"] == stock[0]["runs"]["stock"]["digests"]   # step 0, served, equal to stock's step 0

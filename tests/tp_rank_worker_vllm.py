@@ -18,7 +18,8 @@ fields the lookup path reads; ParallelEngramEmbedding reads the GPU's SM count,
 stated here (1). The hash ids are SlackTier's hasher's (vLLM's hash is a GPU
 kernel; SlackTier's equals SGLang's, whose primes vLLM's layout shares).
 
-Writes <out>/rank<r>.json like tests/tp_rank_worker.py.
+Writes <out>/rank<r>.json like tests/tp_rank_worker.py (`--die-at-step K --die-rank R` too: SIGKILL in step K
+after every layer's prepare_embeddings, before the all-gather).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import argparse
 import hashlib
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -48,6 +50,9 @@ def main() -> int:
     ap.add_argument("--controls", nargs="*", default=[])
     ap.add_argument("--tokens", required=True)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--die-at-step", type=int, default=-1)
+    ap.add_argument("--die-rank", type=int, default=-1)
+    ap.add_argument("--skip-stock", action="store_true")
     args = ap.parse_args()
     out: dict[str, Any] = {"rank": args.rank, "runs": {}}
     try:
@@ -128,17 +133,21 @@ def _ranks(args: argparse.Namespace, out: dict[str, Any], tokens: Any) -> None:
     def run(mods: dict[int, Any], record: dict[str, Any]) -> list[np.ndarray]:
         steps = []
         record["digests"] = []
-        for ids in hash_ids:
+        for k, ids in enumerate(hash_ids):
             with plug.step():
                 for i, layer in enumerate(layout.layer_ids):
                     mods[layer].prepare_embeddings(ids[:, i])
+                if (k, args.rank) == (args.die_at_step, args.die_rank):   # after begin_step, before the all-gather
+                    os.kill(os.getpid(), signal.SIGKILL)
                 got = [mods[layer].embed(ids[:, i]) for i, layer in enumerate(layout.layer_ids)]
             steps.append(torch.stack(got, 1).contiguous().view(torch.int16).numpy())   # [T, L, 24, 256]
             record["digests"].append(hashlib.sha256(steps[-1].tobytes()).hexdigest())
         return steps
 
-    out["runs"]["stock"] = {}
-    stock = run(modules(), out["runs"]["stock"])
+    stock = None
+    if not args.skip_stock:
+        out["runs"]["stock"] = {}
+        stock = run(modules(), out["runs"]["stock"])
     for template in args.controls:
         os.environ[plug.CONTROL_ENV] = template
         record: dict[str, Any] = {}
@@ -152,11 +161,15 @@ def _ranks(args: argparse.Namespace, out: dict[str, Any], tokens: Any) -> None:
             if binding is not None and binding.engine is not None:
                 record["engine_rows"] = int(sum(c.lookups for c in binding.engine.totals.values()))
                 record["in_step"] = bool(binding.engine.in_step)
-            record["rows"] = int(sum(s.shape[0] * s.shape[1] * s.shape[2] for s in steps))
-            record["mismatches"] = int(sum((g != w).any(axis=-1).sum() for g, w in zip(steps, stock)))
+            if stock is not None:
+                record["rows"] = int(sum(s.shape[0] * s.shape[1] * s.shape[2] for s in steps))
+                record["mismatches"] = int(sum((g != w).any(axis=-1).sum() for g, w in zip(steps, stock)))
         except BaseException as exc:
+            binding = plug.current()
             record["error"] = {"type": type(exc).__name__, "message": str(exc)[:2000],
-                               "traceback": traceback.format_exc()[-3000:]}
+                               "traceback": traceback.format_exc()[-3000:],
+                               "in_step": bool(binding.engine.in_step) if binding is not None and binding.engine
+                               else None}
         finally:
             os.environ.pop(plug.CONTROL_ENV, None)
     plug.close()
