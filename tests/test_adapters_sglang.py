@@ -566,3 +566,29 @@ class _captured_warnings:
 
     def __exit__(self, *exc: object) -> None:
         self.logger.removeHandler(self.handler)
+
+
+def test_tables_staged_for_another_tp_partition_or_sharding_are_refused_naming_both(sg, world, tp, monkeypatch,
+                                                                                    tmp_path):
+    from slacktier.tables.tp_sharding import sglang_rank_rows
+
+    ckpt = world.dir / "tp2.safetensors"
+    layout = sg.engram.EngramLayout.from_config(world.config)
+    for i, layer in enumerate(LAYERS):   # tables.tp_sharding's rule is SGLang's shard_range
+        for tp_size in (1, 2, 3, 4, 5, 6, 8):
+            for rank in range(tp_size):
+                assert sglang_rank_rows(layout.column_bounds(i), tp_size, rank) == \
+                    sg.engram.shard_range(layout.num_embeddings[i], layout.column_bounds(i), rank, tp_size)
+    tp4 = stage_checkpoint(ckpt, [tmp_path / "tp4.bin"], ranks=4, expected=world.st_layout, progress=False).path
+    equal = stage_checkpoint(ckpt, [tmp_path / "eq.bin"], ranks=2, progress=False).path   # no column bounds
+    balanced = stage_checkpoint(ckpt, [tmp_path / "bal.bin"], ranks=2, expected=world.st_layout,
+                                partition="balanced", progress=False).path
+    with tp(2, 1):
+        err = _refused_at_build(sg, world, monkeypatch, _control(tmp_path / "a.toml", tp4, rank=1, owned_only=True))
+        assert "staged for 4 TP ranks; SGLang 0.5.23 runs TP 2" in err.message and "--ranks 2" in err.fix
+        err = _refused_at_build(sg, world, monkeypatch, _control(tmp_path / "b.toml", equal, rank=1, owned_only=True))
+        assert "without the model's hash-column bounds" in err.message and "--config" in err.fix
+        err = _refused_at_build(sg, world, monkeypatch, _control(tmp_path / "c.toml", balanced, rank=1,
+                                                                 owned_only=True))
+        assert "'balanced' rank partition" in err.message and "'columns'" in err.message
+        assert 'partition = "balanced"' in err.fix

@@ -86,6 +86,20 @@ def test_head_shards_equal_vllms_and_slacktiers_rank_regions(engram, monkeypatch
             assert (ours.dp_size, ours.cpu_offload, ours.n_hash_cols, ours.tp_size) == (1, False, 24, tp)
 
 
+def test_tp_sharding_rule_is_vllms_head_shard(engram, monkeypatch):
+    """tables.tp_sharding's vLLM rule (what inspect --tp and the staging refusals use) against vLLM's own table,
+    at TP sizes that divide the 24 columns and one that does not."""
+    from slacktier.tables.tp_sharding import vllm_rank_rows
+
+    layout = EngramLayout.v41()
+    bounds = layout.layer_column_bounds(1)
+    head_sizes = tuple(int(b - a) for a, b in zip(bounds, bounds[1:]))
+    for tp in (1, 3, 5, 6, 8):
+        for rank in range(tp):
+            theirs = _vllm_table(engram, monkeypatch, head_sizes, tp, rank)
+            assert vllm_rank_rows(bounds, tp, rank) == (theirs.vocab_start_idx, theirs.vocab_end_idx)
+
+
 @pytest.mark.parametrize("kind", ["columns", "balanced"])
 def test_ranks_columns_all_gathered_through_vllms_embed_equal_the_whole_table(engram, monkeypatch, tmp_path, kind):
     """TP 2 under each partition: each rank's engine serves the columns its ServedTable looks up; vLLM's own

@@ -44,8 +44,11 @@ wait in `gather` and the CPU pass of `begin_step` cannot be captured; SGLang's
 breakable graphs would need both as eager breaks and `end_step` at each replay,
 not yet checked on a GPU); no speculative decoding; no two-batch overlap. At
 TP > 1 each rank's control file serves that rank's region (`rank = N`,
-`owned_only = true`), staged with `--ranks TP`; a region that is not SGLang's
-shard of the table, or a table staged for another hash layout, is refused.
+`owned_only = true`), staged with `--ranks TP` from the model's hash layout
+(`slacktier stage --checkpoint DIR` reads DIR/config.json); a table staged for
+another TP, without the hash-column bounds, under another partition, or whose
+region is not SGLang's `shard_range` of the table (tables.tp_sharding), or a
+table staged for another hash layout, is refused at start-up.
 
 Qwen3.8's PLE tables (`Qwen4ExpPinnedHostEmbedding`) are served by the same
 entry point, variable and control file: adapters.sglang_ple (its hooks are in
@@ -75,6 +78,7 @@ from slacktier.adapters.sglang_binding import BREAKABLE_PLE_PREFILL, CHECKED_VER
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
+from slacktier.tables.tp_sharding import SGLANG, check_rank_rows
 
 LAYOUT_FROM_CONFIG = "sglang.srt.layers.engram.EngramLayout.from_config"
 EMBEDDING_INIT = "sglang.srt.layers.engram.EngramEmbedding.__init__"
@@ -113,11 +117,9 @@ def _adopt(binding: Binding, module: torch.nn.Module, num_embeddings: int, dim: 
         check_tp_sharding(m, s.tp_size, [layer_id])
         if s.tp_size > 1:
             owned_spans = torch.tensor(m.partition.spans(column_bounds, s.tp_rank), dtype=torch.int64)   # [S, 2]
-    elif (spec.row_start, spec.rows) != (start, end - start):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer_id}: {binding.path} serves rows [{spec.row_start}, "
-                             f"{spec.row_start + spec.rows}), SGLang's TP {s.tp_size} rank {s.tp_rank} owns "
-                             f"[{start}, {end})", layer=layer_id, rank=s.tp_rank,
-                             fix=f"stage with --ranks {s.tp_size} and set rank = {s.tp_rank} (TP 1: rank = -1)")
+    else:   # SGLang's own shard_range: the region must be exactly its rows
+        check_rank_rows(Manifest.load(t.manifest), str(binding.path), SGLANG, s.tp_size, s.tp_rank, layer_id,
+                        (start, end), (spec.row_start, spec.row_start + spec.rows))
     torch.nn.Module.__init__(module)
     # What SGLang 0.5.23's EngramEmbedding methods read (see the module docstring).
     module.dim = dim

@@ -26,6 +26,8 @@ from slacktier.adapters import close_engines, control_path, ending_step, finish_
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.tp_sharding import SGLANG, check_staged_for
 
 log = logging.getLogger(__name__)
 
@@ -232,7 +234,9 @@ def bind(hash_columns: int, table: str, targets: tuple[tuple[str, str], ...], ru
                                      f"serves only its own region, but layer {t.layer} has rank = {t.rank} and "
                                      f"owned_only = {str(cfg.engine.owned_only).lower()}", layer=t.layer,
                                      fix=f"one control file per rank: [engine] owned_only = true and rank = "
-                                     f"{serving.tp_rank} on every table (stage with --ranks {serving.tp_size})")
+                                     f"{serving.tp_rank} on every table (stage with --ranks {serving.tp_size}); {CONTROL_ENV} "
+                                     f"takes {{tp_rank}} in its path to give each rank its own file")
+            check_staged_for(Manifest.load(t.manifest), str(path), SGLANG, serving.tp_size, serving.tp_rank, t.layer)
     engine = (StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=hash_columns)
               if served else None)
     binding = Binding(path, cfg, serving, engine, _LAYER_IDS[0])

@@ -26,7 +26,9 @@ TRITON_INTERPRET=1 on a CPU (tests/test_adapters_vllm_parity.py).
 A table placed in host DRAM (`source = "dram"`) keeps vLLM's own table and
 lookup. vLLM shards the 24 hash columns (heads) over TP and each rank looks up
 its own columns only, then all-gathers them: each rank's control file serves
-its own region (`rank = N`, staged with `--ranks TP`), and the engine takes
+its own region (`rank = N`, staged with `--ranks TP` from the model's hash
+layout; a table staged for another TP or without hash-column bounds is refused
+at start-up, tables.tp_sharding), and the engine takes
 ids of that rank's columns only ([T, L, 24 / TP]), so no foreign row exists.
 
 Qwen3.8's PLE tables are served by the same entry point, variable and control
@@ -71,6 +73,7 @@ from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
 from slacktier.tables.partition import RankPartition
+from slacktier.tables.tp_sharding import VLLM, check_rank_rows
 
 ENGRAM_MODULE = "vllm.models.deepseek_v41.common.engram"
 MODEL_MODULE = "vllm.models.deepseek_v41.nvidia.model"
@@ -187,11 +190,9 @@ def _served_table(binding: Binding, layer: int, num_embeddings: int, dim: int,
     spec = binding.engine.table(layer)
     if t.partition != "columns":   # not vLLM's head shards, by design: the manifest must be cut for this TP
         check_tp_sharding(m, s.tp_size, [layer])
-    elif (spec.row_start, spec.row_start + spec.rows) != (table.vocab_start_idx, table.vocab_end_idx):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: {binding.path} serves rows [{spec.row_start}, "
-                             f"{spec.row_start + spec.rows}), vLLM's TP {s.tp_size} rank {s.tp_rank} holds "
-                             f"[{table.vocab_start_idx}, {table.vocab_end_idx})", layer=layer, rank=s.tp_rank,
-                             fix=f"stage with --ranks {s.tp_size} and set rank = {s.tp_rank} (TP 1: rank = -1)")
+    else:   # vLLM's own head shard: the region must be exactly its rows
+        check_rank_rows(m, str(binding.path), VLLM, s.tp_size, s.tp_rank, layer,
+                        (table.vocab_start_idx, table.vocab_end_idx), (spec.row_start, spec.row_start + spec.rows))
     return table
 
 

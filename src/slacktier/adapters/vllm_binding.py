@@ -26,6 +26,8 @@ from slacktier.adapters import close_engines, control_path, ending_step, report_
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.tp_sharding import VLLM, check_staged_for
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +176,9 @@ def bind(hash_columns: int, table: str = "Engram") -> Binding | None:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"{path}: at TP {serving.tp_size} rank {serving.tp_rank} "
                                      f"serves its own region, but layer {t.layer} has rank = {t.rank}", layer=t.layer,
                                      fix=f"one control file per rank with rank = {serving.tp_rank} on every table "
-                                     f"(stage with --ranks {serving.tp_size})")
+                                     f"(stage with --ranks {serving.tp_size}); {CONTROL_ENV} takes {{tp_rank}} in its "
+                                     "path to give each rank its own file")
+            check_staged_for(Manifest.load(t.manifest), str(path), VLLM, serving.tp_size, serving.tp_rank, t.layer)
     heads = -(-hash_columns // serving.tp_size)
     # vLLM's own lookup reads an E8M0 byte 0x00 as 0.0 and fills rows it does not hold with +0.0: the engine's
     # rows follow it ("vllm" convention), so the plug-in equals vLLM's stock rows, not SGLang's.

@@ -5,8 +5,9 @@ A manifest (`*.json`): per table layer its rows, hash columns, ranks and regions
 tier, devices and rank, its cache slots (the split of cache_rows by cache_share,
 as the engine makes it) and the host memory each placement takes: the table's
 pages for a DRAM-tier table, nothing for disk and Redis; plus the engine's page
-buffer pool and, on a CPU device, its row cache. `--tp N` checks that every
-manifest's rank regions are the serving engines' head sharding at TP N.
+buffer pool and, on a CPU device, its row cache. `--tp N` says which serving
+engine's TP N sharding (SGLang's, vLLM's: tables.tp_sharding) a manifest's rank
+regions are, and refuses one that is neither.
 
 With windows (`--window LAYER=MS` or a probe JSON), read-time models
 (`--tiers`, a tiers file as `slacktier probe --read-fit` writes it) and miss-page
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a manifest (.json), a control file (.toml), or one of each")
     p.add_argument("--tp", type=whole("--tp", 1, 1 << 16), default=0,
-                   help="check the rank regions against vLLM's/SGLang's head sharding at this TP size")
+                   help="say which engine's sharding at this TP size (SGLang's, vLLM's) the rank regions are")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     pred = p.add_argument_group("predicted slowdown of the control file's placement (as `slacktier plan` takes)")
     add_window_arguments(pred)
@@ -53,12 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     """Per layer: rows, columns, ranks and regions of the manifest at `path` (checked at TP `tp` when > 0)."""
+    from slacktier.errors import ErrorKind, SlackTierError
     from slacktier.tables.manifest import Manifest, check_tp_sharding
     from slacktier.tables.memfs import ram_backed
+    from slacktier.tables.tp_sharding import manifest_fits
 
     m = Manifest.load(path)
-    if tp:
-        check_tp_sharding(m, tp)
+    fits = manifest_fits(m, tp) if tp else []
+    if fits and not any(f.fits for f in fits):
+        check_tp_sharding(m, tp)   # its refusal names the rank count, the bounds or the rank's region
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{m.path}: no serving engine's TP {tp} sharding: "
+                             + "; ".join(f"{f.engine}: {f.why}" for f in fits),
+                             fix=f"stage the table again with --ranks {tp} and the model's hash layout")
     layers = []
     for layer in m.layout.layer_ids:
         bounds = m.layout.column_bounds.get(layer)
@@ -76,7 +83,9 @@ def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
                        "bytes": sum(r["bytes"] for r in regions)})
     return {"manifest": str(m.path or path), "ranks": m.ranks, "partition": m.partition_kind,
             "targets": list(m.targets), "targets_in_memory": [ram_backed(target) for target in m.targets],
-            "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None, "layers": layers}
+            "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None,
+            "sharding": m.sharding_rule, "tp_fits": [{"engine": f.engine, "fits": f.fits, "why": f.why} for f in fits],
+            "layers": layers}
 
 
 def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
@@ -176,8 +185,12 @@ def lines(report: dict[str, Any]) -> list[str]:
         out.append(f"manifest {m['manifest']}: {len(m['layers'])} layers, {m['ranks']} ranks, "
                    f"{len(m['targets'])} targets, source {m['source']}, rank partition {m['partition']}")
         if m["tp_checked"]:
-            out.append(f"  rank regions match TP {m['tp_checked']} head sharding (whole hash columns per rank, "
-                       f"{m['partition']} partition)")
+            if all(f["fits"] for f in m["tp_fits"]):
+                out.append(f"  rank regions match TP {m['tp_checked']} head sharding ({m['sharding']} regions, "
+                           f"{m['partition']} partition)")
+            for f in m["tp_fits"]:
+                verdict = "fits" if f["fits"] else "does not fit"
+                out.append(f"  TP {m['tp_checked']}: {verdict} {f['engine']}'s sharding: {f['why']}")
         for d, (target, in_memory) in enumerate(zip(m["targets"], m["targets_in_memory"])):
             out.append(f"  device {d}: {target}" + (f" (in host memory: {in_memory})" if in_memory else ""))
         for layer in m["layers"]:

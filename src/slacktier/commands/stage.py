@@ -95,17 +95,44 @@ def engram_layout(spec: str) -> EngramLayout:
     return EngramLayout.scaled(vocab)
 
 
+def checkpoint_layout(args: argparse.Namespace) -> EngramLayout | None:
+    """The checkpoint's hash layout: --engram, --config, or the config.json beside it; None where there is none
+    and one rank takes the whole table (its regions need no column bounds).
+
+    The serving engines shard each layer by whole hash columns (tables.tp_sharding): a table staged for several
+    ranks, or under another partition, without the layout's column bounds would hold no engine's shards, so it
+    is refused before anything is written."""
+    from slacktier.tables.stage import config_beside, layout_from_model_config
+
+    if args.engram:
+        return engram_layout(args.engram)
+    config = args.config or config_beside(args.checkpoint)
+    if config is not None:
+        return layout_from_model_config(config)
+    if args.ranks > 1 or args.partition != "columns":
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"staging {args.checkpoint[0]} for {args.ranks} ranks "
+                             f"(--partition {args.partition}) needs the model's hash-column bounds, which a "
+                             "checkpoint's tensors do not hold, and there is no config.json beside it",
+                             fix="pass --config MODEL/config.json (the model's own, with engram_* keys), or "
+                                 "--engram v41 for DeepSeek-V4.1")
+    return None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", nargs="+", metavar="PATH",
                      help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale (DeepSeek "
                           "Engram), or a Qwen4Exp (Qwen3.8) model directory: its ...layers.{L}.ple.ple_embedding."
                           "ngram_embedding.shard_{I}.weight tables, head sizes from its config.json")
     src.add_argument("--synthetic", metavar="LAYER=ROWS,...",
                      help="a seeded synthetic table, e.g. 1=8000000,14=8000000")
-    src.add_argument("--engram", metavar="VOCAB|v41",
-                     help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
-                          "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one")
+    p.add_argument("--engram", metavar="VOCAB|v41",
+                   help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
+                        "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one; with "
+                        "--checkpoint, the checkpoint's hash layout (instead of its config.json)")
+    p.add_argument("--config", metavar="CONFIG_JSON",
+                   help="with --checkpoint: the model's config.json, whose engram_* keys give the hash-column "
+                        "bounds the serving engines shard by (default: config.json in the checkpoint's directory)")
     p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram or PLE layer "
                    "found; a PLE layer is its decoder layer, the N of model.layers.N.ple)")
     p.add_argument("--seed", type=whole("--seed", 0, 2**63 - 1), default=0, help="synthetic table seed (default 0)")
@@ -136,6 +163,17 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.tables.layout import PAGE_BYTES, binary_bytes
     from slacktier.tables.stage import stage_checkpoint, stage_synthetic
 
+    if not (args.checkpoint or args.synthetic is not None or args.engram):
+        raise SlackTierError(ErrorKind.BAD_INPUT, "nothing to stage", fix="pass --checkpoint, --synthetic or --engram")
+    if args.engram and args.synthetic is not None:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--engram and --synthetic both give a synthetic table's layers",
+                             fix="pass one of them")
+    if args.config and not args.checkpoint:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--config gives a checkpoint's hash layout",
+                             fix="pass it with --checkpoint (a synthetic Engram table: --engram VOCAB|v41)")
+    if args.config and args.engram:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--config and --engram both give the checkpoint's hash layout",
+                             fix="pass one of them")
     if args.layers and not args.checkpoint:
         raise SlackTierError(ErrorKind.BAD_INPUT, "--layers picks checkpoint layers; a synthetic table takes its "
                              "layers from --synthetic or --engram", fix="drop --layers, or stage a --checkpoint")
@@ -151,13 +189,16 @@ def run(args: argparse.Namespace) -> int:
     if args.synthetic is not None:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,
                             overwrite=args.overwrite, **common)
-    elif args.engram:
+    elif not args.checkpoint:
         layout = engram_layout(args.engram)
         m = stage_synthetic(args.target, layout, args.ranks, args.seed, overwrite=args.overwrite,
                             heads_per_order=layout.n_heads, **common)
     else:
+        layout = checkpoint_layout(args)
+        if layout is not None:
+            common["heads_per_order"] = layout.n_heads
         m = stage_checkpoint(args.checkpoint, args.target, args.ranks, layers=layers, overwrite=args.overwrite,
-                             **common)
+                             expected=layout, **common)
     dt = time.perf_counter() - t0
     nbytes = m.total_pages * PAGE_BYTES
     print(f"staged {len(m.regions)} regions ({sum(r.rows for r in m.regions)} rows, {m.total_pages} pages, "

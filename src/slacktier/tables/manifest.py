@@ -44,6 +44,14 @@ checked at load to give every column to exactly one rank by its kind's rule,
 and then a region's row_start/rows are its rows in the layer's stored space
 (`Manifest.pieces` maps them to global rows).
 
+The "sharding" record states how the rank regions were cut and each rank's
+global row spans per layer ({"rule": "hash-columns" | "balanced" |
+"equal-rows", "ranks", "rank_rows": {layer: [[[start, end], ...] per rank]}}):
+the bounds the serving engines' own TP shards are compared with
+(tables.tp_sharding). It is derived from the layout, ranks and partition, and a
+record that disagrees with them is refused at load; manifests written before it
+existed have none and read the same.
+
 Worked example: 2 layers x 1,000 rows, 2 ranks, one target -> regions
 (layer 1, rank 0) at offset 4096 with 34 pages (500 rows), (layer 1, rank 1) at
 4096 + 34 * 4096, and so on; checksum of page 3 of (layer 1, rank 1) is entry
@@ -289,6 +297,31 @@ class Manifest:
         return region_pieces(region, self.spans(region.layer, region.rank))
 
     @property
+    def sharding_rule(self) -> str:
+        """How the rank regions were cut: "hash-columns" (each rank whole, contiguous hash columns: the engines'
+        own TP sharding at `ranks`), "balanced" (tables.partition) or "equal-rows" (no hash-column bounds, or a
+        rank count that does not divide the columns: no serving engine's sharding at TP > 1)."""
+        if self.partition is not None and self.partition.kind != DEFAULT_PARTITION:
+            return self.partition.kind
+        for layer in self.layout.layer_ids:
+            bounds = self.layout.column_bounds.get(layer)
+            if self.ranks > 1 and (bounds is None or (len(bounds) - 1) % self.ranks):
+                return "equal-rows"
+        return "hash-columns"
+
+    def rank_rows(self, layer: int) -> list[list[tuple[int, int]]]:
+        """Per rank, the global rows [start, end) of `layer` its region holds (one span except under balanced)."""
+        return [[(s.start, s.start + s.rows) for s in spans]
+                for spans in layer_spans(self.layout, layer, self.ranks, self.partition)]
+
+    def sharding_json(self) -> dict[str, Any]:
+        """The manifest's "sharding" record: the rule and every rank's global row spans per layer, the bounds the
+        serving engines' TP shards are compared with (tables.tp_sharding)."""
+        return {"rule": self.sharding_rule, "ranks": self.ranks,
+                "rank_rows": {str(layer): [[list(s) for s in spans] for spans in self.rank_rows(layer)]
+                              for layer in self.layout.layer_ids}}
+
+    @property
     def source_digest(self) -> str:
         """The "sha256:..." identity of the staged rows."""
         return str(self.source["digest"])
@@ -373,7 +406,7 @@ class Manifest:
             "regions": [asdict(r) for r in self.regions],
             "checksums": {"algorithm": "crc32c", "unit": "page", "file": self.crc_file, "sha256": self.crc_sha256,
                           "pages": self.total_pages},
-            "source": self.source, "stage_id": self.stage_id,
+            "source": self.source, "stage_id": self.stage_id, "sharding": self.sharding_json(),
         } | ({"partition": self.partition.to_json()} if self.partition is not None else {})
 
     def save(self, path: str | Path) -> None:
@@ -440,7 +473,7 @@ def check_manifest_digest(doc: Mapping[str, Any], path: str) -> None:
 
 _REGION_KEYS = ("layer", "rank", "device", "path", "offset_bytes", "pages", "row_start", "rows", "crc_first_page")
 _TOP_KEYS = {"format", "format_version", "created_utc", "layout", "ranks", "targets", "regions", "checksums",
-             "source", "stage_id", "partition", DIGEST_KEY}
+             "source", "stage_id", "partition", "sharding", DIGEST_KEY}
 
 
 class _Fields:
@@ -623,11 +656,16 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
                             "its target ends")
     if DIGEST_KEY in d:
         _digest_text(d[DIGEST_KEY], f"$.{DIGEST_KEY}", f)
-    return Manifest(layout=layout, ranks=ranks, targets=targets, regions=regions,
+    m = Manifest(layout=layout, ranks=ranks, targets=targets, regions=regions,
                     source=_source_from_json(f.get(d, "source", "$.source"), f),
                     crc_file=crc_file, crc_sha256=crc_sha, total_pages=total_pages, path=path,
                     format_version=FORMAT_VERSION, created_utc=f.str(d.get("created_utc", ""), "$.created_utc"),
                     stage_id=f.str(d.get("stage_id", ""), "$.stage_id"), partition=partition)
+    # written by manifests since they record it; always what the layout, ranks and partition give
+    if "sharding" in d and d["sharding"] != m.sharding_json():
+        raise f.bad("$.sharding", d["sharding"], f"{m.sharding_rule!r} rank rows as the layout, ranks and "
+                    "partition give them")
+    return m
 
 
 def _partition_from_json(d: Any, layout: StagedLayout, ranks: int, f: _Fields) -> RankPartition | None:

@@ -267,8 +267,9 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
         cols = {len(b) - 1 for b in layout.column_bounds.values()}
         if len(cols) != 1 or len(layout.column_bounds) != len(layout.rows):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"the {partition!r} partition needs every layer's hash-column "
-                                 "bounds, the same column count in each", fix="stage from the model's hash layout "
-                                 "(--engram v41, or a checkpoint), or --partition columns")
+                                 "bounds, the same column count in each", fix="stage with the model's hash layout "
+                                 "(--engram VOCAB|v41; a checkpoint with its config.json: --config), or --partition "
+                                 "columns")
         part = RankPartition.make(partition, cols.pop(), ranks, heads_per_order)
     regions = plan_regions(layout, ranks, paths, only_ranks, part)
     need = target_bytes(regions, len(paths))
