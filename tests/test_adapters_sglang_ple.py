@@ -262,11 +262,10 @@ def test_breakable_prefill_graphs_are_refused_unless_the_gpu_check_opts_in(monke
     base = dict(version=SGLANG_VERSION, tp_size=1, tp_rank=0)
     breakable = plug.SglangServing(**base, prefill_graph="breakable")
     monkeypatch.delenv(plug.UNVERIFIED_ENV, raising=False)
-    with pytest.raises(SlackTierError, match="not been run on a GPU.*gpu_checks_plugins"):
+    with pytest.raises(SlackTierError, match="not been run on a GPU"):
         plug.check_scope(breakable, 16, "PLE")
     monkeypatch.setenv(plug.UNVERIFIED_ENV, plug.BREAKABLE_PLE_PREFILL)
     plug.check_scope(breakable, 16, "PLE")
-    with pytest.raises(SlackTierError, match="breakable CUDA graphs for prefill"):
-        plug.check_scope(breakable, 24)   # Engram: its gather is not an eager break
+    plug.check_scope(breakable, 24)   # Engram: its calls are eager breaks
     with pytest.raises(SlackTierError, match="breakable CUDA graphs for decode"):
         plug.check_scope(plug.SglangServing(**base, decode_graph="breakable"), 16, "PLE")
