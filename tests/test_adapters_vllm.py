@@ -7,7 +7,7 @@ regions at TP 1, 2 and 4; settings outside its scope are refused.
 
 What does not: the rows. vLLM's Engram lookup and hash are Triton kernels with
 no CPU path, so rows against vLLM's own lookup need a GPU
-(benchmarks/gpu_checks_plugins.py, part 2).
+(benchmarks/engine/gpu_check_vllm.py, part rows).
 
 vLLM's ParallelEngramEmbedding asks its process groups for the TP size and rank
 and the GPU for its SM count; a CPU process has neither, so the geometry test

@@ -59,7 +59,8 @@ What runs on a CPU: vLLM's modules import and the plug-in loads through its
 entry point; the head shard geometry is checked against vLLM's own
 `ParallelEngramEmbedding` and SlackTier's rank regions; refusals. vLLM's lookup
 and hash are Triton kernels, so the rows themselves need a GPU
-(benchmarks/engine/gpu_checks_plugins.py).
+(benchmarks/engine/gpu_check_vllm.py; its `--cpu` rehearsal runs the lookup under
+Triton's interpreter).
 """
 
 from __future__ import annotations

@@ -1,0 +1,52 @@
+"""The GPU check scripts' CPU rehearsal: benchmarks/engine/gpu_check_sglang.py and gpu_check_vllm.py with --cpu.
+
+Each script runs in its own process, as on the device machine (one engine per
+process), with the engines' folder appended to its path and its output in a file
+(nothing waits on a pipe). Everything but the device calls runs: the tiny
+checkpoint it makes and stages, the engine's own tables and lookup against the
+plug-in loaded through the engine's own loader (rows bit for bit, the plug-in
+active, a table of another checkpoint mismatching), the breakable capture and
+its replays (recorded segments in place of CUDA graphs), the timing loop. A
+part's line says PASS only when its own checks held, its negative control
+included; the lines are checked here too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engines import ENGINES_DIR, SGLANG_VERSION, VLLM_VERSION, skip_reason
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("engine, dist, version", [("sglang", "sglang", SGLANG_VERSION),
+                                                   ("vllm", "vllm", VLLM_VERSION)])
+def test_cpu_rehearsal_passes_every_part(engine, dist, version, tmp_path):
+    reason = skip_reason(dist, version)
+    if reason:
+        pytest.skip(reason)
+    log = tmp_path / "log.txt"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src"), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env.pop("OUT", None)
+    with open(log, "w") as out:
+        rc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "engine" / f"gpu_check_{engine}.py"), "--cpu",
+                             "--engines", str(ENGINES_DIR), "--out", str(tmp_path / "out")], stdout=out,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, timeout=600).returncode
+    text = log.read_text()
+    parts = dict(re.findall(r"^PART (\w+) (\w+) ", text, flags=re.M))
+    assert rc == 0 and parts == {"rows": "PASS", "bcg": "PASS", "time": "PASS"}, text[-6000:]
+    assert re.search(r"^SUMMARY 3 parts, 0 failed$", text, flags=re.M)
+    rows = re.search(r"^PART rows PASS .*mismatches 0;.*negative control \(other checkpoint\) mismatches (\d+)",
+                     text, flags=re.M)
+    assert rows and int(rows.group(1)) > 0
+    bcg = re.search(r"^PART bcg PASS .*replayed rows (\d+) mismatches 0; rows changed between replays (\d+)", text,
+                    flags=re.M)
+    assert bcg and int(bcg.group(1)) > 0 and int(bcg.group(2)) > 0
+    assert (tmp_path / "out" / "summary.txt").read_text().splitlines()[-1] == "SUMMARY 3 parts, 0 failed"
