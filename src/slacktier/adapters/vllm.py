@@ -75,7 +75,7 @@ import torch
 
 from slacktier.adapters import ending_on_error, finish_step
 from slacktier.adapters.vllm_binding import CHECKED_VERSION, CONTROL_ENV, Binding, VllmServing, bind, check_scope, \
-    check_version, close, current, eager_break, installed_version, read_serving, step, wrap
+    check_version, close, current, eager_break, end_break, installed_version, read_serving, step, wrap
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
@@ -274,15 +274,8 @@ def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     """end_step after the forward (an eager break, so at every replay too), also when it raised."""
     with step():
         out = original(*args, **kwargs)
-        _breaks()["end"]()
+        end_break()()
         return out
-
-
-def _end() -> None:
-    binding = current()
-    if binding is not None:
-        binding.pending.clear()
-        finish_step(binding.engine, False)
 
 
 #: the plug-in's eager breaks, built on first use (vLLM is imported lazily)
@@ -291,7 +284,7 @@ _BREAKS: dict[str, Callable[..., None]] = {}
 
 def _breaks() -> dict[str, Callable[..., None]]:
     if not _BREAKS:
-        _BREAKS.update(collect=eager_break(_collect), rows=eager_break(_fill_rows), end=eager_break(_end))
+        _BREAKS.update(collect=eager_break(_collect), rows=eager_break(_fill_rows))
     return _BREAKS
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step
+from slacktier.adapters import close_engines, control_path, ending_step, finish_step
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
@@ -110,12 +110,10 @@ BREAKABLE_MODES = ("NONE", "PIECEWISE")
 def graph_refusals(s: VllmServing, table: str) -> list[tuple[str, str]]:
     """What a worker that is not eager refuses of its graph settings: (what, fix) pairs, none when served.
 
-    Engram tables run under vLLM's breakable graphs (the plug-in's calls are eager breaks: adapters.vllm): a
-    piecewise-only cudagraph mode with VLLM_USE_BREAKABLE_CUDAGRAPH=1. A full graph replays its kernels only,
-    so begin_step's CPU pass, each layer's wait and end_step would run once, at capture; PLE keeps eager mode."""
+    Engram and PLE tables run under vLLM's breakable graphs (the plug-in's calls are eager breaks: adapters.vllm,
+    adapters.vllm_ple): a piecewise-only cudagraph mode with VLLM_USE_BREAKABLE_CUDAGRAPH=1. A full graph replays
+    its kernels only, so begin_step's CPU pass, each layer's wait and end_step would run once, at capture."""
     fix = "VLLM_USE_BREAKABLE_CUDAGRAPH=1 and -cc.cudagraph_mode=PIECEWISE (or --enforce-eager)"
-    if table == "PLE":
-        return [("CUDA graphs for a PLE table (its end_step is not built as an eager break)", "--enforce-eager")]
     if not s.breakable:
         return [(f"CUDA graphs (cudagraph_mode {s.cudagraph_mode}) without VLLM_USE_BREAKABLE_CUDAGRAPH=1: piecewise "
                  "graphs would be torch.compile's, full ones replay kernels only, and the plug-in's hooks are Python "
@@ -245,6 +243,21 @@ def current() -> Binding | None:
     return _BINDINGS.get(control_path(template, get_tensor_model_parallel_rank()))
 
 
+def _end() -> None:
+    """end_step of this worker's open step (its ids collected so far dropped)."""
+    binding = current()
+    if binding is not None:
+        binding.pending.clear()
+        finish_step(binding.engine, False)
+
+
+@functools.cache
+def end_break() -> Callable[[], None]:
+    """end_step as an eager break, for the end of a patched model forward (built on first use: vLLM is imported
+    lazily)."""
+    return eager_break(_end)
+
+
 @contextmanager
 def step() -> Iterator[None]:
     """End this worker's step after the block, also when it raised: the patched DeepseekV4Model.forward is
@@ -272,5 +285,5 @@ def close() -> None:
 
 
 __all__ = ["BREAKABLE_MODES", "CHECKED_VERSION", "CONTROL_ENV", "Binding", "VllmServing", "bind", "check_scope",
-           "check_version", "close", "current", "eager_break", "graph_refusals", "installed_version", "read_serving",
+           "check_version", "close", "current", "eager_break", "end_break", "graph_refusals", "installed_version", "read_serving",
            "step", "wrap"]
