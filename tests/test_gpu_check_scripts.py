@@ -50,3 +50,26 @@ def test_cpu_rehearsal_passes_every_part(engine, dist, version, tmp_path):
                     flags=re.M)
     assert bcg and int(bcg.group(1)) > 0 and int(bcg.group(2)) > 0
     assert (tmp_path / "out" / "summary.txt").read_text().splitlines()[-1] == "SUMMARY 3 parts, 0 failed"
+
+
+def test_entry_point_is_written_where_the_package_is_not_installed(tmp_path):
+    """On the device machine the package travels as src/ with no dist-info: the scripts write the entry point the
+    engine's loader looks for (here a group of its own, so the installed package's entry points do not answer)."""
+    from importlib import metadata
+
+    sys.path.insert(0, str(ROOT / "benchmarks" / "engine"))
+    try:
+        import gpu_check_common as common
+
+        group = "slacktier.gpu_check_test"
+        assert not [ep for ep in metadata.entry_points(group=group)]   # nothing there before
+        note = common.ensure_entry_point(group, "slacktier.adapters.vllm:register", tmp_path)
+        found = [ep for ep in metadata.entry_points(group=group) if ep.name == "slacktier"]
+        from slacktier.adapters import vllm
+
+        assert note and len(found) == 1 and found[0].load() is vllm.register
+        assert common.ensure_entry_point(group, "slacktier.adapters.vllm:register", tmp_path) is None
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks" / "engine"))
+        if str(tmp_path) in sys.path:
+            sys.path.remove(str(tmp_path))

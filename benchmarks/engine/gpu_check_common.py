@@ -120,6 +120,27 @@ def device_facts(cpu: bool) -> str:
     return f"{props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}"
 
 
+def ensure_entry_point(group: str, value: str, folder: Path) -> str | None:
+    """Make `slacktier = value` findable in entry-point `group`, the way the engine's plug-in loader looks for it.
+
+    On the device machine the package travels as the working tree's src/, not pip-installed, so it has no
+    dist-info: a minimal one (its METADATA and entry_points.txt) is written into `folder`, which goes on sys.path.
+    Returns a note saying so, or None when the entry point was already installed."""
+    from importlib import invalidate_caches, metadata
+
+    if any(ep.name == "slacktier" for ep in metadata.entry_points(group=group)):
+        return None
+    # A distribution of its own name: importlib.metadata keeps one distribution per name, an installed slacktier's
+    info = folder / "slacktier_gpu_check-0.1.0.dist-info"
+    info.mkdir(parents=True, exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: slacktier-gpu-check\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\nslacktier = {value}\n")
+    if str(folder) not in sys.path:
+        sys.path.append(str(folder))
+    invalidate_caches()
+    return f"entry point written to {info} (the package is not pip-installed here)"
+
+
 def torchvision_without_compiled_ops() -> None:
     """Let torchvision's Python modules import where its compiled ops cannot load (a CUDA torchvision wheel beside
     a CPU torch: the CPU rehearsal); SGLang's config modules import torchvision.transforms. No torchvision op runs."""

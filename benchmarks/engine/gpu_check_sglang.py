@@ -32,20 +32,21 @@ class with recorded segments in place of CUDA graphs (a replay runs the
 recorded breaks; the hash ids the captured hasher kernel would write are
 written into its buffer first). tests/test_gpu_check_scripts.py runs it in CI.
 
-On the device machine (Python 3.12, CUDA torch 2.11, Triton 3.6, no network),
-from this checkout's root, once here:
+On the device machine (Python 3.12, CUDA torch 2.11, Triton 3.6, no network).
+Once, here, from this checkout's root (it measures what it packed: the
+engine's Python sources are about 15 MB compressed; the wheels are not yet
+measured, and the working tree travels too, within the 64 MiB a call carries):
 
-    echo /.whl/ >> .git/info/exclude
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .whl sglang==0.5.23 msgspec
+    benchmarks/engine/gpu_check_pack.sh sglang
 
-then the `run` tool, carry [".whl"], timeout_s 540:
+then the `run` tool with carry [".gpucheck"] and timeout_s 540, command:
 
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \\
-      && export PYTHONPATH=/tmp/site && PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/engine/gpu_check_sglang.py
+    mkdir -p /tmp/site && tar xzf .gpucheck/engine.tgz -C /tmp/site && python3 -m pip install -q --no-index \
+      --no-deps --no-compile --no-cache-dir --target /tmp/site .gpucheck/whl/*.whl && export PYTHONPATH=/tmp/site \
+      && PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/engine/gpu_check_sglang.py
 
-(SGLang's `weak_ref_tensor` comes from `sgl_kernel`, a CUDA package not carried: without it the script gives
-SGLang's capture a strong reference in its place and says so on the bcg line. Not yet run on a GPU.)
+Its summary lines come back in $OUT/summary.txt. SGLang's capture weak-references a break's tensor arguments through `sgl_kernel`, a CUDA
+package not carried: without it a strong reference stands in, and the SETUP line says so. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -76,7 +77,7 @@ class _HFTokenizer:
         return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
 
-def load_sglang(cpu: bool) -> SimpleNamespace:
+def load_sglang(cpu: bool, out: Path) -> SimpleNamespace:
     """SGLang's modules, a published server context (overlap scheduler off, breakable decode graphs), the plug-in
     loaded through SGLang's own load_plugins()."""
     import os
@@ -103,6 +104,9 @@ def load_sglang(cpu: bool) -> SimpleNamespace:
     rc.get_context().override_server_args(disable_overlap_schedule=True).install()
     rc.get_parallel().override_permanently(tp_size=1, tp_rank=0, attn_tp_size=1, moe_tp_size=1)
     os.environ["SGLANG_PLUGINS"] = "slacktier"
+    note = C.ensure_entry_point("sglang.srt.plugins", "slacktier.adapters.sglang:register", out / "site")
+    if note:
+        notes.append(note)
     with C.env(CONTROL_ENV, "set-when-a-table-is-built.toml"):
         load_plugins()
     from slacktier.adapters import sglang as plug
@@ -357,7 +361,8 @@ def main() -> int:
     device = "cpu" if args.cpu else "cuda"
     report = C.Report(args.out / "summary.txt")
     report.line(f"DEVICE {C.device_facts(args.cpu)}")
-    sg = load_sglang(args.cpu)
+    sg = load_sglang(args.cpu, args.out)
+    report.line("SETUP " + ("; ".join(sg.notes) or "engine and plug-in loaded"))
     world = C.make_world(args.out, args.vocab, device)
     build(sg, world, device)
     stock = stock_tables(sg, world, args.cpu)

@@ -38,24 +38,22 @@ jitted again by the installed Triton), and vLLM's own capture class with
 recorded segments in place of CUDA graphs.
 tests/test_gpu_check_scripts.py runs it in CI.
 
-On the device machine (Python 3.12, CUDA torch 2.11, Triton 3.6, no network),
-from this checkout's root, once here: vLLM's wheel (its CUDA kernels) is far
-over the 64 MiB carried, so its Python modules are carried instead:
+On the device machine (Python 3.12, CUDA torch 2.11, Triton 3.6, no network).
+Once, here, from this checkout's root (it measures what it packed: the
+engine's Python sources are about 11 MB compressed; the wheels are not yet
+measured, and the working tree travels too, within the 64 MiB a call carries):
 
-    echo /.gpucheck/ >> .git/info/exclude
-    mkdir -p .gpucheck && (cd .venv/engines && find vllm -name '*.py' | tar czf - -T -) > .gpucheck/vllm-py.tgz
-    python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \\
-        --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 -d .gpucheck cbor2 msgspec
+    benchmarks/engine/gpu_check_pack.sh vllm
 
-then the `run` tool, carry [".gpucheck"], timeout_s 540:
+then the `run` tool with carry [".gpucheck"] and timeout_s 540, command:
 
-    mkdir -p /tmp/site && tar xzf .gpucheck/vllm-py.tgz -C /tmp/site \\
-      && python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .gpucheck/*.whl \\
-      && export PYTHONPATH=/tmp/site && PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/engine/gpu_check_vllm.py
+    mkdir -p /tmp/site && tar xzf .gpucheck/engine.tgz -C /tmp/site && python3 -m pip install -q --no-index \
+      --no-deps --no-compile --no-cache-dir --target /tmp/site .gpucheck/whl/*.whl && export PYTHONPATH=/tmp/site \
+      && PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/engine/gpu_check_vllm.py
 
-(Without vLLM's compiled `_C`, its `weak_ref_tensor` for a break's arguments and the UVA view of the host table
-are missing: the bcg line says a strong reference stood in, and the rows line says when the stock table had to
-live in device memory instead. Not yet run on a GPU.)
+Its summary lines come back in $OUT/summary.txt. Without vLLM's compiled `_C` (not carried), a strong reference stands in for its
+`weak_ref_tensor` of a break's arguments (the SETUP line says so), and where its UVA view of
+the host table fails the rows line says the stock table lived in device memory instead. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -76,7 +74,7 @@ import torch  # noqa: E402
 CONTROL_ENV = "SLACKTIER_VLLM_CONTROL"
 
 
-def load_vllm(cpu: bool) -> SimpleNamespace:
+def load_vllm(cpu: bool, out: Path) -> SimpleNamespace:
     """vLLM's Engram module and breakable capture, one TP-1 worker stated through vLLM's getters, breakable graphs
     on, the plug-in loaded through vLLM's own load_general_plugins()."""
     if cpu:
@@ -119,6 +117,9 @@ def load_vllm(cpu: bool) -> SimpleNamespace:
         # keeps the same memory alive instead.
         bcg.weak_ref_tensor = lambda t: t
         notes.append("vllm._C absent: breaks hold strong references")
+    note = C.ensure_entry_point("vllm.general_plugins", "slacktier.adapters.vllm:register", out / "site")
+    if note:
+        notes.append(note)
     with C.env(CONTROL_ENV, "set-when-a-table-is-built.toml"):
         load_general_plugins()
     from slacktier.adapters import vllm as plug
@@ -318,7 +319,8 @@ def main() -> int:
     device = "cpu" if args.cpu else "cuda"
     report = C.Report(args.out / "summary.txt")
     report.line(f"DEVICE {C.device_facts(args.cpu)}")
-    vl = load_vllm(args.cpu)
+    vl = load_vllm(args.cpu, args.out)
+    report.line("SETUP " + ("; ".join(vl.notes) or "engine and plug-in loaded"))
     world = C.make_world(args.out, args.vocab, device)
     stock, where = stock_tables(vl, world, args.cpu)
     share = args.budget_s / 3
