@@ -31,7 +31,8 @@ import torch
 from engines import import_sglang, import_vllm
 from slacktier.adapters import sglang as plug
 from slacktier.engine.step import StepEngine
-from test_adapters_sglang import LAYERS, _assert_same_rows, _batch, _control, _served, _stock, sg, tp, world  # noqa: F401
+from test_adapters_sglang import (LAYERS, _assert_same_rows, _batch, _control, _served, _stock, sg,  # noqa: F401
+                                  tp, world)
 
 # ---- the step engine's entry points, trapped while a segment captures ------------------------------------
 

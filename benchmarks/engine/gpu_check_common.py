@@ -201,6 +201,57 @@ def make_world(folder: Path, vocab: int, device: str) -> SimpleNamespace:
     return world
 
 
+PLE_LAYERS = (1, 3)       # decoder layers with a PLE table; PLE layer indices 0 and 1
+PLE_VOCAB, PLE_EOS, PLE_BASE = 129_280, 1, 1_000   # the DeepSeek-V4 tokenizer's ids; ngram_vocab_size_base
+PLE_DIM = 16 * 256        # ple_embed_dim: 16 heads of SlackTier's 256-value rows
+PLE_SCALE = 0.0123        # a per-tensor scale that rounds: the engines' own multiplication runs
+
+
+def make_ple_world(folder: Path, device: str) -> SimpleNamespace:
+    """Two scaled Qwen3.8-hash PLE tables (fp8 rows, a real checkpoint's bytes), staged as SlackTier rows with
+    unit E8M0 scales (the plug-ins' format for an fp8 table with a per-tensor scale), a control file serving
+    both, and a negative control's (other rows); two requests' prompts and next tokens of real text."""
+    from safetensors.torch import save_file
+
+    from slacktier.tables.ple_hash import PleLayout
+    from slacktier.tables.tokenizer import encode
+    from slacktier.testing.engine import real_text
+
+    layouts = {layer: PleLayout.scaled(PLE_BASE, vocab_size=PLE_VOCAB, eos_token_id=PLE_EOS, ple_layer_index=i,
+                                       layer_id=layer) for i, layer in enumerate(PLE_LAYERS)}
+    world = SimpleNamespace(layouts=layouts, tables={}, controls={})
+    for name, seed in (("ckpt", 0), ("other", 1)):
+        tables = {}
+        for layer, lay in layouts.items():
+            w = np.random.default_rng(seed * 100 + layer).integers(0, 256, size=(lay.rows, 256), dtype=np.uint8)
+            w[(w & 0x7F) == 0x7F] ^= 1   # no fp8 NaN
+            tables[layer] = torch.from_numpy(w).view(torch.float8_e4m3fn)
+        unit = {layer: torch.full((lay.rows, 8), 0x7F, dtype=torch.uint8).view(torch.float8_e8m0fnu)
+                for layer, lay in layouts.items()}
+        ckpt = folder / f"ple_{name}.safetensors"
+        save_file({f"layers.{layer}.engram.embed.{part}": t for layer in PLE_LAYERS
+                   for part, t in (("weight", tables[layer]), ("scale", unit[layer]))}, str(ckpt))
+        manifest = stage_checkpoint(ckpt, [folder / f"ple_{name}.bin"], ranks=1,
+                                    expected={layer: lay.rows for layer, lay in layouts.items()},
+                                    column_bounds={layer: lay.column_bounds() for layer, lay in layouts.items()},
+                                    overwrite=True, progress=False).path
+        cfg = ControlFile(engine=EngineConfig(cache_rows=20_000, device=device), tables=tuple(
+            TableConfig(layer=layer, manifest=manifest, source="disk", options=DiskOptions(queue_depth=64),
+                        cache_share=0.5, order=i) for i, layer in enumerate(PLE_LAYERS)))
+        world.tables[name] = tables
+        world.controls[name] = write_control(cfg, folder / f"ple_{name}.toml")
+    tokens = np.asarray(encode(real_text(2_000)), dtype=np.int64)
+    world.prompts, world.next_tokens = [tokens[:170], tokens[200:321]], tokens[400:410]
+    return world
+
+
+def padded(rows: torch.Tensor, padded_rows: int) -> torch.Tensor:
+    """A checkpoint's table: `rows`, then zero rows up to the engine's padded row count."""
+    out = torch.zeros(padded_rows, rows.shape[1], dtype=torch.uint8).view(rows.dtype)
+    out[:rows.shape[0]] = rows
+    return out
+
+
 def same_rows(got: torch.Tensor, want: torch.Tensor) -> tuple[int, int]:
     """(rows compared, rows that differ) bit for bit over [..., 256] bf16."""
     got, want = got.detach().cpu().reshape(-1, DIM), want.detach().cpu().reshape(-1, DIM)

@@ -24,10 +24,18 @@ each printing one line `PART <name> PASS|FAIL|SKIP <s>s <facts>`:
   hasher and stock UVA gather of both layers against the same through the
   plug-in (begin_step, both gathers, end_step), eager, and the plug-in's
   captured graph replayed (hasher included).
+- ple: Qwen3.8's PLE tables (two scaled fp8 tables with a per-tensor scale):
+  SGLang's own `Qwen4ExpNGramEmbedding` with its offloaded table
+  (`Qwen4ExpPinnedHostEmbedding`, its Triton UVA gather) against the plug-in's
+  served table, through SGLang's `_prepare_ple_batch`, the PLE module and
+  `_commit_ple_batch`, over a prefill of two requests and five decode steps;
+  the plug-in active; another checkpoint's table as negative control. (PLE
+  under graphs stays refused in SGLang: adapters.sglang_ple.)
 
 `--cpu` dress-rehearses all of it on the CPU: SGLang's torch paths in place of
 its Triton kernels (they take the torch path off CUDA), its device table in
-place of the host table (cudaHostRegister needs a GPU), and SGLang's own capture
+place of the host table and its resident PLE table in place of the offloaded
+one (cudaHostRegister needs a GPU), and SGLang's own capture
 class with recorded segments in place of CUDA graphs (a replay runs the
 recorded breaks; the hash ids the captured hasher kernel would write are
 written into its buffer first). tests/test_gpu_check_scripts.py runs it in CI.
@@ -45,8 +53,9 @@ then the `run` tool with carry [".gpucheck"] and timeout_s 540, command:
       --no-deps --no-compile --no-cache-dir --target /tmp/site .gpucheck/whl/*.whl && export PYTHONPATH=/tmp/site \
       && PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/engine/gpu_check_sglang.py
 
-Its summary lines come back in $OUT/summary.txt. SGLang's capture weak-references a break's tensor arguments through `sgl_kernel`, a CUDA
-package not carried: without it a strong reference stands in, and the SETUP line says so. Not yet run on a GPU.
+Its summary lines come back in $OUT/summary.txt. SGLang's capture weak-references
+a break's tensor arguments through `sgl_kernel`, a CUDA package not carried: without
+it a strong reference stands in, and the SETUP line says so. Not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -98,11 +107,11 @@ def load_sglang(cpu: bool, out: Path) -> SimpleNamespace:
     from sglang.srt.layers import engram
     from sglang.srt.model_executor import forward_batch_info as modes
     from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import breakable_cuda_graph as bcg
-    from sglang.srt.models import deepseek_v4
+    from sglang.srt.models import deepseek_v4, qwen4_exp
     from sglang.srt.plugins import load_plugins
 
     rc.get_context().override_server_args(disable_overlap_schedule=True).install()
-    rc.get_parallel().override_permanently(tp_size=1, tp_rank=0, attn_tp_size=1, moe_tp_size=1)
+    rc.get_parallel().override_permanently(tp_size=1, tp_rank=0, attn_tp_size=1, moe_tp_size=1, tp_group=None)
     os.environ["SGLANG_PLUGINS"] = "slacktier"
     note = C.ensure_entry_point("sglang.srt.plugins", "slacktier.adapters.sglang:register", out / "site")
     if note:
@@ -111,7 +120,8 @@ def load_sglang(cpu: bool, out: Path) -> SimpleNamespace:
         load_plugins()
     from slacktier.adapters import sglang as plug
 
-    return SimpleNamespace(engram=engram, modes=modes, bcg=bcg, model=deepseek_v4, plug=plug, rc=rc, notes=notes)
+    return SimpleNamespace(engram=engram, modes=modes, bcg=bcg, model=deepseek_v4, qwen=qwen4_exp, plug=plug, rc=rc,
+                           notes=notes)
 
 
 def build(sg: SimpleNamespace, world: SimpleNamespace, device: str) -> None:
@@ -169,7 +179,8 @@ class Body:
 def extend_batch(sg: SimpleNamespace, n: int, slot: int, device: str) -> SimpleNamespace:
     """A one-request prefill batch: what SGLang's hasher reads of a ForwardBatch."""
     return SimpleNamespace(forward_mode=sg.modes.ForwardMode.EXTEND,
-                           req_pool_indices=torch.tensor([slot], device=device), positions=torch.arange(n, device=device), extend_seq_lens=torch.tensor([n], device=device),
+                           req_pool_indices=torch.tensor([slot], device=device),
+                           positions=torch.arange(n, device=device), extend_seq_lens=torch.tensor([n], device=device),
                            extend_start_loc=torch.tensor([0], device=device), extend_seq_lens_cpu=[n],
                            engram_history=None, out_cache_loc=torch.arange(1, n + 1, device=device), spec_info=None)
 
@@ -356,6 +367,107 @@ def part_time(sg: SimpleNamespace, world: SimpleNamespace, stock: dict, cpu: boo
     return (not engine.in_step), "medians; " + "; ".join(facts) + (" (CPU: not a measurement)" if cpu else "")
 
 
+class RequestPool:
+    """SGLang's request pool as its PLE batch code reads it: per-request n-gram history, [R, n - 1]."""
+
+    def __init__(self, requests: int, device: str) -> None:
+        self.history = torch.full((requests, 2), C.PLE_EOS, dtype=torch.long, device=device)
+        self.ple_window_cache = None
+
+    def get_mamba_indices(self, req_pool_indices: torch.Tensor) -> torch.Tensor:
+        return req_pool_indices
+
+    def get_ngram_context(self, state_indices: torch.Tensor) -> torch.Tensor:
+        return self.history[state_indices]
+
+    def set_ngram_context(self, state_indices: torch.Tensor, context: torch.Tensor) -> None:
+        self.history[state_indices] = context
+
+
+def ple_batches(sg: SimpleNamespace, world: SimpleNamespace, device: str) -> list[tuple[torch.Tensor, Any]]:
+    """A prefill of both requests, then decode steps: (input_ids, what SGLang's PLE code reads of a ForwardBatch)."""
+    lens = [len(p) for p in world.prompts]
+    common = dict(tbo_parent_token_range=None, spec_algorithm=None, spec_info=None, _original_forward_mode=None,
+                  global_num_token_non_padded_cpu=None, req_pool_indices=torch.tensor([0, 1], device=device),
+                  mamba_track_indices=None, mamba_track_mask=None)
+    mode = sg.modes.ForwardMode
+    ids = torch.from_numpy(np.concatenate(world.prompts)).to(device)
+    out = [(ids, SimpleNamespace(forward_mode=mode.EXTEND, extend_seq_lens=torch.tensor(lens, device=device),
+                                 extend_seq_lens_cpu=lens, out_cache_loc=torch.arange(1, len(ids) + 1, device=device),
+                                 **common))]
+    for step in range(len(world.next_tokens) // 2):
+        ids = torch.from_numpy(world.next_tokens[2 * step:2 * step + 2]).to(device)
+        out.append((ids, SimpleNamespace(forward_mode=mode.DECODE, extend_seq_lens=None, extend_seq_lens_cpu=None,
+                                         out_cache_loc=torch.tensor([7, 9], device=device), **common)))
+    return out
+
+
+def ple_modules(sg: SimpleNamespace, world: SimpleNamespace, offload: bool, rows: dict | None) -> dict[int, Any]:
+    """SGLang's Qwen4ExpNGramEmbedding per PLE layer (its text config at the scaled size), rows loaded through its
+    own weight_loader when given, its per-tensor scale set as its loader would."""
+    from sglang.srt.configs.qwen4_exp import Qwen4ExpTextConfig
+
+    config = Qwen4ExpTextConfig(ple_embed_dim=C.PLE_DIM, ngram_vocab_size_base=C.PLE_BASE, vocab_size=C.PLE_VOCAB,
+                                eos_token_id=C.PLE_EOS, ple_embedding_dtype="float8_e4m3fn",
+                                ple_layer_ids=[layer + 1 for layer in C.PLE_LAYERS], ple_offload_embedding=offload)
+    out = {}
+    for i, layer in enumerate(C.PLE_LAYERS):
+        module = sg.qwen.Qwen4ExpNGramEmbedding(config, config.ple_embed_dim, ple_layer_index=i,
+                                                prefix=f"model.layers.{layer}.ple.ple_embedding")
+        emb = module.ngram_embedding
+        if rows is not None:
+            emb.weight_loader(emb.weight, C.padded(rows[layer], world.layouts[layer].padded_rows))
+        emb.weight_scale.fill_(C.PLE_SCALE)
+        out[layer] = module
+    return out
+
+
+def ple_step(sg: SimpleNamespace, modules: dict[int, Any], ids: torch.Tensor, batch: Any) -> dict[int, torch.Tensor]:
+    """One step as Qwen4ExpModel.forward runs PLE: _prepare_ple_batch, each layer's PLE embedding, the commit."""
+    pb = sg.qwen._prepare_ple_batch(input_ids=ids, forward_batch=batch, ngram_size=3, ngram_eos_token_id=C.PLE_EOS)
+    out = {layer: modules[layer](pb, batch) for layer in C.PLE_LAYERS}
+    sg.qwen._commit_ple_batch(pb, batch)
+    return out
+
+
+def part_ple(sg: SimpleNamespace, cpu: bool, device: str, folder: Path) -> tuple[bool, str]:
+    """Qwen3.8's PLE tables: SGLang's offloaded table (its UVA gather) on a GPU, its resident one on the CPU,
+    against the plug-in's served table, over a prefill of two requests and five decode steps."""
+    import os
+
+    world = C.make_ple_world(folder, device)
+    with C.env(CONTROL_ENV, None), torch.device(device):   # SGLang builds a model under its device
+        stock = ple_modules(sg, world, offload=not cpu, rows=world.tables["ckpt"])
+
+    def run(modules: dict[int, Any], control: str | None) -> list[dict[int, torch.Tensor]]:
+        pool = RequestPool(2, device)
+        sg.qwen.get_req_to_token_pool = lambda: pool   # the request pool SGLang's PLE batch code reads
+        with C.env(CONTROL_ENV, control):
+            return [ple_step(sg, modules, ids, batch) for ids, batch in ple_batches(sg, world, device)]
+
+    want = run(stock, None)
+    os.environ[CONTROL_ENV] = str(world.controls["ckpt"])
+    with torch.device(device):
+        served = ple_modules(sg, world, offload=True, rows=None)
+    got = run(served, str(world.controls["ckpt"]))
+    compared = differ = 0
+    for g, w in zip(got, want):
+        for layer in C.PLE_LAYERS:
+            n, d = C.same_rows(g[layer], w[layer])
+            compared, differ = compared + n, differ + d
+    engine = sg.plug.current().engine
+    lookups = sum(c.lookups for c in engine.totals.values())
+    held = sum(m.ngram_embedding.weight.shape[0] for m in served.values())
+    os.environ[CONTROL_ENV] = str(world.controls["other"])
+    with torch.device(device):
+        other = run(ple_modules(sg, world, offload=True, rows=None), str(world.controls["other"]))
+    control_differ = sum(C.same_rows(o[layer], w[layer])[1] for o, w in zip(other, want) for layer in C.PLE_LAYERS)
+    ok = differ == 0 and lookups > 0 and held == 0 and control_differ > 0 and not engine.in_step
+    return ok, (f"embedding rows {compared} (x16 heads) mismatches {differ}; plug-in lookups {lookups}, SGLang rows "
+                f"held {held}; negative control (other checkpoint) mismatches {control_differ}; stock "
+                f"{'resident table (CPU rehearsal)' if cpu else 'offloaded table (UVA)'}")
+
+
 def main() -> int:
     args = C.arguments("sglang", __doc__)
     device = "cpu" if args.cpu else "cuda"
@@ -366,10 +478,11 @@ def main() -> int:
     world = C.make_world(args.out, args.vocab, device)
     build(sg, world, device)
     stock = stock_tables(sg, world, args.cpu)
-    share = args.budget_s / 3
+    share = args.budget_s / 4
     C.run_part(report, "rows", share, lambda: part_rows(sg, world, stock, device))
     C.run_part(report, "bcg", share, lambda: part_bcg(sg, world, stock, args.cpu, device))
     C.run_part(report, "time", share, lambda: part_time(sg, world, stock, args.cpu, device))
+    C.run_part(report, "ple", share, lambda: part_ple(sg, args.cpu, device, args.out))
     sg.plug.close()
     return C.finish(report)
 

@@ -51,7 +51,8 @@ then the `run` tool with carry [".gpucheck"] and timeout_s 540, command:
       --no-deps --no-compile --no-cache-dir --target /tmp/site .gpucheck/whl/*.whl && export PYTHONPATH=/tmp/site \
       && PYTHONUNBUFFERED=1 timeout 500 python3 benchmarks/engine/gpu_check_vllm.py
 
-Its summary lines come back in $OUT/summary.txt. Without vLLM's compiled `_C` (not carried), a strong reference stands in for its
+Its summary lines come back in $OUT/summary.txt. Without vLLM's compiled `_C` (not
+carried), a strong reference stands in for its
 `weak_ref_tensor` of a break's arguments (the SETUP line says so), and where its UVA view of
 the host table fails the rows line says the stock table lived in device memory instead. Not yet run on a GPU.
 """

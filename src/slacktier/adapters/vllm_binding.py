@@ -285,5 +285,5 @@ def close() -> None:
 
 
 __all__ = ["BREAKABLE_MODES", "CHECKED_VERSION", "CONTROL_ENV", "Binding", "VllmServing", "bind", "check_scope",
-           "check_version", "close", "current", "eager_break", "end_break", "graph_refusals", "installed_version", "read_serving",
-           "step", "wrap"]
+           "check_version", "close", "current", "eager_break", "end_break", "graph_refusals", "installed_version",
+           "read_serving", "step", "wrap"]
