@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("engine, dist, version, parts", [
     ("sglang", "sglang", SGLANG_VERSION, ("rows", "bcg", "time", "ple")),
-    ("vllm", "vllm", VLLM_VERSION, ("rows", "bcg", "time")),
+    ("vllm", "vllm", VLLM_VERSION, ("rows", "bcg", "time", "ple")),
 ])
 def test_cpu_rehearsal_passes_every_part(engine, dist, version, parts, tmp_path):
     reason = skip_reason(dist, version)

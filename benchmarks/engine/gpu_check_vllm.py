@@ -26,6 +26,14 @@ its own budget, each printing one line `PART <name> PASS|FAIL|SKIP <s>s <facts>`
 - time: a step's lookup path at B = 1, 8, 64 decode tokens, medians: vLLM's
   stock UVA lookup of both layers against the plug-in (begin_step, both
   gathers, end_step), eager, and the plug-in's captured graph replayed.
+- ple: Qwen3.8's PLE tables (two scaled fp8 tables with a per-tensor scale):
+  vLLM's own `Qwen4ExpNGramEmbedding` with its pinned-host backend
+  (`engram_config.cpu_offload`: its Triton UVA lookup) against the plug-in's
+  `ServedPLEEmbedding`, through `start_prefetch`, the module's forward and
+  vLLM's `dequantize`, the step ended by the plug-in's `Qwen4ExpModel.forward`
+  hook; a prefill of two requests and a decode step; the plug-in active;
+  another checkpoint's table as negative control. (Its hash runs on the
+  device's torch path; the CPU rehearsal's stock is vLLM's device backend.)
 
 The Engram module itself (its wkv projection needs vLLM's TP groups) is stood
 in for by an object holding what the patched seams and `Engram.embed` read
@@ -99,6 +107,18 @@ def load_vllm(cpu: bool, out: Path) -> SimpleNamespace:
                           model_config=SimpleNamespace(enforce_eager=False),
                           compilation_config=SimpleNamespace(cudagraph_mode=config.CUDAGraphMode.PIECEWISE))
     config.get_current_vllm_config = lambda: cfg
+    # PLE: vLLM's Qwen4Exp n-gram modules ask for their TP and ETP groups and the config the same way.
+    from vllm.model_executor import parameter
+    from vllm.models.qwen4_exp.common import ngram_embedding as ple_common
+    from vllm.models.qwen4_exp.nvidia import ngram_embedding as ple_ngram
+
+    group = SimpleNamespace(world_size=1, rank_in_group=0)
+    for module in (ple_ngram, ple_common):
+        module.get_etp_group = lambda: group
+        module.get_tp_group = lambda: group
+    parameter.get_tensor_model_parallel_rank = lambda: 0
+    parameter.get_tensor_model_parallel_world_size = lambda: 1
+    ple_ngram.get_current_vllm_config = lambda: cfg
     if cpu:
         # vLLM asks the GPU for its SM count when it builds a table; the rehearsal states one.
         torch.cuda.get_device_properties = lambda index: SimpleNamespace(multi_processor_count=4)
@@ -125,7 +145,7 @@ def load_vllm(cpu: bool, out: Path) -> SimpleNamespace:
         load_general_plugins()
     from slacktier.adapters import vllm as plug
 
-    return SimpleNamespace(engram=engram, bcg=bcg, plug=plug, notes=notes)
+    return SimpleNamespace(engram=engram, bcg=bcg, plug=plug, notes=notes, cfg=cfg, ple_ngram=ple_ngram)
 
 
 def vllm_layout(world: SimpleNamespace) -> SimpleNamespace:
@@ -315,6 +335,80 @@ def part_time(vl: SimpleNamespace, world: SimpleNamespace, stock: dict, cpu: boo
     return (not engine.in_step), "medians; " + "; ".join(facts) + (" (CPU: not a measurement)" if cpu else "")
 
 
+def part_ple(vl: SimpleNamespace, cpu: bool, device: str, folder: Path) -> tuple[bool, str]:
+    """Qwen3.8's PLE tables: vLLM's pinned-host backend (cpu_offload: its Triton UVA lookup) on a GPU, its device
+    backend on the CPU, against the plug-in's ServedPLEEmbedding; through start_prefetch, the module's forward
+    (finalize_prefetch) and vLLM's own dequantize (times the per-tensor scale); a prefill of two requests, then
+    one decode step each."""
+    from transformers import Qwen4ExpTextConfig
+
+    from slacktier.adapters import vllm_ple
+
+    world = C.make_ple_world(folder, device)
+    hf = Qwen4ExpTextConfig(ple_embed_dim=C.PLE_DIM, ngram_vocab_size_base=C.PLE_BASE, vocab_size=C.PLE_VOCAB,
+                            eos_token_id=C.PLE_EOS, ple_embedding_dtype="float8_e4m3fn")
+
+    def build(rows: dict | None) -> dict[int, Any]:
+        out = {}
+        with torch.device(device):
+            for i, layer in enumerate(C.PLE_LAYERS):
+                module = vl.ple_ngram.Qwen4ExpNGramEmbedding(hf, C.PLE_DIM, i, 1024, data_parallel_rank=0,
+                                                             prefix=f"model.layers.{layer}.ple.ple_embedding")
+                emb = module.ngram_embedding
+                if rows is not None:
+                    emb.weight.weight_loader(emb.weight, C.padded(rows[layer], emb.org_vocab_size),
+                                             checkpoint_start=0)
+                emb.weight_scale.weight_loader(emb.weight_scale, torch.tensor([C.PLE_SCALE]))
+                out[layer] = module
+        return out
+
+    p0, p1 = (torch.from_numpy(p).to(device) for p in world.prompts)
+    eos = torch.full((2, 2), C.PLE_EOS, dtype=torch.long, device=device)
+    steps = [(torch.cat([p0, p1]), torch.tensor([0, len(p0), len(p0) + len(p1)], device=device), eos),
+             (torch.from_numpy(world.next_tokens[:2]).to(device), torch.tensor([0, 1, 2], device=device),
+              torch.stack([p0[-2:], p1[-2:]]))]
+
+    def run(modules: dict[int, Any]) -> list[dict[int, torch.Tensor]]:
+        out = []
+        for ids, qsl, context in steps:
+            def body() -> dict[int, torch.Tensor]:
+                for layer in C.PLE_LAYERS:   # vLLM starts each layer's prefetch ahead of the layer
+                    modules[layer].start_prefetch(ids, qsl, context)
+                return {layer: modules[layer].ngram_embedding.dequantize(modules[layer](None, ids, qsl, context),
+                                                                          torch.bfloat16) for layer in C.PLE_LAYERS}
+            out.append(vllm_ple._model_forward(body))   # what vLLM's patched Qwen4ExpModel.forward runs
+        return out
+
+    offload = vl.cfg.engram_config.cpu_offload
+    with C.env(CONTROL_ENV, None):
+        vl.cfg.engram_config.cpu_offload = not cpu   # the pinned-host backend on a GPU
+        try:
+            stock = build(world.tables["ckpt"])
+        finally:
+            vl.cfg.engram_config.cpu_offload = offload
+        want = run(stock)
+    backend = type(stock[C.PLE_LAYERS[0]].ngram_embedding).__name__
+    os.environ[CONTROL_ENV] = str(world.controls["ckpt"])
+    served = build(None)
+    got = run(served)
+    compared = differ = 0
+    for g, w in zip(got, want):
+        for layer in C.PLE_LAYERS:
+            n, d = C.same_rows(g[layer], w[layer])
+            compared, differ = compared + n, differ + d
+    engine = vl.plug.current().engine
+    lookups = sum(c.lookups for c in engine.totals.values())
+    held = sum(m.ngram_embedding.weight.shape[0] for m in served.values())
+    kinds = {type(m.ngram_embedding).__name__ for m in served.values()}
+    os.environ[CONTROL_ENV] = str(world.controls["other"])
+    other = run(build(None))
+    control_differ = sum(C.same_rows(o[layer], w[layer])[1] for o, w in zip(other, want) for layer in C.PLE_LAYERS)
+    ok = (differ == 0 and lookups > 0 and held == 0 and kinds == {"ServedPLEEmbedding"} and control_differ > 0
+          and not engine.in_step)
+    return ok, (f"embedding rows {compared} (x16 heads) mismatches {differ}; plug-in lookups {lookups}, vLLM rows "
+                f"held {held}; negative control (other checkpoint) mismatches {control_differ}; stock {backend}")
+
+
 def main() -> int:
     args = C.arguments("vllm", __doc__)
     device = "cpu" if args.cpu else "cuda"
@@ -324,10 +418,11 @@ def main() -> int:
     report.line("SETUP " + ("; ".join(vl.notes) or "engine and plug-in loaded"))
     world = C.make_world(args.out, args.vocab, device)
     stock, where = stock_tables(vl, world, args.cpu)
-    share = args.budget_s / 3
+    share = args.budget_s / 4
     C.run_part(report, "rows", share, lambda: part_rows(vl, world, stock, where, device))
     C.run_part(report, "bcg", share, lambda: part_bcg(vl, world, stock, args.cpu, device))
     C.run_part(report, "time", share, lambda: part_time(vl, world, stock, args.cpu, device))
+    C.run_part(report, "ple", share, lambda: part_ple(vl, args.cpu, device, args.out))
     vl.plug.close()
     return C.finish(report)
 
