@@ -10,7 +10,7 @@ gather that runs on a CPU. The served table is SGLang's offloaded
 SGLang's real `load_plugins()` and `HookRegistry`; its `forward` (gather, reduce)
 and the scale multiplication stay SGLang's. SGLang's stock pinned-host gather is a
 Triton kernel over a pinned (or file-mapped) host table read through UVA: against
-it the rows need a GPU (benchmarks/engine/gpu_checks_ple.py, not yet run).
+it the rows need a GPU (benchmarks/engine/gpu_check_sglang.py, part ple, not yet run on a GPU).
 
 SGLang's request pool (the per-request n-gram history the batch reads) is a small
 fake with the three methods SGLang calls; everything else is SGLang's code.
