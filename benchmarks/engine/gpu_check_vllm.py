@@ -165,6 +165,7 @@ def stock_tables(vl: SimpleNamespace, world: SimpleNamespace, cpu: bool) -> tupl
         try:
             table = vl.engram.ParallelEngramEmbedding(world.layout.layer_rows(layer), C.DIM, sizes,
                                                       cpu_offload=not cpu)
+            table._storage()   # the UVA view of the host table (vLLM's compiled _C) is made here
         except (RuntimeError, AttributeError, ImportError) as exc:
             if cpu:
                 raise
