@@ -374,7 +374,7 @@ def test_unchecked_version_is_refused_with_the_fix():
     (dict(attn_cp_size=2), "context parallelism"),
     (dict(tp_size=5), "whole heads"),
     (dict(overlap_schedule=True), "overlap scheduler"),
-    (dict(decode_graph="breakable"), "breakable CUDA graphs for decode"),
+    (dict(decode_graph="full"), "full CUDA graphs for decode"),
     (dict(prefill_graph="full"), "full CUDA graphs for prefill"),
     (dict(speculative="EAGLE"), "speculative"),
     (dict(two_batch_overlap=True), "two-batch overlap"),
@@ -382,6 +382,7 @@ def test_unchecked_version_is_refused_with_the_fix():
 def test_scope_refusals(change, words):
     base = dict(version=SGLANG_VERSION, tp_size=2, tp_rank=0)
     plug.check_scope(plug.SglangServing(**base), 24)
+    plug.check_scope(plug.SglangServing(**base, decode_graph="breakable", prefill_graph="breakable"), 24)
     with pytest.raises(SlackTierError, match=words) as err:
         plug.check_scope(plug.SglangServing(**base | change), 24)
     assert err.value.kind is ErrorKind.UNSUPPORTED and err.value.fix

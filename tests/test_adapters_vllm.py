@@ -7,7 +7,7 @@ regions at TP 1, 2 and 4; settings outside its scope are refused.
 
 The rows against vLLM's own lookup kernel, run under Triton's interpreter on
 this CPU: tests/test_adapters_vllm_parity.py. vLLM's hash kernel and its lookup
-compiled for a GPU need one (benchmarks/gpu_checks_plugins.py, part 2).
+compiled for a GPU need one (benchmarks/engine/gpu_check_vllm.py, part rows).
 
 vLLM's ParallelEngramEmbedding asks its process groups for the TP size and rank
 and the GPU for its SM count; a CPU process has neither, so the geometry test

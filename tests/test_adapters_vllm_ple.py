@@ -7,8 +7,8 @@ Qwen4Exp seams; vLLM's own `Qwen4ExpNGramEmbedding` builds the third backend
 vLLM's prefetch interface (`start_prefetch`, `finalize_prefetch`) and its own
 `dequantize`, equal vLLM's resident fp8 table's (`Qwen4ExpPLEDeviceEmbedding`: F.embedding,
 then the same `dequantize`) bit for bit. vLLM's pinned-host backend (its Triton UVA
-lookup) and its Triton hash need a GPU (benchmarks/engine/gpu_checks_plugins.py, part
-ple-rows).
+lookup) and its Triton hash need a GPU (benchmarks/engine/gpu_check_vllm.py, part
+ple, not yet run on a GPU).
 
 vLLM asks its process groups for TP and ETP sizes and ranks; a CPU process has none,
 so the tests state them through those same getters (pytest's monkeypatch), as

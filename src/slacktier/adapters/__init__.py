@@ -163,6 +163,17 @@ def ending_step(engine: StepEngine | None, on_failure: Callable[[], object] | No
         finish_step(engine, failed)
 
 
+@contextmanager
+def ending_on_error(engine: StepEngine) -> Iterator[None]:
+    """Run the block (an eager break of a CUDA graph replay); when it raises, end the step first: a replay that
+    raises skips the breaks after it, the one that ends the step included."""
+    try:
+        yield
+    except BaseException:
+        finish_step(engine, True)
+        raise
+
+
 def close_engines(bindings: dict) -> None:
     """Close the engine of every binding (an object with an `engine`, or None) and forget them all."""
     for binding in bindings.values():
@@ -171,5 +182,5 @@ def close_engines(bindings: dict) -> None:
     bindings.clear()
 
 
-__all__ = ["TP_RANK_FIELD", "check_ple_layout", "checking_loader", "close_engines", "control_path", "ending_step",
-           "finish_step", "identity_check", "layer_in_prefix", "report_unchecked"]
+__all__ = ["TP_RANK_FIELD", "check_ple_layout", "checking_loader", "close_engines", "control_path", "ending_on_error",
+           "ending_step", "finish_step", "identity_check", "layer_in_prefix", "report_unchecked"]

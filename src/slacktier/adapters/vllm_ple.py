@@ -14,7 +14,7 @@ the third backend, in their place:
 | vLLM function (0.33.0) | what it does for a served PLE table |
 |---|---|
 | `vllm.models.qwen4_exp.nvidia.ngram_embedding.Qwen4ExpNGramEmbedding.__init__` | builds `ServedPLEEmbedding` (checks: scope, format, the manifest's hash layout) |
-| `vllm.models.qwen4_exp.nvidia.model.Qwen4ExpModel.forward` | `end_step()` after the forward, also when it raised |
+| `vllm.models.qwen4_exp.nvidia.model.Qwen4ExpModel.forward` | an eager break at its end: `end_step()`; also when it raised |
 
 `ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader compares
 the checkpoint's rows and shards with the manifest's identity, tables.identity,
@@ -30,10 +30,12 @@ Refused at start-up (UNSUPPORTED, naming the fix): any format but
 `Qwen4ExpPLEFp8EmbeddingMethod` (bf16: no exact fp8 form; NVFP4: E2M1 values
 with E4M3 block scales, another row format), rows of another width than 256
 values, TP or ETP > 1 (vLLM splits the padded table into equal row blocks), and
-everything adapters.vllm refuses (eager mode only, ...). `start_prefetch` and
-the finalize step carry vLLM's `eager_break_during_capture`, as its pinned-host
-backend's do, so a breakable CUDA-graph capture would run them eagerly at every
-replay; that is not run on a GPU yet, and non-eager modes stay refused.
+everything adapters.vllm refuses (full CUDA graphs, ...). Breakable CUDA graphs
+(VLLM_USE_BREAKABLE_CUDAGRAPH=1, cudagraph_mode PIECEWISE) are served:
+`start_prefetch` and the finalize step carry vLLM's `eager_break_during_capture`,
+as its pinned-host backend's do, and `Qwen4ExpModel.forward` ends the step with
+an eager break, so all three run at every replay (tests/test_adapters_graphs.py
+on the CPU; a GPU capture is not yet run).
 """
 
 from __future__ import annotations
@@ -210,8 +212,11 @@ def _ngram_init(original: Callable[..., None], module: torch.nn.Module, config: 
 
 
 def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Qwen4ExpModel.forward: end_step after it (an eager break, so at every replay too), also when it raised."""
     with core.step():
-        return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        core.end_break()()
+        return out
 
 
 _HOOKS = {"__init__": _ngram_init, "forward": _model_forward}
