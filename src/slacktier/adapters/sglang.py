@@ -90,7 +90,7 @@ import torch
 from slacktier.adapters import checking_loader, ending_on_error, finish_step, identity_check
 from slacktier.adapters.sglang_binding import BREAKABLE_PLE_PREFILL, CHECKED_VERSION, CONTROL_ENV, UNVERIFIED_ENV, \
     Binding, SglangServing, bind, check_scope, check_version, close, current, eager_break, end_step, \
-    installed_version, loaded_from, read_serving, record_layer_order, skip_rows, step, unverified_allowed
+    installed_version, loaded_from, read_serving, record_layer_order, step, unverified_allowed
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding

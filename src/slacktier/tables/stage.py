@@ -29,10 +29,11 @@ from slacktier.tables.table_layout import TableLayout
 if TYPE_CHECKING:
     from slacktier.tables.engram_hash import EngramLayout
 
-__all__ = ["CHECKPOINT_NAME_TEMPLATES", "CONFIG_NAME", "DEFAULT_CHUNK_BYTES", "DEFAULT_FILLERS", "DEFAULT_WRITERS",
-           "SYNTHETIC_GENERATOR", "CheckpointSource", "PleCheckpointSource", "RowSource", "StageStats", "SyntheticSource", "check_targets",
-           "config_beside", "is_ple_checkpoint", "layer_seed", "layout_from_model_config", "source_from_manifest", "stage_checkpoint",
-           "stage_synthetic", "stage_table", "staged_layout"]
+__all__ = ["CHECKPOINT_NAME_TEMPLATES", "CONFIG_NAME", "CheckpointSource", "DEFAULT_CHUNK_BYTES", "DEFAULT_FILLERS",
+           "DEFAULT_WRITERS", "PleCheckpointSource", "RowSource", "SYNTHETIC_GENERATOR", "StageStats",
+           "SyntheticSource", "check_targets", "config_beside", "is_ple_checkpoint", "layer_seed",
+           "layout_from_model_config", "source_from_manifest", "stage_checkpoint", "stage_synthetic", "stage_table",
+           "staged_layout"]
 
 
 def staged_layout(layout: StagedLayout | TableLayout | Mapping[int, int],
