@@ -17,6 +17,10 @@ $(BIN)/slacktier: pyproject.toml
 	# SGLang and vLLM as test oracles on this CPU: the engines without their CUDA stacks, plus only what their
 	# modules import, all pinned in pyproject (extras sglang, vllm, engines-cpu) and installed without
 	# dependencies into a folder of their own that only their tests put on sys.path (tests/engines.py).
+	# --no-deps would hide a conflict between our pins and theirs, so first the real resolution of
+	# `pip install 'slacktier[sglang]'` and `'slacktier[vllm]'` for a serving machine, from the registry's
+	# metadata only (no wheel downloaded; tests/test_install_resolution.py runs it too, with a negative control).
+	$(BIN)/python scripts/resolve_extras.py sglang vllm
 	rm -rf $(ENGINES)
 	$(BIN)/pip install -q --no-deps --target $(ENGINES) $$($(BIN)/python scripts/extras.py sglang vllm engines-cpu)
 	touch $(BIN)/slacktier

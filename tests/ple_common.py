@@ -145,3 +145,38 @@ def sglang_batches(forward_mode: Any, world: SimpleNamespace) -> Iterator[tuple[
         ids = torch.from_numpy(world.next_tokens[2 * step:2 * step + 2])
         yield ids, SimpleNamespace(forward_mode=forward_mode.DECODE, extend_seq_lens=None,
                                    extend_seq_lens_cpu=None, out_cache_loc=torch.tensor([7, 9]), **common)
+
+
+def qwen_checkpoint(folder: Path, world: SimpleNamespace, parts: int = 4, seed: int | None = None) -> Path:
+    """`world`'s tables (or, with `seed`, other rows of the same shapes) as a Qwen4Exp model directory:
+    transformers' save_pretrained names and shards (`parts` = split_ngram_parts, SGLang's shard rule), padding
+    rows of nonzero bytes, each table's per-tensor weight_scale, and the config.json its head sizes come from."""
+    import json
+
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors: dict[str, torch.Tensor] = {}
+    for layer, lay in world.layouts.items():
+        rows = world.tables[layer] if seed is None else fp8_rows(lay.rows, seed=seed + layer)
+        full = torch.full((lay.padded_rows, 256), 0xAB, dtype=torch.uint8).view(torch.float8_e4m3fn)
+        full[:lay.rows] = rows
+        size = -(-lay.padded_rows // parts)
+        prefix = f"model.language_model.layers.{layer}.ple.ple_embedding.ngram_embedding"
+        for i in range(-(-lay.padded_rows // size)):
+            tensors[f"{prefix}.shard_{i}.weight"] = full[i * size:(i + 1) * size].contiguous()
+        tensors[f"{prefix}.weight_scale"] = torch.tensor([SCALE], dtype=torch.float32)
+    save_file(tensors, str(folder / "model.safetensors"))
+    text = {"vocab_size": VOCAB, "eos_token_id": EOS, "ngram_vocab_size_base": BASE, "ngram_size": 3,
+            "heads_per_ngram": 8, "seed": 1234, "make_ngram_vocab_size_divisible_by": 128, "split_ngram_parts": parts,
+            "ple_layer_ids": [layer + 1 for layer in LAYERS], "ple_embed_dim": DIM,
+            "ple_embedding_dtype": "float8_e4m3fn"}
+    (folder / "config.json").write_text(json.dumps({"model_type": "qwen4_exp", "text_config": text}))
+    return folder
+
+
+def shard_stream(folder: Path) -> list[tuple[str, torch.Tensor]]:
+    """A Qwen4Exp checkpoint's tensors as an engine's loader streams them: (name, tensor), shards in order."""
+    from safetensors.torch import load_file
+
+    return sorted(load_file(str(folder / "model.safetensors")).items())

@@ -374,7 +374,7 @@ def test_unchecked_version_is_refused_with_the_fix():
     (dict(attn_cp_size=2), "context parallelism"),
     (dict(tp_size=5), "whole heads"),
     (dict(overlap_schedule=True), "overlap scheduler"),
-    (dict(decode_graph="breakable"), "breakable CUDA graphs for decode"),
+    (dict(decode_graph="full"), "full CUDA graphs for decode"),
     (dict(prefill_graph="full"), "full CUDA graphs for prefill"),
     (dict(speculative="EAGLE"), "speculative"),
     (dict(two_batch_overlap=True), "two-batch overlap"),
@@ -382,6 +382,7 @@ def test_unchecked_version_is_refused_with_the_fix():
 def test_scope_refusals(change, words):
     base = dict(version=SGLANG_VERSION, tp_size=2, tp_rank=0)
     plug.check_scope(plug.SglangServing(**base), 24)
+    plug.check_scope(plug.SglangServing(**base, decode_graph="breakable", prefill_graph="breakable"), 24)
     with pytest.raises(SlackTierError, match=words) as err:
         plug.check_scope(plug.SglangServing(**base | change), 24)
     assert err.value.kind is ErrorKind.UNSUPPORTED and err.value.fix
@@ -431,3 +432,164 @@ def test_inert_without_the_variable(sg, world, tp, monkeypatch):
     with tp(1, 0):
         emb = _served(sg, world, 1)
     assert emb.weight.shape[0] == world.st_layout.layer_rows(1)   # SGLang's own table, untouched
+
+
+def _edge_hash_ids(sg, world) -> torch.Tensor:
+    """SGLang's hash ids of the test tokens, then in token 0 ids a hasher never emits: each layer's last row, the
+    rows just past it, far past it, the pad id and another negative id."""
+    ids = world.hasher(torch.from_numpy(world.tokens), _batch(sg, len(world.tokens))).clone()
+    for i, layer in enumerate(LAYERS):
+        rows = world.st_layout.layer_rows(layer)
+        ids[0, i, :8] = torch.tensor([rows - 1, rows, rows + 1, rows + 40, 2**40, -1, -7, 0])
+    return ids
+
+
+@pytest.mark.parametrize("partition", ["columns", "balanced"])
+def test_ids_outside_the_table_give_sglangs_zero_rows(sg, world, tp, monkeypatch, tmp_path, partition):
+    """SGLang's own lookup masks an id outside its table to a +0.0 row (at TP 1, and summed over TP 2 ranks); the
+    plug-in gives the same rows bit for bit, under either partition, and counts them."""
+    ids = _edge_hash_ids(sg, world)
+    manifest = world.manifests["tp1"]
+    if partition == "balanced":
+        manifest = stage_checkpoint(world.dir / "tp2.safetensors", [tmp_path / "balanced.bin"], ranks=2,
+                                    expected=world.st_layout, partition="balanced", progress=False).path
+    for size in (1, 2):
+        _control(tmp_path / "rank-1.toml", world.manifests["tp1"])
+        for rank in range(size):
+            _control(tmp_path / f"rank{rank}.toml", world.manifests["tp2"] if partition == "columns" else manifest,
+                     rank=rank, owned_only=True, partition=partition)
+        want, got = [], []
+        for rank in range(size):
+            with tp(size, rank):
+                monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
+                stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
+                want.append([stock[layer]._owned_rows(ids[:, i]) for i, layer in enumerate(LAYERS)])
+                template = "rank-1.toml" if size == 1 else "rank{tp_rank}.toml"
+                monkeypatch.setenv(plug.CONTROL_ENV, str(tmp_path / template))
+                served = {layer: _served(sg, world, layer) for layer in LAYERS}
+                binding = plug.current()
+                with plug.step():
+                    binding.begin(ids)
+                    got.append([served[layer]._owned_rows(ids[:, i]) for i, layer in enumerate(LAYERS)])
+                counts = binding.engine.last_step.layers
+                assert [counts[layer].out_of_table for layer in LAYERS] == [5, 5]   # rows, +1, +40, 2**40, -7
+                plug.close()
+        for i in range(len(LAYERS)):
+            total_want, total_got = want[0][i], got[0][i]
+            for rank in range(1, size):
+                total_want, total_got = total_want + want[rank][i], total_got + got[rank][i]
+            _assert_same_rows(total_got, total_want)
+            assert not bool(_bits(total_got[0, 1:7]).any())   # the ids outside the table: +0.0 rows
+            assert bool(_bits(total_got[0, [0, 7]]).any())    # the last row and row 0: the table's (can fail)
+
+
+# ---- checkpoint identity -------------------------------------------------------------------------------------
+
+
+def _load(embeds: dict[int, Any], tables: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """What SGLang's load_weights does with each Engram tensor: the parameter's own weight_loader, whole tensor."""
+    for layer, e in embeds.items():
+        w, s = tables[layer]
+        e.weight.weight_loader(e.weight, w)
+        e.scale.weight_loader(e.scale, s)
+
+
+@pytest.mark.parametrize("size, rank", [(1, 0), (2, 1)])
+def test_a_table_from_another_checkpoint_is_refused_at_load(sg, world, tp, monkeypatch, tmp_path, size, rank):
+    """SGLang's loader hands the served table the checkpoint's tensors: the staged checkpoint's are accepted and the
+    table serves; another checkpoint of the same shapes (the `clean` one) is refused in one line naming both."""
+    manifest = world.manifests["tp1" if size == 1 else "tp2"]
+    control = _control(tmp_path / f"rank{rank}.toml", manifest, rank=-1 if size == 1 else rank,
+                       owned_only=size > 1)
+    with tp(size, rank):
+        monkeypatch.delenv(plug.CONTROL_ENV, raising=False)
+        want = _step(sg, world, {layer: _stock(sg, world, layer) for layer in LAYERS}, lookup="owned")
+        monkeypatch.setenv(plug.CONTROL_ENV, str(control))
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        _load(served, world.tables)   # the staged checkpoint: accepted
+        for g, w in zip(_step(sg, world, served, lookup="owned"), want):
+            _assert_same_rows(g, w)
+        other = {LAYERS[0]: _served(sg, world, LAYERS[0])}
+        with pytest.raises(SlackTierError) as err:
+            _load(other, world.clean)
+    e = err.value
+    assert e.kind is ErrorKind.CHECKPOINT and e.layer == LAYERS[0]
+    text = str(e)
+    assert "\n" not in text and f"{manifest} was staged from checkpoint" in text
+    assert f"{'tp1' if size == 1 else 'tp2'}.safetensors" in text and "model.layers.1.engram.embed.weight" in text
+    assert "slacktier stage --checkpoint" in e.fix
+
+
+def test_another_checkpoints_scales_alone_are_refused(sg, world, tp, monkeypatch, tmp_path):
+    """Values and scales are compared apart: the staged values with another checkpoint's scales are refused."""
+    with tp(1, 0):
+        monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "tp1.toml", world.manifests["tp1"])))
+        e = _served(sg, world, 14)
+        w, _ = world.tables[14]
+        e.weight.weight_loader(e.weight, w)
+        with pytest.raises(SlackTierError, match="engram.embed.scale.*sampled rows digest"):
+            e.scale.weight_loader(e.scale, world.clean[14][1])
+
+
+def test_a_synthetic_table_is_refused_beside_a_checkpoint_and_says_so(sg, world, tp, monkeypatch, tmp_path):
+    """A table staged from the seeded generator stands for no checkpoint: an engine that loads one is refused,
+    naming the synthetic source; an engine that loads no Engram tensors (dummy weights) serves it with a warning."""
+    from slacktier.tables.stage import stage_synthetic
+
+    m = stage_synthetic([tmp_path / "syn.bin"], world.st_layout, 1, 5, progress=False)
+    with tp(1, 0):
+        monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "syn.toml", m.path)))
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        with pytest.raises(SlackTierError, match="synthetic table .*seed 5.*not a checkpoint"):
+            _load(served, world.tables)
+    plug.close()
+    with tp(1, 0):
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        from slacktier import adapters
+        with _captured_warnings(adapters.log) as logged:
+            _step(sg, world, served)
+        assert any("not compared" in line and "synthetic" in line for line in logged)
+
+
+class _captured_warnings:
+    """The warnings a logger emits inside the block, as text."""
+
+    def __init__(self, logger: Any) -> None:
+        import logging
+
+        self.logger, self.lines = logger, []
+        self.handler = logging.Handler(logging.WARNING)
+        self.handler.emit = lambda record: self.lines.append(record.getMessage())
+
+    def __enter__(self) -> list[str]:
+        self.logger.addHandler(self.handler)
+        return self.lines
+
+    def __exit__(self, *exc: object) -> None:
+        self.logger.removeHandler(self.handler)
+
+
+def test_tables_staged_for_another_tp_partition_or_sharding_are_refused_naming_both(sg, world, tp, monkeypatch,
+                                                                                    tmp_path):
+    from slacktier.tables.tp_sharding import sglang_rank_rows
+
+    ckpt = world.dir / "tp2.safetensors"
+    layout = sg.engram.EngramLayout.from_config(world.config)
+    for i, layer in enumerate(LAYERS):   # tables.tp_sharding's rule is SGLang's shard_range
+        for tp_size in (1, 2, 3, 4, 5, 6, 8):
+            for rank in range(tp_size):
+                assert sglang_rank_rows(layout.column_bounds(i), tp_size, rank) == \
+                    sg.engram.shard_range(layout.num_embeddings[i], layout.column_bounds(i), rank, tp_size)
+    tp4 = stage_checkpoint(ckpt, [tmp_path / "tp4.bin"], ranks=4, expected=world.st_layout, progress=False).path
+    equal = stage_checkpoint(ckpt, [tmp_path / "eq.bin"], ranks=2, progress=False).path   # no column bounds
+    balanced = stage_checkpoint(ckpt, [tmp_path / "bal.bin"], ranks=2, expected=world.st_layout,
+                                partition="balanced", progress=False).path
+    with tp(2, 1):
+        err = _refused_at_build(sg, world, monkeypatch, _control(tmp_path / "a.toml", tp4, rank=1, owned_only=True))
+        assert "staged for 4 TP ranks; SGLang 0.5.23 runs TP 2" in err.message and "--ranks 2" in err.fix
+        err = _refused_at_build(sg, world, monkeypatch, _control(tmp_path / "b.toml", equal, rank=1, owned_only=True))
+        assert "without the model's hash-column bounds" in err.message and "--config" in err.fix
+        err = _refused_at_build(sg, world, monkeypatch, _control(tmp_path / "c.toml", balanced, rank=1,
+                                                                 owned_only=True))
+        assert "'balanced' rank partition" in err.message and "'columns'" in err.message
+        assert 'partition = "balanced"' in err.fix

@@ -10,7 +10,7 @@ gather that runs on a CPU. The served table is SGLang's offloaded
 SGLang's real `load_plugins()` and `HookRegistry`; its `forward` (gather, reduce)
 and the scale multiplication stay SGLang's. SGLang's stock pinned-host gather is a
 Triton kernel over a pinned (or file-mapped) host table read through UVA: against
-it the rows need a GPU (benchmarks/engine/gpu_checks_plugins.py, part ple-rows).
+it the rows need a GPU (benchmarks/engine/gpu_check_sglang.py, part ple, not yet run on a GPU).
 
 SGLang's request pool (the per-request n-gram history the batch reads) is a small
 fake with the three methods SGLang calls; everything else is SGLang's code.
@@ -28,8 +28,8 @@ import pytest
 import torch
 
 from engines import SGLANG_VERSION, import_sglang, sglang_plugin_loaded
-from ple_common import DIM, EOS, LAYERS, SCALE, RequestPool, assert_same_rows, padded, ple_control, ple_world, \
-    sglang_batches, sglang_ngram, sglang_text_config
+from ple_common import DIM, EOS, LAYERS, SCALE, RequestPool, assert_same_rows, fp8_rows, padded, ple_control, \
+    ple_world, qwen_checkpoint, same_rows, sglang_batches, sglang_ngram, sglang_text_config, shard_stream
 from slacktier.adapters import sglang as plug
 from slacktier.adapters import sglang_binding
 from slacktier.adapters import sglang_ple as ple
@@ -262,11 +262,78 @@ def test_breakable_prefill_graphs_are_refused_unless_the_gpu_check_opts_in(monke
     base = dict(version=SGLANG_VERSION, tp_size=1, tp_rank=0)
     breakable = plug.SglangServing(**base, prefill_graph="breakable")
     monkeypatch.delenv(plug.UNVERIFIED_ENV, raising=False)
-    with pytest.raises(SlackTierError, match="not been run on a GPU.*gpu_checks_plugins"):
+    with pytest.raises(SlackTierError, match="not been run on a GPU"):
         plug.check_scope(breakable, 16, "PLE")
     monkeypatch.setenv(plug.UNVERIFIED_ENV, plug.BREAKABLE_PLE_PREFILL)
     plug.check_scope(breakable, 16, "PLE")
-    with pytest.raises(SlackTierError, match="breakable CUDA graphs for prefill"):
-        plug.check_scope(breakable, 24)   # Engram: its gather is not an eager break
+    plug.check_scope(breakable, 24)   # Engram: its calls are eager breaks
     with pytest.raises(SlackTierError, match="breakable CUDA graphs for decode"):
         plug.check_scope(plug.SglangServing(**base, decode_graph="breakable"), 16, "PLE")
+
+
+# ---- a Qwen4Exp checkpoint staged by the CLI, and its identity ---------------------------------------------
+
+
+def _load_through_the_hook(served: dict[int, Any], stream: list[tuple[str, torch.Tensor]]) -> list[str]:
+    """The plug-in's load_weights hook over a checkpoint stream, around a stand-in for SGLang's own load_weights
+    (which needs a whole Qwen4Exp model): returns the names the hook lets through to SGLang."""
+    model = torch.nn.Module()
+    model.config = SimpleNamespace(text_config=SimpleNamespace(split_ngram_parts=4))
+    layers = torch.nn.ModuleDict()
+    for layer, module in served.items():   # SGLang's own prefix: model.layers.N.ple.ple_embedding
+        holder = torch.nn.Module()
+        holder.ple = torch.nn.Module()
+        holder.ple.ple_embedding = module
+        layers[str(layer)] = holder
+    model.model = torch.nn.Module()
+    model.model.layers = layers
+    return ple._around_load_weights(lambda m, weights: [name for name, _ in weights], model, stream)
+
+
+def test_a_qwen_checkpoint_staged_by_the_cli_is_served_bit_for_bit(sg, world, tp1, monkeypatch, tmp_path):
+    """`slacktier stage --checkpoint DIR` reads a Qwen4Exp model directory's PLE shards by their own names (head
+    sizes from its config.json, SGLang's padding and shard rule); SGLang's loader stream passes the identity
+    check and keeps the per-tensor scales; prefill and decode rows equal SGLang's resident table bit for bit,
+    and not a table of other rows (the negative control)."""
+    from slacktier import cli
+
+    folder = qwen_checkpoint(tmp_path / "qwen", world)
+    target = tmp_path / "qwen.bin"
+    assert cli.main(["stage", "--checkpoint", str(folder), "--target", str(target), "--no-progress"]) == 0
+    manifest = f"{target}.manifest.json"
+    stock = {layer: _stock(sg, world, layer) for layer in LAYERS}
+    other = {layer: _stock(sg, SimpleNamespace(layouts=world.layouts, tables={
+        l: fp8_rows(world.layouts[l].rows, seed=50 + l) for l in LAYERS}), layer) for layer in LAYERS}
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "q.toml", manifest)))
+    served = {layer: _served(sg, layer) for layer in LAYERS}
+    let_through = _load_through_the_hook(served, shard_stream(folder))
+    assert sorted(let_through) == sorted(f"model.language_model.layers.{layer}.ple.ple_embedding.ngram_embedding."
+                                         "weight_scale" for layer in LAYERS)   # the rows are skipped
+    assert all(m.ngram_embedding._slacktier_identity.done for m in served.values())
+    differs = 0
+    for ids, batch in sglang_batches(sg.ForwardMode, world):
+        pb = _prepare(sg, ids, batch)
+        for layer in LAYERS:
+            got = served[layer](pb, batch)
+            assert_same_rows(got, stock[layer](pb, batch))
+            differs += not same_rows(got, other[layer](pb, batch))
+        sg.qwen._commit_ple_batch(pb, batch)
+    assert differs == 2 * 6
+
+
+def test_a_ple_table_from_another_checkpoint_is_refused_at_load(sg, world, tp1, monkeypatch, tmp_path):
+    """SGLang's loader stream of another Qwen4Exp checkpoint of the same shapes: refused at the first shard that
+    completes the sample, naming the manifest, its checkpoint and the tensor."""
+    from slacktier import cli
+
+    staged = qwen_checkpoint(tmp_path / "qwen", world)
+    target = tmp_path / "qwen.bin"
+    assert cli.main(["stage", "--checkpoint", str(staged), "--target", str(target), "--no-progress"]) == 0
+    other = qwen_checkpoint(tmp_path / "other", world, seed=70)
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "q.toml", f"{target}.manifest.json")))
+    served = {layer: _served(sg, layer) for layer in LAYERS}
+    with pytest.raises(SlackTierError) as err:
+        _load_through_the_hook(served, shard_stream(other))
+    text = str(err.value)
+    assert err.value.kind is ErrorKind.CHECKPOINT and "\n" not in text
+    assert "ngram_embedding.shard_3.weight" in text and "qwen/model.safetensors" in text

@@ -5,9 +5,9 @@ What runs here: the plug-in loads through vLLM's load_general_plugins() from the
 serves equal vLLM's own ParallelEngramEmbedding's and SlackTier's staged rank
 regions at TP 1, 2 and 4; settings outside its scope are refused.
 
-What does not: the rows. vLLM's Engram lookup and hash are Triton kernels with
-no CPU path, so rows against vLLM's own lookup need a GPU
-(benchmarks/gpu_checks_plugins.py, part 2).
+The rows against vLLM's own lookup kernel, run under Triton's interpreter on
+this CPU: tests/test_adapters_vllm_parity.py. vLLM's hash kernel and its lookup
+compiled for a GPU need one (benchmarks/engine/gpu_check_vllm.py, part rows).
 
 vLLM's ParallelEngramEmbedding asks its process groups for the TP size and rank
 and the GPU for its SM count; a CPU process has neither, so the geometry test
@@ -84,6 +84,20 @@ def test_head_shards_equal_vllms_and_slacktiers_rank_regions(engram, monkeypatch
             assert (region.row_start, region.row_start + region.rows) == want[2:]
             assert ours.weight.shape == (0, 256) and ours.weight_scale_inv.shape == (0, 8)   # no rows allocated
             assert (ours.dp_size, ours.cpu_offload, ours.n_hash_cols, ours.tp_size) == (1, False, 24, tp)
+
+
+def test_tp_sharding_rule_is_vllms_head_shard(engram, monkeypatch):
+    """tables.tp_sharding's vLLM rule (what inspect --tp and the staging refusals use) against vLLM's own table,
+    at TP sizes that divide the 24 columns and one that does not."""
+    from slacktier.tables.tp_sharding import vllm_rank_rows
+
+    layout = EngramLayout.v41()
+    bounds = layout.layer_column_bounds(1)
+    head_sizes = tuple(int(b - a) for a, b in zip(bounds, bounds[1:]))
+    for tp in (1, 3, 5, 6, 8):
+        for rank in range(tp):
+            theirs = _vllm_table(engram, monkeypatch, head_sizes, tp, rank)
+            assert vllm_rank_rows(bounds, tp, rank) == (theirs.vocab_start_idx, theirs.vocab_end_idx)
 
 
 @pytest.mark.parametrize("kind", ["columns", "balanced"])
@@ -184,3 +198,77 @@ def test_settings_are_read_from_vllms_own_config_classes(monkeypatch):
     assert (s.tp_size, s.tp_rank, s.pp_size, s.enforce_eager, s.decode_backend) == (2, 1, 1, False, "auto")
     with pytest.raises(SlackTierError, match="--enforce-eager"):
         plug.check_scope(s, 24)
+
+
+# ---- checkpoint identity -------------------------------------------------------------------------------------
+
+
+def _engram_checkpoint(path, layout: EngramLayout, seed: int) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """A safetensors checkpoint of `layout`'s Engram tables in DeepSeek's names, random bytes of `seed`."""
+    import numpy as np
+    from safetensors.torch import save_file
+
+    rng = np.random.default_rng(seed)
+    tables = {layer: (torch.from_numpy(rng.integers(0, 256, (layout.layer_rows(layer), 256), dtype=np.uint8))
+                      .view(torch.float8_e4m3fn),
+                      torch.from_numpy(rng.integers(110, 140, (layout.layer_rows(layer), 8), dtype=np.uint8))
+                      .view(torch.float8_e8m0fnu)) for layer in layout.layer_ids}
+    save_file({f"layers.{layer}.engram.embed.{part}": t for layer, (w, s) in tables.items()
+               for part, t in (("weight", w), ("scale", s))}, str(path))
+    return tables
+
+
+@pytest.mark.parametrize("tp, rank", [(1, 0), (2, 1)])
+def test_a_table_from_another_checkpoint_is_refused_at_load(engram, monkeypatch, tmp_path, tp, rank):
+    """vLLM's Engram builds the served table through the patched _create_embedding (a real binding and engine);
+    vLLM's loader hands its parameters the checkpoint's whole tensors: the staged checkpoint's are accepted,
+    another checkpoint of the same shapes is refused in one line naming both."""
+    from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig, write_control
+    from slacktier.tables.stage import stage_checkpoint
+
+    vllm_config = import_vllm("vllm.config")
+    distributed = import_vllm("vllm.distributed")
+    layout = EngramLayout.scaled(300)
+    staged = _engram_checkpoint(tmp_path / "staged.safetensors", layout, 1)
+    other = _engram_checkpoint(tmp_path / "other.safetensors", layout, 2)
+    m = stage_checkpoint(tmp_path / "staged.safetensors", [tmp_path / "t.bin"], tp, expected=layout, progress=False)
+    tables = tuple(TableConfig(layer=layer, manifest=m.path, rank=-1 if tp == 1 else rank, order=i,
+                               options=DiskOptions(queue_depth=8), cache_share=0.5)
+                   for i, layer in enumerate(layout.layer_ids))
+    control = write_control(ControlFile(engine=EngineConfig(cache_rows=500, owned_only=tp > 1), tables=tables),
+                            tmp_path / f"rank{rank}.toml")
+    config = SimpleNamespace(parallel_config=vllm_config.ParallelConfig(tensor_parallel_size=tp),
+                             engram_config=import_vllm("vllm.config.engram").EngramConfig(),
+                             model_config=SimpleNamespace(enforce_eager=True, model="/models/dsv41"),
+                             additional_config={}, speculative_config=None)
+    monkeypatch.setattr(vllm_config, "get_current_vllm_config", lambda: config)
+    monkeypatch.setattr(distributed, "get_tensor_model_parallel_rank", lambda: rank)
+    monkeypatch.setenv(plug.CONTROL_ENV, str(tmp_path / "rank{tp_rank}.toml"))
+    assert control.exists()
+    vllm_layout = engram.EngramLayout(SimpleNamespace(
+        engram_layer_ids=list(layout.layer_ids), engram_num_embeddings=list(layout.rows_per_layer),
+        engram_max_ngram_size=4, engram_n_heads=8, engram_head_dim=256, engram_compressed_vocab_size=99_092,
+        engram_pad_token_id=2, engram_vocab_size=300))
+
+    def stock(*args):
+        raise AssertionError("a served table must not be built by vLLM's own _create_embedding")
+
+    try:
+        served = {layer: plug._create_embedding(stock, None, vllm_layout, i)
+                  for i, layer in enumerate(layout.layer_ids)}
+        for layer, table in served.items():   # the staged checkpoint: accepted
+            w, s = staged[layer]
+            table.weight.weight_loader(table.weight, w)
+            table.weight_scale_inv.weight_loader(table.weight_scale_inv, s)
+            assert table.weight.shape[0] == 0
+        again = plug._create_embedding(stock, None, vllm_layout, 0)
+        with pytest.raises(SlackTierError) as err:
+            again.weight.weight_loader(again.weight, other[layout.layer_ids[0]][0])
+    finally:
+        plug.close()
+    e = err.value
+    text = str(e)
+    assert e.kind is ErrorKind.CHECKPOINT and "\n" not in text
+    assert "vLLM loaded model.layers.1.engram.embed_tokens.weight from /models/dsv41" in text
+    assert f"{m.path} was staged from checkpoint" in text and "staged.safetensors" in text
+    assert "--checkpoint /models/dsv41" in e.fix

@@ -7,8 +7,8 @@ Qwen4Exp seams; vLLM's own `Qwen4ExpNGramEmbedding` builds the third backend
 vLLM's prefetch interface (`start_prefetch`, `finalize_prefetch`) and its own
 `dequantize`, equal vLLM's resident fp8 table's (`Qwen4ExpPLEDeviceEmbedding`: F.embedding,
 then the same `dequantize`) bit for bit. vLLM's pinned-host backend (its Triton UVA
-lookup) and its Triton hash need a GPU (benchmarks/engine/gpu_checks_plugins.py, part
-ple-rows).
+lookup) and its Triton hash need a GPU (benchmarks/engine/gpu_check_vllm.py, part
+ple, not yet run on a GPU).
 
 vLLM asks its process groups for TP and ETP sizes and ranks; a CPU process has none,
 so the tests state them through those same getters (pytest's monkeypatch), as
@@ -27,7 +27,8 @@ import pytest
 import torch
 
 from engines import VLLM_VERSION, import_vllm
-from ple_common import BASE, DIM, EOS, LAYERS, SCALE, VOCAB, assert_same_rows, padded, ple_control, ple_world
+from ple_common import BASE, DIM, EOS, LAYERS, SCALE, VOCAB, assert_same_rows, padded, ple_control, ple_world, \
+    qwen_checkpoint, same_rows, shard_stream
 from slacktier.adapters import vllm as plug
 from slacktier.adapters import vllm_ple as ple
 from slacktier.errors import ErrorKind, SlackTierError
@@ -198,3 +199,73 @@ def test_tp2_is_refused(vl, world, worker, monkeypatch, tmp_path):
     plug.check_scope(plug.VllmServing(**base), 16, "PLE")
     with pytest.raises(SlackTierError, match="--enforce-eager"):
         plug.check_scope(plug.VllmServing(**base, enforce_eager=False), 16, "PLE")
+
+
+# ---- a Qwen4Exp checkpoint staged by the CLI, and its identity ---------------------------------------------
+
+
+def _module_stream(folder: Path, layer: int) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors of decoder layer `layer`'s n-gram module, named as its own load_weights reads them."""
+    prefix = f"model.language_model.layers.{layer}.ple.ple_embedding."
+    return [(name[len(prefix):], t) for name, t in shard_stream(folder) if name.startswith(prefix)]
+
+
+def _split_ngram(vl: SimpleNamespace, layer: int) -> Any:
+    from transformers import Qwen4ExpTextConfig
+
+    config = Qwen4ExpTextConfig(ple_embed_dim=DIM, ngram_vocab_size_base=BASE, vocab_size=VOCAB, eos_token_id=EOS,
+                                ple_embedding_dtype="float8_e4m3fn", split_ngram_parts=4)
+    return vl.ngram.Qwen4ExpNGramEmbedding(config, DIM, LAYERS.index(layer), 512, data_parallel_rank=0,
+                                           prefix=f"model.layers.{layer}.ple.ple_embedding")
+
+
+def test_a_qwen_checkpoint_staged_by_the_cli_is_served_bit_for_bit(vl, world, worker, monkeypatch, tmp_path):
+    """`slacktier stage --checkpoint DIR` stages the Qwen4Exp shards by their own names; vLLM's own
+    Qwen4ExpNGramEmbedding.load_weights hands the served table the shards (identity checked) and loads the scale;
+    rows through vLLM's prefetch and dequantize equal its resident table's, and not another table's."""
+    from slacktier import cli
+
+    folder = qwen_checkpoint(tmp_path / "qwen", world)
+    target = tmp_path / "qwen.bin"
+    assert cli.main(["stage", "--checkpoint", str(folder), "--target", str(target), "--no-progress"]) == 0
+    monkeypatch.setenv(plug.CONTROL_ENV, "unused.toml")
+    plug.register()
+    monkeypatch.delenv(plug.CONTROL_ENV)
+    stock = {layer: _load(_ngram(vl, layer), world.tables[layer]) for layer in LAYERS}
+    other = {layer: _load(_ngram(vl, layer), torch.flip(world.tables[layer], [0])) for layer in LAYERS}
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "q.toml", f"{target}.manifest.json")))
+    served = {layer: _split_ngram(vl, layer) for layer in LAYERS}
+    for layer, module in served.items():
+        assert module.ngram_embedding.org_vocab_size == world.layouts[layer].padded_rows
+        module.load_weights(_module_stream(folder, layer))
+        emb = module.ngram_embedding
+        assert emb._slacktier_identity.done and emb.weight.shape == (0, 256)
+        assert float(emb.weight_scale) == pytest.approx(SCALE)
+    differs = 0
+    for ids, qsl, context in _steps(world):
+        with plug.step():
+            for layer in LAYERS:
+                served[layer].start_prefetch(ids, qsl, context)
+            for layer in LAYERS:
+                emb = served[layer].ngram_embedding
+                got = emb.dequantize(served[layer](None, ids, qsl, context), torch.bfloat16)
+                ref = stock[layer].ngram_embedding
+                assert_same_rows(got, ref.dequantize(stock[layer](None, ids, qsl, context), torch.bfloat16))
+                differs += not same_rows(got, ref.dequantize(other[layer](None, ids, qsl, context), torch.bfloat16))
+    assert differs == 2 * 2
+
+
+def test_a_ple_table_from_another_checkpoint_is_refused_at_load(vl, world, worker, monkeypatch, tmp_path):
+    from slacktier import cli
+
+    staged = qwen_checkpoint(tmp_path / "qwen", world)
+    target = tmp_path / "qwen.bin"
+    assert cli.main(["stage", "--checkpoint", str(staged), "--target", str(target), "--no-progress"]) == 0
+    other = qwen_checkpoint(tmp_path / "other", world, seed=70)
+    monkeypatch.setenv(plug.CONTROL_ENV, str(ple_control(tmp_path / "q.toml", f"{target}.manifest.json")))
+    plug.register()
+    module = _split_ngram(vl, 1)
+    with pytest.raises(SlackTierError) as err:
+        module.load_weights(_module_stream(other, 1))
+    text = str(err.value)
+    assert err.value.kind is ErrorKind.CHECKPOINT and "\n" not in text and "qwen/model.safetensors" in text

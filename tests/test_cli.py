@@ -45,7 +45,7 @@ def test_installed_entry_point_runs():
 
 def test_stage_and_verify_synthetic(tmp_path, capsys):
     target = tmp_path / "t.bin"
-    rc = cli.main(["stage", "--synthetic", "1:2000,14:1500", "--ranks", "2", "--seed", "4", "--target", str(target),
+    rc = cli.main(["stage", "--synthetic", "1=2000,14=1500", "--ranks", "2", "--seed", "4", "--target", str(target),
                    "--no-progress"])
     assert rc == 0
     out = capsys.readouterr().out
@@ -54,7 +54,7 @@ def test_stage_and_verify_synthetic(tmp_path, capsys):
     assert cli.main(["verify", manifest, "--rows", "20", "--no-progress"]) == 0
     assert ": OK;" in capsys.readouterr().out
     # another table onto the same target: refused with a fix message, exit code 2 (cli.py: a refused command)
-    rc = cli.main(["stage", "--synthetic", "1:2000", "--seed", "5", "--target", str(target), "--no-progress"])
+    rc = cli.main(["stage", "--synthetic", "1=2000", "--seed", "5", "--target", str(target), "--no-progress"])
     assert rc == 2
     err = capsys.readouterr().err
     assert "another table" in err and "--overwrite" in err
@@ -86,8 +86,8 @@ def test_stage_scaled_engram_layout(tmp_path, capsys):
 
 
 def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
-    assert cli.main(["stage", "--synthetic", "1=20", "--target", str(tmp_path / "t.bin")]) == 2
-    assert "LAYER:ROWS" in capsys.readouterr().err
+    assert cli.main(["stage", "--synthetic", "1-20", "--target", str(tmp_path / "t.bin")]) == 2
+    assert "LAYER=ROWS" in capsys.readouterr().err
 
 
 def test_demo_runs_small(tmp_path, capsys):
@@ -105,6 +105,13 @@ def test_demo_runs_small(tmp_path, capsys):
     assert (tmp_path / "demo" / "table.bin.manifest.json").exists()
     assert os.path.getsize(tmp_path / "demo" / "table.bin") > 0
     assert "device compute from profile v41_paper; host, cache and I/O real" in out
+    # a person reads it: lines fit a terminal, no tracker numbers or paper sections, a verdict per experiment
+    import re
+
+    lines = out.splitlines()
+    assert max(len(l) for l in lines if str(tmp_path) not in l) <= 120, max(lines, key=len)
+    assert not any(re.search(r"issue \d|section \d", l) for l in lines)
+    assert sum(l.startswith("Verdict: ") for l in lines) == 2
     # --metrics-port: the demo's engines published into the endpoint it served (still up in this process)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     lookups = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()

@@ -30,20 +30,20 @@ def _stage(tmp_path: Path, *args: str) -> list[str]:
 
 
 @pytest.mark.parametrize("args,expect", [
-    (["--synthetic", "1:100,1:200"], "layer 1 is listed twice"),
-    (["--synthetic", "1:100,14"], "LAYER:ROWS"),
-    (["--synthetic", "1:1.5"], "not a whole number"),
-    (["--synthetic", "1:nan"], "not a whole number"),
-    (["--synthetic", "1:1e400"], "not a whole number"),
-    (["--synthetic", "1:0"], "rows >= 1"),
-    (["--synthetic=-1:10"], "layer ids are >= 0"),
+    (["--synthetic", "1=100,1=200"], "layer 1 is listed twice"),
+    (["--synthetic", "1=100,14"], "LAYER=ROWS"),
+    (["--synthetic", "1=1.5"], "not a whole number"),
+    (["--synthetic", "1=nan"], "not a whole number"),
+    (["--synthetic", "1=1e400"], "not a whole number"),
+    (["--synthetic", "1=0"], "rows >= 1"),
+    (["--synthetic=-1=10"], "layer ids are >= 0"),
     (["--engram", "0"], "at least 2"),
     (["--engram=-3"], "at least 2"),
     (["--engram", "inf"], "--engram"),
     (["--engram", "many"], "--engram"),
-    (["--synthetic", "1:100", "--layers", "1"], "--layers picks checkpoint layers"),
-    (["--synthetic", "1:100", "--ranks", "0"], "--ranks '0' is not a whole number in 1..65536"),
-    (["--synthetic", "1:100", "--chunk-mib", "0"], "--chunk-mib '0' is not a whole number in 1..1024"),
+    (["--synthetic", "1=100", "--layers", "1"], "--layers picks checkpoint layers"),
+    (["--synthetic", "1=100", "--ranks", "0"], "--ranks '0' is not a whole number in 1..65536"),
+    (["--synthetic", "1=100", "--chunk-mib", "0"], "--chunk-mib '0' is not a whole number in 1..1024"),
 ])
 def test_bad_stage_arguments_are_refused_before_writing(tmp_path, capsys, args, expect):
     _refused(capsys, _stage(tmp_path, *args), expect)
@@ -58,7 +58,7 @@ def test_bad_checkpoint_layers_are_refused(tmp_path, capsys, layers):
 
 
 def test_a_manifest_in_a_missing_directory_is_refused_before_the_table_is_written(tmp_path, capsys):
-    _refused(capsys, _stage(tmp_path, "--synthetic", "1:3000", "--manifest", str(tmp_path / "no" / "m.json")),
+    _refused(capsys, _stage(tmp_path, "--synthetic", "1=3000", "--manifest", str(tmp_path / "no" / "m.json")),
              "does not exist", str(tmp_path / "no"))
     assert list(tmp_path.iterdir()) == []
 
@@ -76,11 +76,11 @@ def test_verify_a_directory_or_a_file_that_is_not_a_manifest(tmp_path, capsys):
 
 def test_verify_refuses_a_table_restaged_since_its_manifest(tmp_path, capsys):
     target = tmp_path / "t.bin"
-    assert cli.main(_stage(tmp_path, "--synthetic", "1:300", "--seed", "1")) == 0
+    assert cli.main(_stage(tmp_path, "--synthetic", "1=300", "--seed", "1")) == 0
     first = str(target) + ".manifest.json"
     shutil.copy(first, tmp_path / "first.json")
     shutil.copy(str(target) + ".manifest.crc", tmp_path / "first.crc")
-    assert cli.main(_stage(tmp_path, "--synthetic", "1:300", "--seed", "2", "--overwrite")) == 0
+    assert cli.main(_stage(tmp_path, "--synthetic", "1=300", "--seed", "2", "--overwrite")) == 0
     capsys.readouterr()
     assert cli.main(["verify", str(tmp_path / "first.json"), "--rows", "0", "--no-pages", "--no-progress"]) == 1
     assert "holds another table" in capsys.readouterr().out
@@ -110,7 +110,7 @@ def test_numba_cache_falls_back_to_a_temp_dir_without_a_writable_home(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("NUMBA_CACHE_DIR", "XDG_CACHE_HOME", "PYTHONPATH")}
     env.update(HOME=str(home), TMPDIR=str(tmp), PYTHONPATH=str(pkg), PYTHONDONTWRITEBYTECODE="1")
     target = tmp_path / "t.bin"
-    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1:100", "--target",
+    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1=100", "--target",
                           str(target), "--no-progress"], capture_output=True, text=True, env=env, timeout=600,
                          cwd=tmp_path)
     assert res.returncode == 0, res.stderr

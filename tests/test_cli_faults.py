@@ -63,18 +63,18 @@ def _set_metadata(path: Path, metadata: object) -> None:
 
 M, C, T = "{d}/t.bin.manifest.json", "{d}/control.toml", "{out}/new.bin"
 PREDICT = ["--window", "1=0.5", "--window", "14=5"]
-PLAN = ["plan", "--table", f"1:{M}", "--table", f"14:{M}", "--cache-rows", "100", "--target-ms", "1",
+PLAN = ["plan", "--table", f"1={M}", "--table", f"14={M}", "--cache-rows", "100", "--target-ms", "1",
         "--window", "1=0.5", "--window", "14=5", "--out", "{out}/control.toml"]
 CASES = [
     # stage
     (["stage", "--synthetic", "", "--target", T], "--synthetic is empty"),
-    (["stage", "--synthetic", f"{10**20}:100", "--target", T], "layer id 100000000000000000000 is outside"),
-    (["stage", "--synthetic", "1:100", "--ranks", "100000", "--target", T], "--ranks '100000'"),
-    (["stage", "--synthetic", "1:100", "--ranks", "200", "--target", T], "layer 1 has 100 rows, fewer than its 200"),
-    (["stage", "--synthetic", "1:100", "--chunk-mib", "99999999999999", "--target", T], "--chunk-mib"),
-    (["stage", "--synthetic", "1:100", "--seed", str(2**70), "--target", T], "--seed '1180591620717411303424'"),
-    (["stage", "--synthetic", "1:100", "--seed", "-5", "--target", T], "--seed '-5'"),
-    (["stage", "--synthetic", "1:100", "--writers", "0", "--target", T], "--writers '0'"),
+    (["stage", "--synthetic", f"{10**20}=100", "--target", T], "layer id 100000000000000000000 is outside"),
+    (["stage", "--synthetic", "1=100", "--ranks", "100000", "--target", T], "--ranks '100000'"),
+    (["stage", "--synthetic", "1=100", "--ranks", "200", "--target", T], "layer 1 has 100 rows, fewer than its 200"),
+    (["stage", "--synthetic", "1=100", "--chunk-mib", "99999999999999", "--target", T], "--chunk-mib"),
+    (["stage", "--synthetic", "1=100", "--seed", str(2**70), "--target", T], "--seed '1180591620717411303424'"),
+    (["stage", "--synthetic", "1=100", "--seed", "-5", "--target", T], "--seed '-5'"),
+    (["stage", "--synthetic", "1=100", "--writers", "0", "--target", T], "--writers '0'"),
     (["stage", "--checkpoint", "{d}/list-metadata.safetensors", "--target", T], "its __metadata__ is list"),
     (["stage", "--checkpoint", "{d}/huge-layer.safetensors", "--target", T], "outside 0..2147483647"),
     # verify
@@ -108,6 +108,15 @@ CASES = [
     ([*PLAN, "--tiers", "{d}/tiers.toml", "--curves", "{d}/layers-list.json"], "`layers` is list"),
     ([*PLAN, "--tiers", "{d}/tiers.toml", "--curves", "{d}/layers-str.json"], "`layers` is str"),
     ([*PLAN, "--tiers", "{d}/tiers.toml", "--curves", "{d}/capacity-nan.json"], "capacity_rows holds nan"),
+    # whatif: binary input files
+    (["whatif", "--model", "{d}/binary.toml", "--out", "{out}/w"],
+     "device model {d}/binary.toml is not TOML text: a binary file"),
+    (["whatif", "--table", "14={d}/binary.toml", "--out", "{out}/w"],
+     "device model {d}/binary.toml is not TOML text: a binary file"),
+    (["whatif", "--profile", "{d}/binary.json", "--out", "{out}/w"],
+     "compute profile {d}/binary.json is not JSON text: a binary file"),
+    (["whatif", "--model", "this-disk", "--this-disk", "{d}/binary.toml", "--out", "{out}/w"],
+     "tiers file {d}/binary.toml is not TOML text: a binary file"),
     # load, demo
     (["load", M, "--url", "redis://127.0.0.1:notaport"], "redis url 'redis://127.0.0.1:notaport'"),
     (["load", M, "--url", "redis://127.0.0.1:99999"], "Port out of range"),

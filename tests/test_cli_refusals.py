@@ -31,7 +31,7 @@ def _plan(tmp_path: Path, *extra: str, page_ms: str = "0.00305", holds: str = "f
           curves: dict | None = None) -> list[str]:
     (tmp_path / "tiers.toml").write_text(TIERS.format(page_ms=page_ms, holds=holds))
     (tmp_path / "curves.json").write_text(json.dumps(curves or CURVES))
-    return ["plan", "--table", "1:l1.json:1000", "--tiers", str(tmp_path / "tiers.toml"), "--curves",
+    return ["plan", "--table", "1=l1.json:1000", "--tiers", str(tmp_path / "tiers.toml"), "--curves",
             str(tmp_path / "curves.json"), "--out", str(tmp_path / "out" / "control.toml"), *extra]
 
 

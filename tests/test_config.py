@@ -50,7 +50,7 @@ def test_relative_paths_resolve_against_the_control_files_folder(tmp_path):
     ('[engine]\nwait_timeout_ms = inf\n' + TABLE, "<= 86400000.0 - at `$.wait_timeout_ms`"),
     ('[engine]\nwait_timeout_ms = 1e13\n' + TABLE, "<= 86400000.0 - at `$.wait_timeout_ms`"),
     ('[engine]\nbogus = 1\n' + TABLE, "bogus"),
-    ('[other]\n' + TABLE, "unknown sections"),
+    ("[other]\n" + TABLE, "unknown section `other`"),
     (TABLE + 'cache_share = 1.5\n'.replace("cache_share", "order = 0\nx"), "x"),
     ('[[table]]\nlayer = 1\nmanifest = "m"\ncache_share = 1.5\n', "$.cache_share"),
     (TABLE + TABLE, "listed twice"),

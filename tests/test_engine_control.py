@@ -246,3 +246,61 @@ def test_evict_ahead_follows_the_control_file(tables, tmp_path: Path) -> None:
     run_step(engine, next(steps), truth)
     assert cached() == [400, 400]   # the next 48 misses took the emptied slots; none emptied after
     engine.close()
+
+
+def test_a_reload_changing_the_device_queue_settings_is_refused_naming_the_key(tables, tmp_path: Path) -> None:
+    """The device queue keeps its settings while the served tables hold it: a reload asking for others is refused
+    naming the key, all or nothing, and the engine's config still says what the queue does."""
+    a, _ = tables
+    truth = {layer: SyntheticSource(a.layout, 1) for layer in ROWS}
+    disk = {"engine": "threads", "queue_depth": 64, "io_threads": 1}
+    first = toml(tmp_path, "q64.toml", cache_rows=2000, tables=[
+        {"layer": layer, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": i, "disk": disk}
+        for i, layer in enumerate(ROWS)])
+    engine = StepEngine.from_control(first)
+    ids = np.random.default_rng(3).integers(0, 2000, (8, 2, 24))
+    run_step(engine, ids, truth)
+    for key, value in (("queue_depth", 8), ("io_threads", 4)):
+        other = toml(tmp_path, f"{key}.toml", cache_rows=2000, tables=[
+            {"layer": layer, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": i,
+             "disk": disk | {key: value}} for i, layer in enumerate(ROWS)])
+        with pytest.raises(SlackTierError) as exc:
+            engine.reload(other)
+        assert exc.value.kind is ErrorKind.BAD_INPUT and f"cannot change [table.disk] {key} to {value}" in \
+            exc.value.message and f"{key} = {disk[key]}" in exc.value.message
+        assert all(getattr(t.options, key) == disk[key] for t in engine.config.tables)
+        run_step(engine, ids, truth)
+    engine.reload(first)   # the same settings: kept
+    run_step(engine, ids, truth)
+    engine.close()
+
+
+def test_an_engine_dropped_without_close_releases_its_files_queues_and_locks(tables, tmp_path: Path,
+                                                                           caplog) -> None:
+    """Garbage-collected without close(): its descriptors, device-queue attachments and target locks are
+    released (a restage of its target is accepted), and the log says so once."""
+    import gc
+    import logging
+
+    from slacktier.store.devqueue import open_queues
+
+    a, _ = tables
+    fds = len(os.listdir("/proc/self/fd"))
+    queues = len(open_queues())
+    path = toml(tmp_path, "drop.toml", cache_rows=2000, tables=[
+        {"layer": layer, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": i,
+         "disk": {"engine": "threads"}} for i, layer in enumerate(ROWS)])
+    engine = StepEngine.from_control(path)
+    run_step(engine, np.random.default_rng(4).integers(0, 2000, (8, 2, 24)),
+             {layer: SyntheticSource(a.layout, 1) for layer in ROWS})
+    assert len(os.listdir("/proc/self/fd")) > fds and len(open_queues()) > queues
+    with pytest.raises(SlackTierError) as exc:   # the engine's shared lock on its target refuses a restage
+        stage_synthetic(list(a.targets), ROWS, 2, 1, overwrite=True, progress=False)
+    assert exc.value.kind is ErrorKind.TARGET and "in use" in exc.value.message
+    with caplog.at_level(logging.WARNING, logger="slacktier.engine.step"):
+        del engine
+        gc.collect()
+    assert len(os.listdir("/proc/self/fd")) == fds and len(open_queues()) == queues
+    said = [r.getMessage() for r in caplog.records if "garbage-collected without close()" in r.getMessage()]
+    assert len(said) == 1 and "closed its 2 page sources" in said[0]
+    stage_synthetic(list(a.targets), ROWS, 2, 1, overwrite=True, progress=False)   # its lock is gone

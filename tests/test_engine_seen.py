@@ -6,6 +6,7 @@ from __future__ import annotations
 import pickle
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pytest
 import torch
@@ -91,5 +92,30 @@ def test_seen_rows_are_served_exactly_and_the_others_as_zeros(staged, tmp_path, 
     want = dequantize_bits(truth.rows(1, flat)).view(np.int16)
     want[flat % 3 != 0] = 0
     assert (flat % 3 != 0).any() and (flat % 3 == 0).any()
+    assert np.array_equal(got, want)
+    engine.close()
+
+
+def test_a_reload_that_narrows_the_seen_set_serves_zeros_for_the_rows_it_no_longer_holds(staged, tmp_path) -> None:
+    """Rows cached under a wider seen-set are dropped by the reload: what a fresh engine with the narrow file
+    serves (zeros outside it), not the cached real rows."""
+    wide = _save(tmp_path / "wide.npy", np.arange(ROWS, dtype=np.int64))
+    narrow = _save(tmp_path / "narrow.npy", np.arange(0, ROWS, 2, dtype=np.int64))
+    engine = _engine(staged, wide)
+    truth = SyntheticSource(staged.layout, 4)
+    ids = np.arange(48, dtype=np.int64).reshape(2, 1, 24)   # 48 rows: all fit the 64-row cache
+    flat = ids.reshape(-1)
+    want = dequantize_bits(truth.rows(1, flat)).view(np.int16)
+    for _ in range(2):   # the second step serves every row from the cache
+        engine.begin_step(ids)
+        got = engine.gather(1).reshape(-1, 256).view(torch.int16).numpy()
+        engine.end_step()
+    assert np.array_equal(got, want) and (want[flat % 2 == 1] != 0).any()
+    engine.apply(ControlFile(engine=engine.config.engine, tables=tuple(
+        msgspec.structs.replace(t, seen=str(narrow)) for t in engine.config.tables)))
+    engine.begin_step(ids)
+    got = engine.gather(1).reshape(-1, 256).view(torch.int16).numpy()
+    engine.end_step()
+    want[flat % 2 == 1] = 0
     assert np.array_equal(got, want)
     engine.close()

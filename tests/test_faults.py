@@ -322,6 +322,34 @@ def test_a_redis_prefix_holding_another_table_is_refused(staged, redis_server, o
         StepEngine.from_config(control(staged, "redis", RedisOptions(url=redis_server.url, prefix="empty")))
 
 
+def test_another_table_loaded_into_the_served_prefix_is_never_served_with_every_check_off(
+        staged, redis_server, o_direct_dir: Path) -> None:
+    """verify_reads = false and check = false: another table loaded into the prefix an engine serves fails
+    every read of its pages in one line (its stored CRC32Cs are not the manifest's), nothing of it is cached,
+    and once the right table is loaded again every row is exact."""
+    other = stage_synthetic([o_direct_dir / "other.bin"], ROWS, 2, 12, progress=False)
+    options = RedisOptions(url=redis_server.url, prefix="swapped")
+    load_manifest(options, staged, tag_buckets=8)
+    engine = StepEngine.from_config(control(staged, "redis", options, verify_reads=False, check=False,
+                                            wait_timeout_ms=5000.0))
+    run = Run(engine, staged, seed=5)
+    run.steps(10)
+    assert not run.errors
+    load_manifest(options, other, tag_buckets=8)   # the same keys now hold another table's pages
+    errors = len(run.errors)
+    run.steps(20)
+    refused = run.errors[errors:]
+    assert refused and all(e.kind is ErrorKind.CHECKSUM and "a page of another load" in e.message
+                           and "\n" not in str(e) for e in refused)
+    assert run.wrong == 0
+    load_manifest(options, staged, tag_buckets=8)   # the right table again: nothing wrong was cached
+    errors = len(run.errors)
+    run.steps(40)
+    assert len(run.errors) == errors
+    run.check_clean(20_000)
+    engine.close()
+
+
 def test_the_checker_compares_with_the_source_not_the_medium(staged) -> None:
     """With verification off, a corrupted page passes the tier, but check=True compares with the table's source:
     the gather fails [checksum] naming layer, rank and page, and the wrong row is never served, then or later."""
@@ -645,7 +673,7 @@ def test_a_restage_from_another_process_never_has_its_rows_served(staged, o_dire
     target, other = staged.targets[0], o_direct_dir / "other.manifest.json"
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[1] / "src"))
     before = _sha(target)
-    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1:30000,14:45000",
+    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1=30000,14=45000",
                           "--ranks", "2", "--seed", "12", "--target", target, "--manifest", str(other),
                           "--overwrite", "--no-progress"], capture_output=True, text=True, env=env, timeout=600)
     assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr

@@ -106,7 +106,7 @@ def test_free_space_is_summed_over_targets_on_one_filesystem():
     with pytest.raises(SlackTierError) as e:   # a grows by 2 GB, b by 2 GB: 4 GB > 3.5 GB
         check_free_space(["a", "b"], [3_000_000_000, 2_000_000_000], [1_000_000_000, 0], free_space=fake)
     assert e.value.kind == ErrorKind.TARGET and "nothing was written" in str(e.value)
-    assert "4.00 GB more" in str(e.value) and "3.50 GB free" in str(e.value)
+    assert "3.73 GiB more" in str(e.value) and "3.26 GiB free" in str(e.value)   # binary units
     # on two filesystems, each is checked alone
     check_free_space(["a", "b"], [3_000_000_000, 3_000_000_000], [0, 0],
                      free_space=lambda p: (hash(p), 3_500_000_000))
@@ -131,7 +131,7 @@ def test_check_targets_with_a_small_fake_free_space_refuses_and_writes_nothing(t
 def test_stage_refuses_a_table_larger_than_the_disk_before_writing(tmp_path, capsys):
     # 10^14 rows (27 PB of pages) exceeds any disk this runs on: the real free space is the figure
     t = tmp_path / "big.bin"
-    assert cli.main(["stage", "--synthetic", "1:100000000000000", "--target", str(t), "--no-progress"]) == 2
+    assert cli.main(["stage", "--synthetic", "1=100000000000000", "--target", str(t), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert "not enough disk space" in err and "nothing was written" in err
     assert list(tmp_path.iterdir()) == []

@@ -231,8 +231,16 @@ def test_control_file_round_trips_through_toml(tmp_path):
     # write_plan is the same two steps
     assert write_plan(plan, tmp_path / "again.toml", config.EngineConfig(verify_reads=True), (disk,)) == cfg
     assert config.load_control(tmp_path / "again.toml") == cfg
-    table = format_plan(plan).splitlines()
+    text = format_plan(plan).splitlines()
+    table = text[text.index("") + 1:]
     assert table[0].split()[:3] == ["layer", "order", "tier"] and len(table) == 2 + len(plan.tables)
+    # the verdict above it says the table's placement in words, computed from the plan
+    verdict = " ".join(l.strip() for l in text[:text.index("")])
+    for t in plan.tables:
+        where = "in DRAM" if t.source == "dram" else f"on {t.source}"
+        assert f"layer {t.layer} {where}" in verdict
+    assert verdict.startswith("Verdict: ") and f"predicted {plan.slowdown_ms:+.3f} ms per step, within" in verdict
+    assert max(map(len, text)) <= 120
 
 
 def test_control_file_takes_the_engine_section_and_refuses_two_options_of_one_tier():
@@ -319,9 +327,13 @@ def test_the_planner_prices_pages_queued_ahead_at_c():
 
 # ---- the CLI ---------------------------------------------------------------------------------------------------
 
-def test_plan_cli_end_to_end(tmp_path, capsys):
+def test_plan_cli_end_to_end(tmp_path, o_direct_dir, capsys):
     from slacktier import cli
+    from slacktier.tables.stage import stage_synthetic
 
+    # plan writes only what the engine opens: real manifests (planned at :ROWS rows per layer)
+    l1 = stage_synthetic([o_direct_dir / "l1.bin"], {1: 150}, 1, 0, progress=False).path
+    l14 = stage_synthetic([o_direct_dir / "l14.bin"], {14: 150}, 1, 0, progress=False).path
     curves = tmp_path / "curves.json"
     caps = [0, 250_000, 500_000, 1_000_000]
     curves.write_text(json.dumps({"workload": "agent", "batch": 128, "layers": {
@@ -336,13 +348,14 @@ def test_plan_cli_end_to_end(tmp_path, capsys):
         {"layer": 1, "window_ms": 0.5, "window_frac": 0.009},
         {"layer": 14, "window_ms": 20.0, "window_frac": 0.318}]}]}))
     out = tmp_path / "control.toml"
-    rc = cli.main(["plan", "--table", "1:l1.json:1000000", "--table", "14:l14.json:1000000",
+    rc = cli.main(["plan", "--table", f"1={l1}:1000000", "--table", f"14={l14}:1000000",
                    "--windows-json", str(probe_json), "--step-ms", "29.4", "--window", "1=0.27",
                    "--tiers", str(tiers), "--curves", str(curves), "--cache-rows", "1000000", "--target-ms", "0.3",
                    "--out", str(out), "--json", str(tmp_path / "plan.json")])
     assert rc == 0
     text = capsys.readouterr().out
-    assert "predicted slowdown" in text
+    assert "predicted slowdown" in text and text.startswith("Verdict: put layer 1 on disk")
+    assert (tmp_path / "plan.png").stat().st_size > 5000 and f"wrote {tmp_path / 'plan.png'}" in text
     cfg = config.load_control(out)
     assert [t.source for t in cfg.tables] == ["disk", "disk"]
     assert cfg.engine.cache_rows == 1_000_000
@@ -351,7 +364,7 @@ def test_plan_cli_end_to_end(tmp_path, capsys):
     assert plan["tables"][1]["window_ms"] == pytest.approx(0.318 * 29.4)
     assert plan["slowdown_ms"] <= 0.3
     # an unreachable target is an error with a fix, not a file
-    rc = cli.main(["plan", "--table", "1:l1.json:1000", "--window", "1=0", "--tiers", str(tiers), "--curves",
+    rc = cli.main(["plan", "--table", f"1={l1}:1000", "--window", "1=0", "--tiers", str(tiers), "--curves",
                    str(curves), "--cache-rows", "0", "--target-ms", "0", "--out", str(tmp_path / "no.toml")])
     assert rc == 2
     assert "Fix:" in capsys.readouterr().err

@@ -19,7 +19,7 @@ def test_parse_layers_specs():
 
 
 def test_run_config_refuses_bad_specs_before_loading_a_model():
-    assert ProbeRunConfig(layers="every:2").batches == (1, 8)
+    assert ProbeRunConfig(layers="every:2").batches == (1,)
     for kwargs in ({"layers": "every:0"}, {"batches": (1, 0)}, {"batches": ()}, {"clock": "tsc"},
                    {"overhead_pairs": -1}):
         with pytest.raises(SlackTierError):

@@ -271,8 +271,8 @@ def test_probe_runs_on_a_tiny_hugging_face_llama(tmp_path, one_thread):
     assert loop.cache.get_seq_length() <= 4 + 3  # cropped back to the prompt as it ran
     a0, a2 = (lw.arrival_ms for lw in sweep.layers)
     assert 0 < a0 < a2 < sweep.noise.baseline_ms
-    for lw in sweep.layers:
-        assert lw.window_ms is not None
+    for lw in sweep.layers:   # layer 0 of so small a model can sit under the 0.3 ms floor: said, not a number
+        assert (lw.window_ms is not None and lw.window_ms >= 0.3) != lw.below_noise_floor
         assert lw.points[0].delay_ms == pytest.approx(sweep.initial_noise.baseline_ms / 4)  # the X grid
     text = format_table([sweep])
     assert "tiny-llama" in text and "threshold" in text
@@ -400,3 +400,60 @@ def test_adaptive_threshold_follows_noise_that_grows_during_the_sweep():
     for lw, w in zip(sweep.layers, windows):
         assert abs(lw.window_ms - w) <= sweep.noise.threshold_ms
         assert lw.detected_at_ms > w
+
+
+def test_a_window_under_the_noise_floor_is_said_not_written_negative(tmp_path):
+    # layer 0 is slowed by more than its hold whenever it is held (as a real layer 0 can be): X - delta < 0;
+    # layer 1 has no window at all (0 ms); layer 2 a clear one
+    windows, penalty_ms = [0.0, 0.0, 6.0], 1.0
+    model = Stack(3)
+    lines: list[str] = []
+    with WindowProbe(model) as probe:
+        plain = synthetic_stepper(model, probe, windows, 12.0, lambda i: 0.0)
+
+        def run() -> float:
+            ms = plain()   # runs the step: step_target is then the target this step ran under
+            return ms + (penalty_ms if probe.step_target.layer == 0 else 0.0)
+
+        sweep = sweep_windows(run, probe, None, SweepSettings(baseline_steps=5, repeats=2, points_per_step=8),
+                              progress=lines.append)
+    first, second, third = sweep.layers
+    assert first.window_ms is None and first.below_noise_floor and first.window_fit_ms is None
+    assert second.window_ms is None and second.below_noise_floor
+    assert third.window_ms == pytest.approx(6.0) and not third.below_noise_floor   # negative control
+    # what X - delta was, to show the old rule would have printed it: negative for layer 0
+    assert first.points[0].delay_ms - first.points[0].delta_ms < 0
+    assert "layer 0 (1 of 3): window below the noise floor" in lines[1]
+    assert "layer 2 (3 of 3): window 6.000 ms" in lines[3] and lines[3].endswith("done")
+    assert "left" in lines[1]
+    text = format_table([sweep])
+    assert "< floor" in text and "-1." not in text
+    path = write_json([sweep], tmp_path / "w.json")
+    back = read_json(path)[0]
+    assert [lw.below_noise_floor for lw in back.layers] == [True, True, False]
+    import json
+    for lw in json.loads(path.read_text())["sweeps"][0]["layers"]:
+        assert lw["window_ms"] is None or lw["window_ms"] >= 0
+
+
+def test_plan_reads_a_below_floor_window_as_zero_and_ignores_layers_without_a_table(tmp_path):
+    import argparse
+    import json
+
+    from slacktier.commands.plan import windows_from_args
+
+    doc = {"sweeps": [{"batch": 1, "layers": [
+        {"layer": 0, "window_ms": -68.93, "window_frac": -0.5},             # an older probe's negative window
+        {"layer": 1, "window_ms": None, "window_frac": None, "below_noise_floor": True},
+        {"layer": 14, "window_ms": 9.0, "window_frac": 0.6}]}]}
+    path = tmp_path / "w.json"
+    path.write_text(json.dumps(doc))
+    args = argparse.Namespace(windows_json=path, windows_batch=None, step_ms=None, window=[])
+    assert windows_from_args(args, {1, 14}) == {1: 0.0, 14: 9.0}
+    doc["sweeps"][0]["layers"][2]["window_ms"] = -1.0    # a table layer's bad window is still refused
+    doc["sweeps"][0]["layers"][2].pop("window_frac")
+    path.write_text(json.dumps(doc))
+    assert windows_from_args(args, {1, 14})[14] == 0.0
+    args.window = ["14=-2"]
+    with pytest.raises(SlackTierError, match="window 14"):
+        windows_from_args(args, {1, 14})

@@ -67,7 +67,7 @@ def test_probe_read_fit_writes_a_tiers_file_that_plan_reads(staged, tmp_path, ca
     curves.write_text(json.dumps({"workload": "agent", "batch": 8, "layers": {
         "1": {"capacity_rows": [0, 1000], "pages_per_step": [100, 50]},
         "14": {"capacity_rows": [0, 1000], "pages_per_step": [100, 50]}}}))
-    assert cli.main(["plan", "--table", f"1:{staged.path}", "--table", f"14:{staged.path}", "--window", "1=1000",
+    assert cli.main(["plan", "--table", f"1={staged.path}", "--table", f"14={staged.path}", "--window", "1=1000",
                      "--window", "14=2000", "--tiers", str(out), "--curves", str(curves), "--cache-rows", "1000",
                      "--target-ms", "0", "--out", str(tmp_path / "control.toml")]) == 0
     assert "predicted slowdown 0.000" in capsys.readouterr().out
@@ -78,3 +78,58 @@ def test_probe_read_fit_refuses_layers_the_manifest_lacks(staged, tmp_path, caps
                      "--read-runs", "9", "--tiers-out", str(tmp_path / "t.toml")]) == 2
     assert "--read-layers [1, 7]" in capsys.readouterr().err
     assert not (tmp_path / "t.toml").exists()
+
+
+def test_probe_read_fit_fits_a_redis_read_model_from_a_loaded_table(staged, tmp_path, capsys):
+    """`--read-tier redis --url`: the loaded table is read through the Redis tier as the engine opens it; without
+    --url it is refused in one line before anything is measured."""
+    import shutil
+
+    from slacktier.config import RedisOptions
+    from slacktier.store.redis.loader import load_manifest
+    from slacktier.testing.store import RedisServer
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server binary not found (apt-get install -y redis-server; scripts/test.sh does)")
+    out = tmp_path / "tiers.toml"
+    argv = ["probe", "--read-fit", staged.path, "--read-tier", "redis", "--read-runs", "9", "--read-max-pages", "60",
+            "--tiers-out", str(out)]
+    assert cli.main(argv) == 2 and "--read-tier redis without --url" in capsys.readouterr().err
+    srv = RedisServer(tmp_path)
+    try:
+        load_manifest(RedisOptions(url=srv.url), staged, tag_buckets=8)
+        assert cli.main([*argv, "--url", srv.url]) == 0
+        assert capsys.readouterr().out.startswith("redis: T_l = ")
+        (redis_tier,) = load_tiers(out)
+        assert redis_tier.name == "redis" and not redis_tier.holds_table and redis_tier.fit.runs == 6
+        assert f"--read-tier redis" in redis_tier.fit.measured
+    finally:
+        srv.stop()
+
+
+def test_a_read_fit_below_the_trusted_r2_warns_and_its_scatter_is_drawn(staged, tmp_path, capsys):
+    import dataclasses
+
+    from slacktier.plan.fit import FitQuality
+    from slacktier.serve.readfit import TRUSTED_HELD_OUT_R2, fit_warning, plot_read_fit, predicted_read_ms
+
+    fit = read_fit("dram", staged, (1, 14), runs=9, max_pages=(200, 200))
+    poor = dataclasses.replace(fit, fit=dataclasses.replace(fit.fit, held_out=FitQuality(0.55, 1.0, 6)))
+    good = dataclasses.replace(fit, fit=dataclasses.replace(fit.fit, held_out=FitQuality(0.95, 1.0, 6)))
+    assert fit_warning(poor).startswith(f"WARNING dram: held-out R^2 0.55 is below {TRUSTED_HELD_OUT_R2}")
+    assert fit_warning(good) is None   # negative control
+    pred = predicted_read_ms(fit)
+    m = fit.spec.read
+    p = fit.runs.pages[0]
+    assert pred[0, 0] == pytest.approx(m.intercept_ms + m.page_ms * p[0] + m.behind_page_ms * p[1])
+    assert pred[0, 1] == pytest.approx(m.intercept_ms + m.page_ms * p[1] + m.ahead_page_ms * p[0])
+    assert plot_read_fit(fit, tmp_path / "fit.png").stat().st_size > 5000
+    assert max(map(len, describe_fit(fit).splitlines())) <= 120
+
+
+def test_probe_read_fit_writes_its_scatter_beside_the_tiers_file(staged, tmp_path, capsys):
+    out = tmp_path / "tiers.toml"
+    assert cli.main(["probe", "--read-fit", staged.path, "--read-tier", "dram", "--read-runs", "9",
+                     "--read-max-pages", "100", "--tiers-out", str(out)]) == 0
+    assert (tmp_path / "tiers.toml.dram.fit.png").stat().st_size > 5000
+    assert f"wrote {tmp_path / 'tiers.toml.dram.fit.png'}" in capsys.readouterr().out

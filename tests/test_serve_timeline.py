@@ -349,12 +349,25 @@ def test_timeline_table_names_the_profile_first_and_says_whether_placements_sepa
     p = load_profile("v41_paper")
     apart = timeline_table(p, [_run("a", r, 1.0 + 0.1 * r) for r in range(3)]
                            + [_run("b", r, 5.0 + 0.1 * r) for r in range(3)])
+    assert apart.startswith("device compute from profile v41_paper; host, cache and I/O real")
     lines = apart.split("\n")
-    assert lines[0].startswith("device compute from profile v41_paper; host, cache and I/O real")
-    assert "told apart by more than the run-to-run spread" in lines[-1]
-    assert "a" in lines[2].split() and "1.10" in lines[2]   # sorted by measured stall, mean of 1.0, 1.1, 1.2
+    lines = lines[next(i for i, l in enumerate(lines) if l.startswith("Verdict")) - 1:]   # after the profile
+    rows = [l for l in lines if l.startswith("  32 ")]
+    assert rows[0].split()[1] == "a" and "1.10" in rows[0]   # sorted by measured stall, mean of 1.0, 1.1, 1.2
+    # the verdict comes first, computed from the same runs: a is cheapest, b clearly costlier
+    assert lines[1] == f"Verdict: a: {100 * 1.1 / 15.54:+.1f}% of the step in stalls (3 runs, " \
+                       f"{100 * 1.0 / 15.54:+.1f}..{100 * 1.2 / 15.54:+.1f}%)."
+    assert lines[2] == "Clearly costlier (beyond the run-to-run spread):" and lines[3].startswith("  b: ")
+    assert "Cannot tell apart" not in apart
     close = timeline_table(p, [_run("a", r, 1.0 + r) for r in range(3)] + [_run("b", r, 2.5) for r in range(3)])
-    assert "CANNOT tell apart" in close.split("\n")[-1] and "a / b" in close
+    verdict = [l for l in close.split("\n") if l.startswith("Verdict")][0]
+    assert verdict.startswith("Verdict: a: ")   # a's mean 2.0 ms, b's 2.5 ms
+    after = close.split("\n")[close.split("\n").index(verdict) + 1]
+    assert after == "Cannot tell apart from it (their min..max ranges overlap):"
+    assert "Clearly costlier" not in close
+    assert max(map(len, apart.split("\n") + close.split("\n"))) <= 120
+    one = timeline_table(p, [_run("a", 0, 1.0), _run("b", 0, 3.0)])   # one run each: no spread, said so
+    assert "One run per placement" in one and "Clearly costlier" not in one
 
 
 def test_a_batch_the_traffic_cannot_fill_is_refused():

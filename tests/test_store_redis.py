@@ -202,3 +202,48 @@ def test_a_server_on_a_unix_socket_is_loaded_and_read(tmp_path, staged):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_loaded_tables_are_listed_replaced_and_removed_without_a_second_copy(server, staged, tmp_path, capsys):
+    """An identical restage keeps its prefix (the load is a no-op), a changed table replaces the old one with
+    --replace, a load over another table's prefix says what it replaces and leaves none of its keys, and
+    --list / --remove show and delete tables with their sizes and generations."""
+    from slacktier.cli import main
+    from slacktier.store.redis.keys import default_prefix
+
+    from slacktier.testing.store import stage_synthetic as stage
+
+    client = redis.Redis.from_url(server.url)
+    url = ["--url", server.url, "--no-progress"]
+    one_copy = sum(s.pages for s in staged.specs)
+    try:
+        assert main(["load", str(staged.manifest.path), *url, "--tag-buckets", "4"]) == 0
+        keys = client.dbsize()
+        assert keys == one_copy + 4 * len(staged.specs) + 1
+        same = stage(tmp_path / "same", layers=(1, 14), ranks=2, rows=150)       # the same source, staged again
+        assert same.manifest.identity == staged.manifest.identity
+        capsys.readouterr()
+        assert main(["load", str(same.manifest.path), *url, "--tag-buckets", "4"]) == 0
+        assert "already complete" in capsys.readouterr().out and client.dbsize() == keys
+        changed = stage(tmp_path / "changed", layers=(1, 14), ranks=2, rows=150, seed=8)
+        old = default_prefix(staged.manifest.identity)
+        assert main(["load", str(changed.manifest.path), *url, "--tag-buckets", "4", "--replace", old]) == 0
+        out = capsys.readouterr().out
+        assert f"removed {old!r}: table {staged.manifest.source_digest}" in out and client.dbsize() == keys
+        assert main(["load", "--list", *url]) == 0
+        out = capsys.readouterr().out
+        new = default_prefix(changed.manifest.identity)
+        assert f"{new!r}: table {changed.manifest.source_digest}" in out and old not in out
+        assert f"{one_copy} pages, {one_copy * 4100 / 1e6:.1f} MB" in out and "1 tables" in out
+        # Another table loaded over this prefix, with fewer page groups: said, and no key of the old one left.
+        assert main(["load", str(staged.manifest.path), *url, "--prefix", new, "--tag-buckets", "2"]) == 0
+        out = capsys.readouterr().out
+        assert f"replaced in place: {new!r}: table {changed.manifest.source_digest}" in out
+        assert client.dbsize() == one_copy + 2 * len(staged.specs) + 1
+        _open(server, staged, new).close()
+        assert main(["load", "--remove", new, *url]) == 0
+        assert client.dbsize() == 0
+        assert main(["load", "--remove", new, *url]) == 2   # nothing there any more
+        assert "holds no table under prefix" in capsys.readouterr().err
+    finally:
+        client.close()

@@ -283,6 +283,14 @@ def test_the_load_verb_loads_then_says_it_is_complete(redis_cluster, table, caps
         assert src.tag_buckets == 8 and read_all(src, table)[2]
     finally:
         src.close()
+    creds = argv[2:8]   # --url, --mode, --user; the loading user may SCAN every master for identity records
+    assert main(["load", "--list", *creds, "--password-env", "ST_CLI_LOADER_PW"]) == 0
+    out = capsys.readouterr().out
+    assert f"'cli': table {table.manifest.source_digest}" in out and "32 page groups" not in out
+    assert main(["load", "--remove", "cli", *creds, "--password-env", "ST_CLI_LOADER_PW"]) == 0
+    assert capsys.readouterr().out.startswith("removed 'cli'")
+    assert main(["load", "--list", *creds, "--password-env", "ST_CLI_LOADER_PW"]) == 0
+    assert "'cli'" not in capsys.readouterr().out
 
 
 def test_reads_stay_exact_while_a_slot_is_migrated_to_another_node(redis_cluster, table) -> None:

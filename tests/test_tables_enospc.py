@@ -109,7 +109,7 @@ def test_a_sparse_target_on_a_full_disk(tmp_path, small_fs) -> None:
         stage_table(SyntheticSource(staged_layout({1: 3000}), 1), [target], 1, progress=False,
                     manifest_path=tmp_path / "m.json")
     _assert_capacity(exc.value, f"writing 4096 bytes at 0 to {target}: ")
-    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1:3000", "--target",
+    res = subprocess.run([sys.executable, "-m", "slacktier.cli", "stage", "--synthetic", "1=3000", "--target",
                           str(target), "--manifest", str(tmp_path / "cli.json"), "--no-progress"],
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 2 and res.stdout == ""

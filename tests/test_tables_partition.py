@@ -37,7 +37,12 @@ def test_the_worked_example_of_the_module_docstring() -> None:
     spans = stored_spans(part, bounds, 2400, 4)
     assert [(s.start, s.rows, s.stored_start) for s in spans[0]] == [(0, 200, 0), (800, 200, 210), (1600, 200, 420)]
     rm = RowMap.of(spans, 2400)
-    assert rm.to_stored(np.array([805, -1, 2400])).tolist() == [215, -1, 2400]
+    # 2400 is past the table but stored row 2400 is global row 2320 (rank 3's last span): it goes past the
+    # 2,480 stored rows instead, so no id outside the table lands on another row's place
+    assert rm.stored_rows == 2480
+    assert rm.to_stored(np.array([805, -1, 2400, 2479, 2480, 10**12])).tolist() == [215, -1, 2480, 2480, 2480,
+                                                                                       10**12]
+    assert rm.to_global(np.array([2400])).tolist() == [2320]
     assert page_of_row(215) == 14
     every = np.arange(2400)
     stored = rm.to_stored(every)

@@ -197,13 +197,13 @@ def test_manifest_round_trip_and_runtime_regions(tmp_path):
     assert crcs.shape == (m.total_pages,) and crcs.dtype == np.dtype("<u4")
     assert loaded.stage_id == m.stage_id and len(m.stage_id) == 32
     assert loaded.identity == TableIdentity(m.source_digest, m.stage_id)
-    # staging the same table again is allowed and byte-identical past the header page, which names the new run
+    # staging the same table again is allowed, byte-identical, and keeps its content-derived stage id
     before = Path(tmp_path / "a.bin").read_bytes()
     again = stage_synthetic([tmp_path / "a.bin", tmp_path / "b.bin"], {1: 100, 14: 31}, ranks=2, seed=5,
                             progress=False)
     after = Path(tmp_path / "a.bin").read_bytes()
-    assert after[TARGET_HEADER_BYTES:] == before[TARGET_HEADER_BYTES:]
-    assert again.stage_id != m.stage_id and again.source_digest == m.source_digest
+    assert after == before
+    assert again.stage_id == m.stage_id and again.source_digest == m.source_digest
     assert parse_header(after)["stage_id"] == again.stage_id
     assert np.array_equal(again.checksums(), crcs)
 
@@ -523,18 +523,28 @@ def test_a_restage_of_another_table_fails_the_old_manifest(tmp_path):
     assert [x.kind for x in report.mismatches] == ["header"]
 
 
-def test_a_restage_of_the_same_table_fails_the_old_manifest_by_stage_id(tmp_path):
+def test_the_stage_id_is_derived_from_the_content_not_drawn_per_run(tmp_path):
+    """The same source staged again (here, or onto other targets) keeps its stage id and the old manifest still
+    opens the target; other rows or another geometry give another id, and the old manifest is refused."""
     target = tmp_path / "t.bin"
     first = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False)
     again = stage_synthetic([target], {1: 300}, ranks=1, seed=1, progress=False,
                             manifest_path=tmp_path / "again.json")
-    assert again.source_digest == first.source_digest
+    assert again.identity == first.identity
+    check_target_header(target, 0, first.identity)
+    elsewhere = stage_synthetic([tmp_path / "u.bin"], {1: 300}, ranks=1, seed=1, progress=False)
+    assert elsewhere.identity == first.identity
+    ranks2 = stage_synthetic([tmp_path / "v.bin"], {1: 300}, ranks=2, seed=1, progress=False)
+    assert ranks2.source_digest == first.source_digest and ranks2.stage_id != first.stage_id
+    other = stage_synthetic([target], {1: 300}, ranks=1, seed=2, progress=False, overwrite=True,
+                            manifest_path=tmp_path / "other.json")
+    assert other.stage_id != first.stage_id
     with pytest.raises(SlackTierError) as e:
         check_target_header(target, 0, first.identity)
-    assert e.value.kind == ErrorKind.TARGET and "staged again" in str(e.value)
-    check_target_header(target, 0, again.identity)
+    assert e.value.kind == ErrorKind.TARGET
+    check_target_header(target, 0, other.identity)
     # an identity without a stage_id (a manifest from before stage ids) checks the digest only
-    check_target_header(target, 0, TableIdentity(first.source_digest, ""))
+    check_target_header(target, 0, TableIdentity(other.source_digest, ""))
 
 
 def test_an_interrupted_restage_leaves_every_target_staging(tmp_path):

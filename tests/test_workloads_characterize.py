@@ -99,12 +99,16 @@ def test_batch_reuse_counts_distinct_rows(chat_trace):
     assert rows.shape == (512, 24)
 
 
-def test_characterize_verb_writes_csv_json_and_plots(tmp_path):
+def test_characterize_verb_writes_csv_json_and_plots(tmp_path, capsys):
     out = tmp_path / "out"
     rc = main(["characterize", "--agent-source", "template", "--agent-sources", "idna,packaging", "--agent-per-source", "1",
                "--chat-sessions", "4", "--batch", "2", "--decode-tokens", "16", "--capacities", "0,1000,100000",
-               "--miss-points", "4", "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--no-progress"])
+               "--miss-points", "4", "--cache-dir", str(tmp_path / "cache"), "--out", str(out), "--policies", "all"])
     assert rc == 0
+    err = capsys.readouterr().err
+    # every slow phase between the progress bars is named as it starts and timed when it ends
+    for phase in ("agent: hashing the fit split", "agent: batch reuse", "chat: miss-page curve", "drawing the plots"):
+        assert f"characterize: {phase}" in err and err.count(f"characterize: {phase}") == 2, phase
     for name in ("hit_rates.csv", "hit_rates.json", "batch_reuse.csv", "summary.json", "miss_curve_agent_B2.json",
                  "miss_curve_chat_B2.json", "hit_rate_agent_L14.png", "miss_pages.png"):
         assert (out / name).stat().st_size > 0, name
@@ -117,6 +121,34 @@ def test_characterize_verb_writes_csv_json_and_plots(tmp_path):
     assert summary["agent"]["holdout_sources"] == 1 and summary["agent"]["fit_sources"] == 1
     hits = json.loads((out / "hit_rates.json").read_text())
     assert {h["policy"] for h in hits} == {"lru", "clock", "s3fifo", "static", "static_lru", "belady", "belady_warm"}
+
+
+def test_characterize_defaults_to_three_policies():
+    from slacktier.cli import build_parser
+
+    assert build_parser().parse_args(["characterize"]).policies == "clock,lru,belady"
+
+
+def test_prepared_ranks_are_each_lookups_rank_in_the_fit(tmp_path):
+    from slacktier.workloads import policies as pol
+    from slacktier.workloads.characterize import prepare_layer
+    from slacktier.workloads.hashing import lookup_hasher
+    from slacktier.workloads.replay import ReplayConfig, collect_trace, replay_steps, session_rows
+
+    from slacktier.workloads.corpus import CorpusConfig, load_workload
+
+    split = load_workload("agent", CorpusConfig(agent_source="template", agent_sources=("idna", "packaging"),
+                                                 cache_dir=tmp_path, agent_sessions_per_source=1))
+    hasher = lookup_hasher("engram")
+    trace = collect_trace(replay_steps(list(split.holdout), hasher, ReplayConfig(batch=1, decode_tokens=16)),
+                          hasher, "agent", 1)
+    fit = session_rows(list(split.fit), hasher)
+    ranking = pol.rank_rows(fit[0][: fit.shape[1] // 2])   # half the fit: some lookups unseen
+    prep = prepare_layer(trace, 1, ranking)
+    assert np.array_equal(prep.ranks, pol.ranks_of(prep.rows, ranking))
+    assert (prep.ranks == np.iinfo(np.int64).max).any() and (prep.ranks < 1000).any()
+    ids, n = pol.densify(prep.rows)
+    assert np.array_equal(prep.ids, ids) and prep.n_items == n
 
 
 def test_miss_curve_grid_worked_example():

@@ -1,7 +1,8 @@
-"""Issue 30's GPU checks of the plug-ins' PLE parts: part 6 of gpu_checks_plugins.py. UNVERIFIED: never run yet.
+"""GPU checks of the plug-ins' PLE parts. UNVERIFIED: never run yet, and it has no entry point of its own.
 
-Written on a CPU-only machine; nothing here has run on a GPU. It is run by
-`python3 benchmarks/engine/gpu_checks_plugins.py` (part "ple") when a GPU is lent:
+Written on a CPU-only machine; nothing here has run on a GPU. Its runner
+(gpu_checks_plugins.py) was replaced by gpu_check_sglang.py and gpu_check_vllm.py,
+which do not run these parts yet; `ple_checks(folder, vllm)` is what one calls:
 
 6a. sglang ple-rows: SGLang 0.5.23's own offloaded PLE table
     (`Qwen4ExpPinnedHostEmbedding`: its pinned host table, loaded through its

@@ -18,6 +18,7 @@ import importlib
 import logging
 import sys
 import traceback
+from pathlib import Path
 
 from slacktier.errors import SlackTierError
 
@@ -41,12 +42,43 @@ def _load(verb: str):
     return importlib.import_module(f"slacktier.commands.{VERBS[verb]}")
 
 
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Every option's help ends with its default, unless it has none (None, a flag's False) or states it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        default = action.default
+        if (default is None or default is False or default is argparse.SUPPRESS or not action.help
+                or "%(default)" in action.help or "default" in action.help.lower()):
+            return action.help
+        if action.option_strings or action.nargs in (argparse.OPTIONAL, argparse.ZERO_OR_MORE):
+            return action.help + " (default: %(default)s)"
+        return action.help
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose help shows defaults; the verbs' subparsers (and theirs) are of this class too."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs) -> argparse.Action:
+        action = super().add_argument(*args, **kwargs)
+        if not action.help and action.default is not None and action.default is not False:
+            action.help = "default: %(default)s"   # an option without help still shows its default
+        return action
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, every verb with its own --help."""
-    parser = argparse.ArgumentParser(
+    from slacktier import __file__ as package_file, __version__
+
+    parser = Parser(
         prog="slacktier",
         description="Serve token-indexed LLM lookup tables from DRAM, disk or remote memory by layer deadline.",
     )
+    parser.add_argument("--version", action="version",
+                        version=f"slacktier {__version__} ({Path(package_file).parent})")
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="verb", metavar="VERB")
     for verb in VERBS:
@@ -84,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             traceback.print_exc()
         print(f"slacktier {args.verb}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:   # Ctrl-C: one line, not a traceback; verbs that can save partial work do so first
+        print(f"slacktier {args.verb}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

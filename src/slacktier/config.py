@@ -40,8 +40,8 @@ Schema (every key but `layer` and `manifest` has a default):
     rank = -1               # serve only this rank's region (-1: every rank); pair with owned_only
     partition = "columns"   # the rank partition the manifest was staged with: "columns" | "balanced"
                             # (tables.partition); another than the manifest's is refused at open
-    targets = []            # optional: replace the manifest's target paths, by device index
-    cache_share = 0.5       # fraction of cache_rows for this layer (shares sum to <= 1)
+    targets = []            # optional: replace the manifest's target paths, by device index ("" keeps one)
+    cache_share = 0.0       # fraction of cache_rows for this layer (shares sum to <= 1)
     order = 0               # lower is resolved and submitted first (short window first)
     seen = ""               # lossy: .npy of integer local row ids, or a packed uint8 bitmap of ceil(rows/8) bytes
 
@@ -65,6 +65,13 @@ Schema (every key but `layer` and `manifest` has a default):
     The tier "redis-cluster" of earlier releases is refused by name, with the fix: `source = "redis"` and
     `mode = "cluster"` in [table.redis] (one tier, one key layout and loader since issue 29).
 
+Paths: in a file, a relative path (`manifest`, `seen`, `targets`, `password_file`, `tls_ca_file`) is read
+from the control file's folder, whoever reads it and wherever they run; `load_control` makes them absolute.
+In memory (a ControlFile built as data) a path means what it means to this process, and `write_control`
+writes a relative one relative to the file it writes, so a file and the object it was written from name the
+same files. Errors in a file name the file and, where the key is found, its line; an unknown key suggests
+the nearest known one.
+
 Worked example: two tables, layer 1 (order 0, share 0.7) and layer 14 (order 1,
 share 0.3), cache_rows = 1,000,000 -> layer 1 owns 700,000 slots and its pages
 are submitted before layer 14 is resolved.
@@ -76,9 +83,14 @@ live here because the planner, which may import only this module, builds them.
 
 from __future__ import annotations
 
+import contextlib
+import difflib
 import os
+import re
 import urllib.parse
 import tomllib
+from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -105,6 +117,8 @@ class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     #: manifest's targets), "remote" (servers named by the options' url), "model" (an emulated device: reads
     #: land when a device model says, store/emulated.py)
     device_kind: ClassVar[str] = "file"
+    #: the options that hold file paths: relative ones are read from the control file's folder
+    path_keys: ClassVar[tuple[str, ...]] = ()
 
 
 class DramOptions(Options, frozen=True):
@@ -149,6 +163,7 @@ class RedisOptions(Options, frozen=True):
     """
 
     device_kind: ClassVar[str] = "remote"
+    path_keys: ClassVar[tuple[str, ...]] = ("password_file", "tls_ca_file")
     mode: Literal["standalone", "cluster"] = "standalone"
     url: str = "redis://127.0.0.1:6379/0"
     nodes: tuple[str, ...] = ()     # cluster: more seed nodes, "host:port"
@@ -233,6 +248,20 @@ def register_tier_options(name: str, options: type[Options]) -> None:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tier {name!r} is already registered with {known.__name__}",
                              fix="give the new tier another name")
     _TIER_OPTIONS[name] = options
+
+
+def int_range(kind: type, key: str) -> tuple[int, int]:
+    """The schema's range of integer key `key` of struct `kind`, for a flag that sets it
+    (`int_range(DiskOptions, "queue_depth")` -> (1, 4096)), so the flag and the file refuse the same values."""
+    import msgspec.inspect
+
+    for f in msgspec.inspect.type_info(kind).fields:
+        if f.encode_name == key and isinstance(f.type, msgspec.inspect.IntType):
+            lo = f.type.ge if f.type.ge is not None else (f.type.gt + 1 if f.type.gt is not None else -2**63)
+            hi = f.type.le if f.type.le is not None else (f.type.lt - 1 if f.type.lt is not None else 2**63 - 1)
+            return lo, hi
+    raise SlackTierError(ErrorKind.BAD_INPUT, f"{kind.__name__} has no integer key {key!r}",
+                         fix=f"use one of {', '.join(_keys(kind))}")
 
 
 def tier_names() -> tuple[str, ...]:
@@ -341,58 +370,180 @@ class ControlFile(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_on
 
     def replace(self, **changes: Any) -> ControlFile:
         """A copy with [engine] keys changed (`cache_rows=0`), validated again."""
-        engine = _convert(msgspec.to_builtins(self.engine) | changes, EngineConfig, "[engine]")
+        engine = _convert(msgspec.to_builtins(self.engine) | changes, EngineConfig, ("engine",))
         return ControlFile(engine=engine, tables=self.tables)
 
 
-def _convert(raw: Any, kind: type, where: str) -> Any:
+@dataclass(frozen=True)
+class _Origin:
+    """Where a control file's keys come from, for its errors: the file's path and its text (either may be empty)."""
+
+    path: str = ""
+    text: str = ""
+
+    def at(self, section: tuple, key: str | None = None) -> str:
+        """"control file PATH, line N": the line of `key` in `section` (the section's own line without a key)."""
+        where = f"control file {self.path}" if self.path else "control file"
+        line = _key_line(self.text, section, key) if self.text and section is not None else None
+        return f"{where}, line {line}" if line else where
+
+    def error(self, section: tuple | None, key: str | None, message: str, fix: str, **where: Any) -> SlackTierError:
+        """BAD_INPUT naming the file, the line where it is found, and the section."""
+        name = f", {_section_name(section)}" if section else ""
+        return SlackTierError(ErrorKind.BAD_INPUT, f"{self.at(section, key)}{name}: {message}", fix=fix, **where)
+
+
+_HEADER = re.compile(r'^\s*(\[\[?)\s*([A-Za-z0-9_.\-" ]+?)\s*\]\]?\s*(#.*)?$')
+_KEY = re.compile(r"^\s*([A-Za-z0-9_\-]+)\s*=")
+
+
+def _key_line(text: str, section: tuple, key: str | None) -> int | None:
+    """The 1-based line of `key` in `section` of TOML `text` (of the section's header when `key` is None), or None.
+
+    Sections are ("engine",), ("table", i) for the i-th [[table]] (from 1) and ("table", i, tier) for its
+    [table.<tier>]; () is the top level. Keys written as dotted keys or inline tables are not found (None).
+    Worked example: "[engine]\ncache_row = 1\n" -> ("engine",), "cache_row" -> line 2.
+    """
+    current: tuple = ()
+    tables = 0
+    for n, line in enumerate(text.splitlines(), 1):
+        header = _HEADER.match(line)
+        if header:
+            parts = tuple(header.group(2).replace('"', "").replace(" ", "").split("."))
+            if header.group(1) == "[[":
+                tables += parts == ("table",)
+                current = ("table", tables) if parts == ("table",) else parts
+            else:
+                current = ("table", tables, *parts[1:]) if parts[0] == "table" else parts
+            if key is None and current == section:
+                return n
+            continue
+        found = _KEY.match(line)
+        if key is not None and current == section and found and found.group(1) == key:
+            return n
+    return None
+
+
+def _section_name(section: tuple) -> str:
+    if section[0] != "table":
+        return f"[{'.'.join(section)}]"
+    return f"[[table]] #{section[1]}" + (f" [table.{section[2]}]" if len(section) > 2 else "")
+
+
+def _keys(kind: type) -> tuple[str, ...]:
+    return tuple(f.encode_name for f in msgspec.structs.fields(kind))
+
+
+def _nearest(key: str, known: tuple[str, ...]) -> str:
+    near = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+    return f"did you mean `{near[0]}`?" if near else "remove it"
+
+
+def _named_key(message: str, known: tuple[str, ...]) -> str | None:
+    """The known key a check's message names first ("cache_rows 10 above max_cache_rows 5" -> cache_rows)."""
+    hits = [(m.start(), k) for k in known for m in [re.search(rf"(?<!\w){re.escape(k)}(?!\w)", message)] if m]
+    return min(hits)[1] if hits else None
+
+
+def _convert(raw: Any, kind: type, section: tuple, origin: _Origin = _Origin(),
+             known: tuple[str, ...] | None = None) -> Any:
+    """`raw` as struct `kind`, or BAD_INPUT naming the file, line, section and key (an unknown key: the nearest
+    known one)."""
+    known = _keys(kind) if known is None else known
+    if isinstance(raw, dict):
+        for key in raw:
+            if key not in known:
+                raise origin.error(section, key, f"unknown key `{key}`", f"{_nearest(key, known)} "
+                                   f"({_section_name(section)} keys: {', '.join(known)})")
     try:
         return msgspec.convert(raw, kind, strict=True)
     except msgspec.ValidationError as exc:
-        raise _bad(f"{where}: {exc}", "fix the value's type or range (booleans are true/false, unquoted)") from exc
+        at = re.search(r"at `\$\.([A-Za-z0-9_\-]+)", str(exc))
+        raise origin.error(section, at.group(1) if at else None, str(exc),
+                           "fix the value's type or range (booleans are true/false, unquoted)") from None
+    except SlackTierError as exc:   # a struct's own check (__post_init__)
+        message = exc.message.removeprefix("control file: ")
+        raise origin.error(section, _named_key(message, known), message, exc.fix, layer=exc.layer) from None
 
 
-def from_dict(doc: dict[str, Any], base_dir: str | Path | None = None) -> ControlFile:
-    """A ControlFile from a parsed TOML document; relative paths resolve against `base_dir`."""
+def _from_file(value: str, base_dir: Path | None) -> str:
+    """A path as written in the control file, as this process opens it (relative: from `base_dir`)."""
+    if not value or base_dir is None or os.path.isabs(value):
+        return value
+    return os.path.abspath(os.path.join(base_dir, value))
+
+
+def _to_file(value: str, folder: str) -> str:
+    """A path as this process opens it, as a control file in `folder` writes it (relative: from `folder`)."""
+    if not value or os.path.isabs(value):
+        return value
+    return os.path.relpath(os.path.abspath(value), folder)
+
+
+def _with_paths(cfg: ControlFile, convert: Any) -> ControlFile:
+    """`cfg` with `convert` applied to every path it holds (`_from_file` / `_to_file`)."""
+    tables = []
+    for t in cfg.tables:
+        files = tier_options_type(t.source).device_kind == "file"   # elsewhere a target is a key prefix or a name
+        options = t.options
+        if options is not None and options.path_keys:
+            options = msgspec.structs.replace(options, **{k: convert(getattr(options, k))
+                                                          for k in options.path_keys})
+        tables.append(msgspec.structs.replace(
+            t, manifest=convert(t.manifest), seen=convert(t.seen), options=options,
+            targets=tuple(convert(p) for p in t.targets) if files else t.targets))
+    return msgspec.structs.replace(cfg, tables=tuple(tables))
+
+
+def from_dict(doc: dict[str, Any], base_dir: str | Path | None = None, *, _origin: _Origin = _Origin()) -> ControlFile:
+    """A ControlFile from a parsed TOML document; relative paths resolve against `base_dir` (made absolute)."""
+    origin = _origin
     if not isinstance(doc, dict):
-        raise _bad("the document is not a table", "write [engine] and [[table]] sections")
-    unknown = set(doc) - {"engine", "table"}
-    if unknown:
-        raise _bad(f"unknown sections {sorted(unknown)}", "use [engine] and [[table]]")
-    engine = _convert(doc.get("engine", {}), EngineConfig, "[engine]")
+        raise origin.error(None, None, "the document is not a table", "write [engine] and [[table]] sections")
+    for name in doc:
+        if name not in ("engine", "table"):
+            where = ((name,), None) if isinstance(doc[name], dict) else ((), name)
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{origin.at(*where)}: unknown section `{name}`",
+                                 fix=f"{_nearest(name, ('engine', 'table'))} (a control file has [engine] and "
+                                     "[[table]] sections)")
+    engine = _convert(doc.get("engine", {}), EngineConfig, ("engine",), origin)
     raw_tables = doc.get("table", [])
     if not isinstance(raw_tables, list):
-        raise _bad("`table` must be an array of tables", "write each table as [[table]]")
+        raise origin.error(None, None, "`table` must be an array of tables", "write each table as [[table]]")
     tables = []
+    table_keys = tuple(k for k in _keys(TableConfig) if k != "options")
     for i, raw in enumerate(raw_tables):
-        where = f"[[table]] #{i + 1}"
+        section = ("table", i + 1)
         if not isinstance(raw, dict):
-            raise _bad(f"{where} is not a table", "write each table as [[table]]")
+            raise origin.error(section, None, "not a table", "write each table as [[table]]")
         raw = dict(raw)
         source = raw.get("source", "disk")
         if not isinstance(source, str):
-            raise _bad(f"{where}: source {source!r}", f"choose one of {', '.join(tier_names())}")
-        kind = tier_options_type(source)
+            raise origin.error(section, "source", f"source {source!r}", f"choose one of {', '.join(tier_names())}")
+        try:
+            kind = tier_options_type(source)
+        except SlackTierError as exc:
+            raise origin.error(section, "source", exc.message.removeprefix("control file: "), exc.fix) from None
         retired = sorted(k for k in raw if k in RETIRED_TIERS)
         if retired:
-            raise _bad(f"{where}: [table.{retired[0]}] is retired", RETIRED_TIERS[retired[0]])
+            raise origin.error((*section, retired[0]), None, "a retired tier", RETIRED_TIERS[retired[0]])
         others = sorted(k for k in raw if k in _TIER_OPTIONS and k != source)
         if others:
-            raise _bad(f"{where}: options for {others} on a {source!r} table", f"put options under [table.{source}]")
+            raise origin.error((*section, others[0]), None, f"options for {others} on a {source!r} table",
+                               f"put options under [table.{source}]")
         if "options" in raw:
-            raise _bad(f"{where}: key `options`", f"put the tier's options under [table.{source}]")
-        options = _convert(raw.pop(source, {}), kind, f"{where} [table.{source}]")
-        for key in ("manifest", "seen"):
-            value = raw.get(key)
-            if isinstance(value, str) and value and base_dir is not None and not os.path.isabs(value):
-                raw[key] = str(Path(base_dir) / value)
-        raw["options"] = None
-        table = _convert(raw, TableConfig, where)
+            raise origin.error(section, "options", "no key `options`", f"put the tier's options under [table.{source}]")
+        options = _convert(raw.pop(source, {}), kind, (*section, source), origin)
+        table = _convert(raw, TableConfig, section, origin, known=table_keys + (source,))
         tables.append(msgspec.structs.replace(table, options=options))
     try:
-        return ControlFile(engine=engine, tables=tuple(tables))
-    except msgspec.ValidationError as exc:   # pragma: no cover - fields are validated above
-        raise _bad(str(exc), "fix the control file") from exc
+        cfg = ControlFile(engine=engine, tables=tuple(tables))
+    except SlackTierError as exc:
+        raise origin.error(None, None, exc.message.removeprefix("control file: "), exc.fix) from None
+    if base_dir is None:
+        return cfg
+    base = Path(base_dir)
+    return _with_paths(cfg, lambda value: _from_file(value, base))
 
 
 def to_dict(cfg: ControlFile) -> dict[str, Any]:
@@ -409,21 +560,26 @@ def to_dict(cfg: ControlFile) -> dict[str, Any]:
 
 def parse_control(text: str, path: str | Path = "") -> ControlFile:
     """A ControlFile from TOML text (`path` names it in errors and anchors relative paths)."""
+    origin = _Origin(str(path), text)
     try:
         doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
-        raise _bad(f"{path or 'text'} is not TOML: {exc}", "fix the syntax") from exc
-    return from_dict(doc, Path(path).parent if path else None)
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{origin.at(None)}: {path or 'text'} is not TOML: {exc}",
+                             fix="fix the syntax") from exc
+    return from_dict(doc, Path(path).parent if path else None, _origin=origin)
 
 
 def dump_control(cfg: ControlFile, comment: str = "") -> str:
-    """TOML text for `cfg`, `comment` lines first (each prefixed with '# ')."""
+    """TOML text for `cfg`, `comment` lines first (each prefixed with '# '), after checking it with the schema a
+    reader checks (a struct built in code skips the range checks: `DiskOptions(queue_depth=10**6)`)."""
+    data = to_dict(cfg)
+    from_dict(data)
     head = "".join(f"# {line}\n" if line else "#\n" for line in comment.splitlines())
-    return head + tomli_w.dumps(to_dict(cfg))
+    return head + tomli_w.dumps(data)
 
 
 def load_control(path: str | Path) -> ControlFile:
-    """Read and validate a control file."""
+    """Read and validate a control file; its relative paths are read from its folder (and made absolute)."""
     p = Path(path)
     if not p.is_file():
         raise SlackTierError(ErrorKind.MISSING, f"control file {p} does not exist",
@@ -439,10 +595,30 @@ def load_control(path: str | Path) -> ControlFile:
 
 
 def write_control(cfg: ControlFile, path: str | Path, comment: str = "") -> Path:
-    """Write `cfg` to `path` atomically (a reader sees the old file or the new one, never half of one)."""
+    """Write `cfg` to `path` atomically (a reader sees the old file or the new one, never half of one); a relative
+    path of `cfg` (this process's) is written relative to the file's folder, so `load_control` reads the same
+    files from anywhere. Nothing is written when `cfg` fails the schema (BAD_INPUT naming the file)."""
     p = Path(path)
+    try:
+        text = dump_control(_with_paths(cfg, lambda value: _to_file(value, os.path.abspath(p.parent))), comment)
+    except SlackTierError as exc:
+        raise SlackTierError(exc.kind, f"{p} not written: {exc.message}", fix=exc.fix, layer=exc.layer) from None
     p.parent.mkdir(parents=True, exist_ok=True)
     tmp = p.with_name(f".{p.name}.{os.getpid()}.tmp")
-    tmp.write_text(dump_control(cfg, comment))
+    tmp.write_text(text)
     os.replace(tmp, p)
     return p
+
+
+@contextlib.contextmanager
+def named_by(path: str | Path) -> Iterator[None]:
+    """A SlackTierError raised inside names the control file at `path` first: what a file it names holds (a
+    manifest missing, a partition that differs) is that file's error, and one process may read one per rank."""
+    try:
+        yield
+    except SlackTierError as exc:
+        prefix = f"control file {path}"
+        if exc.message.startswith(prefix):
+            raise
+        raise SlackTierError(exc.kind, f"{prefix}: {exc.message}", fix=exc.fix, layer=exc.layer, rank=exc.rank,
+                             page=exc.page) from exc

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.identity import IdentityCheck, recorded_identity
 from slacktier.tables.manifest import Manifest
 
 if TYPE_CHECKING:
@@ -84,6 +85,57 @@ def check_ple_layout(binding: Any, layer: int, head_sizes: Sequence[int]) -> Non
                              layer=layer, fix="stage the whole table (--ranks 1) and set rank = -1")
 
 
+#: identity checks made since the last step began: each is reported once if its engine's loader never completed it
+_PENDING_CHECKS: list[IdentityCheck] = []
+
+
+def identity_check(manifest: str | Path, layer: int, engine: str, loaded_from: str,
+                   parts: tuple[str, ...] = ("values", "scales")) -> IdentityCheck | None:
+    """The check a served table's weight loader feeds (tables.identity.IdentityCheck); None, with a warning, for a
+    manifest staged before identities were recorded.
+
+    Checkpoint identity: the manifest recorded sampled rows' digests of the rows it staged (a checkpoint's, or a
+    synthetic generator's); the engine's loader is handed the checkpoint's tensors, whose rows the table stands
+    for, and skips them: the check compares the two before anything is served.
+    """
+    m = Manifest.load(manifest)
+    recorded = recorded_identity(m, layer)
+    if recorded is None:
+        log.warning("layer %d: %s records no checkpoint identity (staged by an older SlackTier), so the checkpoint "
+                    "%s loads is not compared with the table: restage it to record one", layer, manifest, engine)
+        return None
+    check = IdentityCheck(recorded, engine, loaded_from, parts)
+    _PENDING_CHECKS.append(check)
+    return check
+
+
+def checking_loader(check: IdentityCheck | None, part: str, name: str = "") -> Callable[..., None]:
+    """A served table's weight loader: the engine hands it the checkpoint's tensor for `part` ("values" or
+    "scales"; `name`, the engine's parameter, for messages), compared with the table's identity (`check`;
+    None: not recorded), then skipped (the rows are read from SlackTier's regions)."""
+    def load(param: Any, loaded_weight: Any, *args: Any, **kwargs: Any) -> None:
+        if check is not None:
+            check.feed(part, loaded_weight, name=name)
+
+    return load
+
+
+def report_unchecked() -> None:
+    """At the first step after tables were built: warn, naming each, of tables whose checkpoint tensors the
+    engine's loader never handed over (dummy weights, or a checkpoint without its tables), so their identity
+    was not compared. One list check per step after that."""
+    if not _PENDING_CHECKS:
+        return
+    for check in _PENDING_CHECKS:
+        if not check.done:
+            r = check.recorded
+            missing = check.pending_parts()
+            log.warning("layer %d: %s's loader was not handed the whole %s of the table %s stands for (%s), so "
+                        "the checkpoint was not compared with it (dummy weights, or a checkpoint without the "
+                        "table's tensors)", r.layer, check.engine, " and ".join(missing), r.manifest, r.source)
+    _PENDING_CHECKS.clear()
+
+
 def finish_step(engine: StepEngine | None, failed: bool) -> None:
     """end_step if a step is open; after a failed forward its own error is logged, not raised over the forward's."""
     if engine is None or not engine.in_step:
@@ -111,6 +163,17 @@ def ending_step(engine: StepEngine | None, on_failure: Callable[[], object] | No
         finish_step(engine, failed)
 
 
+@contextmanager
+def ending_on_error(engine: StepEngine) -> Iterator[None]:
+    """Run the block (an eager break of a CUDA graph replay); when it raises, end the step first: a replay that
+    raises skips the breaks after it, the one that ends the step included."""
+    try:
+        yield
+    except BaseException:
+        finish_step(engine, True)
+        raise
+
+
 def close_engines(bindings: dict) -> None:
     """Close the engine of every binding (an object with an `engine`, or None) and forget them all."""
     for binding in bindings.values():
@@ -119,5 +182,5 @@ def close_engines(bindings: dict) -> None:
     bindings.clear()
 
 
-__all__ = ["TP_RANK_FIELD", "check_ple_layout", "close_engines", "control_path", "ending_step", "finish_step",
-           "layer_in_prefix"]
+__all__ = ["TP_RANK_FIELD", "check_ple_layout", "checking_loader", "close_engines", "control_path", "ending_on_error",
+           "ending_step", "finish_step", "identity_check", "layer_in_prefix", "report_unchecked"]

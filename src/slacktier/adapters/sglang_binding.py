@@ -9,10 +9,11 @@ docstring and docs/integrating.md.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import pkgutil
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import metadata
@@ -22,10 +23,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step, finish_step
+from slacktier.adapters import close_engines, control_path, ending_step, finish_step, report_unchecked
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.tp_sharding import SGLANG, check_staged_for
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +62,20 @@ def check_version(found: str) -> None:
                              "with SGLang's own tables")
 
 
+#: why the overlap scheduler is refused (docs/integrating.md quotes it)
+OVERLAP_REFUSAL = (
+    "the overlap scheduler (it launches batch N+1 before batch N's tokens reach the host, but begin_step needs "
+    "N+1's hash ids on the host, which SGLang computes on the GPU from N's sampled tokens: the launch would wait "
+    "for N to finish, and end_step synchronizes the forward stream before its pinned staging is reused, so no "
+    "result processing would overlap a forward; it would run as the non-overlap scheduler does)")
+
+
 def check_scope(s: SglangServing, hash_columns: int, table: str = "Engram") -> None:
     """Refuse (UNSUPPORTED) settings outside the first version's scope, all of them in one error.
 
-    `table` is "Engram" or "PLE" (adapters.sglang_ple): PLE adds TP 1 only, and its refusal of graphs names what
-    SGLang runs eagerly for PLE (module docstring of adapters.sglang_ple).
+    `table` is "Engram" or "PLE" (adapters.sglang_ple): PLE adds TP 1 only. Engram tables run under breakable CUDA
+    graphs (the plug-in's calls are eager breaks: adapters.sglang); full graphs are refused for both, and PLE
+    keeps graphs off (module docstring of adapters.sglang_ple).
     """
     check_version(s.version)
     found: list[tuple[str, str]] = []
@@ -82,17 +94,26 @@ def check_scope(s: SglangServing, hash_columns: int, table: str = "Engram") -> N
         found.append((f"TP {s.tp_size} does not split the {hash_columns} hash columns into whole heads",
                       f"a TP size in {sizes}"))
     if s.overlap_schedule:
-        found.append(("the overlap scheduler", "--disable-overlap-schedule"))
+        found.append((OVERLAP_REFUSAL, "--disable-overlap-schedule"))
     for phase, backend in (("decode", s.decode_graph), ("prefill", s.prefill_graph)):
-        if backend == "disabled" or (table == "PLE" and phase == "prefill" and backend == "breakable"
-                                     and unverified_allowed(BREAKABLE_PLE_PREFILL)):
+        if backend == "disabled" or (table == "Engram" and backend == "breakable") or (
+                table == "PLE" and phase == "prefill" and backend == "breakable"
+                and unverified_allowed(BREAKABLE_PLE_PREFILL)):
             continue
-        why = ""
-        if table == "PLE" and phase == "prefill" and backend == "breakable":
+        if backend == "full":
+            why = (" (a full graph replays its kernels only: begin_step's CPU pass, each layer's wait and end_step "
+                   "would run once, at capture)")
+            fix = f"--cuda-graph-backend-{phase} breakable" if table == "Engram" else \
+                f"--cuda-graph-backend-{phase} disabled"
+        elif phase == "prefill":
             why = (" (SGLang runs every PLE call of a prefill as an eager break, so the plug-in's calls would run "
-                   "at each replay, but this has not been run on a GPU: benchmarks/engine/gpu_checks_plugins.py, "
-                   "part ple-bcg)")
-        found.append((f"{backend} CUDA graphs for {phase}{why}", f"--cuda-graph-backend-{phase} disabled"))
+                   "at each replay, but this has not been run on a GPU)")
+            fix = f"--cuda-graph-backend-{phase} disabled"
+        else:
+            why = (" (SGLang captures the PLE prefetch into a decode graph, on its prefetch stream; the plug-in's "
+                   "gather is not built as an eager break there)")
+            fix = f"--cuda-graph-backend-{phase} disabled"
+        found.append((f"{backend} CUDA graphs for {phase}{why}", fix))
     if s.speculative:
         found.append((f"speculative decoding ({s.speculative})", "no --speculative-algorithm"))
     if s.two_batch_overlap:
@@ -178,6 +199,7 @@ class Binding:
                                      f"layers {order}", fix=f"SGLang {CHECKED_VERSION} builds EngramLayout.from_config "
                                      "before its tables; report this with the model config")
             self.axis = [order.index(layer) for layer in engine.ids_layers]
+        report_unchecked()
         ids = hash_ids.detach().to("cpu").numpy()
         if len(self.axis) != ids.shape[1]:
             ids = ids[:, self.axis, :]
@@ -231,7 +253,9 @@ def bind(hash_columns: int, table: str, targets: tuple[tuple[str, str], ...], ru
                                      f"serves only its own region, but layer {t.layer} has rank = {t.rank} and "
                                      f"owned_only = {str(cfg.engine.owned_only).lower()}", layer=t.layer,
                                      fix=f"one control file per rank: [engine] owned_only = true and rank = "
-                                     f"{serving.tp_rank} on every table (stage with --ranks {serving.tp_size})")
+                                     f"{serving.tp_rank} on every table (stage with --ranks {serving.tp_size}); {CONTROL_ENV} "
+                                     f"takes {{tp_rank}} in its path to give each rank its own file")
+            check_staged_for(Manifest.load(t.manifest), str(path), SGLANG, serving.tp_size, serving.tp_rank, t.layer)
     engine = (StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=hash_columns)
               if served else None)
     binding = Binding(path, cfg, serving, engine, _LAYER_IDS[0])
@@ -256,6 +280,35 @@ def _check_patched(targets: tuple[tuple[str, str], ...], running: str) -> None:
             raise SlackTierError(ErrorKind.UNSUPPORTED, f"SGLang did not apply the SlackTier hook on {target}",
                                  fix="load plug-ins through SGLang (sglang.srt.plugins.load_plugins) and look for "
                                  "'Failed to apply hooks' in its log")
+
+
+def loaded_from() -> str:
+    """The checkpoint SGLang loads (its model path), as identity refusals name it."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return str(get_server_args().model_path)
+    except (ImportError, AttributeError, ValueError, RuntimeError):
+        return "the checkpoint SGLang loads"
+
+
+def eager_break(body: Callable[..., None]) -> Callable[..., None]:
+    """`body` as an eager break of SGLang's breakable CUDA graphs (its own `eager_on_graph`): under a capture it
+    ends the segment, runs once, and is recorded to run again between the segments at every replay; anywhere else
+    it simply runs. Its tensor arguments keep their capture-time addresses (the graph's static buffers), so it
+    writes its results into a buffer it is given and returns None. Inside a full CUDA graph (refused at start-up)
+    it refuses to run rather than be captured as the kernels of one step."""
+    from sglang.srt.model_executor.runner_backend_utils.breakable_cuda_graph import eager_on_graph
+
+    @functools.wraps(body)
+    def checked(*args: Any, **kwargs: Any) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise SlackTierError(ErrorKind.UNSUPPORTED, f"SlackTier's {body.__name__} ran inside a CUDA graph capture "
+                                 "that is not SGLang's breakable one: its host work would run once, at capture",
+                                 fix="--cuda-graph-backend-decode breakable (or disabled)")
+        body(*args, **kwargs)
+
+    return eager_on_graph(checked)
 
 
 def skip_rows(param: torch.nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -285,6 +338,7 @@ def close() -> None:
     close_engines(_BINDINGS)
 
 
-__all__ = ["BREAKABLE_PLE_PREFILL", "CHECKED_VERSION", "CONTROL_ENV", "UNVERIFIED_ENV", "Binding", "SglangServing",
-           "bind", "check_scope", "check_version", "close", "current", "end_step", "installed_version", "read_serving",
-           "record_layer_order", "skip_rows", "step", "unverified_allowed"]
+__all__ = ["BREAKABLE_PLE_PREFILL", "CHECKED_VERSION", "CONTROL_ENV", "OVERLAP_REFUSAL", "UNVERIFIED_ENV", "Binding",
+           "SglangServing", "bind", "check_scope", "check_version", "close", "current", "eager_break", "end_step",
+           "installed_version", "loaded_from", "read_serving", "record_layer_order", "skip_rows", "step",
+           "unverified_allowed"]

@@ -31,7 +31,7 @@ Patched through SGLang's `HookRegistry`, checked against SGLang 0.5.23:
 | `sglang.srt.models.qwen4_exp._prepare_ple_batch` | AFTER | `begin_step` of every served PLE layer's ids (each layer's own `compute_ngram_ids`) once the step's n-gram context exists |
 | `sglang.srt.models.qwen4_exp._commit_ple_batch` | AFTER | `end_step()`: every PLE layer has read its rows |
 | `sglang.srt.models.qwen4_exp.Qwen4ExpModel.forward` | AROUND | `end_step()` after the forward, also when it raised |
-| `sglang.srt.models.qwen4_exp.Qwen4ExpForConditionalGeneration.load_weights` | AROUND | drops a served table's row tensors (`...ngram_embedding.weight`, `...ngram_embedding.shard_N.weight`) from the checkpoint stream; its `weight_scale` still loads |
+| `sglang.srt.models.qwen4_exp.Qwen4ExpForConditionalGeneration.load_weights` | AROUND | drops a served table's row tensors (`...ngram_embedding.weight`, `...ngram_embedding.shard_N.weight`) from the checkpoint stream, after comparing their sampled rows with the manifest's identity (tables.identity); its `weight_scale` still loads |
 
 Control files key a PLE table by the decoder layer id of the layer that reads
 it (as models/qwen38.py does), the number in SGLang's module prefix
@@ -58,7 +58,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import check_ple_layout, finish_step, layer_in_prefix
+from slacktier.adapters import check_ple_layout, finish_step, identity_check, layer_in_prefix, report_unchecked
 from slacktier.adapters import sglang_binding as core
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
@@ -79,7 +79,7 @@ PATCHED: tuple[tuple[str, str], ...] = ((NGRAM_INIT, "AROUND"), (HOST_INIT, "ARO
 
 #: the PLE table being built inside Qwen4ExpNGramEmbedding.__init__: (binding, decoder layer id)
 _BUILDING: contextvars.ContextVar[tuple[Any, int] | None] = contextvars.ContextVar("slacktier_ple", default=None)
-_SERVED_ROWS = re.compile(r"(.+\.ngram_embedding)\.(?:shard_\d+\.)?weight")
+_SERVED_ROWS = re.compile(r"(.+\.ngram_embedding)\.(?:shard_(\d+)\.)?weight")
 
 
 def layer_of(prefix: str) -> int:
@@ -93,11 +93,20 @@ def served_row_tensor(name: str, served: set[str]) -> bool:
     "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_3.weight" with the module
     "model.layers.1.ple.ple_embedding.ngram_embedding" served -> True; "...ngram_embedding.weight_scale" -> False.
     """
+    return served_rows_of(name, served) is not None
+
+
+def served_rows_of(name: str, served: Iterable[str]) -> tuple[str, int | None] | None:
+    """(served module name, shard index or None for the whole table) of a checkpoint row tensor; None otherwise.
+
+    "model.language_model.layers.1.ple.ple_embedding.ngram_embedding.shard_3.weight" -> ("model.layers.1.ple.
+    ple_embedding.ngram_embedding", 3).
+    """
     for candidate in (name, name.replace("model.language_model.", "model.")):
         m = _SERVED_ROWS.fullmatch(candidate)
         if m is not None and m.group(1) in served:
-            return True
-    return False
+            return m.group(1), (int(m.group(2)) if m.group(2) is not None else None)
+    return None
 
 
 def _refuse(layer: int, what: str, fix: str) -> SlackTierError:
@@ -151,7 +160,7 @@ def _around_host_init(original: Callable[..., None], module: torch.nn.Module, em
     if building is None:
         original(module, embedding, *args, **kwargs)
         return
-    _, layer = building
+    binding, layer = building
     from sglang.srt.layers.quantization.unquant import UnquantizedEmbeddingMethod
 
     weight = embedding.weight
@@ -180,6 +189,9 @@ def _around_host_init(original: Callable[..., None], module: torch.nn.Module, em
     module._file_rss_trimmer = None
     module._block_d = ROW_VALUES
     module._slacktier_layer = layer
+    # the checkpoint's rows, skipped by the load_weights hook, are compared with the staged table's identity there
+    module._slacktier_identity = identity_check(binding.table(layer).manifest, layer, "SGLang",
+                                                core.loaded_from(), ("values",))
 
 
 def _around_gather(original: Callable[..., torch.Tensor], module: torch.nn.Module, input_ids: torch.Tensor,
@@ -216,6 +228,7 @@ def _after_prepare_batch(batch: Any, *args: Any, **kwargs: Any) -> None:
     binding = core.current()
     if binding is None or binding.engine is None or batch is None or not batch.processed_tokens:
         return
+    report_unchecked()
     engine = binding.engine
     per_layer = [binding.ple[layer].compute_ngram_ids(batch) for layer in engine.ids_layers]   # each [T, C]
     ids = torch.stack(per_layer, dim=1).detach().to("cpu").numpy()
@@ -237,14 +250,26 @@ def _around_model_forward(original: Callable[..., Any], *args: Any, **kwargs: An
 def _around_load_weights(original: Callable[..., Any], model: torch.nn.Module,
                          weights: Iterable[tuple[str, torch.Tensor]]) -> Any:
     """Qwen4ExpForConditionalGeneration.load_weights: a served table's rows are skipped (they live on the tier)."""
-    served = {name for name, m in model.named_modules() if "_slacktier_layer" in m.__dict__}
+    served = {name: m for name, m in model.named_modules() if "_slacktier_layer" in m.__dict__}
     if not served:
         return original(model, weights)
+    config = getattr(model.config, "text_config", model.config)
+    parts = int(getattr(config, "split_ngram_parts", getattr(model.config, "split_ngram_parts", 512)))
 
     def kept() -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
-            if not served_row_tensor(name, served):
+            hit = served_rows_of(name, served)
+            if hit is None:
                 yield name, tensor
+                continue
+            module, shard = served[hit[0]], hit[1]
+            check = module.__dict__.get("_slacktier_identity")
+            if check is None:
+                continue
+            if shard is None:
+                check.feed("values", tensor, name=name)
+            else:   # SGLang's shard rule: shard i holds rows from i * ceil(org_vocab_size / split_ngram_parts)
+                check.feed("values", tensor, shard * -(-int(module.org_vocab_size) // parts), name=name, whole=False)
 
     return original(model, kept())
 
@@ -262,4 +287,4 @@ def register_hooks(registry: Any, hook_type: Any, constructors: bool) -> None:
             registry.register(target, _HOOKS[target], getattr(hook_type, kind))
 
 
-__all__ = ["PATCHED", "layer_of", "register_hooks", "served_row_tensor"]
+__all__ = ["PATCHED", "layer_of", "register_hooks", "served_row_tensor", "served_rows_of"]

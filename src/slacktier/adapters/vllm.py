@@ -3,7 +3,8 @@
 Turning it on (every worker loads the `vllm.general_plugins` entry point before
 it builds the model; `VLLM_PLUGINS=slacktier` allowlists it):
 
-    SLACKTIER_VLLM_CONTROL=/etc/slacktier/rank{tp_rank}.toml vllm serve ... --enforce-eager
+    SLACKTIER_VLLM_CONTROL=/etc/slacktier/rank{tp_rank}.toml VLLM_USE_BREAKABLE_CUDAGRAPH=1 \
+        vllm serve ... -cc.cudagraph_mode=PIECEWISE
 
 Without the variable the plug-in patches nothing. With it, vLLM's `Engram`
 (vllm/models/deepseek_v41/common/engram.py) is patched at its seams, checked
@@ -11,16 +12,24 @@ against vLLM 0.33.0 (another version is refused when the plug-in loads):
 
 | target | what it does for a table SlackTier serves |
 |---|---|
-| `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader skips the checkpoint's copy, and vLLM's own head shard geometry |
-| `Engram.prepare_embeddings` | collects the rank's hash columns of every served layer; `begin_step` once, when the last one arrives |
-| `Engram._ready_rows` | fills the persistent `staged_rows` slice from `gather(layer)` and returns it |
+| `Engram._create_embedding` | builds a `ServedTable` instead of vLLM's `ParallelEngramEmbedding`: zero-row `weight` / `weight_scale_inv` whose loader compares the checkpoint's copy with the manifest's identity (tables.identity) and skips it, and vLLM's own head shard geometry |
+| `Engram.prepare_embeddings` | an eager break: collects the rank's hash columns of every served layer; `begin_step` once, when the last one arrives |
+| `Engram._ready_rows` | an eager break: fills the persistent `staged_rows` slice from `gather(layer)`; returns the slice |
 | `Engram.embed` | under a partition other than columns, puts the all-gathered columns back in column order |
-| `nvidia.model.DeepseekV4Model.forward` | `end_step()` after the forward, also when it raised |
+| `nvidia.model.DeepseekV4Model.forward` | an eager break at its end: `end_step()`; also when it raised |
+
+Rows equal vLLM's own `_engram_lookup_kernel`: the engine serves in its "vllm"
+dequant convention (an E8M0 scale byte 0x00 reads as 0.0 and 0xFF as +inf,
+where SGLang and torch read 2**-127 and NaN; ids outside the rank's rows, the
+table or the pad id give +0.0 rows), checked against that kernel run under
+TRITON_INTERPRET=1 on a CPU (tests/test_adapters_vllm_parity.py).
 
 A table placed in host DRAM (`source = "dram"`) keeps vLLM's own table and
 lookup. vLLM shards the 24 hash columns (heads) over TP and each rank looks up
 its own columns only, then all-gathers them: each rank's control file serves
-its own region (`rank = N`, staged with `--ranks TP`), and the engine takes
+its own region (`rank = N`, staged with `--ranks TP` from the model's hash
+layout; a table staged for another TP or without hash-column bounds is refused
+at start-up, tables.tp_sharding), and the engine takes
 ids of that rank's columns only ([T, L, 24 / TP]), so no foreign row exists.
 
 Qwen3.8's PLE tables are served by the same entry point, variable and control
@@ -34,23 +43,36 @@ contiguous head shard) and vLLM's all-gather concatenates them in rank order;
 the patched `embed` indexes the gathered columns back into column order (one
 index_select on the device), so the projection sees vLLM's own layout.
 
+CUDA graphs: vLLM's breakable graphs (`VLLM_USE_BREAKABLE_CUDAGRAPH=1` with a
+piecewise-only `cudagraph_mode`, PIECEWISE; DeepseekV4Model is not
+torch-compiled, so its piecewise graphs are breakable captures) are served, as
+vLLM's own host-offloaded Engram prefetch is: the plug-in's host work runs as
+eager breaks (vLLM's `eager_break_during_capture`), `begin_step` when the
+last served layer's ids are collected, each layer's wait and gather into the
+persistent `staged_rows` (the all-gather and projection after it stay
+captured), and `end_step` at the end of the forward. A replay whose break
+raises ends the step there. Every capture runs one real step with the
+capture's dummy ids. Full graphs (vLLM's default FULL_AND_PIECEWISE decode)
+are refused: they replay kernels only, so the host work would run once.
+
 First version's scope, the rest refused at start-up (UNSUPPORTED): eager mode
-(`--enforce-eager`: the hooks are Python, outside any torch.compile or CUDA
-graph); a TP size dividing the 24 columns; pipeline and prefill-context
-parallel sizes 1; tables not sharded across DP ranks (`embedding_across_dp`
-with DP > 1 is refused; DP replicas each with their own TP-sharded table are
-fine); the stock decode backend (not `latency_specialized`); no speculative
-decoding; the CUDA model file (not ROCm's).
+or breakable graphs as above; a TP size dividing the 24 columns; pipeline and
+prefill-context parallel sizes 1; tables not sharded across DP ranks
+(`embedding_across_dp` with DP > 1 is refused; DP replicas each with their own
+TP-sharded table are fine); the stock decode backend (not
+`latency_specialized`); no speculative decoding; the CUDA model file (not
+ROCm's).
 
 What runs on a CPU: vLLM's modules import and the plug-in loads through its
 entry point; the head shard geometry is checked against vLLM's own
-`ParallelEngramEmbedding` and SlackTier's rank regions; refusals. vLLM's lookup
-and hash are Triton kernels, so the rows themselves need a GPU
-(benchmarks/engine/gpu_checks_plugins.py).
+`ParallelEngramEmbedding` and SlackTier's rank regions; refusals; the rows
+against vLLM's lookup kernel under Triton's interpreter (above). vLLM's hash
+and its lookup compiled for a GPU need one (benchmarks/engine/gpu_check_vllm.py).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -58,12 +80,14 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from slacktier.adapters import checking_loader, ending_on_error, finish_step, identity_check
 from slacktier.adapters.vllm_binding import CHECKED_VERSION, CONTROL_ENV, Binding, VllmServing, bind, check_scope, \
-    check_version, close, current, installed_version, read_serving, step, wrap
+    check_version, close, current, eager_break, end_break, installed_version, loaded_from, read_serving, step, wrap
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.manifest import Manifest, check_tp_sharding
 from slacktier.tables.partition import RankPartition
+from slacktier.tables.tp_sharding import VLLM, check_rank_rows
 
 ENGRAM_MODULE = "vllm.models.deepseek_v41.common.engram"
 MODEL_MODULE = "vllm.models.deepseek_v41.nvidia.model"
@@ -77,6 +101,8 @@ PATCHED: tuple[tuple[str, str, str], ...] = (
 )
 
 _FP8_BLOCK = 32
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -168,6 +194,10 @@ def _served_table(binding: Binding, layer: int, num_embeddings: int, dim: int,
     s = binding.serving
     m = Manifest.load(t.manifest)
     table = ServedTable(layer, num_embeddings, dim, head_sizes, s.tp_size, s.tp_rank, m.partition)
+    check = identity_check(t.manifest, layer, "vLLM", loaded_from())   # the checkpoint must be the staged one
+    prefix = f"model.layers.{layer}.engram.embed_tokens"
+    table.weight.weight_loader = checking_loader(check, "values", f"{prefix}.weight")
+    table.weight_scale_inv.weight_loader = checking_loader(check, "scales", f"{prefix}.weight_scale_inv")
     bounds = m.layout.column_bounds.get(layer)
     model_bounds = tuple(int(b) for b in np.cumsum((0, *head_sizes)))
     if bounds is not None and tuple(bounds) != model_bounds:
@@ -176,11 +206,9 @@ def _served_table(binding: Binding, layer: int, num_embeddings: int, dim: int,
     spec = binding.engine.table(layer)
     if t.partition != "columns":   # not vLLM's head shards, by design: the manifest must be cut for this TP
         check_tp_sharding(m, s.tp_size, [layer])
-    elif (spec.row_start, spec.row_start + spec.rows) != (table.vocab_start_idx, table.vocab_end_idx):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: {binding.path} serves rows [{spec.row_start}, "
-                             f"{spec.row_start + spec.rows}), vLLM's TP {s.tp_size} rank {s.tp_rank} holds "
-                             f"[{table.vocab_start_idx}, {table.vocab_end_idx})", layer=layer, rank=s.tp_rank,
-                             fix=f"stage with --ranks {s.tp_size} and set rank = {s.tp_rank} (TP 1: rank = -1)")
+    else:   # vLLM's own head shard: the region must be exactly its rows
+        check_rank_rows(m, str(binding.path), VLLM, s.tp_size, s.tp_rank, layer,
+                        (table.vocab_start_idx, table.vocab_end_idx), (spec.row_start, spec.row_start + spec.rows))
     return table
 
 
@@ -205,27 +233,43 @@ def _prepare_embeddings(original: Callable[..., None], engram: Any, hash_ids: to
     table = engram.embed_tokens
     if not isinstance(table, ServedTable):
         return original(engram, hash_ids)
+    columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
+    _breaks()["collect"](table.layer, hash_ids[:, columns])
+    return None
+
+
+def _collect(layer: int, ids: torch.Tensor) -> None:
+    """An eager break: one layer's ids (the rank's columns); begin_step once every served layer's are in."""
     binding = current()
     assert binding is not None, f"a served table exists only while {CONTROL_ENV} is set"
-    columns = table.columns if isinstance(table.columns, slice) else table.columns.to(hash_ids.device)
-    binding.collect(table.layer, hash_ids[:, columns])
-    return None
+    engine = binding.engine
+    if not binding.pending and engine is not None and engine.in_step:
+        # A replay that raised in a break skips the breaks after it, end_step's included.
+        log.warning("a step was left open by a failed forward; ending it before the next one")
+        finish_step(engine, True)
+    binding.collect(layer, ids)
 
 
 def _ready_rows(original: Callable[..., torch.Tensor], engram: Any, num_tokens: int) -> torch.Tensor:
     table = engram.embed_tokens
     if not isinstance(table, ServedTable):
         return original(engram, num_tokens)
+    staged = engram.staged_rows[:num_tokens]   # persistent: its address stays what later kernels read
+    _breaks()["rows"](table.layer, staged)
+    return staged
+
+
+def _fill_rows(layer: int, staged: torch.Tensor) -> None:
+    """An eager break: waits for the layer's reads and gathers its rows into vLLM's staging buffer."""
     binding = current()
     assert binding is not None and binding.engine is not None
-    rows = binding.engine.gather(table.layer)   # [T, 24 / TP, 256] bf16 on the engine's device
-    if rows.shape[0] != num_tokens:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"vLLM wants {num_tokens} tokens' rows, the step began with "
-                             f"{rows.shape[0]}", layer=table.layer,
-                             fix="a step's lookups must be the hash ids prepare_embeddings received")
-    staged = engram.staged_rows[:num_tokens]   # persistent: its address stays what later kernels read
-    staged.copy_(rows, non_blocking=True)
-    return staged
+    with ending_on_error(binding.engine):
+        rows = binding.engine.gather(layer)   # [T, 24 / TP, 256] bf16 on the engine's device
+        if rows.shape[0] != staged.shape[0]:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"vLLM wants {staged.shape[0]} tokens' rows, the step began "
+                                 f"with {rows.shape[0]}", layer=layer,
+                                 fix="a step's lookups must be the hash ids prepare_embeddings received")
+        staged.copy_(rows, non_blocking=True)
 
 
 def _embed(original: Callable[..., torch.Tensor], engram: Any, hash_ids: torch.Tensor) -> torch.Tensor:
@@ -237,8 +281,21 @@ def _embed(original: Callable[..., torch.Tensor], engram: Any, hash_ids: torch.T
 
 
 def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """end_step after the forward (an eager break, so at every replay too), also when it raised."""
     with step():
-        return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        end_break()()
+        return out
+
+
+#: the plug-in's eager breaks, built on first use (vLLM is imported lazily)
+_BREAKS: dict[str, Callable[..., None]] = {}
+
+
+def _breaks() -> dict[str, Callable[..., None]]:
+    if not _BREAKS:
+        _BREAKS.update(collect=eager_break(_collect), rows=eager_break(_fill_rows))
+    return _BREAKS
 
 
 _HOOKS = {"_create_embedding": _create_embedding, "prepare_embeddings": _prepare_embeddings,

@@ -22,10 +22,12 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from slacktier.adapters import close_engines, control_path, ending_step
+from slacktier.adapters import close_engines, control_path, ending_step, finish_step, report_unchecked
 from slacktier.config import ControlFile, TableConfig, load_control, tier_facts
 from slacktier.engine import StepEngine
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.tp_sharding import VLLM, check_staged_for
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,8 @@ class VllmServing:
     dp_size: int = 1
     pcp_size: int = 1                  # prefill_context_parallel_size
     enforce_eager: bool = True
+    cudagraph_mode: str = "NONE"       # compilation_config.cudagraph_mode's name (NONE under --enforce-eager)
+    breakable: bool = False            # VLLM_USE_BREAKABLE_CUDAGRAPH: piecewise graphs as breakable captures
     embedding_across_dp: bool = False
     decode_backend: str = "auto"       # additional_config["decode_backend"]
     speculative: bool = False
@@ -79,7 +83,7 @@ def check_scope(s: VllmServing, hash_columns: int, table: str = "Engram") -> Non
                       "equal row blocks over the ETP group, not SlackTier's rank regions)",
                       'TP 1, or source = "dram" on the PLE table to keep vLLM\'s own table'))
     if not s.enforce_eager:
-        found.append(("torch.compile / CUDA graphs (the hooks run in Python)", "--enforce-eager"))
+        found.extend(graph_refusals(s, table))
     if hash_columns % s.tp_size:
         sizes = [n for n in range(1, hash_columns + 1) if hash_columns % n == 0]
         found.append((f"TP {s.tp_size} leaves ranks with unequal hash heads", f"a TP size in {sizes}"))
@@ -101,8 +105,30 @@ def check_scope(s: VllmServing, hash_columns: int, table: str = "Engram") -> Non
                              fix="; ".join(fix for _, fix in found) + f" (or unset {CONTROL_ENV})")
 
 
+#: the cudagraph modes whose graphs, under VLLM_USE_BREAKABLE_CUDAGRAPH, are all breakable (no full graph)
+BREAKABLE_MODES = ("NONE", "PIECEWISE")
+
+
+def graph_refusals(s: VllmServing, table: str) -> list[tuple[str, str]]:
+    """What a worker that is not eager refuses of its graph settings: (what, fix) pairs, none when served.
+
+    Engram and PLE tables run under vLLM's breakable graphs (the plug-in's calls are eager breaks: adapters.vllm,
+    adapters.vllm_ple): a piecewise-only cudagraph mode with VLLM_USE_BREAKABLE_CUDAGRAPH=1. A full graph replays
+    its kernels only, so begin_step's CPU pass, each layer's wait and end_step would run once, at capture."""
+    fix = "VLLM_USE_BREAKABLE_CUDAGRAPH=1 and -cc.cudagraph_mode=PIECEWISE (or --enforce-eager)"
+    if not s.breakable:
+        return [(f"CUDA graphs (cudagraph_mode {s.cudagraph_mode}) without VLLM_USE_BREAKABLE_CUDAGRAPH=1: piecewise "
+                 "graphs would be torch.compile's, full ones replay kernels only, and the plug-in's hooks are Python "
+                 "that must run at every step", fix)]
+    if s.cudagraph_mode not in BREAKABLE_MODES:
+        return [(f"full CUDA graphs (cudagraph_mode {s.cudagraph_mode}): a full graph replays its kernels only, so "
+                 "begin_step's CPU pass, each layer's wait and end_step would run once, at capture", fix)]
+    return []
+
+
 def read_serving(vllm_config: Any) -> VllmServing:
     """This worker's settings from vLLM's config and its TP group."""
+    import vllm.envs as envs
     from vllm.distributed import get_tensor_model_parallel_rank
     from vllm.platforms import current_platform
 
@@ -113,9 +139,36 @@ def read_serving(vllm_config: Any) -> VllmServing:
         version=installed_version(), tp_size=int(p.tensor_parallel_size), tp_rank=int(get_tensor_model_parallel_rank()),
         pp_size=int(p.pipeline_parallel_size), dp_size=int(p.data_parallel_size),
         pcp_size=int(p.prefill_context_parallel_size), enforce_eager=bool(vllm_config.model_config.enforce_eager),
+        cudagraph_mode=_mode_name(vllm_config), breakable=bool(envs.VLLM_USE_BREAKABLE_CUDAGRAPH),
         embedding_across_dp=bool(engram is not None and engram.embedding_across_dp),
         decode_backend=str(extra.get("decode_backend", "auto")) if isinstance(extra, dict) else "auto",
         speculative=vllm_config.speculative_config is not None, rocm=bool(current_platform.is_rocm()))
+
+
+def _mode_name(vllm_config: Any) -> str:
+    """The cudagraph mode's name; NONE under --enforce-eager (vLLM resolves it so) or where none is set."""
+    if vllm_config.model_config.enforce_eager:
+        return "NONE"
+    mode = getattr(getattr(vllm_config, "compilation_config", None), "cudagraph_mode", None)
+    return "NONE" if mode is None else str(getattr(mode, "name", mode))
+
+
+def eager_break(body: Callable[..., None]) -> Callable[..., None]:
+    """`body` as an eager break of vLLM's breakable CUDA graphs (its own `eager_break_during_capture`): under a
+    capture it ends the segment, runs once, and is recorded to run again between the segments at every replay;
+    anywhere else it simply runs. It writes its results into buffers it is given and returns None. Inside a full
+    CUDA graph (refused at start-up; vLLM runs breaks inline there) it refuses to run rather than be captured."""
+    from vllm.compilation.breakable_cudagraph import eager_break_during_capture
+
+    @functools.wraps(body)
+    def checked(*args: Any, **kwargs: Any) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise SlackTierError(ErrorKind.UNSUPPORTED, f"SlackTier's {body.__name__} ran inside a CUDA graph capture "
+                                 "that is not vLLM's breakable one: its host work would run once, at capture",
+                                 fix="VLLM_USE_BREAKABLE_CUDAGRAPH=1 and -cc.cudagraph_mode=PIECEWISE")
+        body(*args, **kwargs)
+
+    return eager_break_during_capture(checked)
 
 
 @dataclass
@@ -141,6 +194,7 @@ class Binding:
         if layer in self.pending:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}'s ids arrived twice in one step", layer=layer,
                                  fix="one forward looks each table layer up once")
+        report_unchecked()
         self.pending[layer] = ids
         if len(self.pending) < len(engine.layers):
             return
@@ -173,14 +227,29 @@ def bind(hash_columns: int, table: str = "Engram") -> Binding | None:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"{path}: at TP {serving.tp_size} rank {serving.tp_rank} "
                                      f"serves its own region, but layer {t.layer} has rank = {t.rank}", layer=t.layer,
                                      fix=f"one control file per rank with rank = {serving.tp_rank} on every table "
-                                     f"(stage with --ranks {serving.tp_size})")
+                                     f"(stage with --ranks {serving.tp_size}); {CONTROL_ENV} takes {{tp_rank}} in its "
+                                     "path to give each rank its own file")
+            check_staged_for(Manifest.load(t.manifest), str(path), VLLM, serving.tp_size, serving.tp_rank, t.layer)
     heads = -(-hash_columns // serving.tp_size)
-    engine = StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads) if served else None
+    # vLLM's own lookup reads an E8M0 byte 0x00 as 0.0 and fills rows it does not hold with +0.0: the engine's
+    # rows follow it ("vllm" convention), so the plug-in equals vLLM's stock rows, not SGLang's.
+    engine = (StepEngine.from_config(ControlFile(engine=cfg.engine, tables=served), columns=heads, convention="vllm")
+              if served else None)
     binding = _BINDINGS[path] = Binding(path, cfg, serving, engine)
     log.info("SlackTier serves %s layers %s of TP rank %d from %s; layers %s stay on vLLM's tables",
              table, [t.layer for t in served], serving.tp_rank, path,
              [t.layer for t in cfg.tables if tier_facts(t.source).holds_host_copy])
     return binding
+
+
+def loaded_from() -> str:
+    """The checkpoint vLLM loads (its model), as identity refusals name it."""
+    try:
+        from vllm.config import get_current_vllm_config
+
+        return str(get_current_vllm_config().model_config.model)
+    except (ImportError, AttributeError, ValueError, RuntimeError):
+        return "the checkpoint vLLM loads"
 
 
 def current() -> Binding | None:
@@ -190,6 +259,21 @@ def current() -> Binding | None:
     from vllm.distributed import get_tensor_model_parallel_rank
 
     return _BINDINGS.get(control_path(template, get_tensor_model_parallel_rank()))
+
+
+def _end() -> None:
+    """end_step of this worker's open step (its ids collected so far dropped)."""
+    binding = current()
+    if binding is not None:
+        binding.pending.clear()
+        finish_step(binding.engine, False)
+
+
+@functools.cache
+def end_break() -> Callable[[], None]:
+    """end_step as an eager break, for the end of a patched model forward (built on first use: vLLM is imported
+    lazily)."""
+    return eager_break(_end)
 
 
 @contextmanager
@@ -218,5 +302,6 @@ def close() -> None:
     close_engines(_BINDINGS)
 
 
-__all__ = ["CHECKED_VERSION", "CONTROL_ENV", "Binding", "VllmServing", "bind", "check_scope", "check_version", "close",
-           "current", "installed_version", "read_serving", "step", "wrap"]
+__all__ = ["BREAKABLE_MODES", "CHECKED_VERSION", "CONTROL_ENV", "Binding", "VllmServing", "bind", "check_scope",
+           "check_version", "close", "current", "eager_break", "end_break", "graph_refusals", "installed_version",
+           "read_serving", "step", "wrap"]

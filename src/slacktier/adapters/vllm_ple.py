@@ -14,11 +14,11 @@ the third backend, in their place:
 | vLLM function (0.33.0) | what it does for a served PLE table |
 |---|---|
 | `vllm.models.qwen4_exp.nvidia.ngram_embedding.Qwen4ExpNGramEmbedding.__init__` | builds `ServedPLEEmbedding` (checks: scope, format, the manifest's hash layout) |
-| `vllm.models.qwen4_exp.nvidia.model.Qwen4ExpModel.forward` | `end_step()` after the forward, also when it raised |
+| `vllm.models.qwen4_exp.nvidia.model.Qwen4ExpModel.forward` | an eager break at its end: `end_step()`; also when it raised |
 
-`ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader skips
-the checkpoint's rows and shards; vLLM's per-tensor `weight_scale` loads as
-usual). `start_prefetch(ids)` hands the layer's ids to the binding, which calls
+`ServedPLEEmbedding` allocates no rows (a zero-row `weight` whose loader compares
+the checkpoint's rows and shards with the manifest's identity, tables.identity,
+then skips them; vLLM's per-tensor `weight_scale` loads as usual). `start_prefetch(ids)` hands the layer's ids to the binding, which calls
 `begin_step` once every served PLE layer's ids are in; `finalize_prefetch`
 returns `gather(layer)`'s rows, [T, C * 256] bf16. vLLM then applies its own
 `dequantize` (rows to bf16, times the per-tensor scale), so the output equals
@@ -30,10 +30,12 @@ Refused at start-up (UNSUPPORTED, naming the fix): any format but
 `Qwen4ExpPLEFp8EmbeddingMethod` (bf16: no exact fp8 form; NVFP4: E2M1 values
 with E4M3 block scales, another row format), rows of another width than 256
 values, TP or ETP > 1 (vLLM splits the padded table into equal row blocks), and
-everything adapters.vllm refuses (eager mode only, ...). `start_prefetch` and
-the finalize step carry vLLM's `eager_break_during_capture`, as its pinned-host
-backend's do, so a breakable CUDA-graph capture would run them eagerly at every
-replay; that is not run on a GPU yet, and non-eager modes stay refused.
+everything adapters.vllm refuses (full CUDA graphs, ...). Breakable CUDA graphs
+(VLLM_USE_BREAKABLE_CUDAGRAPH=1, cudagraph_mode PIECEWISE) are served:
+`start_prefetch` and the finalize step carry vLLM's `eager_break_during_capture`,
+as its pinned-host backend's do, and `Qwen4ExpModel.forward` ends the step with
+an eager break, so all three run at every replay (tests/test_adapters_graphs.py
+on the CPU; a GPU capture is not yet run).
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from typing import Any, Callable
 
 import torch
 
-from slacktier.adapters import check_ple_layout, layer_in_prefix
+from slacktier.adapters import check_ple_layout, identity_check, layer_in_prefix
 from slacktier.adapters import vllm_binding as core
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
@@ -116,6 +118,9 @@ def served_embedding_class() -> type:
                               "equal row blocks, not SlackTier's rank regions)", "ETP size 1")
             self.layer = layer
             self.num_ngram_heads = num_ngram_heads
+            # the checkpoint's rows the loader skips are compared with the staged table's identity first
+            self._slacktier_identity = identity_check(building[0].table(layer).manifest, layer, "vLLM",
+                                                      core.loaded_from(), ("values",))
 
         def allocate_embedding_weight(self, num_embeddings: int, embedding_dim: int,
                                       dtype: torch.dtype) -> torch.Tensor:
@@ -124,8 +129,12 @@ def served_embedding_class() -> type:
 
         def weight_loader(self, param: torch.Tensor, loaded_weight: torch.Tensor,
                           checkpoint_start: int | None = None) -> None:
-            """The checkpoint's rows (whole or in shards) are skipped; the per-tensor scale loads as vLLM's."""
+            """The checkpoint's rows (whole or in shards) are compared with the table's identity, then skipped;
+            the per-tensor scale loads as vLLM's."""
             if param is self.weight:
+                if self._slacktier_identity is not None:
+                    self._slacktier_identity.feed("values", loaded_weight, checkpoint_start or 0,
+                                                  whole=checkpoint_start is None)
                 return
             super().weight_loader(param, loaded_weight, checkpoint_start)
 
@@ -203,8 +212,11 @@ def _ngram_init(original: Callable[..., None], module: torch.nn.Module, config: 
 
 
 def _model_forward(original: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """Qwen4ExpModel.forward: end_step after it (an eager break, so at every replay too), also when it raised."""
     with core.step():
-        return original(*args, **kwargs)
+        out = original(*args, **kwargs)
+        core.end_break()()
+        return out
 
 
 _HOOKS = {"__init__": _ngram_init, "forward": _model_forward}

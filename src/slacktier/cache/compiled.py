@@ -23,7 +23,9 @@ one `tolist()` for all layers.
 
 Stops: `run` starts at layer `start` and returns after the last layer
 (stop = layers), or early at layer i (stop = i, its pass done) with
-- WHY_BAD: an id outside the table (the pass stopped there);
+- WHY_BAD: an id outside the rows this process serves, neither the pad id, nor outside the whole layer
+  (a zero row where the geometry knows the layer's end), nor another rank's row under owned_only
+  (the pass stopped there);
 - WHY_SUBMIT: the layer has pages and no C engine to take them (a DRAM or
   remote source, a thread-engine disk, a closed or busy one), or the C engine
   refused them. The caller submits them through the source and runs again
@@ -125,6 +127,7 @@ R_OWN_POS = 25     # the pass's list of in-table lookups (PassScratch.own_pos, o
 R_OWN_ROW = 26
 R_DIR_LEN = 27     # the directory's entries (cache.rowdir)
 R_SUBMIT_FN = 28   # address of the submit its pages go to, st_eng_submit's signature (0: Python submits)
+R_TABLE_END = 29   # the whole layer's ids are [0, table_end), 0: not known (LayerGeometry.table_end)
 RECORD = 32
 
 # a layer's row of results (CompiledPass.out), read by Python with one tolist() for all layers
@@ -236,7 +239,7 @@ def run_layers(ids, plan):
             carray(_p_i32(plan[r + R_MISS_SLOT]), cap), carray(_p_i64(plan[r + R_MISS_ROW]), cap),
             carray(_p_i32(plan[r + R_PAGE_REGION]), cap), carray(_p_i64(plan[r + R_PAGE_NO]), cap),
             carray(_p_i32(plan[r + R_PAGE_BUF]), cap), carray(_p_i32(plan[r + R_OWN_POS]), cap),
-            carray(_p_i64(plan[r + R_OWN_ROW]), cap), buf_base, pad_id, counts)
+            carray(_p_i64(plan[r + R_OWN_ROW]), cap), buf_base, pad_id, plan[r + R_TABLE_END], counts)
         t1 = _clock_ns(clock_fn, ts)
         res[O_T1] = t1
         res[O_T2] = t1
@@ -366,6 +369,7 @@ class CompiledPass:
             a[r + R_AXIS] = pl.axis
             a[r + R_ROW_START] = geo.row_start
             a[r + R_ROWS] = geo.rows
+            a[r + R_TABLE_END] = geo.table_end
             self._put(r + R_RANK_STARTS, geo.rank_starts)
             self._put(r + R_RANK_REGION, geo.rank_region, r + R_RANKS)
             self._put(r + R_SEEN, geo.seen if geo.seen is not None else NO_SEEN, r + R_SEEN_LEN)

@@ -11,6 +11,9 @@ For each lookup (global row id g, local row r = g - row_start):
    (g equal to the pad id, a negative id the serving engine pads a step with ->
    zero row, nothing read, nothing cached, counted as padded; tested only where
    g is outside the table, so an in-range lookup pays nothing for it;
+   (g outside the whole layer, [0, table_end), when the geometry knows its end ->
+   a zero row (+0.0), nothing read or cached, counted as outside: what SGLang's and
+   vLLM's own lookups return for such an id, in every rank and partition;
    (owned_only: r outside [0, rows), a row another rank's process serves -> foreign,
    nothing read, nothing cached; without owned_only such an id is an error);
 4. miss: r's rank by shard bounds, its page; a page buffer for that page unless
@@ -60,7 +63,7 @@ from slacktier.tables.layout import ROWS_PER_PAGE
 
 KIND_SLOT = 0      # a cache hit: idx is the slot
 KIND_MISS = 1      # a row read this step: idx is the miss index
-KIND_ZERO = 2      # lossy: a row outside the seen-set, or a pad id: nothing read, zeros out
+KIND_ZERO = 2      # lossy: a row outside the seen-set, a pad id, an id outside the layer: nothing read, +0.0 out
 KIND_FOREIGN = 3   # owned_only: another rank's row; the gather writes -0.0 (see fill_foreign)
 
 class Count(IntEnum):
@@ -79,6 +82,7 @@ class Count(IntEnum):
     PADDED = 9       # lookups of the pad id: zero rows, nothing read or cached
     PENDING = 10     # descriptors [0, pending) hold hits whose pins wait for settle_pins
     EVICTED = 11     # rows this pass evicted from the layer's slots
+    OUTSIDE = 12     # lookups of ids outside the whole layer [0, table_end): zero rows, nothing read or cached
 
 
 N_COUNTS = len(Count)
@@ -103,6 +107,7 @@ class LayerGeometry:
     rank_starts: np.ndarray      # [R + 1] int64 local-row bounds of each rank's shard, 0 .. rows
     rank_region: np.ndarray      # [R] int32 source region index of each rank's shard
     seen: np.ndarray | None = None   # lossy mode: packed bitmap [ceil(rows / 8)] uint8 over local rows
+    table_end: int = 0           # the whole layer's ids are [0, table_end) (all ranks); 0: not known
 
     def __post_init__(self) -> None:
         starts = np.ascontiguousarray(self.rank_starts, dtype=np.int64)
@@ -118,6 +123,10 @@ class LayerGeometry:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"rank bounds {starts.tolist()} do not split 0..{self.rows} "
                                  f"over {region.shape[0]} ranks", fix="give R + 1 non-decreasing bounds from 0 "
                                  "to rows and one region per rank")
+        if self.table_end and self.table_end < self.row_start + self.rows:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"the layer ends at row {self.table_end}, before this "
+                                 f"process's rows [{self.row_start}, {self.row_start + self.rows})",
+                                 fix="give the whole layer's row count (all ranks), or 0 when it is not known")
         if self.seen is not None:
             seen = np.ascontiguousarray(self.seen, dtype=np.uint8)
             if seen.ndim != 1 or seen.shape[0] < (self.rows + 7) // 8:
@@ -167,8 +176,8 @@ class PassScratch:
 
 #: What one layer's pass did, one field per Count member (lower case), in its order: counts[] read with one
 #: tolist(). The first `misses` entries of the scratch's miss arrays and `pages` of its page arrays are filled,
-#: and the first `lookups` descriptors. The last three default to 0.
-PassResult = namedtuple("PassResult", [m.name.lower() for m in Count], defaults=(0, 0, 0))
+#: and the first `lookups` descriptors. The last four default to 0.
+PassResult = namedtuple("PassResult", [m.name.lower() for m in Count], defaults=(0, 0, 0, 0))
 
 
 class StepTable:
@@ -216,13 +225,15 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                   layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, step,
                   htab, stamp, hbits,
                   desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                  page_region, page_no, page_buf, own_pos, own_row, buf_base, pad_id, counts):
+                  page_region, page_no, page_buf, own_pos, own_row, buf_base, pad_id, table_end, counts):
     """Resolve one layer's lookups `ids` [T, C] int64 (lookup i = ids[i // C, i % C]; any strides, so the
     engine passes its [T, L, 24] step's layer slice as is, with no copy); returns 0, or 1 on a row id
     outside the table.
 
     owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
     pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[Count.PADDED].
+    table_end (> 0: the whole layer's ids are [0, table_end); 0: not known): any other id outside it is a zero
+    row (kind 2), counted in counts[Count.OUTSIDE], with or without owned_only.
     own_pos [N] int32, own_row [N] int64: scratch, where the in-table lookups are listed (position, local row).
     """
     shift = 64 - hbits
@@ -235,6 +246,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     n_bypass = 0
     n_reuse = 0
     n_padded = 0
+    n_outside = 0
     hand = lstate[HAND]
     pinned = lstate[PINNED]
     evictions = lstate[EVICTIONS]
@@ -270,6 +282,9 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
             elif pad_id < 0 and g == pad_id:
                 desc_kind[i] = KIND_ZERO
                 n_padded += 1
+            elif table_end > 0 and (g < 0 or g >= table_end):
+                desc_kind[i] = KIND_ZERO
+                n_outside += 1
             elif not owned_only:
                 counts[Count.BAD_INDEX] = i
                 status = 1
@@ -278,7 +293,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
             i += 1
         if status:
             break
-    n_foreign = done - n_own - n_padded   # the rest of the lookups before `done`
+    n_foreign = done - n_own - n_padded - n_outside   # the rest of the lookups before `done`
     # Count the misses with loads that mostly find their line arriving; the loops below find them in
     # cache. On the way, start the next random line each lookup will touch: a hit's reference bit
     # (and, after a miss, when its pin is taken at once, its state word), a miss's two hash-table
@@ -406,6 +421,7 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
     counts[Count.REUSED] = n_reuse
     counts[Count.FOREIGN] = n_foreign
     counts[Count.PADDED] = n_padded
+    counts[Count.OUTSIDE] = n_outside
     counts[Count.PENDING] = 0 if settled else done
     counts[Count.EVICTED] = evictions - evictions_before
     return status

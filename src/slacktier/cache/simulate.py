@@ -77,7 +77,7 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
                       0, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, s,
                       htab, s + 1, _hash_bits(b - a),
                       desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                      page_region, page_no, page_buf, own_pos, own_row, 0, 0, counts)
+                      page_region, page_no, page_buf, own_pos, own_row, 0, 0, 0, counts)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
             evict_ahead_kernel(counts[Count.MISSES] - counts[Count.BYPASS], directory, owned, lstate, slot_layer,

@@ -23,9 +23,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pause-steps-mean", type=float, default=0.0, help="mean decode steps between turns (tool time)")
     p.add_argument("--start-spread-steps", type=int, default=0,
                    help="first B sessions start at uniform random delays in [0, this) decode steps")
-    p.add_argument("--policies", default="lru,clock,s3fifo,static,static_lru,belady,belady_warm",
+    p.add_argument("--policies", default="clock,lru,belady",
                    help="comma list of lru, clock, s3fifo, static, static_lru, belady (cold), belady_warm "
-                        "(the fit's top rows preloaded: the ceiling of the static policies too)")
+                        "(the fit's top rows preloaded: the ceiling of the static policies too), or 'all' "
+                        "(default: clock, the engine's, beside lru and the belady limit; each policy adds a pass "
+                        "over every capacity)")
     p.add_argument("--layers", default="", help="comma list of the table's layers (default: all; Engram 1,14, PLE 1)")
     p.add_argument("--capacities", default="",
                    help="comma list of capacities in rows per layer (default: 1M, 5M, 0.2/1/5%% of the table "
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.errors import optional_import
     from slacktier.workloads.corpus import CorpusConfig
     from slacktier.workloads.hashing import TABLE_TOKENS
+    from slacktier.workloads.policies import POLICIES
     from slacktier.workloads.replay import ReplayConfig
     from slacktier.workloads.report import CharacterizeConfig, characterize
 
@@ -83,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
         optional_import("matplotlib", "workloads", "characterize's PNG plots (or pass --no-plots)")
     characterize(CharacterizeConfig(
         corpus=corpus, replay=replay, workloads=workloads, table=args.table,
-        policies=_items(args.policies, "--policies"), layers=_items(args.layers, "--layers", int),
+        policies=POLICIES if args.policies == "all" else _items(args.policies, "--policies"),
+        layers=_items(args.layers, "--layers", int),
         capacities_rows=_items(args.capacities, "--capacities", _rows), static_head_share=args.static_head_share,
         miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, plots=not args.no_plots,
         progress=not args.no_progress))

@@ -5,8 +5,9 @@ A manifest (`*.json`): per table layer its rows, hash columns, ranks and regions
 tier, devices and rank, its cache slots (the split of cache_rows by cache_share,
 as the engine makes it) and the host memory each placement takes: the table's
 pages for a DRAM-tier table, nothing for disk and Redis; plus the engine's page
-buffer pool and, on a CPU device, its row cache. `--tp N` checks that every
-manifest's rank regions are the serving engines' head sharding at TP N.
+buffer pool and, on a CPU device, its row cache. `--tp N` says which serving
+engine's TP N sharding (SGLang's, vLLM's: tables.tp_sharding) a manifest's rank
+regions are, and refuses one that is neither.
 
 With windows (`--window LAYER=MS` or a probe JSON), read-time models
 (`--tiers`, a tiers file as `slacktier probe --read-fit` writes it) and miss-page
@@ -37,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("paths", nargs="+", metavar="PATH",
                    help="a manifest (.json), a control file (.toml), or one of each")
     p.add_argument("--tp", type=whole("--tp", 1, 1 << 16), default=0,
-                   help="check the rank regions against vLLM's/SGLang's head sharding at this TP size")
+                   help="say which engine's sharding at this TP size (SGLang's, vLLM's) the rank regions are")
     p.add_argument("--json", action="store_true", help="print JSON instead of text")
     pred = p.add_argument_group("predicted slowdown of the control file's placement (as `slacktier plan` takes)")
     add_window_arguments(pred)
@@ -53,11 +54,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     """Per layer: rows, columns, ranks and regions of the manifest at `path` (checked at TP `tp` when > 0)."""
+    from slacktier.errors import ErrorKind, SlackTierError
     from slacktier.tables.manifest import Manifest, check_tp_sharding
+    from slacktier.tables.memfs import ram_backed
+    from slacktier.tables.tp_sharding import manifest_fits
 
     m = Manifest.load(path)
-    if tp:
-        check_tp_sharding(m, tp)
+    fits = manifest_fits(m, tp) if tp else []
+    if fits and not any(f.fits for f in fits):
+        check_tp_sharding(m, tp)   # its refusal names the rank count, the bounds or the rank's region
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{m.path}: no serving engine's TP {tp} sharding: "
+                             + "; ".join(f"{f.engine}: {f.why}" for f in fits),
+                             fix=f"stage the table again with --ranks {tp} and the model's hash layout")
     layers = []
     for layer in m.layout.layer_ids:
         bounds = m.layout.column_bounds.get(layer)
@@ -74,39 +82,49 @@ def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
                        "columns": len(bounds) - 1 if bounds else None, "ranks": m.ranks, "regions": regions,
                        "bytes": sum(r["bytes"] for r in regions)})
     return {"manifest": str(m.path or path), "ranks": m.ranks, "partition": m.partition_kind,
-            "targets": list(m.targets),
-            "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None, "layers": layers}
+            "targets": list(m.targets), "targets_in_memory": [ram_backed(target) for target in m.targets],
+            "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None,
+            "sharding": m.sharding_rule, "tp_fits": [{"engine": f.engine, "fits": f.fits, "why": f.why} for f in fits],
+            "layers": layers}
 
 
 def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     """Per table: tier, devices, rank, cache slots and host bytes of the control file at `path`."""
     from slacktier.cache.rowcache import split_slots
-    from slacktier.config import load_control, tier_facts
+    from slacktier.config import load_control, named_by, tier_facts
     from slacktier.cache.rowdir import entries_for
+    from slacktier.engine.build import resolve_control
     from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
-    from slacktier.tables.manifest import Manifest, check_tp_sharding
+    from slacktier.tables.manifest import check_tp_sharding
+    from slacktier.tables.memfs import ram_backed
 
     cfg = load_control(path)
+    with named_by(path):
+        resolved = resolve_control(cfg)   # the checks the engine runs at open, the same function
+        if tp:
+            for t in cfg.tables:
+                check_tp_sharding(resolved[t.layer].manifest, tp, [t.layer])
     eng = cfg.engine
     slots = split_slots(eng.cache_rows, {t.layer: t.cache_share for t in cfg.tables})
     tables = []
     for t in cfg.tables:
-        m = Manifest.load(t.manifest)
-        if tp:
-            check_tp_sharding(m, tp, [t.layer])
-        mine = [r for r in m.regions if r.layer == t.layer and (t.rank < 0 or r.rank == t.rank)]
-        targets = [override or staged for staged, override in
-                   zip(m.targets, tuple(t.targets) + ("",) * (len(m.targets) - len(t.targets)))]
+        mine = resolved[t.layer].regions   # the table's (or its rank's) regions, target overrides applied
         table_bytes = sum(r.nbytes for r in mine)
+        facts = tier_facts(t.source)
+        # staged files in RAM (tmpfs, a RAM disk) are host memory whichever local tier reads them
+        in_memory = {r.path: ram_backed(r.path) for r in mine} if facts.device_kind == "file" or \
+            facts.holds_host_copy else {}
+        in_memory_bytes = sum(r.nbytes for r in mine if in_memory.get(r.path))
         directory = 8 * entries_for(slots.get(t.layer, 0))   # cache.rowdir, sized to the layer's cache rows
         tables.append({
             "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
             "manifest": t.manifest, "rows": sum(r.rows for r in mine),
-            "devices": sorted({targets[r.device] for r in mine}) if tier_facts(t.source).device_kind == "file" else
+            "devices": sorted({r.path for r in mine}) if tier_facts(t.source).device_kind == "file" else
             [getattr(t.options, "url", t.source)],
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
             "table_bytes": table_bytes, "directory_bytes": directory,
-            "host_bytes": (table_bytes if tier_facts(t.source).holds_host_copy else 0) + directory,
+            "in_memory": sorted({what for what in in_memory.values() if what}), "in_memory_bytes": in_memory_bytes,
+            "host_bytes": (table_bytes if facts.holds_host_copy else 0) + in_memory_bytes + directory,
         })
     # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
     pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES
@@ -129,8 +147,8 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
     if missing:
         raise SlackTierError(ErrorKind.MISSING, f"no window for layer(s) {missing}", layer=missing[0],
                              fix="pass --window LAYER=MS per table, or a probe JSON that measured these layers")
-    demands = [TableDemand(layer=t["layer"], rows=t["rows"], manifest=t["manifest"], window_ms=windows_ms[t["layer"]])
-               for t in tables]
+    demands = [TableDemand(layer=t["layer"], rows=t["rows"], manifest=t["manifest"], window_ms=windows_ms[t["layer"]],
+                           in_memory_bytes=t["in_memory_bytes"]) for t in tables]
     tiers = load_tiers(tiers_path)
     plan = predict_fixed_placement(demands, {t["layer"]: t["tier"] for t in tables},
                                    {t["layer"]: t["cache_share"] for t in tables}, tiers,
@@ -167,10 +185,14 @@ def lines(report: dict[str, Any]) -> list[str]:
         out.append(f"manifest {m['manifest']}: {len(m['layers'])} layers, {m['ranks']} ranks, "
                    f"{len(m['targets'])} targets, source {m['source']}, rank partition {m['partition']}")
         if m["tp_checked"]:
-            out.append(f"  rank regions match TP {m['tp_checked']} head sharding (whole hash columns per rank, "
-                       f"{m['partition']} partition)")
-        for d, target in enumerate(m["targets"]):
-            out.append(f"  device {d}: {target}")
+            if all(f["fits"] for f in m["tp_fits"]):
+                out.append(f"  rank regions match TP {m['tp_checked']} head sharding ({m['sharding']} regions, "
+                           f"{m['partition']} partition)")
+            for f in m["tp_fits"]:
+                verdict = "fits" if f["fits"] else "does not fit"
+                out.append(f"  TP {m['tp_checked']}: {verdict} {f['engine']}'s sharding: {f['why']}")
+        for d, (target, in_memory) in enumerate(zip(m["targets"], m["targets_in_memory"])):
+            out.append(f"  device {d}: {target}" + (f" (in host memory: {in_memory})" if in_memory else ""))
         for layer in m["layers"]:
             cols = f", {layer['columns']} hash columns" if layer["columns"] else ""
             out.append(f"  layer {layer['layer']}: {layer['rows']:,} rows{cols}, {_mib(layer['bytes'])}")
@@ -188,7 +210,9 @@ def lines(report: dict[str, Any]) -> list[str]:
             out.append(f"  layer {t['layer']} (order {t['order']}): tier {t['tier']}, rank {t['rank']}, "
                        f"{t['rows']:,} rows ({_mib(t['table_bytes'])}) on {', '.join(t['devices'])}; cache "
                        f"{t['cache_rows']:,} rows (share {t['cache_share']:g}); host memory {_mib(t['host_bytes'])} "
-                       f"(directory {_mib(t['directory_bytes'])}, sized to the cache rows)")
+                       f"(directory {_mib(t['directory_bytes'])}, sized to the cache rows"
+                       + (f"; staged files in host memory {_mib(t['in_memory_bytes'])}: {', '.join(t['in_memory'])}"
+                          if t["in_memory"] else "") + ")")
         cache_host = c["cache_bytes"] if c["device"] == "cpu" else 0
         out.append(f"  host memory in all: {_mib(c['host_bytes'])} (tables {_mib(sum(t['host_bytes'] for t in c['tables']))}"
                    f", page buffer pool {_mib(c['page_pool_bytes'])}, row cache {_mib(cache_host)})")

@@ -1,5 +1,6 @@
 """`slacktier load`: put a staged table into Redis, a standalone server or a cluster (resumable; a second run of
-the same table is a no-op)."""
+the same table is a no-op); `--list` shows the loaded tables, `--remove PREFIX` deletes one, `--replace PREFIX`
+deletes the table a load supersedes once the new one is complete."""
 
 from __future__ import annotations
 
@@ -11,7 +12,13 @@ HELP = "load a staged table into Redis (standalone or cluster) for the redis tie
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("manifest", help="the table's manifest (.manifest.json)")
+    p.add_argument("manifest", nargs="?", default="", help="the table's manifest (.manifest.json); none with "
+                                                             "--list or --remove")
+    p.add_argument("--list", action="store_true", help="list the tables loaded at --url (prefix, size, generation)")
+    p.add_argument("--remove", default="", metavar="PREFIX", help="delete the table loaded under PREFIX")
+    p.add_argument("--replace", default="", metavar="PREFIX",
+                   help="after this load completes, delete the table under PREFIX (the version it supersedes: "
+                        "both copies are held only while this one loads)")
     p.add_argument("--url", required=True, help="the server, or one node of the cluster: redis://host:port "
                                                 "(rediss:// for TLS)")
     p.add_argument("--mode", choices=("standalone", "cluster"), default="standalone",
@@ -30,15 +37,41 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _describe(t) -> str:
+    """One loaded table in one line."""
+    state = "" if t.state == "complete" else f", {t.state.upper()} (never served)"
+    return (f"{t.prefix!r}: table {t.source_digest}, stage {t.stage_id or '-'}, generation {t.generation}, "
+            f"{len(t.regions)} regions, {t.pages} pages, {t.value_bytes / 1e6:.1f} MB of page values{state}")
+
+
 def run(args: argparse.Namespace) -> int:
     from slacktier.config import RedisOptions
+    from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.store.redis.admin import find_table, list_tables, remove_table
     from slacktier.store.redis.keys import DEFAULT_TAG_BUCKETS
     from slacktier.store.redis.loader import load_manifest
     from slacktier.tables.manifest import Manifest
 
-    manifest = Manifest.load(args.manifest)
     options = RedisOptions(mode=args.mode, url=args.url, username=args.user, password_env=args.password_env,
                            password_file=args.password_file, tls_ca_file=args.tls_ca_file)
+    asked = [f for f, on in (("a manifest", bool(args.manifest)), ("--list", args.list),
+                             ("--remove", bool(args.remove))) if on]
+    if len(asked) != 1:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"load got {' and '.join(asked) or 'nothing to do'}",
+                             fix="give a manifest to load, or --list, or --remove PREFIX (one of them)")
+    if args.list:
+        tables = list_tables(options)
+        for t in tables:
+            print(_describe(t))
+        print(f"{len(tables)} tables, {sum(t.value_bytes for t in tables) / 1e6:.1f} MB of page values at {args.url}")
+        return 0
+    if args.remove:
+        print(f"removed {_describe(remove_table(options, args.remove))}")
+        return 0
+    manifest = Manifest.load(args.manifest)
+    if args.replace and find_table(options, args.replace) is None:   # refused before anything is written
+        raise SlackTierError(ErrorKind.MISSING, f"--replace {args.replace!r}: no table is loaded under that prefix",
+                             fix="list the loaded tables with `slacktier load --list --url ...`")
     report = load_manifest(options, manifest, prefix=args.prefix or None,
                            tag_buckets=DEFAULT_TAG_BUCKETS if args.tag_buckets is None else args.tag_buckets,
                            workers=args.workers, progress=not args.no_progress)
@@ -49,6 +82,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"loaded {report.written} of {report.groups} page groups ({report.tag_buckets} per region, "
               f"{report.pages} pages) of table {manifest.identity.source_digest} under {report.prefix!r} in "
               f"{report.seconds:.1f} s, generation {report.generation}")
+    if report.replaced is not None:
+        print(f"replaced in place: {_describe(report.replaced)}")
+    if args.replace and args.replace != report.prefix:
+        print(f"removed {_describe(remove_table(options, args.replace))}")
+    try:
+        loaded = list_tables(options)
+    except SlackTierError as exc:   # a loading user without SCAN: the load stands, the listing is said to be missing
+        loaded = []
+        print(f"could not list the other loaded tables: {exc.message}")
+    others = [t for t in loaded if t.prefix != report.prefix
+              and sorted(t.regions) == sorted((r.layer, r.rank, r.pages) for r in manifest.runtime_regions())]
+    for t in others:
+        print(f"also loaded, with this table's regions: {_describe(t)}; remove it with `slacktier load --remove "
+              f"{t.prefix} --url {args.url}` once no engine serves it")
     print(f'serve it with: source = "redis", [table.redis] mode = "{args.mode}", url = "{args.url}"'
           + (f', prefix = "{args.prefix}"' if args.prefix else "") + ", and the serving (read-only) user")
     return 0

@@ -27,9 +27,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "Face model directory")
     p.add_argument("--layers-path", default=None,
                    help="dotted path of the decoder ModuleList (default: found by name, e.g. model.layers)")
-    p.add_argument("--batch", type=int, nargs="+", default=[1, 8], help="batch sizes (sequences per decode step)")
-    p.add_argument("--layers", default="all",
-                   help="decoder layer indices to probe: 'all', a comma list (0,5,10), or 'every:N'")
+    p.add_argument("--batch", type=int, nargs="+", default=[1],
+                   help="batch sizes (sequences per decode step; default 1; each one more sweep)")
+    p.add_argument("--layers", default="tables",
+                   help="decoder layer indices to probe: 'tables' (default: DeepSeek-V4.1's Engram layers 1,14, "
+                        "the ones `plan` places), 'all', a comma list (0,5,10), or 'every:N'")
     p.add_argument("--clock", choices=("wall", "thread_cpu"), default="wall",
                    help="wall: real time (the paper's); thread_cpu: the decode thread's CPU time, for shared "
                         "machines (needs --threads 1)")
@@ -51,7 +53,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", type=Path, default=Path("runs/probe/windows.json"), help="where to write the JSON")
     p.add_argument("--plot", type=Path, default=Path("runs/probe/windows.png"), help="where to write the plot")
-    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG (the window plot, or the read fit's scatter)")
     rf = p.add_argument_group("read fit (--read-fit): each tier's device read-time model T_l = a + b P_l + "
                               "c P_ahead + c_behind P_behind, for `slacktier plan` and `inspect` --tiers")
     rf.add_argument("--read-fit", type=Path, default=None, metavar="MANIFEST",
@@ -66,6 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     rf.add_argument("--io-threads", type=int, default=1, help="[table.disk] io_threads of the disk tier's sources")
     rf.add_argument("--queue-depth", type=int, default=128, help="[table.disk] queue_depth")
     rf.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads"), help="[table.disk] engine")
+    rf.add_argument("--url", default="", help="[table.redis] url: the server (or a cluster node) a redis read fit "
+                                              "reads, where `slacktier load` put the manifest's table")
+    rf.add_argument("--mode", choices=("standalone", "cluster"), default="standalone", help="[table.redis] mode")
+    rf.add_argument("--user", default="", help="[table.redis] username (the serving, read-only user)")
+    rf.add_argument("--password-env", default="", metavar="VAR", help="[table.redis] password_env")
+    rf.add_argument("--prefix", default="", help="[table.redis] prefix (default: the one `slacktier load` used)")
     rf.add_argument("--tiers-out", type=Path, default=Path("runs/probe/tiers.toml"),
                     help="the tiers file to write (tiers already in it and not refitted are kept)")
 
@@ -88,18 +96,18 @@ def run(args: argparse.Namespace) -> int:
     settings = SweepSettings(baseline_steps=args.baseline_steps, repeats=args.repeats, floor_ms=args.floor_ms,
                              points_per_step=args.points_per_step, max_delay_frac=args.max_delay_frac,
                              seed=args.seed)
-    run_probe(ProbeRunConfig(
+    sweeps = run_probe(ProbeRunConfig(
         model=args.model, layers_path=args.layers_path, batches=tuple(args.batch), layers=args.layers,
         clock=args.clock, threads=args.threads, config_path=args.config, settings=settings,
         prompt_tokens=args.prompt_tokens, max_new_tokens=args.max_new_tokens, overhead_pairs=args.overhead_pairs,
         follow=args.follow, seed=args.seed, json_path=args.json, plot_path=None if args.no_plot else args.plot))
-    return 0
+    return 130 if any(s.interrupted for s in sweeps) else 0   # 130: the shell's code for a run ended by Ctrl-C
 
 
 def _read_fit(args: argparse.Namespace) -> int:
     """--read-fit: serve.readfit.fit_tiers_file with the flags."""
     from slacktier.config import DiskOptions
-    from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.errors import ErrorKind, SlackTierError, optional_import
     from slacktier.serve.readfit import fit_tiers_file
 
     try:
@@ -108,10 +116,23 @@ def _read_fit(args: argparse.Namespace) -> int:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"--read-layers {args.read_layers!r}",
                              fix="two layer ids, e.g. 1,14") from exc
     disk = DiskOptions(engine=args.disk_engine, queue_depth=args.queue_depth, io_threads=args.io_threads)
+    options: dict[str, object] = {"disk": disk}
+    if "redis" in (args.read_tier or []):
+        from slacktier.config import RedisOptions
+
+        if not args.url:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "--read-tier redis without --url",
+                                 fix="pass --url redis://host:port of the server holding the loaded table "
+                                     "(and --mode cluster for a cluster)")
+        options["redis"] = RedisOptions(mode=args.mode, url=args.url, username=args.user,
+                                        password_env=args.password_env, prefix=args.prefix)
+    if not args.no_plot:
+        optional_import("matplotlib", "probe", "the read fit's PNG plot (or pass --no-plot)")
     fit_tiers_file(args.read_fit, args.read_tier or ["disk"], args.tiers_out, layers=layers, runs=args.read_runs,
-                   max_pages=args.read_max_pages, rank=args.read_rank, options={"disk": disk}, seed=args.seed,
+                   max_pages=args.read_max_pages, rank=args.read_rank, options=options, seed=args.seed,
                    command=f"slacktier probe --read-fit {args.read_fit} --read-tier "
                            f"{' --read-tier '.join(args.read_tier or ['disk'])}"
                            f" --read-runs {args.read_runs} --read-max-pages {args.read_max_pages} --queue-depth "
-                           f"{args.queue_depth} --io-threads {args.io_threads} --disk-engine {args.disk_engine}")
+                           f"{args.queue_depth} --io-threads {args.io_threads} --disk-engine {args.disk_engine}",
+                   plots=not args.no_plot)
     return 0

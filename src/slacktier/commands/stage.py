@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from slacktier.commands._args import whole
+from slacktier.commands._args import layer_item, whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 if TYPE_CHECKING:
@@ -27,15 +27,16 @@ def _whole_number(text: str) -> int:
 
 
 def parse_layer_rows(text: str) -> dict[int, int]:
-    """'1:1000000,14:1000000' -> {1: 1000000, 14: 1000000}; a layer listed twice or a non-number is refused."""
+    """'1=1000000,14=1000000' -> {1: 1000000, 14: 1000000} (the older '1:1000000' read with a warning); a layer
+    listed twice or a non-number is refused."""
     out: dict[int, int] = {}
-    fix = "write LAYER:ROWS,LAYER:ROWS with each layer once, e.g. 1:1000000,14:1000000"
+    fix = "write LAYER=ROWS,LAYER=ROWS with each layer once, e.g. 1=1000000,14=1000000"
     if not text.strip():
         raise SlackTierError(ErrorKind.BAD_INPUT, "--synthetic is empty", fix=fix)
     try:
         for item in text.split(","):
-            layer_text, rows_text = item.split(":")
-            layer, rows = int(layer_text), _whole_number(rows_text)
+            layer, rows_text = layer_item(item, "--synthetic", "LAYER=ROWS,...")
+            rows = _whole_number(rows_text)
             if layer in out:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer} is listed twice in {text!r}", fix=fix,
                                      layer=layer)
@@ -64,6 +65,9 @@ def parse_layers(text: str) -> list[int]:
 def parse_ranks(text: str, ranks: int) -> list[int]:
     """'3' or '0,3' -> [3] / [0, 3], each below `ranks`; anything else is refused."""
     fix = f"write ranks below --ranks {ranks} separated by commas, e.g. --only-ranks 3"
+    if not text.strip():   # an unset shell variable: refused, never read as "every rank"
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"--only-ranks {text!r} names no rank",
+                             fix=fix + ", or leave the flag out to stage every rank")
     try:
         out = [int(x) for x in text.split(",")]
     except ValueError as exc:
@@ -91,16 +95,46 @@ def engram_layout(spec: str) -> EngramLayout:
     return EngramLayout.scaled(vocab)
 
 
+def checkpoint_layout(args: argparse.Namespace) -> EngramLayout | None:
+    """The checkpoint's hash layout: --engram, --config, or the config.json beside it; None where there is none
+    and one rank takes the whole table (its regions need no column bounds).
+
+    The serving engines shard each layer by whole hash columns (tables.tp_sharding): a table staged for several
+    ranks, or under another partition, without the layout's column bounds would hold no engine's shards, so it
+    is refused before anything is written."""
+    from slacktier.tables.stage import config_beside, layout_from_model_config
+
+    if args.engram:
+        return engram_layout(args.engram)
+    config = args.config or config_beside(args.checkpoint)
+    if config is not None:
+        return layout_from_model_config(config)
+    if args.ranks > 1 or args.partition != "columns":
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"staging {args.checkpoint[0]} for {args.ranks} ranks "
+                             f"(--partition {args.partition}) needs the model's hash-column bounds, which a "
+                             "checkpoint's tensors do not hold, and there is no config.json beside it",
+                             fix="pass --config MODEL/config.json (the model's own, with engram_* keys), or "
+                                 "--engram v41 for DeepSeek-V4.1")
+    return None
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
+    src = p.add_mutually_exclusive_group()
     src.add_argument("--checkpoint", nargs="+", metavar="PATH",
-                     help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale")
-    src.add_argument("--synthetic", metavar="LAYER:ROWS,...",
-                     help="a seeded synthetic table, e.g. 1:8000000,14:8000000")
-    src.add_argument("--engram", metavar="VOCAB|v41",
-                     help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
-                          "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one")
-    p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram layer found)")
+                     help="safetensors file(s) or directory with layers.{L}.engram.embed.weight/.scale (DeepSeek "
+                          "Engram), or a Qwen4Exp (Qwen3.8) model directory: its ...layers.{L}.ple.ple_embedding."
+                          "ngram_embedding.shard_{I}.weight tables, head sizes from its config.json")
+    src.add_argument("--synthetic", metavar="LAYER=ROWS,...",
+                     help="a seeded synthetic table, e.g. 1=8000000,14=8000000")
+    p.add_argument("--engram", metavar="VOCAB|v41",
+                   help="a seeded synthetic table in an Engram layout (hash-column sharding): 'v41' for "
+                        "DeepSeek-V4.1's (384M rows per layer), or an engram vocab size for a scaled one; with "
+                        "--checkpoint, the checkpoint's hash layout (instead of its config.json)")
+    p.add_argument("--config", metavar="CONFIG_JSON",
+                   help="with --checkpoint: the model's config.json, whose engram_* keys give the hash-column "
+                        "bounds the serving engines shard by (default: config.json in the checkpoint's directory)")
+    p.add_argument("--layers", metavar="L,L", help="checkpoint layers to stage (default: every Engram or PLE layer "
+                   "found; a PLE layer is its decoder layer, the N of model.layers.N.ple)")
     p.add_argument("--seed", type=whole("--seed", 0, 2**63 - 1), default=0, help="synthetic table seed (default 0)")
     p.add_argument("--target", action="append", required=True, metavar="PATH",
                    help="a file or raw block device; repeat for several (ranks map round-robin)")
@@ -126,9 +160,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from slacktier.tables.layout import PAGE_BYTES
+    from slacktier.tables.layout import PAGE_BYTES, binary_bytes
     from slacktier.tables.stage import stage_checkpoint, stage_synthetic
 
+    if not (args.checkpoint or args.synthetic is not None or args.engram):
+        raise SlackTierError(ErrorKind.BAD_INPUT, "nothing to stage", fix="pass --checkpoint, --synthetic or --engram")
+    if args.engram and args.synthetic is not None:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--engram and --synthetic both give a synthetic table's layers",
+                             fix="pass one of them")
+    if args.config and not args.checkpoint:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--config gives a checkpoint's hash layout",
+                             fix="pass it with --checkpoint (a synthetic Engram table: --engram VOCAB|v41)")
+    if args.config and args.engram:
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--config and --engram both give the checkpoint's hash layout",
+                             fix="pass one of them")
     if args.layers and not args.checkpoint:
         raise SlackTierError(ErrorKind.BAD_INPUT, "--layers picks checkpoint layers; a synthetic table takes its "
                              "layers from --synthetic or --engram", fix="drop --layers, or stage a --checkpoint")
@@ -137,24 +182,27 @@ def run(args: argparse.Namespace) -> int:
                   buffered=args.buffered, progress=not args.no_progress)
     if args.writers is not None:
         common["writers"] = args.writers
-    if args.only_ranks:
+    if args.only_ranks is not None:
         common["only_ranks"] = parse_ranks(args.only_ranks, args.ranks)
     common["partition"] = args.partition
     t0 = time.perf_counter()
     if args.synthetic is not None:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,
                             overwrite=args.overwrite, **common)
-    elif args.engram:
+    elif not args.checkpoint:
         layout = engram_layout(args.engram)
         m = stage_synthetic(args.target, layout, args.ranks, args.seed, overwrite=args.overwrite,
                             heads_per_order=layout.n_heads, **common)
     else:
+        layout = checkpoint_layout(args)
+        if layout is not None:
+            common["heads_per_order"] = layout.n_heads
         m = stage_checkpoint(args.checkpoint, args.target, args.ranks, layers=layers, overwrite=args.overwrite,
-                             **common)
+                             expected=layout, **common)
     dt = time.perf_counter() - t0
     nbytes = m.total_pages * PAGE_BYTES
     print(f"staged {len(m.regions)} regions ({sum(r.rows for r in m.regions)} rows, {m.total_pages} pages, "
-          f"{nbytes / 1e9:.2f} GB) in {dt:.1f} s ({nbytes / dt / 1e9:.2f} GB/s)")
+          f"{binary_bytes(nbytes)}) in {dt:.1f} s ({binary_bytes(nbytes / dt)}/s)")
     print(f"source {m.source_digest}")
     print(f"manifest {m.path}")
     return 0

@@ -36,7 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vocab", type=whole("--vocab", 1000, 16_000_000), default=50_000,
                    help="staged table's rows per hash head (V4.1: 16M; default 50000)")
     p.add_argument("--steps", type=whole("--steps", 1, 100_000), default=16, help="timed TP steps per run")
-    p.add_argument("--runs", type=whole("--runs", 1, 100), default=1, help="runs per placement, shuffled")
+    p.add_argument("--runs", type=whole("--runs", 1, 100), default=3,
+                   help="runs per placement, shuffled (default 3: the verdict needs a spread to say which "
+                        "placements cannot be told apart)")
     p.add_argument("--max-session-tokens", type=whole("--max-session-tokens", 16), default=1024,
                    help="sessions clipped to this many tokens (default 1024)")
     p.add_argument("--this-disk", default="", metavar="TIERS",
@@ -45,6 +47,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    metavar="MS", help="state the host pass s of your host (ms per rank) instead of measuring this "
                    "machine's begin_step; the report's first line says so (default: measured)")
     p.add_argument("--out", default="runs/whatif", help="working directory (default runs/whatif)")
+    p.add_argument("--plot", default=None, help="the PNG of each placement's stall (default: whatif.png in --out)")
+    p.add_argument("--no-plot", action="store_true", help="skip the PNG")
 
 
 def _pairs(items: list[str], flag: str, value) -> dict[int, object]:
@@ -103,4 +107,14 @@ def run(args: argparse.Namespace) -> int:
                        host_pass_ms=args.host_pass_ms)
     profile, runs = run_whatif(cfg, placements, runs=args.runs, progress=True)
     print(report(cfg, profile, runs))
+    import importlib.util
+    from pathlib import Path
+
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is None:
+        # whatif works on the base install; its plot is the one part that needs an extra: said, not refused
+        print("no plot: matplotlib is not installed (pip install 'slacktier[workloads]', or pass --no-plot)")
+    elif not args.no_plot:
+        from slacktier.serve.whatif import plot_whatif
+
+        print(f"wrote {plot_whatif(cfg, runs, args.plot or Path(args.out) / 'whatif.png')}")
     return 0

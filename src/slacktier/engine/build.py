@@ -24,6 +24,7 @@ is passed in (and annotated `Any`: a StepEngine).
 from __future__ import annotations
 
 import logging
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +33,7 @@ import numpy as np
 import torch
 
 from slacktier.cache import RowCache
-from slacktier.config import ControlFile, EngineConfig, TableConfig, load_control
+from slacktier.config import ControlFile, EngineConfig, TableConfig, load_control, named_by, tier_facts
 from slacktier.engine.checker import SourceRowReader
 from slacktier.engine.tables import TableSpec, seen_bitmap
 from slacktier.errors import ErrorKind, SlackTierError
@@ -54,15 +55,60 @@ class Resolved:
     rows: int
     row_start: int
     regions: tuple[Region, ...]            # what the source reads, in rank order
-    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified
+    crcs: tuple[np.ndarray, ...] | None    # per region, when reads are verified or the tier has stored_crc32c
     data_key: tuple
     source_key: tuple
     row_map: RowMap | None = None          # global row id -> stored row (None under the columns partition)
+    verify: bool = False                   # each read page's CRC32C checked (verify_reads)
+    table_rows: int = 0                    # the whole layer's rows, all ranks (stored rows under a partition)
+
+
+def resolve_control(cfg: ControlFile) -> dict[int, Resolved]:
+    """Every table of `cfg` resolved and checked as the engine checks a control file before it opens a source.
+
+    `build_engine`, `apply` and `slacktier inspect` run this one function, so a file that inspect passes
+    does not fail these checks at open: each manifest loads and holds its table's layer, was staged with
+    the table's rank partition and has its rank, target overrides are at most one per staged target, the
+    checksum file matches where reads are verified, and a table served per rank is staged as the serving
+    engine's head shards. What only opening a source can tell (a file's size, a server's keys) is the tier's.
+    """
+    resolved = {t.layer: resolve(t, cfg.engine) for t in cfg.tables}
+    check_rank_sharding(resolved)
+    return resolved
+
+
+def check_device(device: str) -> None:
+    """Refuse, in one line (UNAVAILABLE), a device this process cannot allocate on, before anything is: "cuda"
+    with a torch built without CUDA or on a machine without a GPU, "cuda:N" past its GPUs."""
+    d = torch.device(device)
+    if d.type != "cuda":
+        return
+    if not torch.cuda.is_available():
+        why = ("this torch is built without CUDA" if torch.version.cuda is None else
+               "torch sees no CUDA device on this machine")
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"device {device!r}: {why} (torch {torch.__version__})",
+                             fix='set device = "cpu" in [engine], or serve on a GPU machine with a CUDA build of '
+                                 "torch")
+    if d.index is not None and d.index >= torch.cuda.device_count():
+        raise SlackTierError(ErrorKind.UNAVAILABLE, f"device {device!r}: this machine has "
+                             f"{torch.cuda.device_count()} CUDA devices", fix="pick a device index below that")
+
+
+def _manifest(t: TableConfig) -> Manifest:
+    """Table `t`'s manifest; a missing or bad one is refused naming the table's layer."""
+    try:
+        return Manifest.load(t.manifest)
+    except SlackTierError as exc:
+        fix = exc.fix
+        if exc.kind is ErrorKind.MISSING:
+            fix = ("stage the table first (slacktier stage), or point the table's `manifest` at it (in a control "
+                   "file a relative path is read from the file's folder)")
+        raise SlackTierError(exc.kind, exc.message, layer=t.layer, fix=fix) from None
 
 
 def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     """The regions of table `t` from its manifest (one rank's region when `t.rank` >= 0)."""
-    m = Manifest.load(t.manifest)
+    m = _manifest(t)
     if t.layer not in m.layout.rows:
         raise SlackTierError(ErrorKind.MISSING, f"manifest {t.manifest} has no layer {t.layer} (it has "
                              f"{sorted(m.layout.rows)})", layer=t.layer, fix="point the table at its manifest")
@@ -75,19 +121,30 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     rank = t.rank if t.rank >= 0 else None
     # In rank order, with the control file's target overrides (a Redis tier reads its own key prefix).
     regions = tuple(m.runtime_regions(layer=t.layer, rank=rank, targets=t.targets))
+    facts = tier_facts(t.source)
+    if facts.device_kind == "file" or facts.holds_host_copy:   # the tier reads the staged files on this host
+        for r in regions:
+            if not os.path.exists(r.path):
+                moved = r.device < len(t.targets) and t.targets[r.device]
+                named = "the table's `targets`" if moved else f"manifest {m.path}"
+                raise SlackTierError(ErrorKind.MISSING, f"target {r.path} (named by {named}) does not exist",
+                                     layer=t.layer, rank=r.rank, fix="restage the table, or point the table's "
+                                     "`targets` at where its files are now")
     rows, row_start = m.layout.rows[t.layer], 0
     row_map = m.row_map(t.layer)
     if row_map is not None:   # the regions' rows are stored rows (tables.partition): so is the directory
         rows = row_map.stored_rows
+    table_rows = rows
     if rank is not None:   # one rank's shard: the directory covers only its rows
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
-    if verifies(t, eng):
+    verify = verifies(t, eng)
+    if verify or get_tier(t.source).source_cls.stored_crc32c:   # a stored CRC32C is compared on every read
         crcs = tuple(sums for r, sums in zip(m.regions, m.region_checksums(), strict=True)
                      if r.layer == t.layer and (rank is None or r.rank == rank))
     data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
-    source_key = (t.source, t.options, regions, crcs is not None, m.identity)
-    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map)
+    source_key = (t.source, t.options, regions, verify, m.identity)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify, table_rows)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -101,9 +158,9 @@ def verifies(t: TableConfig, eng: EngineConfig) -> bool:
 def open_table_source(r: Resolved) -> PageSource:
     """Open the page source of one table: its tier over its own regions, checking it holds the manifest's table."""
     source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs,
-                         identity=r.manifest.identity)
+                         identity=r.manifest.identity, verify_pages=r.verify)
     log.info("layer %d: %s source over %d regions%s", r.config.layer, r.config.source, len(r.regions),
-             ", reads verified" if r.crcs is not None else "")
+             ", reads verified" if r.verify else "")
     return source
 
 
@@ -118,7 +175,7 @@ def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
     reference = SourceRowReader(r.manifest, r.config.layer, r.row_start, r.row_map) if check else None
     return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
                      cache_share=r.config.cache_share, seen=_seen(r.config, r.rows),
-                     reference=reference, row_map=r.row_map)
+                     reference=reference, row_map=r.row_map, table_rows=r.table_rows)
 
 
 def _seen(t: TableConfig, rows: int) -> np.ndarray | None:
@@ -182,8 +239,8 @@ def build_engine(cls: Any, cfg: ControlFile, **overrides: object) -> Any:
     `overrides` go to the constructor (ids_layers, columns, gather_impl, check_raise, metrics, ...).
     """
     eng = cfg.engine
-    resolved = {t.layer: resolve(t, eng) for t in cfg.tables}
-    check_rank_sharding(resolved)
+    check_device(eng.device)
+    resolved = resolve_control(cfg)
     sources: dict[int, PageSource] = {}
     try:
         for t in cfg.tables:
@@ -205,8 +262,10 @@ def build_engine(cls: Any, cfg: ControlFile, **overrides: object) -> Any:
 
 
 def build_engine_from_file(cls: Any, path: str | Path, **overrides: object) -> Any:
-    """An engine built from a control file on disk (schema: slacktier.config)."""
-    return build_engine(cls, load_control(path), **overrides)
+    """An engine built from a control file on disk (schema: slacktier.config); its errors name the file."""
+    cfg = load_control(path)
+    with named_by(path):
+        return build_engine(cls, cfg, **overrides)
 
 
 def apply(engine: Any, cfg: ControlFile) -> None:
@@ -225,8 +284,7 @@ def apply(engine: Any, cfg: ControlFile) -> None:
     if engine.in_step:
         raise SlackTierError(ErrorKind.BAD_INPUT, "apply during a step", fix="call end_step first")
     eng = cfg.engine
-    resolved = {t.layer: resolve(t, eng) for t in cfg.tables}
-    check_rank_sharding(resolved)
+    resolved = resolve_control(cfg)
     opened: dict[int, PageSource] = {}
     sources: dict[int, PageSource] = {}
     try:
@@ -237,15 +295,15 @@ def apply(engine: Any, cfg: ControlFile) -> None:
                 sources[t.layer] = live.sources[t.layer]
             else:
                 sources[t.layer] = opened[t.layer] = open_table_source(resolved[t.layer])
+                if old is not None:
+                    refuse_queue_change(old, resolved[t.layer], sources[t.layer])
         specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
         invalidate = [layer for layer, r in resolved.items()
                       if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
         old_eng = live.control.engine
         cache = None
         if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
-            if torch.device(eng.device).type == "cuda" and not torch.cuda.is_available():
-                raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
-                                     fix='use device="cpu" or run on a machine with a GPU')
+            check_device(eng.device)
             cache = RowCache(eng.max_cache_rows, eng.device, slots=0)
         metrics = engine.metrics
         if eng.metrics and metrics is None:
@@ -269,9 +327,31 @@ def apply(engine: Any, cfg: ControlFile) -> None:
              len(cfg.tables), len(opened), len(invalidate))
 
 
+def refuse_queue_change(old: Resolved, new: Resolved, source: PageSource) -> None:
+    """Refuse (BAD_INPUT, naming the key) a reload that changes a table's device-queue setting which its device's
+    queue does not take: the queue belongs to the device and runs as the table that opened it asked, and the
+    sources this reload replaces still hold it, so the engine would serve at the old value while its control
+    file says the new one."""
+    kept = getattr(source, "queue_settings_kept", None)
+    if kept is None:
+        return
+    for key, asked, runs, device in kept():
+        was = getattr(old.config.options, key, None) if old.config.source == new.config.source else None
+        if was == asked:
+            continue   # unchanged by this reload: served as when the engine was built (logged then)
+        layer = new.config.layer
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"layer {layer}: a reload cannot change [table.{new.config.source}] "
+                             f"{key} to {asked}: device {device}'s read queue runs {key} = {runs} and stays open "
+                             "while a served table reads through it", layer=layer,
+                             fix=f"keep {key} = {runs} in this control file, or start a new engine (process) with "
+                                 f"the new value: the first table to open a device's queue sets it")
+
+
 def reload(engine: Any, path: str | Path) -> None:
-    """Switch `engine` to the control file at `path` between steps, without a new process."""
-    apply(engine, load_control(path))
+    """Switch `engine` to the control file at `path` between steps, without a new process; errors name the file."""
+    cfg = load_control(path)
+    with named_by(path):
+        apply(engine, cfg)
 
 
 def check_rank_sharding(resolved: dict[int, Resolved]) -> None:

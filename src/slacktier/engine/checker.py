@@ -144,10 +144,11 @@ class SourceRowReader:
         return self.source.rows(self.layer, rows if self.row_map is None else self.row_map.to_global(rows))
 
 
-def reference_gather(raw_rows: np.ndarray) -> torch.Tensor:
-    """The reference gather: raw rows [n, 264] uint8 -> bf16 [n, 256] by `codec.reference_dequant`."""
+def reference_gather(raw_rows: np.ndarray, convention: str = "torch") -> torch.Tensor:
+    """The reference gather: raw rows [n, 264] uint8 -> bf16 [n, 256] by `codec.reference_dequant` (in the
+    dequant `convention` the engine serves)."""
     weight, scale = split_raw(torch.from_numpy(np.ascontiguousarray(raw_rows)))
-    return reference_dequant(weight, scale)
+    return reference_dequant(weight, scale, convention)
 
 
 def mismatching_rows(ours: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:

@@ -10,7 +10,9 @@ class LayerCounters:
     """What one layer's lookups did in one step (or summed over steps).
 
     lookups = hits + reused + rows_read + zero_rows. padded counts the lookups of
-    the pad id (zero rows, nothing read; included in zero_rows). rows_read counts unique rows
+    the pad id (zero rows, nothing read; included in zero_rows), out_of_table those of
+    ids outside the whole layer (zero rows as the serving engines' own lookups give them,
+    nothing read; included in zero_rows). rows_read counts unique rows
     fetched from pages, pages_read unique pages, bypass the rows read but not
     cached (every slot of the layer pinned), reused the lookups served by a read
     already requested this step. read_us is the source's submit-to-completion
@@ -27,6 +29,7 @@ class LayerCounters:
     pages_read: int = 0
     zero_rows: int = 0
     padded: int = 0
+    out_of_table: int = 0
     bypass: int = 0
     evictions: int = 0
     read_us: float = 0.0
@@ -58,7 +61,8 @@ _LAYER_FIELDS = tuple(f.name for f in fields(LayerCounters))
 #: pass's counts, cache.directory.Count). A pass field named nowhere here is the pass's own (bad_index, pending).
 FROM_PASS: dict[str, tuple[str, ...]] = {
     "lookups": ("lookups",), "hits": ("hits",), "reused": ("reused",), "rows_read": ("misses",),
-    "pages_read": ("pages",), "padded": ("padded",), "zero_rows": ("zero", "foreign", "padded"),
+    "pages_read": ("pages",), "padded": ("padded",), "out_of_table": ("outside",),
+    "zero_rows": ("zero", "foreign", "padded", "outside"),
     "bypass": ("bypass",), "evictions": ("evicted",),
 }
 

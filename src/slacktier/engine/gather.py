@@ -1,7 +1,9 @@
 """`gather`'s data pass: fill missed rows' new slots, then dequantize every lookup's row.
 
 Two implementations of the same pass, bit-identical to `codec.reference_dequant`
-(NaN as some NaN, the codec's contract):
+(NaN as some NaN, the codec's contract) in either dequant convention (the
+serving engine's own reading of an E8M0 byte, codec.DEQUANT_CONVENTIONS: the
+CPU pass takes that convention's table, the torch pass its arithmetic):
 - `gather_cpu` (device "cpu"): one compiled pass; the missed rows are first
   copied out of the page buffers into a packed [M, 264] staging array (in
   buffer order, word by word), then each lookup's row (a cache slot or a
@@ -23,12 +25,13 @@ import torch
 from numba import njit
 
 from slacktier.cache.kernels import prefetch
-from slacktier.tables.codec import DEQUANT_LUT, dequantize
+from slacktier.tables.codec import DEQUANT_CONVENTIONS, check_convention, dequant_lut, dequantize
 from slacktier.tables.layout import (PAGE_WORDS, ROW_BYTES, ROW_SCALES, ROW_VALUES, ROW_WORDS, ROWS_PER_PAGE,
                                      SCALE_BLOCK)
 
-_LUT = np.ascontiguousarray(DEQUANT_LUT, dtype=np.uint16)   # [65536] bf16 bits at fp8 * 256 + e8m0
-_LUT_BY_SCALE = np.ascontiguousarray(_LUT.reshape(256, 256).T).reshape(-1)   # [65536] at e8m0 * 256 + fp8
+# per dequant convention (codec.DEQUANT_CONVENTIONS): [65536] bf16 bits at fp8 * 256 + e8m0, and scale-major
+_LUT = {c: np.ascontiguousarray(dequant_lut(c), dtype=np.uint16) for c in DEQUANT_CONVENTIONS}
+_LUT_BY_SCALE = {c: np.ascontiguousarray(t.reshape(256, 256).T).reshape(-1) for c, t in _LUT.items()}
 
 
 #: rows ahead of the copy whose lines stage_misses prefetches (8 and 16 measured alike, 4 slower; issue 14)
@@ -132,20 +135,20 @@ def gather_cpu(desc_kind, desc_idx, n, miss_buf, miss_inpage, miss_slot, n_miss,
                 out[i, j] = 0
 
 
-def lut() -> np.ndarray:
+def lut(convention: str = "torch") -> np.ndarray:
     """The codec's exact dequant table [65536] uint16 (bf16 bits at fp8_byte * 256 + e8m0_byte)."""
-    return _LUT
+    return _LUT[check_convention(convention)]
 
 
-def lut_by_scale() -> np.ndarray:
+def lut_by_scale(convention: str = "torch") -> np.ndarray:
     """The same table [65536] uint16 with the scale byte major: entry e8m0_byte * 256 + fp8_byte (gather_cpu's)."""
-    return _LUT_BY_SCALE
+    return _LUT_BY_SCALE[check_convention(convention)]
 
 
 def gather_torch(desc_kind: np.ndarray, desc_idx: np.ndarray, miss_buf: np.ndarray, miss_inpage: np.ndarray,
                  miss_slot: np.ndarray, pool_pages: np.ndarray, weight: torch.Tensor, scale: torch.Tensor,
-                 staging: torch.Tensor | None = None) -> torch.Tensor:
-    """The same pass with torch ops on `weight.device`: -> bf16 [N, 256].
+                 staging: torch.Tensor | None = None, convention: str = "torch") -> torch.Tensor:
+    """The same pass with torch ops on `weight.device`: -> bf16 [N, 256], dequantized by `convention`.
 
     desc_*: [N]; miss_*: [M]; pool_pages: [capacity, 4096] uint8 host array.
     `staging`, if given, is a pinned host uint8 buffer of at least M * 264 bytes.
@@ -179,5 +182,6 @@ def gather_torch(desc_kind: np.ndarray, desc_idx: np.ndarray, miss_buf: np.ndarr
         pos = torch.from_numpy(miss_pos).to(device, non_blocking=True)
         which = torch.from_numpy(desc_idx[miss_pos]).to(device, non_blocking=True)
         raw.index_copy_(0, pos, raw_miss.index_select(0, which))
-    # Zero rows stay all-zero bytes: fp8 0x00 times any finite scale is +0, bf16 0x0000.
-    return dequantize(raw)
+    # Zero rows stay all-zero bytes: fp8 0x00 times any finite scale is +0, bf16 0x0000 (scale byte 0x00 is 2**-127
+    # or, in the "vllm" convention, 0.0: finite either way).
+    return dequantize(raw, convention)

@@ -15,6 +15,7 @@ serving every rank's region):
     slacktier_pages_read_total     unique 4 KiB pages read
     slacktier_evictions_total      cache slots given to another row
     slacktier_padded_total         lookups of the pad id (zero rows, nothing read)
+    slacktier_out_of_table_total   lookups of ids outside the layer (zero rows, nothing read)
     slacktier_errors_total{kind,layer,rank}   errors the engine raised, by SlackTierError kind
     slacktier_gather_stall_seconds histogram: per step, how long gather(layer) blocked on its reads
     slacktier_read_seconds         histogram: per step with reads, submit-to-completion of the layer's reads
@@ -23,7 +24,10 @@ serving every rank's region):
     slacktier_table_tier           gauge: 1 for the tier serving the layer (an info-style series)
 
 Units follow Prometheus' conventions (seconds, bytes, `_total` counters), as
-vLLM's `vllm:*` and SGLang's `sglang:*` metrics do.
+vLLM's `vllm:*` and SGLang's `sglang:*` metrics do. No `_created` series: vLLM
+turns them off (prometheus_client's process-wide disable_created_metrics); we
+drop ours in our own collector instead, so a host's own metrics stay as the
+host set them.
 
 Several tensor-parallel rank processes: set PROMETHEUS_MULTIPROC_DIR (an empty
 folder shared by the processes) before prometheus_client is imported;
@@ -38,6 +42,7 @@ slacktier_gather_stall_seconds_count 2.
 
 from __future__ import annotations
 
+import dataclasses
 import ipaddress
 import os
 import weakref
@@ -67,6 +72,7 @@ class _Families:
     pages_read: Counter
     evictions: Counter
     padded: Counter
+    out_of_table: Counter
     errors: Counter
     stall: Histogram
     read: Histogram
@@ -78,14 +84,32 @@ class _Families:
 _BY_REGISTRY: weakref.WeakKeyDictionary[CollectorRegistry, _Families] = weakref.WeakKeyDictionary()
 
 
+class _WithoutCreated:
+    """A collector of our metric families with their `_created` samples left out (a Counter's and a
+    Histogram's creation time per label set: a series per series, which vLLM and dashboards do without)."""
+
+    def __init__(self, metrics: tuple) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list:
+        return [family for m in self._metrics for family in m.describe()]
+
+    def collect(self):
+        for m in self._metrics:
+            for family in m.collect():
+                family.samples = [s for s in family.samples if not s.name.endswith("_created")]
+                yield family
+
+
 def _families(registry: CollectorRegistry) -> _Families:
     fam = _BY_REGISTRY.get(registry)
     if fam is None:
+        # Made unregistered (registry=None) and registered together through _WithoutCreated.
         def counter(name: str, doc: str) -> Counter:
-            return Counter(name, doc, LABELS, registry=registry)
+            return Counter(name, doc, LABELS, registry=None)
 
         def gauge(name: str, doc: str) -> Gauge:
-            return Gauge(name, doc, LABELS, registry=registry, multiprocess_mode="livesum")
+            return Gauge(name, doc, LABELS, registry=None, multiprocess_mode="livesum")
 
         fam = _Families(
             lookups=counter("slacktier_lookups", "Table lookups (padding included)"),
@@ -94,16 +118,19 @@ def _families(registry: CollectorRegistry) -> _Families:
             pages_read=counter("slacktier_pages_read", "Unique 4 KiB pages read from the tier"),
             evictions=counter("slacktier_evictions", "Cache slots given to another row"),
             padded=counter("slacktier_padded", "Lookups of the pad id (zero rows, nothing read)"),
+            out_of_table=counter("slacktier_out_of_table", "Lookups of ids outside the layer (zero rows, nothing "
+                                 "read)"),
             errors=Counter("slacktier_errors", "Errors the engine raised, by kind", ("kind", "layer", "rank"),
-                           registry=registry),
+                           registry=None),
             stall=Histogram("slacktier_gather_stall_seconds", "Per step: how long gather(layer) blocked on "
-                            "its reads", LABELS, registry=registry, buckets=TIME_BUCKETS_S),
+                            "its reads", LABELS, registry=None, buckets=TIME_BUCKETS_S),
             read=Histogram("slacktier_read_seconds", "Per step with reads: submit-to-completion time of the "
-                           "layer's reads", LABELS, registry=registry, buckets=TIME_BUCKETS_S),
+                           "layer's reads", LABELS, registry=None, buckets=TIME_BUCKETS_S),
             cache_rows=gauge("slacktier_cache_rows", "Cache slots the layer owns"),
             host_bytes=gauge("slacktier_host_table_bytes", "Bytes of the table held in host memory"),
             tier=gauge("slacktier_table_tier", "1 for the tier serving the layer"),
         )
+        registry.register(_WithoutCreated(tuple(getattr(fam, f.name) for f in dataclasses.fields(fam))))
         _BY_REGISTRY[registry] = fam
     return fam
 
@@ -126,7 +153,8 @@ class LayerLabels:
 class _LayerSeries:
     """One layer's bound children, so a step's update is a few `inc`/`observe` calls."""
 
-    __slots__ = ("lookups", "hits", "rows_read", "pages_read", "evictions", "padded", "stall", "read")
+    __slots__ = ("lookups", "hits", "rows_read", "pages_read", "evictions", "padded", "out_of_table", "stall",
+                 "read")
 
     def __init__(self, fam: _Families, values: tuple[str, str, str]) -> None:
         for name in self.__slots__:
@@ -178,6 +206,8 @@ class EngineMetrics:
             s.evictions.inc(c.evictions)
             if c.padded:
                 s.padded.inc(c.padded)
+            if c.out_of_table:
+                s.out_of_table.inc(c.out_of_table)
             s.stall.observe(c.wait_us / 1e6)
             if c.pages_read:
                 s.read.observe(c.read_us / 1e6)
@@ -211,6 +241,10 @@ def check_multiproc_dir() -> None:
 def check_metrics_address(addr: str, port: int) -> None:
     """Refuse (BAD_INPUT) a metrics address that is not an IP address ("127.0.0.1", "::1", "0.0.0.0" for every
     interface, or "localhost"), or a port outside 0..65535 (0: the kernel picks one)."""
+    if not isinstance(addr, str):   # ipaddress would take an int (2130706433 is 127.0.0.1); the server would not
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"metrics address {addr!r} is a {type(addr).__name__}, not a "
+                             "string", fix="pass the address as a string, e.g. addr='127.0.0.1' (the default), or "
+                             "'0.0.0.0' to serve every interface")
     try:
         if addr != "localhost":
             ipaddress.ip_address(addr)

@@ -51,8 +51,26 @@ per-rank host lookup zero-fills rows it does not own before its all-reduce.
 -0.0 rather than +0.0 because -0.0 is the additive identity of IEEE addition
 (x + -0.0 == x for every x, -0.0 included; -0.0 + +0.0 is +0.0), so the
 all-reduce sum over ranks reproduces the single-process rows bit for bit, the
-owner's -0.0 values included. Without owned_only an id outside the table is an
-error.
+owner's -0.0 values included. Without owned_only an id outside the rows the
+process serves is an error, unless it is outside the whole layer (below).
+
+Ids outside the whole layer (`TableSpec.table_rows`, which a control file's
+manifest always gives): a zero row (+0.0), nothing read or cached, counted in
+`out_of_table` (and zero_rows), in every mode, rank and partition. That is what
+SGLang's and vLLM's own lookups give such an id (their masked loads and fills),
+so a plug-in serves it as the stock path does; the hashers never emit one, so
+the first of each layer is logged as a warning. Under a rank partition the id
+is mapped outside the stored rows too (RowMap.to_stored), never onto another
+row's place.
+
+Conventions (`convention`, codec.DEQUANT_CONVENTIONS): a plug-in's rows must
+equal its serving engine's own lookup. "torch" (the default: SGLang's host
+path and the reference DESIGN.md names) reads an E8M0 byte 0x00 as 2**-127 and
+writes -0.0 in rows another rank serves (an all-reduce sums them); "vllm" reads
+the byte as vLLM's Triton lookup does (0x00 -> 0.0, 0xFF -> +inf) and writes
++0.0 there, as that kernel's masked loads do (vLLM all-gathers, never sums).
+The compiled gather takes the convention's own exact table, so it stays one
+table lookup per value.
 
 Padding (`pad_id`, default -1, what vLLM pads a step's hash ids with): a
 lookup of the pad id comes out as a zero row (+0.0), touches no cache slot,
@@ -70,6 +88,7 @@ runs: begin_step and gather are unchanged, end_step tests one attribute.
 from __future__ import annotations
 
 import logging
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -92,6 +111,7 @@ from slacktier.engine.reads import LayerReads
 from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
+from slacktier.tables.codec import check_convention
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROW_VALUES, ROWS_PER_PAGE
 
 if TYPE_CHECKING:
@@ -134,7 +154,7 @@ class StepEngine:
                  lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
                  owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None,
-                 evict_ahead: bool = True, control: B.Applied | None = None) -> None:
+                 evict_ahead: bool = True, control: B.Applied | None = None, convention: str = "torch") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -152,6 +172,8 @@ class StepEngine:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"cache on {self.cache.device}, engine on {self.device}",
                                  fix="build the cache on the engine's device")
         self.columns = int(columns)
+        self.convention = check_convention(convention)
+        self._lut_t = G.lut_by_scale(self.convention)
         self.lossy = bool(lossy)
         self.owned_only = bool(owned_only)
         self.pad_id = _checked_pad_id(pad_id)
@@ -165,7 +187,11 @@ class StepEngine:
         # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
         self.evict_ahead = bool(evict_ahead)
         self.wait_timeout_s = _checked_timeout(wait_timeout_s)
-        self._owned_sources: list[PageSource] = list(owned_sources)
+        self._owned_sources: list[PageSource] = list(owned_sources)   # changed in place: the finalizer holds it
+        # An engine garbage-collected without close() still releases what its sources hold (descriptors,
+        # device-queue attachments, target locks, which would refuse a later restage), and says so.
+        self._finalizer = weakref.finalize(self, _close_dropped, self._owned_sources)
+        self._finalizer.atexit = False   # at exit the process releases them; a source's join could only delay it
         self._closed = False
         self._in_step = False
         self._step = 0
@@ -182,6 +208,7 @@ class StepEngine:
         self._taken = self._unread = 0   # window positions: results taken below _taken, resolved below _unread
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
+        self._warned_outside: set[int] = set()   # layers whose out-of-table ids were logged once
         self._configure(list(tables), ids_layers)
         self._ensure_capacity(max(1, int(max_tokens)))
         if metrics is not None:
@@ -230,7 +257,7 @@ class StepEngine:
         if check:
             for run in runs.values():
                 self._reader(run)
-        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens)
+        return _Layout(tables, runs, layer_ids, cache, slots, tuple(invalidate), pool, tokens, lossy)
 
     def _commit(self, layout: _Layout) -> None:
         """Serve `layout` (built by `_prepare`): from here on nothing is refused."""
@@ -251,6 +278,9 @@ class StepEngine:
             if t.layer not in cache.layers:
                 cache.add_layer(t.layer, t.rows, 0.0)
         cache.resize(slots=layout.slots, shares={t.layer: t.cache_share for t in layout.tables})
+        if layout.lossy:
+            for t in layout.tables:
+                _forget_unseen(cache, t)
         self._layers = layout.runs
         self._order = layout.order
         # (axis, map) of every layer served under a rank partition other than columns (tables.partition)
@@ -325,7 +355,7 @@ class StepEngine:
         if owned_only is not None:
             self.owned_only = bool(owned_only)
         if owned_sources is not None:
-            self._owned_sources = list(owned_sources)
+            self._owned_sources[:] = list(owned_sources)
         if pad_id is not None:
             self.pad_id = int(pad_id)
         if evict_ahead is not None:
@@ -485,7 +515,7 @@ class StepEngine:
 
     def _stored_ids(self, ids: np.ndarray) -> np.ndarray:
         """The step's ids with each partitioned layer's global row ids as its stored rows (TableSpec.row_map);
-        pad and out-of-table ids unchanged, so the pass refuses or pads them as before."""
+        pad and out-of-table ids stay outside the stored rows, so the pass pads or zero-fills them."""
         out = ids.copy()
         for axis, row_map in self._row_maps:
             row_map.to_stored(ids[:, axis, :], out[:, axis, :])
@@ -637,8 +667,8 @@ class StepEngine:
         if self.gather_impl == "numba":
             bits = np.empty((n, ROW_VALUES), dtype=np.uint16)
             G.gather_cpu(sc.desc_kind, sc.desc_idx, n, sc.miss_buf, sc.miss_inpage, sc.miss_slot, n_miss,
-                         self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), G.lut_by_scale(), bits)
-            if n_foreign:
+                         self._pool.pages, self.cache.weight.numpy(), self.cache.scale.numpy(), self._lut_t, bits)
+            if n_foreign and self.convention == "torch":   # "vllm": +0.0, as gather_cpu leaves them
                 fill_foreign(sc.desc_kind, n, bits)
             out = torch.from_numpy(bits).view(torch.bfloat16)
         else:
@@ -650,8 +680,8 @@ class StepEngine:
                 staging = self._staging[run.axis * span:(run.axis + 1) * span]
             out = G.gather_torch(sc.desc_kind[:n], sc.desc_idx[:n], sc.miss_buf[:n_miss],
                                  sc.miss_inpage[:n_miss], sc.miss_slot[:n_miss], self._pool.pages,
-                                 self.cache.weight, self.cache.scale, staging)
-            if n_foreign:
+                                 self.cache.weight, self.cache.scale, staging, self.convention)
+            if n_foreign and self.convention == "torch":
                 foreign = np.flatnonzero(sc.desc_kind[:n] == KIND_FOREIGN)
                 out.index_fill_(0, torch.from_numpy(foreign).to(out.device, non_blocking=True), -0.0)
         run.counters.gather_us += (perf_counter_ns() - t0) / 1e3
@@ -662,7 +692,7 @@ class StepEngine:
 
     def _check(self, run: _LayerRun, out: torch.Tensor) -> None:
         kinds = run.scratch.desc_kind[:run.res.lookups]
-        if run.res.zero or run.res.foreign or run.res.padded:
+        if run.res.zero or run.res.foreign or run.res.padded or run.res.outside:
             keep = np.flatnonzero(kinds <= KIND_MISS)   # zero and foreign rows are not the table's
             ours = out[torch.from_numpy(keep)]
             local = run.ids.reshape(-1)[keep] - run.spec.row_start
@@ -670,7 +700,7 @@ class StepEngine:
             keep = np.arange(run.res.lookups)
             ours = out
             local = run.ids.reshape(-1) - run.spec.row_start
-        ref = reference_gather(self._reader(run).read(local))
+        ref = reference_gather(self._reader(run).read(local), self.convention)
         differ = mismatching_rows(ours, ref)
         bad = int(differ.sum())
         run.counters.checked_rows += int(keep.size)
@@ -725,6 +755,11 @@ class StepEngine:
             counters.layers[layer] = c
             self.totals[layer].add(c)
             run.ids = None
+            if c.out_of_table and layer not in self._warned_outside:
+                self._warned_outside.add(layer)
+                log.warning("layer %d: %d ids outside the layer were served as zero rows (as the serving engines' "
+                            "own lookups serve them; counted in out_of_table): the hasher's layout may not be the "
+                            "table's", layer, c.out_of_table)
         self._finish_step()
         if self.evict_ahead:
             for layer, c in counters.layers.items():   # counted as this step's evictions
@@ -782,6 +817,7 @@ class StepEngine:
             return
         if self._in_step:
             self._abort_step()
+        self._finalizer.detach()
         for source in self._owned_sources:
             source.close()
         self._unpin_pool()
@@ -855,6 +891,36 @@ class _Layout:
     invalidate: tuple[int, ...]
     pool: PageBufferPool | None
     tokens: int               # steps of up to this many tokens fit the runs' scratch and the pool
+    lossy: bool = False       # served lossy: cached rows outside a table's seen-set are dropped on commit
+
+
+def _close_dropped(sources: list[PageSource]) -> None:
+    """The finalizer of an engine collected without close(): close the sources it owned, and log it once."""
+    failed = []
+    for source in sources:
+        try:
+            source.close()
+        except Exception as exc:   # a finalizer cannot raise: every failure is logged below, none is dropped
+            failed.append(f"{type(source).__name__}: {exc}")
+    log.warning("a StepEngine was garbage-collected without close(): closed its %d page sources (their files, "
+                "device-queue attachments and target locks)%s; call engine.close() or use `with StepEngine...`",
+                len(sources), f"; closing failed for {'; '.join(failed)}" if failed else "")
+
+
+def _forget_unseen(cache: RowCache, table: TableSpec) -> None:
+    """Drop the cached rows of `table` that its seen-set does not hold: a lossy row outside the seen-set is
+    zeros, so a row cached under a wider seen-set (or before lossy mode) must not be served from the cache.
+    Worked example: seen bitmap [0b00000101] (rows 0 and 2), cached rows 0, 1, 2 -> the slot of row 1 is freed."""
+    if table.seen is None:
+        return
+    rows, slots = cache.cached(table.layer)   # [n] int64 local rows, [n] int32 slots
+    if not rows.shape[0]:
+        return
+    seen = (table.seen[rows >> 3] >> (rows & 7).astype(np.uint8)) & 1
+    unseen = slots[seen == 0]
+    if unseen.shape[0]:
+        cache.forget(table.layer, unseen)
+        log.info("layer %d: %d cached rows outside the seen-set dropped", table.layer, unseen.shape[0])
 
 
 def _widened_ids(ids: np.ndarray) -> np.ndarray:

@@ -36,7 +36,10 @@ class TableSpec:
     rows independently of the source; None lets the checker map the regions'
     files itself. `row_map` (a rank partition other than columns, tables.partition):
     the step's global row ids -> the stored rows `row_start`/`rows` and the
-    regions index; begin_step maps the ids before its directory pass.
+    regions index; begin_step maps the ids before its directory pass. `table_rows`: the whole layer's
+    rows in that same space (all ranks; a partition's padding included), when known: an id outside them (other
+    than the pad id) is a zero row counted in out_of_table, as the serving engines' own lookups give it; 0 (not
+    known): such an id is another rank's row (owned_only) or an error.
     """
 
     layer: int
@@ -49,6 +52,7 @@ class TableSpec:
     reference: object | None = None       # a slacktier.engine.checker.RowReader
     region_index: tuple[int, ...] = ()    # regions[i]'s index in the source's region list (default: i)
     row_map: RowMap | None = None         # global row id -> stored row; None: they are the same (columns)
+    table_rows: int = 0                   # the whole layer's rows (all ranks), 0: not known
     geometry: LayerGeometry = field(init=False, repr=False)   # what the directory pass needs (cache room)
 
     def __post_init__(self) -> None:
@@ -92,7 +96,7 @@ class TableSpec:
         self.geometry = LayerGeometry(
             row_start=self.row_start, rows=self.rows,
             rank_starts=np.array([r.row_start - self.row_start for r in self.regions] + [self.rows], dtype=np.int64),
-            rank_region=np.array(self.region_index, dtype=np.int32), seen=self.seen)
+            rank_region=np.array(self.region_index, dtype=np.int32), seen=self.seen, table_end=int(self.table_rows))
 
 
 def seen_bitmap(rows: int, seen_rows: np.ndarray) -> np.ndarray:

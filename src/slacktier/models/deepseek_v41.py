@@ -24,6 +24,11 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+
+from slacktier.errors import optional_import
+
+# transformers is the `models` extra: without it, importing this module refuses in one line naming it.
+optional_import("transformers", "models", "the V4.1-shaped CPU model (slacktier.models)")
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 from transformers.cache_utils import DynamicCache
 from transformers.masking_utils import create_sliding_window_causal_mask

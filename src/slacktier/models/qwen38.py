@@ -28,6 +28,11 @@ from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
+
+from slacktier.errors import optional_import
+
+# transformers is the `models` extra: without it, importing this module refuses in one line naming it.
+optional_import("transformers", "models", "the Qwen3.8-shaped CPU model (slacktier.models)")
 from transformers import Qwen4ExpForCausalLM, Qwen4ExpTextConfig
 from transformers.cache_utils import DynamicCache
 

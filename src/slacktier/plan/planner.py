@@ -76,7 +76,7 @@ def _predict(tables: Sequence[TableDemand], tiers: Sequence[TierSpec], split: Ca
                   cache_share=split.shares[i], cache_rows=split.shares[i] * cache_rows,
                   window_ms=tab.window_ms, pages_per_step=pages[i], read_ms=read_ms[tab.layer],
                   stall_ms=exp.stall_of(tab.layer),
-                  host_bytes=tier.host_bytes(tab.rows, int(split.shares[i] * cache_rows)))
+                  host_bytes=tier.host_bytes(tab.rows, int(split.shares[i] * cache_rows)) + tab.in_memory_bytes)
         for i, (tab, tier) in enumerate(zip(tables, tiers)))
     return Plan(tables=plans, cache_rows=int(cache_rows), target_ms=target_ms, kappa_ms=kappa_ms,
                 resolve_ms=resolve_ms, slowdown_ms=exp.slowdown_ms,

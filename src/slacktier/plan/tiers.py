@@ -58,6 +58,7 @@ from slacktier.config import tier_facts, tier_names
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.constants import DIRECTORY_BYTES_PER_ROW, PAGE_BYTES, ROWS_PER_PAGE
 from slacktier.plan.readmodel import DeviceReadModel
+from slacktier.textfile import read_text
 
 TIERS_FORMAT = "slacktier-tiers/2"
 _COMMON_KEYS = {"name", "holds_table", "directory_bytes_per_row", "buffer_bytes"}
@@ -242,16 +243,13 @@ def write_tiers(tiers: Sequence[TierSpec], path: str | Path, comment: str = "") 
 def load_tiers(path: str | Path) -> tuple[TierSpec, ...]:
     """Read a tiers TOML file (either form)."""
     p = Path(path)
+    text = read_text(p, "tiers file", "TOML", "write one [[tier]] table per tier (slacktier probe --read-fit "
+                                              "writes one)")
     try:
-        doc = tomllib.loads(p.read_text())
-    except FileNotFoundError as exc:
-        raise SlackTierError(ErrorKind.MISSING, f"tiers file {p} not found", fix="pass the right path") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        doc = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tiers file {p} is not TOML: {exc}",
                              fix="write one [[tier]] table per tier") from None
-    except OSError as exc:
-        raise SlackTierError(ErrorKind.IO, f"cannot read tiers file {p}: {exc.strerror}",
-                             fix="check the path and its permissions") from None
     try:
         return tiers_from_dict(doc)
     except SlackTierError as exc:

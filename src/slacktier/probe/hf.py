@@ -40,6 +40,7 @@ def locate_smollm2_gguf() -> Path:
 
 def load_causal_lm(source: str, *, dtype: torch.dtype = torch.float32) -> tuple[nn.Module, str]:
     """A causal LM on the CPU from "smollm2", a .gguf file, or a local model directory; and its name."""
+    optional_import("transformers", "probe", "the window probe's model loader")
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 

@@ -54,7 +54,7 @@ def read_json(path: str | Path) -> list[WindowSweep]:
                        for lw in d["layers"])
         initial = d.get("initial_noise")
         out.append(WindowSweep(**{**d, "noise": NoiseModel(**d["noise"]), "settings": SweepSettings(**d["settings"]),
-                                  "layers": layers,
+                                  "layers": layers, "layers_requested": tuple(d.get("layers_requested", ())),
                                   "initial_noise": None if initial is None else NoiseModel(**initial)}))
     return out
 
@@ -64,21 +64,29 @@ def format_table(sweeps: Sequence[WindowSweep]) -> str:
     lines = []
     for s in sweeps:
         n = s.noise
-        lines.append(f"{s.model}  B={s.batch}  clock={s.clock}  step {n.baseline_ms:.3f} ms (median of {n.steps}), "
-                     f"robust std {n.std_ms:.3f} ms, threshold {n.threshold_ms:.3f} ms, {s.steps_run} steps")
+        lines.append(f"{s.model}  B={s.batch}  clock={s.clock}")
+        lines.append(f"step {n.baseline_ms:.3f} ms (median of {n.steps}), robust std {n.std_ms:.3f} ms, threshold "
+                     f"{n.threshold_ms:.3f} ms, {s.steps_run} steps")
+        if s.interrupted:
+            lines.append(f"interrupted: {len(s.layers)} of {len(s.layers_requested) or '?'} layers measured")
         lines.append(f"{'layer':>5} {'k/L':>6} {'window ms':>10} {'window/step':>11} {'(w/step)/(k/L)':>14} "
                      f"{'fit ms':>8} {'arrival ms':>10} {'found at X':>10} {'points':>6}")
         for lw in s.layers:
             d = depth(lw.layer, s.num_layers)
             if lw.window_ms is None:
                 w = frac = ratio = found = fit = "-"
+                if lw.below_noise_floor:
+                    w = "< floor"
             else:
                 w, frac = f"{lw.window_ms:.3f}", f"{lw.window_frac:.3f}"
                 ratio = f"{lw.window_frac / d:.3f}" if d > 0 else "-"
                 found = f"{lw.detected_at_ms:.2f}"
-                fit = f"{lw.window_fit_ms:.3f}"
+                fit = "< floor" if lw.window_fit_ms is None else f"{lw.window_fit_ms:.3f}"
             lines.append(f"{lw.layer:>5} {d:>6.3f} {w:>10} {frac:>11} {ratio:>14} {fit:>8} {lw.arrival_ms:>10.3f} "
                          f"{found:>10} {len(lw.points):>6}")
+        if any(lw.below_noise_floor for lw in s.layers):
+            lines.append(f"< floor: X - delta came out under the noise floor ({s.settings.floor_ms:.3f} ms): the "
+                         "window cannot be told from none")
         lines.append("")
     return "\n".join(lines)
 
@@ -98,7 +106,8 @@ def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "
         if pts:
             xs, ys = zip(*pts)
             line, = ax.plot(xs, ys, marker="o", ms=3,
-                            label=f"B={s.batch} ({s.noise.baseline_ms:.1f} ms step, {s.clock}): X - delta")
+                            label=f"B={s.batch} ({s.noise.baseline_ms:.1f} ms step, {s.clock} clock): measured "
+                                  "window")
             if arrivals:
                 ax.plot([depth(lw.layer, s.num_layers) for lw in s.layers],
                         [lw.arrival_ms / s.noise.baseline_ms for lw in s.layers], ls="--", lw=1,
@@ -119,7 +128,19 @@ def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "
 
 
 def parse_layers(spec: str, num_layers: int) -> list[int]:
-    """'all' | '0,5,10' | 'every:N' -> decoder layer indices (every:3 of 8 layers -> [0, 3, 6])."""
+    """'tables' | 'all' | '0,5,10' | 'every:N' -> decoder layer indices (every:3 of 8 layers -> [0, 3, 6]).
+
+    'tables' is DeepSeek-V4.1's Engram layers (1, 14), the layers `plan` places tables on; a model with too few
+    decoder layers for them is refused (num_layers 0: not known yet, only the spec is checked).
+    """
+    if spec == "tables":
+        from slacktier.tables.engram_hash import V41_LAYER_IDS
+
+        if num_layers and max(V41_LAYER_IDS) >= num_layers:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers tables is layers {list(V41_LAYER_IDS)}, and this "
+                                 f"model has {num_layers} decoder layers",
+                                 fix="pass --layers all or a comma list of the layers that read your tables")
+        return list(V41_LAYER_IDS)
     if spec == "all":
         return list(range(num_layers))
     if spec.startswith("every:"):
@@ -142,8 +163,8 @@ class ProbeRunConfig:
 
     model: str = "smollm2"               # 'smollm2', a .gguf file or a local Hugging Face model directory
     layers_path: str | None = None       # dotted path of the decoder ModuleList (None: found by name)
-    batches: tuple[int, ...] = (1, 8)
-    layers: str = "all"                  # 'all', '0,5,10' or 'every:N' (parse_layers)
+    batches: tuple[int, ...] = (1,)
+    layers: str = "tables"               # 'tables', 'all', '0,5,10' or 'every:N' (parse_layers)
     clock: str = "wall"                  # probe.hooks.CLOCKS
     threads: int = 0                     # torch intra-op threads (0: leave torch's default)
     config_path: Path = Path("runs/probe/probe.json")  # the probe's run-time target file, rewritten by the sweep
@@ -203,23 +224,40 @@ def run_probe(config: ProbeRunConfig) -> list[WindowSweep]:
                 print(format_follow_step(i, pr.step_target, ms), flush=True)
         return []
     sweeps, overheads = [], []
-    for batch in config.batches:
-        loop = DecodeLoop(model, batch, config.prompt_tokens, config.max_new_tokens, config.seed, config.clock)
-        write_probe_config(config.config_path, NO_TARGET)
-        probe = WindowProbe(model, layers_path=config.layers_path, config_path=str(config.config_path),
-                            clock=config.clock)
-        layers = parse_layers(config.layers, probe.num_layers)
-        with probe:
-            sweep = sweep_windows(loop.step, probe, layers, config.settings, batch=batch, model_name=name,
-                                  progress=lambda m, b=batch: print(f"[B={b}] {m}", file=sys.stderr, flush=True))
-        sweeps.append(sweep)
-        if config.overhead_pairs:
-            hooked, bare = measure_overhead(loop.step, probe, pairs=config.overhead_pairs, seed=config.seed)
-            overheads.append((batch, hooked, bare))
+    try:
+        for i, batch in enumerate(config.batches, 1):
+            loop = DecodeLoop(model, batch, config.prompt_tokens, config.max_new_tokens, config.seed, config.clock)
+            write_probe_config(config.config_path, NO_TARGET)
+            probe = WindowProbe(model, layers_path=config.layers_path, config_path=str(config.config_path),
+                                clock=config.clock)
+            layers = parse_layers(config.layers, probe.num_layers)
+            n = len(config.batches)
+            tag = f"[B={batch}]" if n == 1 else f"[B={batch}, batch size {i} of {n}]"
+            with probe:
+                sweep = sweep_windows(loop.step, probe, layers, config.settings, batch=batch, model_name=name,
+                                      progress=lambda m, t=tag: print(f"{t} {m}", file=sys.stderr, flush=True))
+            sweeps.append(sweep)
+            if sweep.interrupted:
+                break
+            if config.overhead_pairs:
+                hooked, bare = measure_overhead(loop.step, probe, pairs=config.overhead_pairs, seed=config.seed)
+                overheads.append((batch, hooked, bare))
+    except KeyboardInterrupt:   # outside a sweep's layers (loading, baseline, overhead): keep the finished sweeps
+        if not sweeps:
+            print("interrupted before any layer was measured: nothing written", file=sys.stderr, flush=True)
+            raise
+        sweeps[-1] = dataclasses.replace(sweeps[-1], interrupted=True)
+    sweeps = [s for s in sweeps if s.layers or not s.interrupted]
+    if not sweeps:
+        print("interrupted before any layer was measured: nothing written", file=sys.stderr, flush=True)
+        raise KeyboardInterrupt
     print(format_table(sweeps))
     for batch, hooked, bare in overheads:
         print(format_overhead(batch, hooked, bare, config.clock))
     print(f"wrote {write_json(sweeps, config.json_path)}")
     if config.plot_path is not None:
         print(f"wrote {plot_windows(sweeps, config.plot_path)}")
+    if any(s.interrupted for s in sweeps):
+        done = {lw.layer for s in sweeps for lw in s.layers}
+        print(f"interrupted: the file holds the {len(done)} layers measured before Ctrl-C", file=sys.stderr)
     return sweeps

@@ -21,6 +21,14 @@ machine its delta is biased up and X - delta down (the larger the threshold
 against the grid, the more). `extra_points` further X values past the first
 detection, measured whatever their delta, give unselected estimates; their
 median is `window_fit_ms` (the paper's rule, first X only, stays `window_ms`).
+
+An estimate below the absolute noise floor (`floor_ms`; X - delta can even come
+out negative when a held step is slowed by more than the hold, as layer 0's
+often is) cannot be told from no window at all: the layer's `window_ms` is then
+None and `below_noise_floor` says why, instead of a negative number a planner
+would refuse. Ctrl-C (KeyboardInterrupt) between or inside layers ends the
+sweep with the layers finished so far and `interrupted` set, so a caller can
+write what was measured.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ import dataclasses
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -109,6 +118,13 @@ class LayerWindow:
     window_fit_ms: float | None    # median of X - delta over the `extra_points` X values past the first detection
     arrival_ms: float              # median time from step start to the layer's pre-hook, no target
     points: tuple[DelayPoint, ...]
+    below_noise_floor: bool = False  # X - delta came out under the noise floor: window_ms None, not a number
+
+    def describe(self) -> str:
+        """'window 1.234 ms', 'window below the noise floor' or 'no window up to the largest X'."""
+        if self.window_ms is not None:
+            return f"window {self.window_ms:.3f} ms"
+        return "window below the noise floor" if self.below_noise_floor else "no window up to the largest X"
 
 
 @dataclass(frozen=True)
@@ -124,6 +140,8 @@ class WindowSweep:
     steps_run: int = 0
     initial_noise: NoiseModel | None = None  # from the initial baseline steps alone (sets the X grid)
     clock: str = "wall"   # the clock steps and holds were timed with (probe.hooks.CLOCKS)
+    interrupted: bool = False       # stopped by Ctrl-C: `layers` holds the layers finished before it
+    layers_requested: tuple[int, ...] = ()  # every layer the sweep was asked for (empty in files from older runs)
 
 
 class _Stepper:
@@ -169,13 +187,59 @@ def _point(delay_ms: float, held: list[float], base: list[float]) -> DelayPoint:
     return DelayPoint(delay_ms=delay_ms, held_ms=h, base_ms=b, delta_ms=h - b, pairs=len(held))
 
 
+def format_eta(seconds: float) -> str:
+    """A remaining time a person reads: '40 s', '3 min', '2.1 h'."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+def _measure_layer(stepper: _Stepper, k: int, settings: SweepSettings, dx: float, n_points: int,
+                   rng: random.Random, threshold: Callable[[list[float]], float]
+                   ) -> tuple[list[DelayPoint], float | None, float | None, float | None]:
+    """Walk X up for layer k: (points, window, detected X, fit); window None when no X up to the limit grew it."""
+    points: list[DelayPoint] = []
+    for i in range(1, n_points + 1):
+        x = i * dx
+        target = ProbeTarget(layer=k, delay_ms=x)
+        held, base = _block(stepper, target, settings.repeats, rng)
+        p = _point(x, held, base)
+        points.append(p)
+        if p.delta_ms <= threshold(base):
+            continue
+        if settings.confirm:
+            held2, base2 = _block(stepper, target, settings.repeats, rng)
+            p2 = _point(x, held2, base2)
+            points.append(p2)
+            if p2.delta_ms <= threshold(base2):
+                log.info("layer %d X=%.3f ms: delta %.3f ms did not repeat (%.3f ms)", k, x, p.delta_ms,
+                         p2.delta_ms)
+                continue
+            p = _point(x, held + held2, base + base2)
+        estimates = []
+        for j in range(1, settings.extra_points + 1):
+            xj = x + j * dx
+            held_j, base_j = _block(stepper, ProbeTarget(layer=k, delay_ms=xj), settings.repeats, rng)
+            pj = _point(xj, held_j, base_j)
+            threshold(base_j)
+            points.append(pj)
+            estimates.append(xj - pj.delta_ms)
+        window = x - p.delta_ms
+        return points, window, x, float(np.median(estimates)) if estimates else window
+    return points, None, None, None
+
+
 def sweep_windows(run_step: Callable[[], float], probe: WindowProbe, layers: Sequence[int] | None = None,
                   settings: SweepSettings = SweepSettings(), *, batch: int = 1, model_name: str = "",
                   progress: Callable[[str], None] | None = None) -> WindowSweep:
     """Measure the windows of `layers` (default: all) of the probed model.
 
     run_step() runs one step of the model (one forward of the module the probe's
-    step-start hook sits on) and returns its wall time in ms.
+    step-start hook sits on) and returns its wall time in ms. `progress` gets one
+    line per finished layer ("layer 14 (2 of 2): ..., about 3 min left"). Ctrl-C
+    during the layers returns the sweep so far with `interrupted` set.
     """
     if not probe.attached:
         raise SlackTierError(ErrorKind.BAD_INPUT, "the probe is not attached", fix="call probe.attach() first")
@@ -207,54 +271,54 @@ def sweep_windows(run_step: Callable[[], float], probe: WindowProbe, layers: Seq
         return noise.threshold_ms
 
     n_points = max(1, math.ceil(settings.max_delay_frac * settings.points_per_step))
+
+    def expected_points(k: int) -> int:
+        """Blocks layer k should take: X walks up to about its arrival, then a confirmation and the extra points;
+        deeper layers take more, so the ETA counts blocks, not layers."""
+        return min(n_points, math.ceil(arrival_ms[k] / dx) + 1) + int(settings.confirm) + settings.extra_points
+
     out = []
-    for k in layers:
-        points: list[DelayPoint] = []
-        window = detected = fit = None
-        for i in range(1, n_points + 1):
-            x = i * dx
-            target = ProbeTarget(layer=k, delay_ms=x)
-            held, base = _block(stepper, target, settings.repeats, rng)
-            p = _point(x, held, base)
-            points.append(p)
-            if p.delta_ms <= threshold(base):
-                continue
-            if settings.confirm:
-                held2, base2 = _block(stepper, target, settings.repeats, rng)
-                p2 = _point(x, held2, base2)
-                points.append(p2)
-                if p2.delta_ms <= threshold(base2):
-                    log.info("layer %d X=%.3f ms: delta %.3f ms did not repeat (%.3f ms)", k, x, p.delta_ms,
-                             p2.delta_ms)
-                    continue
-                p = _point(x, held + held2, base + base2)
-            window, detected = x - p.delta_ms, x
-            estimates = []
-            for j in range(1, settings.extra_points + 1):
-                xj = x + j * dx
-                held_j, base_j = _block(stepper, ProbeTarget(layer=k, delay_ms=xj), settings.repeats, rng)
-                pj = _point(xj, held_j, base_j)
-                threshold(base_j)
-                points.append(pj)
-                estimates.append(xj - pj.delta_ms)
-            fit = float(np.median(estimates)) if estimates else window
-            break
-        lw = LayerWindow(layer=k, window_ms=window,
-                         window_frac=None if window is None else window / noise.baseline_ms,
-                         detected_at_ms=detected, window_fit_ms=fit, arrival_ms=float(arrival_ms[k]),
-                         points=tuple(points))
-        out.append(lw)
-        if progress:
-            w = "none" if window is None else f"{window:.3f} ms ({window / noise.baseline_ms:.3f} of step)"
-            progress(f"layer {k}: window {w}, arrival {lw.arrival_ms:.3f} ms, {len(points)} points, "
-                     f"threshold now {noise.threshold_ms:.3f} ms")
-    stepper.step(NO_TARGET)  # leave the model unheld
+    interrupted = False
+    t_start = time.monotonic()
+    blocks_done = 0
+    try:
+        for i, k in enumerate(layers, 1):
+            points, window, detected, fit = _measure_layer(stepper, k, settings, dx, n_points, rng, threshold)
+            below = window is not None and window < settings.floor_ms
+            if below:
+                log.info("layer %d: X - delta %.3f ms is under the noise floor %.3f ms", k, window,
+                         settings.floor_ms)
+                window = detected = fit = None
+            elif fit is not None and fit < settings.floor_ms:
+                fit = None
+            lw = LayerWindow(layer=k, window_ms=window,
+                             window_frac=None if window is None else window / noise.baseline_ms,
+                             detected_at_ms=detected, window_fit_ms=fit, arrival_ms=float(arrival_ms[k]),
+                             points=tuple(points), below_noise_floor=below)
+            out.append(lw)
+            blocks_done += len(points)
+            if progress:
+                per_block_s = (time.monotonic() - t_start) / blocks_done
+                blocks_left = sum(expected_points(j) for j in layers[i:])
+                left = "done" if i == len(layers) else f"about {format_eta(per_block_s * blocks_left)} left"
+                w = lw.describe() + ("" if window is None else f" ({window / noise.baseline_ms:.3f} of step)")
+                progress(f"layer {k} ({i} of {len(layers)}): {w}, arrival {lw.arrival_ms:.3f} ms, "
+                         f"{len(points)} points, threshold now {noise.threshold_ms:.3f} ms; {left}")
+    except KeyboardInterrupt:   # keep the layers finished so far (a layer cut short is dropped)
+        interrupted = True
+    if interrupted:   # no further step: the person asked to stop; only the run-time file is reset
+        if probe.config_path:
+            write_probe_config(probe.config_path, NO_TARGET)
+        else:
+            probe.set_target(NO_TARGET)
+    else:
+        stepper.step(NO_TARGET)  # leave the model unheld
     # window_frac against the step measured over the whole sweep
     out = [dataclasses.replace(lw, window_frac=None if lw.window_ms is None else lw.window_ms / noise.baseline_ms)
            for lw in out]
     return WindowSweep(model=model_name, batch=batch, num_layers=probe.num_layers, noise=noise,
                        layers=tuple(out), settings=settings, steps_run=stepper.steps, clock=probe.clock,
-                       initial_noise=first_noise)
+                       initial_noise=first_noise, interrupted=interrupted, layers_requested=tuple(layers))
 
 
 def measure_overhead(run_step: Callable[[], float], probe: WindowProbe, *, pairs: int = 100,

@@ -21,8 +21,19 @@ from slacktier.redknot.ledger import head_row_ceiling, operator_ledger
 from slacktier.redknot.placement import artifact_placement
 from slacktier.redknot.profile import FLASH, PRO, HeadPolicy, RedKnotProfile, profile_for_config
 from slacktier.redknot.protect import ProtectionPolicy
-from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
-from slacktier.redknot.service import RedKnotService
+
+# The runner and the service run transformers' DeepseekV4 (the `models` extra): imported on first use, so the
+# artifact store, placement and ledger import on the core install and the rest refuses in one line naming it.
+_LAZY = {"Layout": "runner", "RedKnotRunner": "runner", "Segment": "runner", "RedKnotService": "service"}
+
+
+def __getattr__(name: str):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = ["ArtifactStore", "Certificate", "FallbackReason", "TPGeometry", "head_row_ceiling", "operator_ledger",
            "FLASH", "PRO", "HeadPolicy", "RedKnotProfile", "profile_for_config", "ProtectionPolicy", "Layout",

@@ -21,6 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from slacktier.errors import optional_import
+
+# transformers is the `models` extra: without it, importing this module refuses in one line naming it.
+optional_import("transformers", "models", "RedKnot's attention (slacktier.redknot)")
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import rotate_half
 
 NEG_INF = float("-inf")

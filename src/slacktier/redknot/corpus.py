@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.errors import ErrorKind, SlackTierError, optional_import
 from slacktier.tables.tokenizer import encode
 
 QUESTION = ("\n\nQuestion: across the files above, which functions deal with rotary position embeddings, "
@@ -14,8 +14,8 @@ QUESTION = ("\n\nQuestion: across the files above, which functions deal with rot
 def source_roots() -> list[Path]:
     """Source trees used as documents: transformers' model code, then torch's Python sources."""
     import torch
-    import transformers
 
+    transformers = optional_import("transformers", "models", "RedKnot's documents (transformers' sources)")
     return [Path(transformers.__file__).parent / "models", Path(torch.__file__).parent / "nn"]
 
 

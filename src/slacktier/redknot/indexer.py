@@ -26,6 +26,11 @@ a chunk's scores are [64, 4, 16384] float32 = 16 MiB instead of 16 GiB.
 from __future__ import annotations
 
 import torch
+
+from slacktier.errors import optional_import
+
+# transformers is the `models` extra: without it, importing this module refuses in one line naming it.
+optional_import("transformers", "models", "RedKnot's indexer (slacktier.redknot)")
 from transformers.models.deepseek_v4.modeling_deepseek_v4 import apply_rotary_pos_emb
 
 

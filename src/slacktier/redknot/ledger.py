@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from slacktier.errors import optional_import
 from slacktier.redknot.profile import FLASH, PRO, HeadPolicy, RedKnotProfile
 
 
@@ -71,18 +72,20 @@ class ModelDims:
 
 def flash_config():
     """DeepSeek-V4-Flash: the transformers DeepseekV4Config defaults (43 layers, 64 heads, 8 groups)."""
-    from transformers import DeepseekV4Config
-
-    return DeepseekV4Config()
+    return _transformers().DeepseekV4Config()
 
 
 def pro_config():
     """DeepSeek-V4-Pro dims (public config.json: 61 layers, hidden 7168, 128 heads, 16 groups, q_lora 1536,
     384 experts of 3072, top-6); layer schedule: transformers' default HCA/CSA interleave."""
-    from transformers import DeepseekV4Config
+    return _transformers().DeepseekV4Config(num_hidden_layers=61, hidden_size=7168, num_attention_heads=128,
+                                            o_groups=16, q_lora_rank=1536, moe_intermediate_size=3072,
+                                            n_routed_experts=384)
 
-    return DeepseekV4Config(num_hidden_layers=61, hidden_size=7168, num_attention_heads=128, o_groups=16,
-                            q_lora_rank=1536, moe_intermediate_size=3072, n_routed_experts=384)
+
+def _transformers():
+    """transformers (the `models` extra), or one line naming the extra."""
+    return optional_import("transformers", "models", "the RedKnot ledger's DeepSeek-V4 configs")
 
 
 PROFILE_CONFIGS = {"flash": (FLASH, flash_config), "pro": (PRO, pro_config)}

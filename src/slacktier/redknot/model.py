@@ -26,6 +26,11 @@ from __future__ import annotations
 import hashlib
 
 import torch
+
+from slacktier.errors import optional_import
+
+# transformers is the `models` extra: without it, importing this module refuses in one line naming it.
+optional_import("transformers", "models", "RedKnot's DeepSeek-V4 model (slacktier.redknot)")
 from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
 TINY_LAYER_TYPES = ("sliding_attention", "compressed_sparse_attention", "heavily_compressed_attention",

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from slacktier.errors import optional_import
+from slacktier.serve.report import wrap
 from slacktier.serve.tiers import Placement
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
 
@@ -112,17 +113,18 @@ def run_demo(cfg: DemoConfig) -> int:
     if metrics:
         host = f"[{cfg.metrics_addr}]" if ":" in cfg.metrics_addr else cfg.metrics_addr
         print(f"\nPrometheus metrics of the demo's engines: http://{host}:{cfg.metrics_port}/metrics", flush=True)
-    print("\nReplaying built-in agent traffic (published trajectories of real coding agents) through the tier "
-          "(a first run renders the sessions and compiles kernels) ...", flush=True)
+    print("\n" + wrap("Replaying built-in agent traffic (published trajectories of real coding agents) through "
+                      "the tier (a first run renders the sessions and compiles kernels) ..."), flush=True)
     t0 = time.perf_counter()
     print(replay_demo(out, progress=cfg.progress, metrics=metrics))
     print(f"\n  replay took {time.perf_counter() - t0:.0f} s")
     if cfg.timeline:
         t0 = time.perf_counter()
-        print("\nStep timeline: B=32 chat decode steps, 4 placements x 3 shuffled runs, measured and the "
-              "planner's prediction made before them. Every rank's regions sit in one file on this machine's one "
-              "disk, read by one process through that disk's one device queue: the paper's \"1 disk\" arrangement "
-              "(ranks sharing a disk), without the other ranks' processes ...", flush=True)
+        print("\n" + wrap("Step timeline: B=32 chat decode steps, 4 placements x 3 shuffled runs, measured and "
+                          "the planner's prediction made before them. Every rank's regions sit in one file on this "
+                          "machine's one disk, read by one process through that disk's one device queue: the "
+                          "paper's \"1 disk\" arrangement (ranks sharing a disk), without the other ranks' "
+                          "processes ..."), flush=True)
         print(timeline_demo(out, metrics=metrics))
         print(f"\n  timeline took {time.perf_counter() - t0:.0f} s")
     return 0
@@ -149,13 +151,14 @@ def timeline_demo(workdir: str | Path, metrics: bool = False, progress: bool = F
                             for j, _ in held]))
     disk = sw.fits.get("disk")
     lines = [timeline_table(sw.profile, runs, planner_ms=sw.predicted_ms),
-             "planner: predicted before the runs from this disk's read fit"
-             + (f" (b = {disk.spec.read.page_ms * 1e3:.1f} us per page, the paper's NVMe 3.05; c = "
-                f"{disk.spec.read.ahead_page_ms * 1e3:.1f} us per page queued ahead)" if disk else "")
-             + f" and the fit half's miss-page curves; s = {sw.cal.resolve_ms(32):.2f} ms and kappa = "
-             f"{sw.cal.kappa_ms:.2f} ms set on the two uncached placements' runs; the cached ones are held out: "
-             + ("too few runs" if q is None else f"RMSE {q.rmse_ms:.2f} ms against a run-to-run standard deviation "
-                                                 f"of {spread:.2f} ms")]
+             wrap("planner: predicted before the runs from this disk's read fit"
+                  + (f" ({disk.spec.read.page_ms * 1e3:.1f} us per page read, the paper's NVMe 3.05; "
+                     f"{disk.spec.read.ahead_page_ms * 1e3:.1f} us per page queued ahead)" if disk else "")
+                  + f" and the fit half's miss-page curves; the host pass ({sw.cal.resolve_ms(32):.2f} ms) and the "
+                  f"fixed per-step cost ({sw.cal.kappa_ms:.2f} ms) set on the two uncached placements' runs; the "
+                  "cached ones are held out: "
+                  + ("too few runs" if q is None else f"off by {q.rmse_ms:.2f} ms (root mean square) against a "
+                                                      f"run-to-run standard deviation of {spread:.2f} ms"))]
     return "\n".join(lines)
 
 

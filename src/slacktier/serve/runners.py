@@ -9,15 +9,17 @@ starts, then runs the model. Runners own no scheduling.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import TYPE_CHECKING, Callable, Protocol
 
 import numpy as np
 import torch
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.models.deepseek_v41 import StepSlot, V41Model
-from slacktier.models.qwen38 import Q38Served, QwenSlot
 from slacktier.models.rows import RowProvider
+
+if TYPE_CHECKING:   # the models need transformers (the `models` extra): imported where a runner runs them
+    from slacktier.models.deepseek_v41 import V41Model
+    from slacktier.models.qwen38 import Q38Served
 
 
 @dataclass
@@ -44,7 +46,10 @@ class V41Runner:
     """The V4.1-shaped model; the step's Engram ids come with the step (hashed by tables.engram_hash)."""
 
     def __init__(self, model: V41Model) -> None:
+        from slacktier.models.deepseek_v41 import StepSlot
+
         self.model = model
+        self._slot = StepSlot
 
     def new_cache(self):
         """An empty per-session cache."""
@@ -59,7 +64,7 @@ class V41Runner:
         if ids.ndim != 3 or ids.shape[1:] != (len(self.model.config.engram_layer_ids), self.model.config.engram_columns):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"step ids {ids.shape} do not match the model's Engram layers",
                                  fix="replay with a hasher built on the model's layout")
-        slots = [StepSlot(torch.from_numpy(np.ascontiguousarray(it.tokens, dtype=np.int64))[None], it.cache)
+        slots = [self._slot(torch.from_numpy(np.ascontiguousarray(it.tokens, dtype=np.int64))[None], it.cache)
                  for it in items]
         return self.model.forward_step(slots, torch.from_numpy(np.ascontiguousarray(ids)), after_begin=after_begin)
 
@@ -68,7 +73,10 @@ class Q38Runner:
     """The Qwen3.8-shaped model. Its row ids are transformers' own hashing (Q38Served); the step's ids are unused."""
 
     def __init__(self, served: Q38Served) -> None:
+        from slacktier.models.qwen38 import QwenSlot
+
         self.served = served
+        self._slot = QwenSlot
 
     def new_cache(self):
         """An empty per-session cache."""
@@ -80,6 +88,6 @@ class Q38Runner:
 
     def run(self, items: list[StepItem], ids: np.ndarray | None = None, after_begin=None) -> list[torch.Tensor]:
         """Issue all PLE lookups, run each session; per item the last token's logits [V]."""
-        slots = [QwenSlot(torch.from_numpy(np.ascontiguousarray(it.tokens, dtype=np.int64))[None], it.cache)
+        slots = [self._slot(torch.from_numpy(np.ascontiguousarray(it.tokens, dtype=np.int64))[None], it.cache)
                  for it in items]
         return [logits[-1] for logits in self.served.forward_step(slots, after_begin=after_begin)]

@@ -26,9 +26,7 @@ import torch
 
 from slacktier.engine.counters import LayerCounters
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.models.deepseek_v41 import V41Config, V41Model
 from slacktier.serve.loop import LoopConfig, ReplayResult, StepRecord, replay
-from slacktier.serve.runners import V41Runner
 from slacktier.serve.tiers import Placement, TierSet
 from slacktier.workloads.sessions import TokenSession
 
@@ -155,6 +153,8 @@ class ReplayRig:
     """Holds the model, the staged tables and the engine across runs."""
 
     def __init__(self, cfg: RigConfig, progress: bool = False) -> None:
+        from slacktier.models.deepseek_v41 import V41Config, V41Model   # the `models` extra (transformers)
+        from slacktier.serve.runners import V41Runner
         from slacktier.tables.engram_hash import EngramLayout
         from slacktier.workloads.hashing import EngramLookupHasher
 

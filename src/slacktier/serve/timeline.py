@@ -59,6 +59,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.exposure import LayerRead, exposure
+from slacktier.textfile import read_text
 
 PROFILE_FORMAT = "slacktier-compute-profile/1"
 PROFILES_DIR = Path(__file__).parent / "profiles"
@@ -196,8 +197,10 @@ def load_profile(name_or_path: str | Path) -> ComputeProfile:
         shipped = ", ".join(sorted(p.stem for p in PROFILES_DIR.glob("*.json")))
         raise SlackTierError(ErrorKind.MISSING, f"no compute profile {name_or_path}",
                              fix=f"pass a JSON file or one of {shipped}")
+    text = read_text(path, "compute profile", "JSON",
+                     f"see src/slacktier/serve/profiles/v41_paper.json for the format ({PROFILE_FORMAT})")
     try:
-        doc = json.loads(path.read_text())
+        doc = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _bad(f"not JSON ({exc})", str(path)) from None
     return profile_from_dict(doc, str(path))

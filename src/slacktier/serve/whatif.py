@@ -175,9 +175,10 @@ def model_file(spec: str, cfg: WhatIfConfig) -> str:
                              fix="pass --this-disk TIERS (written by slacktier probe --read-fit)")
     from slacktier.store.emulated import device_model_toml
 
+    text = device_model_toml(this_disk_model(cfg.this_disk))   # a bad tiers file is refused before anything is written
     path = Path(cfg.workdir) / "this-disk.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(device_model_toml(this_disk_model(cfg.this_disk)))
+    path.write_text(text)
     return str(path)
 
 
@@ -483,42 +484,82 @@ def header(placements: Sequence[WhatIfPlacement], profile: ComputeProfile, cfg: 
     return line
 
 
+def placement_words(p: WhatIfPlacement, ranks: int) -> str:
+    """A what-if placement in words: 'keep layer 1 in DRAM, layer 14 on nvme-paper (one disk for 4 ranks)'."""
+    models = dict(p.models)
+    parts = []
+    for layer, tier in sorted(p.tiers):
+        where = {"dram": "in DRAM", "disk": "on this machine's disk"}.get(tier, f"on {models.get(layer, tier)}")
+        parts.append(f"layer {layer} {where}")
+    text = ("keep " if any(t == "dram" for _, t in p.tiers) else "put ") + ", ".join(parts)
+    if models:
+        text += (f" (one disk for {ranks} ranks)" if p.disks == "shared" and ranks > 1 else
+                 " (one disk per rank)" if ranks > 1 else "")
+    if p.cache_rows:
+        if len(p.shares) == 1:
+            text += f", {p.cache_rows:,}-row cache on layer {p.shares[0][0]} only"
+        else:
+            shares = "/".join(f"{100 * f:.0f}" for _, f in p.shares) or "no share set"
+            text += f", {p.cache_rows:,}-row cache split {shares}"
+    return text
+
+
+WHATIF_LEGEND = (
+    "overhead: mean stall per TP step (the slowest rank's) as % of the profile's step; min..max over the runs. "
+    "model: the stall the exposure model (Eq. 1 of the paper) predicts from each device model, with terms scaled "
+    "to the ranks sharing a device, and the run's own pages and host pass. hit: decode lookups found in the row "
+    "cache, mean of ranks. pg, read: the slowest rank's mean pages and read ms per step. s: the host pass "
+    "(begin_step) per step in ms, the slowest rank's.")
+
+
+def placement_costs(cfg: WhatIfConfig, runs: Sequence[WhatIfRun]) -> list:
+    """Each placement's overhead over its runs (% of the profile's step; mean, min, max), as the verdict and the
+    table both read it (serve.report.Measured, named in words)."""
+    from slacktier.serve.report import Measured, stat
+
+    out = []
+    for p in dict.fromkeys(r.placement for r in runs):
+        rs = [r for r in runs if r.placement == p]
+        m, lo, hi = stat([100 * r.tp_stalls_ms().mean() / r.step_ms for r in rs])
+        out.append(Measured(placement_words(p, cfg.ranks), m, lo, hi, len(rs)))
+    return out
+
+
 def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]) -> str:
-    """The Table 2-shaped result: per placement overhead (mean, min..max over runs), p99 step, hit and pages per
-    layer and rank, read times, s, Eq. 1 prediction, checker."""
-    from slacktier.serve.report import stat
+    """What a placement would cost: where reads and compute come from, the verdict in words (the cheapest placement,
+    its cost, which others cannot be told apart from it over the runs), then the table: per placement overhead
+    (mean, min..max over runs), the model's prediction, hit, pages and read per layer, host pass; the checker."""
+    from slacktier.serve.report import verdict_lines, wrap
 
     placements = list(dict.fromkeys(r.placement for r in runs))
     lines = [header(placements, profile, cfg)]
     for m in sorted({m for p in placements for _, m in p.models}):
-        lines.append("  " + resolve_model(m, cfg).describe())
+        lines.append(wrap(resolve_model(m, cfg).describe(), "  "))
     measured = [max(np.mean([st[k] for st in r.measured_s_ms]) for k in range(cfg.ranks))
                 for r in runs if r.measured_s_ms]
     own = f"slowest rank's mean {np.mean(measured):.2f} ms" if measured else "not recorded"
     if cfg.host_pass_ms is not None:
-        lines.append(f"  host pass s: stated, {cfg.host_pass_ms:g} ms per rank; each rank's timeline holds begin_step "
-                     f"that long (this machine's begin_step, measured in the same runs: {own})")
+        lines.append(wrap(f"host pass s: stated, {cfg.host_pass_ms:g} ms per rank; each rank's timeline holds "
+                          f"begin_step that long (this machine's begin_step, measured in the same runs: {own})", "  "))
     else:
-        lines.append(f"  host pass s: measured, each rank's begin_step on this machine, one rank after another in "
-                     f"this process ({own})")
-    lines.append(f"  {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}"
-                 + (f" (ranks 0..{cfg.ranks - 1} run)" if cfg.ranks < cfg.staged_ranks else "")
-                 + f" (step = slowest rank), V4.1 hash over a "
-                 f"table of {cfg.engram_vocab:,} rows per head ({24 * cfg.engram_vocab:,} per layer), "
-                 f"{runs[0].steps.__len__()} timed TP steps per run; profile step {runs[0].step_ms:.2f} ms, "
-                 f"windows " + ", ".join(f"W{l} {w:.2f}" for l, w in runs[0].windows_ms.items()) + " ms")
+        lines.append(wrap(f"host pass s: measured, each rank's begin_step on this machine, one rank after another "
+                          f"in this process ({own})", "  "))
+    lines.append(wrap(f"{cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}"
+                      + (f" (ranks 0..{cfg.ranks - 1} run)" if cfg.ranks < cfg.staged_ranks else "")
+                      + f" (step = slowest rank), V4.1 hash over a table of {cfg.engram_vocab:,} rows per head "
+                      f"({24 * cfg.engram_vocab:,} per layer), {len(runs[0].steps)} timed TP steps per run; profile "
+                      f"step {runs[0].step_ms:.2f} ms, windows "
+                      + ", ".join(f"W{l} {w:.2f}" for l, w in runs[0].windows_ms.items()) + " ms", "  "))
+    costs = placement_costs(cfg, runs)
+    lines += verdict_lines(costs, "of the step in stalls")
+    lines.append("")
     layers = sorted(runs[0].windows_ms)
-    lines.append(f"{'placement':28} {'disks':8} {'runs':>4} {'overhead':>9} {'min..max %':>12} {'median':>7} "
-                 f"{'p99 step':>8} "
-                 f"{'Eq.1':>6} " + " ".join(f"{f'hit L{l}':>6} {f'pg/rank L{l}':>11} {f'read L{l}':>8}" for l in layers)
-                 + f" {'s ms':>5}")
-    for p in placements:
+    width = max(30, *(len(p.name) for p in placements))   # 35 keeps two layers' columns within 120 characters
+    lines.append(f"{'placement':{width}} {'n':>2} {'overhead':>8} {'min..max %':>12} {'model':>6} "
+                 + " ".join(f"{f'hit L{l}':>6} {f'pg L{l}':>6} {f'read L{l}':>7}" for l in layers) + f" {'s':>5}")
+    for p, cost in sorted(zip(placements, costs), key=lambda pc: pc[1].mean_pct):   # cheapest first, as the verdict
         rs = [r for r in runs if r.placement == p]
         step = rs[0].step_ms
-        over = [100 * r.tp_stalls_ms().mean() / step for r in rs]
-        m, lo, hi = stat(over)
-        p99 = np.mean([np.percentile(r.tp_stalls_ms(), 99) for r in rs])
-        med = 100 * np.median(np.concatenate([r.tp_stalls_ms() for r in rs])) / step
         pred = np.mean([predicted_stall_ms(r, cfg) for r in rs])
         cells = []
         for l in layers:
@@ -528,20 +569,53 @@ def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]
                                         for k in range(cfg.ranks)]) for r in rs])
                 pages = np.mean([r.rank_mean(lambda s, l=l: s.pages[l]).max() for r in rs])
                 read = np.mean([r.rank_mean(lambda s, l=l: s.read_ms[l]).max() for r in rs])
-                cells.append(f"{100 * hit:5.1f}% {pages:11.0f} {read:8.2f}")
+                cells.append(f"{100 * hit:5.1f}% {pages:{max(6, len(f'pg L{l}'))}.0f} "
+                             f"{read:{max(7, len(f'read L{l}'))}.2f}")
             else:
-                cells.append(f"{'dram':>6} {'-':>11} {'-':>8}")
+                cells.append(f"{'dram':>6} {'-':>{max(6, len(f'pg L{l}'))}} {'-':>{max(7, len(f'read L{l}'))}}")
         s_ms = np.mean([r.rank_mean(lambda st: st.s_ms).max() for r in rs])
-        disks = p.disks if any(not tier_facts(t).holds_host_copy for _, t in p.tiers) else "-"
-        lines.append(f"{p.name:28} {disks:8} {len(rs):>4} {m:+8.1f}% {lo:+5.1f}..{hi:<+5.1f} {med:+6.1f}% "
-                     f"{step + p99:8.2f} {100 * pred / step:+5.1f}% " + " ".join(cells) + f" {s_ms:5.2f}")
+        lines.append(f"{p.name:{width}} {len(rs):>2} {cost.mean_pct:+7.1f}% {cost.lo_pct:+5.1f}..{cost.hi_pct:<+5.1f} "
+                     f"{100 * pred / step:+5.1f}% " + " ".join(cells) + f" {s_ms:5.2f}")
     checked = sum(r.checked_steps for r in runs)
     lines.append(f"checker: {checked} TP steps after the timed ones, every rank's rows against the table's source: "
                  f"{sum(r.mismatches for r in runs)} mismatching rows")
-    lines.append("overhead: mean stall per TP step (slowest rank) over the profile's step (median: of all TP steps); Eq.1: the analytic "
-                 "prediction from each device model (terms scaled to the ranks sharing a device) with the run's mean "
-                 "pages and s per rank; hit over decode lookups, mean of ranks; pg/rank and read: slowest rank's mean")
+    lines.append(wrap(WHATIF_LEGEND))
     return "\n".join(lines)
+
+
+def plot_whatif(cfg: WhatIfConfig, runs: Sequence[WhatIfRun], path: str | Path) -> Path:
+    """Overhead per placement (% of the profile's step): each run as a point, the mean as a bar, the exposure
+    model's prediction as a mark; cheapest first, as the verdict reads them."""
+    from slacktier.errors import optional_import
+
+    matplotlib = optional_import("matplotlib", "workloads", "the what-if's PNG plot (or pass --no-plot)")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    placements = list(dict.fromkeys(r.placement for r in runs))
+    costs = placement_costs(cfg, runs)
+    order = sorted(range(len(placements)), key=lambda i: costs[i].mean_pct)
+    fig, ax = plt.subplots(figsize=(9.0, 1.4 + 0.55 * len(placements)))
+    for y, i in enumerate(order):
+        rs = [r for r in runs if r.placement == placements[i]]
+        per_run = [100 * r.tp_stalls_ms().mean() / r.step_ms for r in rs]
+        pred = np.mean([100 * predicted_stall_ms(r, cfg) / r.step_ms for r in rs])
+        ax.barh(y, costs[i].mean_pct, color="0.8", label="mean over runs" if y == 0 else None)
+        ax.plot(per_run, [y] * len(per_run), "o", color="tab:blue", ms=4, label="one run" if y == 0 else None)
+        if np.isfinite(pred):
+            ax.plot([pred], [y], "|", color="tab:red", ms=14, mew=2, label="model's prediction" if y == 0 else None)
+    ax.set_yticks(range(len(order)), [placements[i].name for i in order], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlabel("stall per step, % of the profile's step")
+    ax.set_title(f"what-if: {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}, profile {cfg.profile}",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, never over one
+    fig.tight_layout()
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    return p
 
 
 def run_whatif(cfg: WhatIfConfig, placements: Sequence[WhatIfPlacement], runs: int = 1,

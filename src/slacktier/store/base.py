@@ -19,6 +19,9 @@ them without an instance (issue 11):
 - `verify_by_default`: whether reads are CRC32C-checked against the
   manifest when the control file says `verify_reads = "auto"`; on wherever
   the tier has no end-to-end checksum of its own.
+- `stored_crc32c`: whether each stored page carries its CRC32C, compared
+  with the manifest's on every read whatever `verify_reads` says (Redis: a
+  value loaded from another table under the same keys is never served).
 - `verify_identity(regions, options, identity)`: refuse (SlackTierError
   TARGET, or MISSING) a medium that does not hold the manifest's table. A
   registered tier's constructor calls it when given an `identity`; the
@@ -97,6 +100,11 @@ class PageSource(abc.ABC):
     #: check reads against the manifest's CRC32Cs under `verify_reads = "auto"`; a tier that says nothing
     #: is taken to have no end-to-end checksum of its own, so on
     verify_by_default: ClassVar[bool] = True
+    #: the medium keeps each page's CRC32C beside the page (written at load, one value with it), so comparing
+    #: the stored CRC32C with the manifest's tells on every read which table the value belongs to, for the cost
+    #: of a compare: such a tier is always given the manifest's CRC32Cs, and `verify_pages` says whether the page
+    #: bytes are checked too (`verify_reads`)
+    stored_crc32c: ClassVar[bool] = False
 
     @classmethod
     def verify_identity(cls, regions: Sequence[Region], options: Options | None, identity: TableIdentity) -> None:

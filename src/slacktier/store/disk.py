@@ -55,7 +55,7 @@ from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.store.uring_queue import REGISTRATION_SKIPS, UringQueue  # noqa: F401 (counted there, read here)
 from slacktier.tables.layout import PAGE_BYTES
-from slacktier.tables.manifest import TARGET_HEADER_BYTES, TableIdentity
+from slacktier.tables.manifest import TARGET_HEADER_BYTES, TableIdentity, parse_header
 from slacktier.tables.odirect import lock_target
 from slacktier.tables.regions import Region
 
@@ -218,19 +218,40 @@ class DiskSource(RegionSource):
                                  layer=spec.layer, rank=spec.rank, fix=fix) from None
 
     def _read_heads(self) -> None:
-        """Each target's header page as it is now (under its shared lock), for `_restaged` to compare."""
+        """Each target's header page as it is now (under its shared lock), for `_header_changed` to compare."""
         self._heads = [(path, fd, os.pread(fd, TARGET_HEADER_BYTES, 0)) for path, fd in self._head_fds.items()]
 
-    def _restaged(self) -> str | None:
-        """The first target whose header page changed since this source opened it, or None.
+    def _header_changed(self) -> SlackTierError | None:
+        """The TARGET error for the first target whose header page changed since this source opened it, or None.
 
         A stage writes every target's header ("staging", a new stage id) and syncs it before it writes any
         row, so a batch that landed before this re-read and finds the header unchanged read no restaged row,
         even from a stage that ignored the targets' locks. One buffered 4 KiB pread per target (a page-cache
-        hit; an O_DIRECT write drops the cached page, so the re-read sees it)."""
+        hit; an O_DIRECT write drops the cached page, so the re-read sees it). The error says which change it
+        was: the target truncated (its header page short or gone), its header overwritten by something that
+        is not a stage (damaged), or staged again."""
         for path, fd, head in self._heads:
-            if os.pread(fd, TARGET_HEADER_BYTES, 0) != head:
-                return path
+            now = os.pread(fd, TARGET_HEADER_BYTES, 0)
+            if now == head:
+                continue
+            layer = self.regions[0].layer
+            if len(now) < TARGET_HEADER_BYTES:
+                size = os.lseek(fd, 0, os.SEEK_END)
+                return SlackTierError(ErrorKind.TARGET, f"target {path} was truncated under this engine (now {size} "
+                                      "bytes, its header page gone); none of this batch's rows is served",
+                                      layer=layer, fix="restage the table onto the target and apply a control file "
+                                      "naming the manifest that stage writes; find what truncated it")
+            if parse_header(now) is None:
+                return SlackTierError(ErrorKind.TARGET, f"target {path} is damaged: its header page was overwritten "
+                                      "under this engine by something other than a stage; none of this batch's "
+                                      "rows is served", layer=layer, fix="restage the table onto the target and "
+                                      "apply a control file naming the manifest that stage writes; find what "
+                                      "wrote to it")
+            return SlackTierError(ErrorKind.TARGET, f"target {path} was staged again under this engine (its header "
+                                  "page changed since it was opened); none of this batch's rows is served",
+                                  layer=layer, fix="serve the new table: apply a control file naming the manifest "
+                                  "that stage wrote (a stage refuses a target an engine holds locked, so another "
+                                  "process ignored the lock)")
         return None
 
     def _choose_engine(self, engine: str) -> str:
@@ -270,6 +291,15 @@ class DiskSource(RegionSource):
                 release_queue(q)
                 raise
             self._attached.append(_Attached(q, client, idx))
+
+    def queue_settings_kept(self) -> list[tuple[str, int, int, str]]:
+        """(key, asked, kept, device) for each queue setting the options ask for that a device queue this source
+        reads through does not run with (another table opened the queue first): `queue_depth` 8 asked on a
+        queue opened at 64 -> [("queue_depth", 8, 64, "sda")]."""
+        o = self.options
+        return [(key, asked, kept, att.queue.device.name) for att in self._attached
+                for key, asked, kept in (("queue_depth", o.queue_depth, att.queue.queue_depth),
+                                         ("io_threads", o.io_threads, att.queue.io_threads)) if asked != kept]
 
     def queue_engine(self) -> type[DeviceQueue]:
         """The device-queue class of the chosen engine (store/emulated.py's tier serves its own)."""
@@ -392,14 +422,9 @@ class DiskSource(RegionSource):
             self._tickets.pop(ticket, None)
             for att, job, _ in t.jobs:
                 att.queue.release(job, t.pool)
-        restaged = self._restaged()
-        if restaged is not None:
-            r = self.regions[0]
-            raise SlackTierError(ErrorKind.TARGET, f"target {restaged} was staged again under this engine (its "
-                                 "header page changed since it was opened); none of this batch's rows is served",
-                                 layer=r.layer, fix="serve the new table: apply a control file naming the manifest "
-                                 "that stage wrote (a stage refuses a target an engine holds locked, so another "
-                                 "process ignored the lock)")
+        changed = self._header_changed()
+        if changed is not None:
+            raise changed
         if error is not None:
             raise error
         read_us = 0.0 if first_ns is None else (end_ns - first_ns) / 1e3

@@ -94,6 +94,7 @@ from slacktier.store.dram import copy_pages, load_region_pages
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
+from slacktier.textfile import read_text
 
 # ---- device models -------------------------------------------------------------------------------------------
 
@@ -183,8 +184,9 @@ def load_device_model(spec: str) -> DeviceModel:
     if not p.is_file():
         raise SlackTierError(ErrorKind.MISSING, f"device model {spec!r} is neither built in nor a file",
                              fix=f"use one of {', '.join(BUILTIN_MODELS)} or a TOML file with a [device] table")
+    text = read_text(p, "device model", "TOML", "write a [device] table (store/emulated.py, device_model_toml)")
     try:
-        doc = tomllib.loads(p.read_text())
+        doc = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"device model {spec} is not TOML: {exc}",
                              fix="write a [device] table") from exc

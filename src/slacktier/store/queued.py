@@ -93,7 +93,8 @@ class RegionSource(PageSource):
     #: what moves the bytes (logged; a tier with several engines sets it per instance)
     engine_name: str = ""
 
-    def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None) -> None:
+    def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None,
+                 verify_pages: bool = True) -> None:
         self.regions: tuple[Region, ...] = tuple(regions)
         if not self.regions:
             raise SlackTierError(ErrorKind.BAD_INPUT, "a page source needs at least one region",
@@ -112,14 +113,16 @@ class RegionSource(PageSource):
         self._region_base = np.zeros(len(self.regions), dtype=np.int64)  # [R] page 0's index in the concatenation
         self._region_base[1:] = np.cumsum(self._region_pages)[:-1]
         self._expected = self._checksums(page_crc32c)  # [total pages] uint32, or None: no verification
-        #: check each read page against `_expected` (a tier that checked its pages once, at load, turns it off)
-        self._check_each_read = self._expected is not None
+        #: check each read page against `_expected` (a tier that checked its pages once, at load, turns it off;
+        #: a tier with `stored_crc32c` given the checksums with verify_pages=False compares only stored CRC32Cs)
+        self._verify_pages = bool(verify_pages)
+        self._check_each_read = self._expected is not None and self._verify_pages
         self._book = TicketBook(type(self).__name__)
 
     @property
     def verifies_reads(self) -> bool:
         """Whether the pages it serves are checked against the manifest's CRC32Cs (per read, or once at load)."""
-        return self._expected is not None
+        return self._expected is not None and self._verify_pages
 
     def _checksums(self, page_crc32c: Sequence[np.ndarray] | None) -> np.ndarray | None:
         if page_crc32c is None:
@@ -138,7 +141,7 @@ class RegionSource(PageSource):
 
     def _warm(self) -> None:
         """Compile the kernels the lanes will call; the checksum pass by default (a tier adds its own)."""
-        if self._expected is not None:
+        if self._check_each_read:
             pool_page_crcs(np.zeros((1, PAGE_BYTES), np.uint8), np.zeros(1, np.int32))
 
     def _check_reads(self, reads: PageReads, pool: PageBufferPool) -> None:
@@ -209,8 +212,9 @@ class RegionSource(PageSource):
 class QueuedSource(RegionSource, Generic[S]):
     """A page source whose reads run on worker lanes; subclasses implement `_read` (see the module docstring)."""
 
-    def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None) -> None:
-        super().__init__(regions, page_crc32c=page_crc32c)
+    def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None,
+                 verify_pages: bool = True) -> None:
+        super().__init__(regions, page_crc32c=page_crc32c, verify_pages=verify_pages)
         self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
         self._lanes: dict[int, list[Lane[S]]] = {}  # device (or ANY_DEVICE) -> its lanes
         self._threads: list[threading.Thread] = []

@@ -11,7 +11,10 @@ Every registered class has the same constructor shape:
 
 with CRC32C verification of every read page on exactly when `page_crc32c`
 (one uint32 array per region, in region order) is given (the DRAM tier checks
-its pages once, at load), and, with an `identity` (`Manifest.identity`), a
+its pages once, at load). A tier with `stored_crc32c` (store/base.py) also takes
+`verify_pages: bool = True`: it is given the checksums whatever
+`verify_reads` says, and `verify_pages` says whether the page bytes are checked
+as well. With an `identity` (`Manifest.identity`), a
 check at open that the medium holds that table (`Cls.verify_identity`, which
 `verify_identity` below runs again on a source kept across a reload).
 A registered class overrides `verify_identity` and says `verify_by_default`
@@ -93,13 +96,17 @@ def _typed(tier: Tier, options: Options | None) -> None:
 
 def open_source(name: str, regions: Sequence[Region], options: Options | None = None, *,
                 page_crc32c: Sequence[np.ndarray] | None = None,
-                identity: TableIdentity | None = None) -> PageSource:
-    """A page source of tier `name` over `regions`: CRC32C-checked with `page_crc32c`, identity-checked at open
-    with `identity`."""
+                identity: TableIdentity | None = None, verify_pages: bool = True) -> PageSource:
+    """A page source of tier `name` over `regions`: CRC32C-checked with `page_crc32c` (each read page when
+    `verify_pages`; a `stored_crc32c` tier compares its stored CRC32Cs with them either way), identity-checked at
+    open with `identity`."""
     tier = get_tier(name)
     _typed(tier, options)
+    if not tier.source_cls.stored_crc32c:
+        return tier.source_cls(regions, options, page_crc32c=page_crc32c if verify_pages else None,
+                               identity=identity)  # type: ignore[call-arg]
     return tier.source_cls(regions, options, page_crc32c=page_crc32c,  # type: ignore[call-arg]
-                           identity=identity)
+                           identity=identity, verify_pages=verify_pages)
 
 
 def verify_identity(name: str, regions: Sequence[Region], options: Options | None,

@@ -23,6 +23,7 @@ import numba
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.identity import source_identity
 from slacktier.tables.layout import PAGE_BYTES, PAGE_USED_BYTES, PAGE_WORDS, ROW_BYTES, ROW_SCALES, ROW_VALUES, \
     ROWS_PER_PAGE
 from slacktier.tables.manifest import MAX_LAYER_ID, StagedLayout, sha256_file
@@ -154,6 +155,12 @@ def _read_safetensors_header(path: str) -> dict[str, _TensorInfo]:
     return out
 
 
+def header_entry(name: str, info: _TensorInfo) -> dict[str, Any]:
+    """A tensor's safetensors header entry as an identity records it (offsets absolute in its file)."""
+    return {"name": name, "file": info.file, "dtype": info.dtype, "shape": list(info.shape),
+            "offset_bytes": info.offset_bytes, "nbytes": info.nbytes}
+
+
 def _checkpoint_files(checkpoint: str | Path | list[str | Path]) -> list[str]:
     items = checkpoint if isinstance(checkpoint, list) else [checkpoint]
     files: list[str] = []
@@ -277,9 +284,13 @@ class CheckpointSource:
         return self._digest
 
     def spec(self) -> dict[str, Any]:
-        """The manifest's "source" object: files and tensor names."""
+        """The manifest's "source" object: files, tensor names and identity (tables.identity)."""
+        headers = {layer: {part: [header_entry(names[part], info)] for part, info in zip(("weight", "scale"),
+                                                                                        self._tensors[layer])}
+                   for layer, names in self.names.items()}
         return {"kind": self.kind, "digest": self.digest, "files": self._files_used,
-                "tensors": {str(k): v for k, v in sorted(self.names.items())}}
+                "tensors": {str(k): v for k, v in sorted(self.names.items())},
+                "identity": source_identity(self, tensors=headers)}
 
     def fill_pages(self, layer: int, row_start: int, rows: int, pages: np.ndarray,
                    crcs: np.ndarray | None = None) -> None:

@@ -29,10 +29,18 @@ Where the references differ from torch (e8m0 0x00 and 0xFF):
   uses ``e << 23`` with no special case: 0x00 becomes scale 0.0, so every value
   of that block comes out +-0 instead of value * 2**-127 (which in bf16 is a
   subnormal, or +-0 once below 2**-133); 0xFF is +inf as in SGLang's kernel.
-We match torch: it is the reference DESIGN.md names, the arithmetic of the
-host-table lookup both kernels replace, and NaN is the honest answer for a byte
-the format reserves for NaN. `quantize` never writes 0xFF, and writes 0x00 only
-for blocks whose largest magnitude is at most 448 * 2**-127.
+We match torch by default: it is the reference DESIGN.md names, the arithmetic
+of the host-table lookup both kernels replace, and NaN is the honest answer for
+a byte the format reserves for NaN. `quantize` never writes 0xFF, and writes
+0x00 only for blocks whose largest magnitude is at most 448 * 2**-127.
+
+Conventions (`DEQUANT_CONVENTIONS`): a serving engine's plug-in must equal that
+engine's own lookup, so every dequant entry point takes `convention`:
+- "torch" (the default): the reading above, SGLang's host-table path;
+- "vllm": vLLM's `_engram_lookup_kernel`, the fp32 whose exponent field is the
+  byte (0x00 -> 0.0, 0xFF -> +inf), every other byte as in torch. Its table is
+  built the same way from that scale reading, so the compiled gather stays one
+  table lookup per value.
 """
 
 from __future__ import annotations
@@ -69,6 +77,11 @@ def _e8m0_to_f32() -> np.ndarray:
     return value
 
 
+def _e8m0_exponent_field_to_f32() -> np.ndarray:
+    """[256] float32 whose exponent field is the e8m0 byte (vLLM's ``e << 23``): 0x00 -> 0.0, 0xFF -> +inf."""
+    return (np.arange(256, dtype=np.uint32) << np.uint32(23)).view(np.float32)
+
+
 def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bf16 bit patterns (uint16), round to nearest even, NaN -> 0x7FC0."""
     bits = x.view(np.uint32).astype(np.uint64)
@@ -78,16 +91,32 @@ def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _build_dequant_lut() -> np.ndarray:
-    """[65536] uint16: bf16 bits of fp32(fp8 byte w) * fp32(e8m0 byte s), at index w * 256 + s."""
+def _build_dequant_lut(scales: np.ndarray) -> np.ndarray:
+    """[65536] uint16: bf16 bits of fp32(fp8 byte w) * scales[e8m0 byte s], at index w * 256 + s."""
     with np.errstate(invalid="ignore", over="ignore"):
-        product = _fp8_e4m3fn_to_f32()[:, None] * _e8m0_to_f32()[None, :]  # [256, 256] fp32, IEEE
+        product = _fp8_e4m3fn_to_f32()[:, None] * scales[None, :]  # [256, 256] fp32, IEEE
     return _f32_to_bf16_bits(product.astype(np.float32)).reshape(-1)
 
 
+DEQUANT_CONVENTIONS = ("torch", "vllm")   # how an E8M0 byte reads as fp32 (module docstring)
 FP8_TO_F32 = _fp8_e4m3fn_to_f32()   # [256] float32
 E8M0_TO_F32 = _e8m0_to_f32()        # [256] float32
-DEQUANT_LUT = _build_dequant_lut()  # [65536] uint16, index fp8_byte * 256 + e8m0_byte
+E8M0_FIELD_TO_F32 = _e8m0_exponent_field_to_f32()   # [256] float32, the "vllm" reading
+DEQUANT_LUT = _build_dequant_lut(E8M0_TO_F32)  # [65536] uint16, index fp8_byte * 256 + e8m0_byte
+DEQUANT_LUT_VLLM = _build_dequant_lut(E8M0_FIELD_TO_F32)   # the same for the "vllm" convention
+
+
+def check_convention(convention: str) -> str:
+    """`convention` when it is one of DEQUANT_CONVENTIONS; refused (BAD_INPUT) otherwise."""
+    if convention not in DEQUANT_CONVENTIONS:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown dequant convention {convention!r}",
+                             fix=f"choose one of {', '.join(DEQUANT_CONVENTIONS)}")
+    return convention
+
+
+def dequant_lut(convention: str = "torch") -> np.ndarray:
+    """The exact dequant table [65536] uint16 of `convention` (bf16 bits at fp8_byte * 256 + e8m0_byte)."""
+    return DEQUANT_LUT_VLLM if check_convention(convention) == "vllm" else DEQUANT_LUT
 
 
 @numba.njit(nogil=True, cache=True)
@@ -124,14 +153,19 @@ def join_raw(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return torch.cat([weight.contiguous().view(torch.uint8), scale.contiguous().view(torch.uint8)], dim=-1)
 
 
-def reference_dequant(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """The torch reference: weight [..., 256] fp8, scale [..., 8] e8m0 -> bf16 [..., 256]."""
+def reference_dequant(weight: torch.Tensor, scale: torch.Tensor, convention: str = "torch") -> torch.Tensor:
+    """The torch reference: weight [..., 256] fp8, scale [..., 8] e8m0 -> bf16 [..., 256]; "vllm" reads each
+    scale byte as vLLM's kernel does (the fp32 with that exponent field)."""
     rows = weight.float().unflatten(-1, (-1, SCALE_BLOCK))
-    return (rows * scale.float().unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
+    if check_convention(convention) == "vllm":
+        factor = (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
+    else:
+        factor = scale.float()
+    return (rows * factor.unsqueeze(-1)).flatten(-2).to(torch.bfloat16)
 
 
-def dequantize_bits(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-    """raw [N, 264] uint8 (numpy) -> bf16 bit patterns [N, 256] uint16, via the exact lookup table."""
+def dequantize_bits(raw: np.ndarray, out: np.ndarray | None = None, convention: str = "torch") -> np.ndarray:
+    """raw [N, 264] uint8 (numpy) -> bf16 bit patterns [N, 256] uint16, via `convention`'s exact table."""
     if raw.dtype != np.uint8 or raw.ndim != 2 or raw.shape[1] != ROW_BYTES:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"raw rows must be [N, {ROW_BYTES}] uint8, got "
                              f"{raw.shape} {raw.dtype}", fix="pass rows as stored on a tier")
@@ -140,11 +174,11 @@ def dequantize_bits(raw: np.ndarray, out: np.ndarray | None = None) -> np.ndarra
     elif out.dtype != np.uint16 or out.shape != (raw.shape[0], ROW_VALUES):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"out must be [{raw.shape[0]}, {ROW_VALUES}] uint16, got "
                              f"{out.shape} {out.dtype}", fix="preallocate out with the rows' count")
-    _dequant_rows_lut(raw, DEQUANT_LUT, out)
+    _dequant_rows_lut(raw, dequant_lut(convention), out)
     return out
 
 
-def dequantize(raw: torch.Tensor) -> torch.Tensor:
+def dequantize(raw: torch.Tensor, convention: str = "torch") -> torch.Tensor:
     """raw [..., 264] uint8 -> bf16 [..., 256], bit-identical to `reference_dequant` (NaN as any NaN).
 
     CPU tensors go through the exact lookup table; tensors on an accelerator run
@@ -153,10 +187,10 @@ def dequantize(raw: torch.Tensor) -> torch.Tensor:
     _check_raw(raw)
     if raw.device.type != "cpu":
         weight, scale = split_raw(raw)
-        return reference_dequant(weight, scale)
+        return reference_dequant(weight, scale, convention)
     lead = raw.shape[:-1]
     flat = raw.reshape(-1, ROW_BYTES).contiguous().numpy()
-    bits = dequantize_bits(flat)
+    bits = dequantize_bits(flat, convention=convention)
     return torch.from_numpy(bits).view(torch.bfloat16).reshape(*lead, ROW_VALUES)
 
 

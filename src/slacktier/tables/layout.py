@@ -26,6 +26,18 @@ ROW_WORDS = ROW_BYTES // 8                   # 33
 PAGE_USED_WORDS = ROWS_PER_PAGE * ROW_WORDS  # 495: words 495..511 of a page are zero
 
 
+def binary_bytes(n_bytes: float) -> str:
+    """A byte count in binary units, the one family every verb prints memory and sizes in (KiB, MiB, GiB, TiB:
+    powers of 1024, as `free -h`, PyTorch's and the page geometry's 4 KiB): 4_000_000_000 -> "3.73 GiB",
+    78_643_200 -> "75.0 MiB", 4096 -> "4.0 KiB", 100 -> "100 B"."""
+    if abs(n_bytes) < 1024:
+        return f"{n_bytes:.0f} B"
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n_bytes) >= scale:
+            return f"{n_bytes / scale:.2f} {unit}" if unit in ("TiB", "GiB") else f"{n_bytes / scale:.1f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def pages_for_rows(rows: int) -> int:
     """Pages a region of `rows` rows occupies: 16 rows -> 2 pages."""
     return (rows + ROWS_PER_PAGE - 1) // ROWS_PER_PAGE

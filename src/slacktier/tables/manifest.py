@@ -4,7 +4,9 @@
 layer ids, rows per layer, column bounds, row/page geometry), the rank count,
 the targets, every (layer, rank) region (`tables.regions.StagedRegion`: target,
 device index, byte offset, pages, global rows),
-the source digest, and a reference to the per-page checksums. Checksums
+the source digest and identity (tables.identity: sampled rows' digests and the
+checkpoint tensors' header entries, which the plug-ins compare with the weights
+their engine loads), and a reference to the per-page checksums. Checksums
 (CRC32C of each whole 4 KiB page, little-endian uint32, regions concatenated in
 manifest order) live in a binary file beside the manifest, `<manifest stem>.crc`,
 whose sha256 the manifest records: a 16M-row table has over a million pages.
@@ -14,10 +16,14 @@ holding a signature and JSON: format, format_version, source_digest, stage_id,
 device, targets, target_bytes and state ("staging" while a staging run writes,
 "complete" after its fsync), so a device that already holds another table is
 recognised even without its manifest. Regions start after it. Each staging run
-draws a fresh random `stage_id`, recorded in the manifest and in every header:
-`check_target_header` refuses, at open time, a target restaged since the
-manifest was written (another table, or the same table staged again), a
-half-written restage and a truncated target.
+derives its `stage_id` from what it writes (`content_stage_id`: the rows'
+digest, layout, ranks, partition and region geometry, not the target paths),
+recorded in the manifest and in every header: `check_target_header` refuses,
+at open time, a target restaged since the manifest was written with other
+content, a half-written restage (its header says "staging" until the end) and
+a truncated target. Restaging an identical source keeps the stage id, so the
+manifests of both runs open the target (its bytes are the same) and a Redis
+copy loaded under "st-<stage id>" is still found.
 
 The manifest also records `manifest_digest`, the sha256 of its own content
 (every other key, as canonical JSON: sorted keys, no spaces), checked by
@@ -38,6 +44,14 @@ checked at load to give every column to exactly one rank by its kind's rule,
 and then a region's row_start/rows are its rows in the layer's stored space
 (`Manifest.pieces` maps them to global rows).
 
+The "sharding" record states how the rank regions were cut and each rank's
+global row spans per layer ({"rule": "hash-columns" | "balanced" |
+"equal-rows", "ranks", "rank_rows": {layer: [[[start, end], ...] per rank]}}):
+the bounds the serving engines' own TP shards are compared with
+(tables.tp_sharding). It is derived from the layout, ranks and partition, and a
+record that disagrees with them is refused at load; manifests written before it
+existed have none and read the same.
+
 Worked example: 2 layers x 1,000 rows, 2 ranks, one target -> regions
 (layer 1, rank 0) at offset 4096 with 34 pages (500 rows), (layer 1, rank 1) at
 4096 + 34 * 4096, and so on; checksum of page 3 of (layer 1, rank 1) is entry
@@ -50,7 +64,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -59,6 +72,7 @@ from typing import Any
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.identity import check_identity_json
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
 from slacktier.tables.odirect import write_file_atomic
 from slacktier.tables.partition import (DEFAULT_PARTITION, RankPartition, RowMap, StoredSpan, columns_text,
@@ -148,12 +162,18 @@ class TableIdentity:
     """What a target's header must match for a manifest to serve it: the rows' digest and the staging run."""
 
     source_digest: str   # "sha256:..." of the staged rows (checkpoint bytes, or generator + seed + layout)
-    stage_id: str        # random hex drawn by each staging run; "" for manifests written before it existed
+    stage_id: str        # a digest of what the staging run wrote (content_stage_id); "" before stage ids existed
 
 
-def new_stage_id() -> str:
-    """A fresh random staging-run id (32 hex digits)."""
-    return uuid.uuid4().hex
+def content_stage_id(source_digest: str, layout: StagedLayout, ranks: int, regions: Sequence[StagedRegion],
+                     partition: RankPartition | None, need_bytes: Sequence[int]) -> str:
+    """A staging run's id (32 hex digits), derived from what it writes: the same source staged the same way
+    (layout, ranks, partition, each region's device, offset and size, each target's size) gets the same id
+    wherever its targets are, and any other content or geometry another one."""
+    doc = [FORMAT, FORMAT_VERSION, source_digest, layout.to_json(), ranks,
+           partition.to_json() if partition is not None else None,
+           [{k: v for k, v in asdict(r).items() if k != "path"} for r in regions], [int(n) for n in need_bytes]]
+    return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
 def plan_regions(layout: StagedLayout, ranks: int, targets: list[str],
@@ -277,6 +297,31 @@ class Manifest:
         return region_pieces(region, self.spans(region.layer, region.rank))
 
     @property
+    def sharding_rule(self) -> str:
+        """How the rank regions were cut: "hash-columns" (each rank whole, contiguous hash columns: the engines'
+        own TP sharding at `ranks`), "balanced" (tables.partition) or "equal-rows" (no hash-column bounds, or a
+        rank count that does not divide the columns: no serving engine's sharding at TP > 1)."""
+        if self.partition is not None and self.partition.kind != DEFAULT_PARTITION:
+            return self.partition.kind
+        for layer in self.layout.layer_ids:
+            bounds = self.layout.column_bounds.get(layer)
+            if self.ranks > 1 and (bounds is None or (len(bounds) - 1) % self.ranks):
+                return "equal-rows"
+        return "hash-columns"
+
+    def rank_rows(self, layer: int) -> list[list[tuple[int, int]]]:
+        """Per rank, the global rows [start, end) of `layer` its region holds (one span except under balanced)."""
+        return [[(s.start, s.start + s.rows) for s in spans]
+                for spans in layer_spans(self.layout, layer, self.ranks, self.partition)]
+
+    def sharding_json(self) -> dict[str, Any]:
+        """The manifest's "sharding" record: the rule and every rank's global row spans per layer, the bounds the
+        serving engines' TP shards are compared with (tables.tp_sharding)."""
+        return {"rule": self.sharding_rule, "ranks": self.ranks,
+                "rank_rows": {str(layer): [[list(s) for s in spans] for spans in self.rank_rows(layer)]
+                              for layer in self.layout.layer_ids}}
+
+    @property
     def source_digest(self) -> str:
         """The "sha256:..." identity of the staged rows."""
         return str(self.source["digest"])
@@ -361,7 +406,7 @@ class Manifest:
             "regions": [asdict(r) for r in self.regions],
             "checksums": {"algorithm": "crc32c", "unit": "page", "file": self.crc_file, "sha256": self.crc_sha256,
                           "pages": self.total_pages},
-            "source": self.source, "stage_id": self.stage_id,
+            "source": self.source, "stage_id": self.stage_id, "sharding": self.sharding_json(),
         } | ({"partition": self.partition.to_json()} if self.partition is not None else {})
 
     def save(self, path: str | Path) -> None:
@@ -428,7 +473,7 @@ def check_manifest_digest(doc: Mapping[str, Any], path: str) -> None:
 
 _REGION_KEYS = ("layer", "rank", "device", "path", "offset_bytes", "pages", "row_start", "rows", "crc_first_page")
 _TOP_KEYS = {"format", "format_version", "created_utc", "layout", "ranks", "targets", "regions", "checksums",
-             "source", "stage_id", "partition", DIGEST_KEY}
+             "source", "stage_id", "partition", "sharding", DIGEST_KEY}
 
 
 class _Fields:
@@ -530,6 +575,8 @@ def _source_from_json(d: Any, f: _Fields) -> dict[str, Any]:
             f.str(x, f"$.source.files[{i}]")
     else:
         raise f.bad("$.source.kind", kind, '"synthetic" or "checkpoint"')
+    if "identity" in d:   # absent in manifests staged before identities were recorded
+        check_identity_json(d["identity"], f.bad)
     return dict(d)
 
 
@@ -609,11 +656,16 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
                             "its target ends")
     if DIGEST_KEY in d:
         _digest_text(d[DIGEST_KEY], f"$.{DIGEST_KEY}", f)
-    return Manifest(layout=layout, ranks=ranks, targets=targets, regions=regions,
+    m = Manifest(layout=layout, ranks=ranks, targets=targets, regions=regions,
                     source=_source_from_json(f.get(d, "source", "$.source"), f),
                     crc_file=crc_file, crc_sha256=crc_sha, total_pages=total_pages, path=path,
                     format_version=FORMAT_VERSION, created_utc=f.str(d.get("created_utc", ""), "$.created_utc"),
                     stage_id=f.str(d.get("stage_id", ""), "$.stage_id"), partition=partition)
+    # written by manifests since they record it; always what the layout, ranks and partition give
+    if "sharding" in d and d["sharding"] != m.sharding_json():
+        raise f.bad("$.sharding", d["sharding"], f"{m.sharding_rule!r} rank rows as the layout, ranks and "
+                    "partition give them")
+    return m
 
 
 def _partition_from_json(d: Any, layout: StagedLayout, ranks: int, f: _Fields) -> RankPartition | None:

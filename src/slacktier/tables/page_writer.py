@@ -7,7 +7,7 @@ when it is built). Writes are O_DIRECT, in large aligned chunks (4 MiB) from
 page-aligned buffers: filler threads fill the next chunks (rows, and each
 page's CRC32C while the page is still in L1) while writer threads (4 by
 default, so 4 writes in flight, each at its own offset) write. Every target
-starts with a header page carrying the run's fresh `stage_id`, marked "staging"
+starts with a header page carrying the run's `stage_id` (derived from what it writes), marked "staging"
 before anything else on any target changes (its size included) and "complete"
 only after all of its regions are written and fsynced; a run that fails or is
 interrupted leaves "staging", which `manifest.check_target_header` refuses.
@@ -34,9 +34,10 @@ import numpy as np
 from tqdm import tqdm
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, pages_for_rows
+from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE, binary_bytes, pages_for_rows
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_manifest_path, header_page, \
-    layer_spans, new_stage_id, parse_header, plan_regions, region_pieces, target_bytes
+    layer_spans, content_stage_id, parse_header, plan_regions, region_pieces, target_bytes
+from slacktier.tables.memfs import ram_backed
 from slacktier.tables.odirect import DirectFile, aligned_array, lock_target, os_error, probe_target, write_file_atomic
 from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition
 from slacktier.tables.regions import StagedRegion
@@ -84,8 +85,8 @@ def check_free_space(targets: list[str], need_bytes: list[int], size_bytes: list
     for fs, more in grow.items():
         if more > free[fs]:
             where = ", ".join(names[fs])
-            raise SlackTierError(ErrorKind.TARGET, f"not enough disk space: the table needs {more / 1e9:.2f} GB more "
-                                 f"on the filesystem of {where}, which has {free[fs] / 1e9:.2f} GB free; nothing "
+            raise SlackTierError(ErrorKind.TARGET, f"not enough disk space: the table needs {binary_bytes(more)} more "
+                                 f"on the filesystem of {where}, which has {binary_bytes(free[fs])} free; nothing "
                                  "was written", fix="free space, stage elsewhere, or stage fewer rows or ranks "
                                  "(--only-ranks)")
 
@@ -266,11 +267,18 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
         cols = {len(b) - 1 for b in layout.column_bounds.values()}
         if len(cols) != 1 or len(layout.column_bounds) != len(layout.rows):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"the {partition!r} partition needs every layer's hash-column "
-                                 "bounds, the same column count in each", fix="stage from the model's hash layout "
-                                 "(--engram v41, or a checkpoint), or --partition columns")
+                                 "bounds, the same column count in each", fix="stage with the model's hash layout "
+                                 "(--engram VOCAB|v41; a checkpoint with its config.json: --config), or --partition "
+                                 "columns")
         part = RankPartition.make(partition, cols.pop(), ranks, heads_per_order)
     regions = plan_regions(layout, ranks, paths, only_ranks, part)
     need = target_bytes(regions, len(paths))
+    for path, nbytes in zip(paths, need):
+        in_memory = ram_backed(path)
+        if in_memory:
+            log.warning("target %s is in host memory (%s): its %.1f MiB take DRAM as a DRAM-tier copy would, "
+                        "whichever tier reads it (slacktier inspect and plan count them as host memory)",
+                        path, in_memory, nbytes / 2**20)
     block_targets = [os.path.exists(p) and Path(p).is_block_device() for p in paths]
     if manifest_path is None:
         if block_targets[0]:
@@ -324,7 +332,7 @@ def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list
     if manifest_path.exists():
         manifest_path.unlink()  # checks passed: a stale manifest must not outlive the bytes it describes
     files = [DirectFile(p, write=True, create=not b, buffered=buffered) for p, b in zip(paths, is_block)]
-    stage_id = new_stage_id()
+    stage_id = content_stage_id(digest, layout, ranks, regions, part, need)
     crcs = np.zeros(total_pages, dtype=np.uint32)
     try:
         for f in files:

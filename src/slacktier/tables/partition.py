@@ -205,8 +205,10 @@ BUCKET_BITS = 12   # a RowMap's coarse index: 4096 buckets of row ids, each nami
 
 
 @njit(nogil=True, cache=True)
-def _to_stored(ids, starts, shifts, first, bucket_shift, rows, out):
-    """out[t, c] = ids[t, c] moved by its span's shift where it is in [0, rows); other ids (pad, bad) copied.
+def _to_stored(ids, starts, shifts, first, bucket_shift, rows, stored_rows, out):
+    """out[t, c] = ids[t, c] moved by its span's shift where it is in [0, rows); an id in [rows, stored_rows)
+    (outside the table, but a stored row's number) -> stored_rows; other ids (pad, negative, past the stored
+    space) copied: every id outside the table stays outside the stored space.
 
     ids, out: [T, C] int64, any strides (a layer's slice of the step's [T, L, C] ids). The span of g is found
     from its bucket's first span (first[g >> bucket_shift]) by a short forward scan: one compare where a bucket
@@ -220,6 +222,8 @@ def _to_stored(ids, starts, shifts, first, bucket_shift, rows, out):
                 while k + 1 < n_spans and starts[k + 1] <= g:
                     k += 1
                 out[t, c] = g + shifts[k]
+            elif g >= rows and g < stored_rows:
+                out[t, c] = stored_rows
             else:
                 out[t, c] = g
 
@@ -228,7 +232,8 @@ def _to_stored(ids, starts, shifts, first, bucket_shift, rows, out):
 class RowMap:
     """Global row id -> stored row of one layer under a partition whose stored space is not the global one.
 
-    Worked example (the module docstring's): ids [805, -1] -> [215, -1] (a pad id is left as it is).
+    Worked example (the module docstring's): ids [805, -1, 2405] -> [215, -1, 2480] (a pad id is left as it
+    is; 2405, past the 2,400 rows but a stored row's number, goes past the 2,480 stored rows instead).
     """
 
     rows: int                 # the layer's global rows
@@ -266,16 +271,16 @@ class RowMap:
 
     def to_stored(self, ids: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """ids (int64, any shape; 2-D ones with any strides) -> stored rows, into `out` (same shape) when given;
-        ids outside [0, rows) are copied unchanged."""
+        an id outside [0, rows) stays outside the stored rows [0, stored_rows) (never another row's place)."""
         ids = np.asarray(ids, dtype=np.int64)
         if out is None:
             out = np.empty(ids.shape, dtype=np.int64)
         if ids.ndim == 2:
-            _to_stored(ids, self.starts, self.shifts, self.first, self.bucket_shift, self.rows, out)
+            _to_stored(ids, self.starts, self.shifts, self.first, self.bucket_shift, self.rows, self.stored_rows, out)
         else:
             flat = np.ascontiguousarray(ids).reshape(1, -1)
             res = np.empty_like(flat)
-            _to_stored(flat, self.starts, self.shifts, self.first, self.bucket_shift, self.rows, res)
+            _to_stored(flat, self.starts, self.shifts, self.first, self.bucket_shift, self.rows, self.stored_rows, res)
             out[...] = res.reshape(ids.shape)
         return out
 

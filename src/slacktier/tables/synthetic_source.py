@@ -16,6 +16,7 @@ import numba
 import numpy as np
 
 from slacktier.tables.codec import _mix64, synthetic_row_into, synthetic_seed
+from slacktier.tables.identity import source_identity
 from slacktier.tables.layout import PAGE_USED_WORDS, PAGE_WORDS, ROW_BYTES, ROW_WORDS, ROWS_PER_PAGE
 from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.pagecrc import HW_CRC32C, crc_page_words, page_crcs
@@ -91,8 +92,10 @@ class SyntheticSource:
         return self._digest
 
     def spec(self) -> dict[str, Any]:
-        """The manifest's "source" object: generator and seed."""
-        return {"kind": self.kind, "digest": self.digest, "generator": SYNTHETIC_GENERATOR, "seed": self.seed}
+        """The manifest's "source" object: generator, seed and identity (tables.identity: the plug-ins refuse a
+        checkpoint whose rows are not these)."""
+        return {"kind": self.kind, "digest": self.digest, "generator": SYNTHETIC_GENERATOR, "seed": self.seed,
+                "identity": source_identity(self)}
 
     def fill_pages(self, layer: int, row_start: int, rows: int, pages: np.ndarray,
                    crcs: np.ndarray | None = None) -> None:

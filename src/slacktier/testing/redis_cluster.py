@@ -103,8 +103,8 @@ _DISCOVERY = "+ping +cluster|slots +cluster|info +command +readonly +asking"
 _READS = "+get +mget +exists +strlen"
 #: serving reads only, on keys it may only read
 READER_RULES = f"resetkeys %R~* resetchannels -@all {_DISCOVERY} {_READS}"
-#: loading pages and the identity key: the reads plus SET, MSET, DEL
-LOADER_RULES = f"resetkeys ~* resetchannels -@all {_DISCOVERY} {_READS} +set +mset +del"
+#: loading pages and the identity key: the reads plus SET, MSET, DEL; SCAN finds the loaded tables (load --list)
+LOADER_RULES = f"resetkeys ~* resetchannels -@all {_DISCOVERY} {_READS} +set +mset +del +scan"
 _ADMIN_RULES = "~* &* +@all"
 #: what a replica sends its master (https://redis.io/docs/latest/operate/oss_and_stack/management/security/acl/)
 _REPLICATION_RULES = "resetkeys resetchannels -@all +psync +replconf +ping"

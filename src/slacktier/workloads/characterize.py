@@ -12,6 +12,7 @@ policy, CLOCK, is the served cache's own directory pass replayed step by step
 from __future__ import annotations
 
 import json
+import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -65,9 +66,12 @@ def prepare_layer(trace: LookupTrace, layer_id: int, ranking: tuple[np.ndarray, 
                   ) -> PreparedLayer:
     """Dense ids, decode mask and fit ranks of one layer."""
     rows = trace.layer_rows(layer_id)
-    ids, n_items = pol.densify(rows)
+    uniq, inv = np.unique(rows, return_inverse=True)   # pol.densify's ids, keeping the unique rows
+    ids, n_items = inv.astype(np.int32).reshape(-1), int(uniq.shape[0])
     column = np.tile(np.arange(trace.n_columns, dtype=np.int8), trace.num_tokens)
-    ranks = pol.ranks_of(rows, ranking) if ranking is not None else None
+    # ranks of the unique rows (sorted: one pass over the fit ranking), spread to every lookup by its dense id;
+    # the same ranks as pol.ranks_of(rows, ranking) without a search per lookup
+    ranks = pol.ranks_of(uniq, ranking)[ids] if ranking is not None else None
     return PreparedLayer(trace.workload, layer_id, rows, ids, n_items, trace.lookup_decode(), column, ranks, trace)
 
 
@@ -309,6 +313,32 @@ def write_json(path: Path, obj) -> None:
     path.write_text(json.dumps(obj, indent=1, default=default) + "\n")
 
 
+class Phases:
+    """Says each slow phase of a run on stderr as it starts and how long it took ("agent: replaying ... 41 s").
+
+    The progress bars cover the loops; the phases between them (tokenizing, ranking the fit split's rows, batch
+    reuse, plots) would otherwise leave a finished bar on the screen for minutes.
+    """
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._name = ""
+        self._t = 0.0
+
+    def start(self, name: str) -> None:
+        """End the phase in progress (printing its time) and announce `name`."""
+        self.end()
+        self._name, self._t = name, time.perf_counter()
+        if self.on:
+            print(f"characterize: {name} ...", file=sys.stderr, flush=True)
+
+    def end(self) -> None:
+        """Print the time of the phase in progress, if any."""
+        if self._name and self.on:
+            print(f"characterize: {self._name}: {time.perf_counter() - self._t:.0f} s", file=sys.stderr, flush=True)
+        self._name = ""
+
+
 @dataclass
 class PreparedWorkload:
     """A workload's holdout replay, prepared per layer with the fit split's ranking."""
@@ -322,18 +352,23 @@ class PreparedWorkload:
 
 
 def prepare_workload(name: str, corpus, replay, hasher, layers: Sequence[int], progress: bool = False,
-                     ) -> PreparedWorkload:
+                     phases: Phases | None = None) -> PreparedWorkload:
     """Load `name` ("agent" | "chat"), replay its holdout split, rank rows on its fit split."""
     from slacktier.workloads.corpus import load_workload
     from slacktier.workloads.replay import collect_trace, replay_steps, session_rows
 
+    phases = phases or Phases(False)
     t0 = time.perf_counter()
+    phases.start(f"{name}: reading and tokenizing the sessions")
     split = load_workload(name, corpus, progress=progress)
     t1 = time.perf_counter()
+    phases.start(f"{name}: replaying the holdout split ({len(split.holdout)} sessions) through the hash")
     trace = collect_trace(replay_steps(list(split.holdout), hasher, replay), hasher, name, replay.batch,
                           progress=progress)
+    phases.start(f"{name}: hashing the fit split ({len(split.fit)} sessions) and ranking its rows")
     fit_rows = session_rows(list(split.fit), hasher)
     preps = [prepare_layer(trace, layer, pol.rank_rows(fit_rows[trace.layer_ids.index(layer)])) for layer in layers]
+    phases.end()
     return PreparedWorkload(name, split, trace, preps, t1 - t0, time.perf_counter() - t1)
 
 

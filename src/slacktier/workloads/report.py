@@ -29,9 +29,9 @@ from typing import Sequence
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError, optional_import
-from slacktier.workloads.characterize import (BatchReuse, Capacity, HitResult, batch_reuse, capacities_for,
-                                              hit_table, miss_page_curve, prepare_workload, trace_summary,
-                                              write_json)
+from slacktier.workloads.characterize import (BatchReuse, Capacity, HitResult, Phases, batch_reuse,
+                                              capacities_for, hit_table, miss_page_curve, prepare_workload,
+                                              trace_summary, write_json)
 from slacktier.workloads.corpus import WORKLOADS, CorpusConfig
 from slacktier.workloads.hashing import TABLE_TOKENS, TABLES, lookup_hasher, table_layer_ids
 from slacktier.workloads.policies import POLICIES
@@ -110,19 +110,26 @@ def characterize(config: CharacterizeConfig) -> Characterization:
     out.mkdir(parents=True, exist_ok=True)
     batch = config.replay.batch
     res = Characterization()
+    phases = Phases(config.progress)
     for wl in config.workloads:
-        pw = prepare_workload(wl, config.corpus, config.replay, hasher, list(config.layers), config.progress)
+        pw = prepare_workload(wl, config.corpus, config.replay, hasher, list(config.layers), config.progress,
+                              phases)
         if len(pw.split.holdout) < batch:
             log.warning("%s: only %d holdout sessions for batch %d", wl, len(pw.split.holdout), batch)
         caps = {p.layer_id: ([Capacity(c, f"{c} rows") for c in config.capacities_rows] if config.capacities_rows
                              else capacities_for(pw.trace, p.layer_id)) for p in pw.preps}
         t1 = time.perf_counter()
+        phases.start(f"{wl}: {len(config.policies)} policies x {sum(map(len, caps.values()))} capacities "
+                     "(a first run also compiles them)")
         results = hit_table(pw.preps, list(config.policies), caps, config.static_head_share, config.progress)
         res.hits += results
+        phases.start(f"{wl}: batch reuse")
         res.reuse += [asdict(batch_reuse(prep, seed=config.corpus.seed)) for prep in pw.preps]
         # one grid for all layers, up to the most unique rows of a layer
         grid = miss_curve_grid(max(p.n_items for p in pw.preps), config.miss_points)
+        phases.start(f"{wl}: miss-page curve ({config.miss_policy}, {len(grid)} capacities)")
         curve = miss_page_curve(pw.preps, grid, config.miss_policy, config.progress)
+        phases.end()
         curve |= {"table": config.table, "tokens": config.corpus.tokens}
         curve_path = out / f"miss_curve_{wl}_B{batch}.json"
         write_json(curve_path, curve)
@@ -133,8 +140,10 @@ def characterize(config: CharacterizeConfig) -> Characterization:
                                                "miss_curve": str(curve_path)}
     write_tables(res, out)
     if config.plots:
+        phases.start("drawing the plots")
         plot_hit_rates(res.hits, out, TABLE_TITLES[config.table])
         plot_miss_curves(res.curve_paths, out)
+        phases.end()
     print(format_characterization(res.hits, res.reuse, res.summary))
     print(f"wrote {out}/hit_rates.csv, hit_rates.json, batch_reuse.csv, summary.json, miss_curve_*.json")
     return res

@@ -30,6 +30,7 @@ from slacktier.config import RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import page_crc32c as crc32c_of_pages
 from slacktier.store.dram import load_region_pages
+from slacktier.store.redis.admin import LoadedTable, find_table, stale_keys
 from slacktier.store.redis.client import CLIENT_ERRORS, Control, mask
 from slacktier.store.redis.keys import (COMPLETE, DEFAULT_TAG_BUCKETS, KEYS_PER_MGET, LAYOUT, LOADING,
                                         buckets_for, default_prefix, gen_key, generation_of, identity_key,
@@ -51,6 +52,7 @@ class LoadReport:
     written: int         # groups written this run (0: the table was already complete)
     pages: int           # pages written and verified this run
     seconds: float
+    replaced: LoadedTable | None = None   # the other table (or generation) the prefix held, now overwritten
 
 
 def load_table(options: RedisOptions, regions: Sequence[Region], identity: TableIdentity, *,
@@ -73,6 +75,7 @@ def load_table(options: RedisOptions, regions: Sequence[Region], identity: Table
               "stage_id": identity.stage_id, "generation": generation, "tag_buckets": tag_buckets,
               "regions": [[r.layer, r.rank, r.pages] for r in regions]}
     groups = [(i, g) for i in range(len(regions)) for g in range(tag_buckets)]
+    replaced: LoadedTable | None = None
     try:
         current = client.get(identity_key(pfx))
         done = [v == generation.encode() for v in
@@ -84,6 +87,14 @@ def load_table(options: RedisOptions, regions: Sequence[Region], identity: Table
                 theirs = {}
             if theirs.get("generation") == generation and theirs.get("state") == COMPLETE and all(done):
                 return LoadReport(pfx, generation, tag_buckets, len(groups), 0, 0, time.monotonic() - t0)
+            replaced = find_table(options, pfx)
+            if replaced is not None and replaced.generation == generation:
+                replaced = None   # this load's own generation, resumed
+            if replaced is not None:
+                log.warning("%s: prefix %r holds table %s (stage %s, generation %s, %d pages, %.1f MB, %s); this "
+                            "load replaces it in place", control.where, pfx, replaced.source_digest,
+                            replaced.stage_id, replaced.generation, replaced.pages, replaced.value_bytes / 1e6,
+                            replaced.state)
         client.set(identity_key(pfx), json.dumps({**record, "state": LOADING}).encode())
         todo = [grp for grp, ok in zip(groups, done, strict=True) if not ok]
         cache: dict[int, np.ndarray] = {}
@@ -124,6 +135,10 @@ def load_table(options: RedisOptions, regions: Sequence[Region], identity: Table
             for n in pool.map(write_group, todo):
                 written += n
                 bar.update(1)
+        if replaced is not None:   # keys of the replaced table this load did not overwrite
+            shape = {(r.layer, r.rank): r.pages for r in regions}
+            for keys in stale_keys(replaced, tag_buckets, shape):
+                client.delete(*keys)
         client.set(identity_key(pfx), json.dumps({**record, "state": COMPLETE}).encode())
     except redis.exceptions.NoPermissionError as exc:
         raise SlackTierError(ErrorKind.UNAVAILABLE, f"user {options.username or 'default'!r} may not load into "
@@ -135,7 +150,7 @@ def load_table(options: RedisOptions, regions: Sequence[Region], identity: Table
         control.close()
     log.info("loaded %d of %d page groups (%d pages) of table %s into %s under %r, generation %s", len(todo),
              len(groups), written, identity.source_digest, control.where, pfx, generation)
-    return LoadReport(pfx, generation, tag_buckets, len(groups), len(todo), written, time.monotonic() - t0)
+    return LoadReport(pfx, generation, tag_buckets, len(groups), len(todo), written, time.monotonic() - t0, replaced)
 
 
 def load_manifest(options: RedisOptions, manifest: Manifest, **kw) -> LoadReport:

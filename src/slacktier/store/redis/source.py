@@ -22,11 +22,18 @@ lands in a buffer in use (engine/step.py).
 
 Checks. At open (and in `verify_identity`, on a source kept across a reload):
 the prefix holds the manifest's table, complete, every page group in its
-generation (identity.py). Every read page's stored CRC32C is compared with the
-manifest's (a page of another load is refused), and with `page_crc32c` the
-page itself is checked too (`verify_by_default`: remote memory has no
-end-to-end checksum of its own). A missing page names its key and node, and
-says whether its whole group is gone (a node restarted empty).
+generation (identity.py). That is checked once; another table can be loaded
+under the same keys later (a second `slacktier load` into the prefix, live or
+not). So every read value's stored CRC32C is compared with the manifest's, on
+every read, whatever `verify_reads` says (`stored_crc32c`: the engine always
+passes the manifest's CRC32Cs): a value of another load is refused and never
+lands in a row. The stored CRC32C was written in the same value as its page,
+so a value whose stored CRC32C equals the manifest's holds the manifest's
+page, unless the bytes changed inside the server after the load; that is what
+`verify_pages` (`verify_reads`, on by default: remote memory has no end-to-end
+checksum of its own) checks, by computing each page's CRC32C. A missing page
+names its key and node, and says whether its whole group is gone (a node
+restarted empty).
 
 Worked example: prefix "t0", T = 64, pages 76 and 140 of layer 1 rank 3 ->
 both in group 12 -> one MGET {t0:1:3:12}:76 {t0:1:3:12}:140 to the node of
@@ -66,13 +73,16 @@ class RedisSource(QueuedSource[dict]):
 
     #: remote memory with no end-to-end checksum of its own: reads are checked against the manifest by default
     verify_by_default = True
+    #: each value is the page and its CRC32C: the stored CRC32C is compared with the manifest's on every read
+    stored_crc32c = True
     read_what, engine_name = "redis read", "resp-scan"
 
     def __init__(self, regions: Sequence[Region], options: RedisOptions | None = None, *,
-                 page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
+                 page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None,
+                 verify_pages: bool = True) -> None:
         self.options = typed_options(options, RedisOptions)   # a wrong options type fails before any thread starts
         self.url = self.options.url   # for logs and errors (it never holds a secret)
-        super().__init__(regions, page_crc32c=page_crc32c)
+        super().__init__(regions, page_crc32c=page_crc32c, verify_pages=verify_pages)
         self._prefix = [self.options.prefix or default_prefix(identity)] * len(self.regions)
         self._control = Control(self.options)
         self.stalls: dict[str, int] = {}   # node -> batches whose reply from it was slow or never came
