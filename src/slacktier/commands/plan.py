@@ -89,10 +89,19 @@ def _in_memory(path: str, layer: int) -> tuple[int, list[str]]:
 def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None) -> dict[int, float]:
     """Windows (ms) per decoder layer from a probe JSON, optionally rescaled to another step time."""
     try:
-        sweeps = json.loads(path.read_text())["sweeps"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        sweeps = json.loads(path.read_bytes().decode("utf-8"))["sweeps"]
+    except FileNotFoundError:
+        raise SlackTierError(ErrorKind.MISSING, f"probe JSON {path} does not exist",
+                             fix="run `slacktier probe` first, or pass --window LAYER=MS") from None
+    except OSError as exc:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"cannot read probe JSON {path}: {exc.strerror}",
+                             fix="pass the JSON `slacktier probe` wrote") from None
+    except UnicodeDecodeError:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a probe JSON: not UTF-8 text",
+                             fix="pass the JSON `slacktier probe` wrote") from None
+    except (json.JSONDecodeError, KeyError, TypeError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"{path} is not a probe JSON: {exc!r}",
-                             fix="pass the JSON `slacktier probe` wrote") from exc
+                             fix="pass the JSON `slacktier probe` wrote") from None
     try:
         chosen = next((s for s in sweeps if batch is None or s["batch"] == batch), None)
         if chosen is None:

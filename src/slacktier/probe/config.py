@@ -67,10 +67,15 @@ def read_probe_config(path: str | Path) -> ProbeTarget:
     """Read a probe config file."""
     p = Path(path)
     try:
-        return _parse(p, p.read_text())
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"probe config {p} is not UTF-8 text",
+                             fix='write {"layer": 5, "delay_ms": 3.0} (JSON) or layer = 5 / delay_ms = 3.0 '
+                                 '(TOML)') from None
     except FileNotFoundError as exc:
         raise SlackTierError(ErrorKind.MISSING, f"probe config {p} not found",
                              fix="write the file before attaching the probe, or pass no config path") from exc
+    return _parse(p, text)
 
 
 def write_probe_config(path: str | Path, target: ProbeTarget) -> None:
