@@ -40,3 +40,11 @@ def test_overhead_and_follow_lines():
                     "[min 1.000, max 3.000]; hooks removed median 1.000 ms [min 1.000, max 1.000]; ratio 2.0000")
     assert format_follow_step(0, NO_TARGET, 1.5) == "step 0 layer - delay_ms 0.000 step_ms 1.500"
     assert format_follow_step(3, ProbeTarget(5, 2.25), 4.0) == "step 3 layer 5 delay_ms 2.250 step_ms 4.000"
+
+
+def test_the_probes_table_layers_are_v41s_engram_layers():
+    from slacktier.probe.report import V41_LAYER_IDS, parse_layers
+    from slacktier.tables import engram_hash
+
+    assert V41_LAYER_IDS == engram_hash.V41_LAYER_IDS
+    assert parse_layers("tables", 0) == list(engram_hash.V41_LAYER_IDS)

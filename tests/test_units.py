@@ -31,5 +31,5 @@ def test_stage_prints_its_size_and_rate_in_binary_units(tmp_path, capsys):
 
 def test_the_demos_staging_line_is_in_binary_units():
     text = demo_stage_report(2, 1000, 1, 2, 3 * 2**20, "t.bin", 0.5, "t.json", 1, [0.0], [])
-    assert "staged     3.0 MiB into t.bin" in text and "(6.0 MiB/s" in text
+    assert "staged     3.0 MiB in 0.50 s" in text and "(6.0 MiB/s" in text and "into       t.bin" in text
     assert not DECIMAL.search(text)

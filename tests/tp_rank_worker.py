@@ -172,6 +172,10 @@ def _run(args: argparse.Namespace, out: dict[str, Any]) -> None:
             if stock is not None:
                 record["rows"] = int(sum(s.shape[0] * s.shape[1] * s.shape[2] for s in steps))
                 record["mismatches"] = int(sum((g != w).any(axis=-1).sum() for g, w in zip(steps, stock)))
+                # the same comparison against the stock rows of the neighbouring token must see differences (a
+                # comparison that could not fail would pass any table)
+                record["mismatches_shifted"] = int(sum((g != np.roll(w, 1, axis=0)).any(axis=-1).sum()
+                                                        for g, w in zip(steps, stock)))
         except BaseException as exc:
             binding = plug.current()
             out["runs"].setdefault(template, {})["error"] = {

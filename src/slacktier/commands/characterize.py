@@ -26,8 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policies", default="clock,lru,belady",
                    help="comma list of lru, clock, s3fifo, static, static_lru, belady (cold), belady_warm "
                         "(the fit's top rows preloaded: the ceiling of the static policies too), or 'all' "
-                        "(default: clock, the engine's, beside lru and the belady limit; each policy adds a pass "
-                        "over every capacity)")
+                        "(default: clock,lru,belady: the engine's CLOCK beside LRU and the Belady limit; each policy "
+                        "adds a pass over every capacity)")
     p.add_argument("--layers", default="", help="comma list of the table's layers (default: all; Engram 1,14, PLE 1)")
     p.add_argument("--capacities", default="",
                    help="comma list of capacities in rows per layer (default: 1M, 5M, 0.2/1/5%% of the table "

@@ -205,7 +205,8 @@ def run(args: argparse.Namespace) -> int:
         # plan works on the base install; its plot is the one part that needs an extra, so it is said, not refused
         print("no plot: matplotlib is not installed (pip install 'slacktier[workloads]', or pass --no-plot)")
     elif not args.no_plot:
-        from slacktier.plan.report import plot_plan, stall_by_cache
+        from slacktier.plan.planner import stall_by_cache
+        from slacktier.plan.report import plot_plan
 
         # the planned budget from none to 4x, a geometric grid (a budget of 0 included: the tables uncached)
         budgets = sorted({0, *(int(round(args.cache_rows * f)) for f in (1 / 16, 1 / 8, 1 / 4, 1 / 2, 1, 2, 4))})

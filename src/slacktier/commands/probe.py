@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers-path", default=None,
                    help="dotted path of the decoder ModuleList (default: found by name, e.g. model.layers)")
     p.add_argument("--batch", type=int, nargs="+", default=[1],
-                   help="batch sizes (sequences per decode step; default 1; each one more sweep)")
+                   help="batch sizes (sequences per decode step; each one more sweep)")
     p.add_argument("--layers", default="tables",
                    help="decoder layer indices to probe: 'tables' (default: DeepSeek-V4.1's Engram layers 1,14, "
                         "the ones `plan` places), 'all', a comma list (0,5,10), or 'every:N'")

@@ -225,3 +225,17 @@ def write_plan(plan: Plan, path: str | Path, engine: EngineConfig = EngineConfig
     cfg = control_file(plan, engine, options)
     write_control(cfg, path, comment=plan_comment(plan))
     return cfg
+
+
+def stall_by_cache(plan: Plan, tables: Sequence, tiers: Sequence, curves: Mapping, budgets: Sequence[int], *,
+                   grid: int = 200, refine: int = 20, source: str | None = None) -> list[tuple[int, Plan]]:
+    """The plan's placement (each table on its tier; with `source`, every table on that tier instead) predicted
+    again at other cache budgets, split anew at each: [(cache rows, Plan)]. What the plan's plot draws."""
+    by_name = {t.name: t for t in tiers}
+    by_layer = {t.layer: t for t in tables}
+    ordered = [by_layer[t.layer] for t in plan.tables]            # plan.tables are in window order
+    choice = [by_name[source or t.source] for t in plan.tables]
+    ordered_curves = [_curve(curves, t.layer) for t in ordered]
+    return [(int(c), _evaluate(ordered, choice, ordered_curves, int(c), resolve_ms=plan.resolve_ms,
+                               kappa_ms=plan.kappa_ms, target_ms=plan.target_ms, grid=grid, refine=refine))
+            for c in budgets]

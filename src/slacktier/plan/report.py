@@ -34,8 +34,19 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def in_host_memory(tier: str) -> bool:
+    """Whether a tier serves from a copy in host memory (the DRAM tier); a tier name no control file knows is not."""
+    from slacktier.config import tier_facts
+    from slacktier.errors import SlackTierError
+
+    try:
+        return tier_facts(tier).device_kind == "host"
+    except SlackTierError:
+        return False
+
+
 def _table_words(t) -> str:
-    where = "in DRAM" if t.source == "dram" else f"on {t.source}"
+    where = "in DRAM" if in_host_memory(t.source) else f"on {t.source}"
     cache = (f" behind {t.cache_rows:,.0f} cache rows ({100 * t.cache_share:.0f}% of the cache)" if t.cache_rows >= 1
              else "")
     return f"layer {t.layer} {where}{cache}"
@@ -50,7 +61,7 @@ def plan_verdict(plan: Plan) -> list[str]:
     """
     import textwrap
 
-    keep = "keep " if any(t.source == "dram" for t in plan.tables) else "put "
+    keep = "keep " if any(in_host_memory(t.source) for t in plan.tables) else "put "
     words = keep + ", ".join(_table_words(t) for t in sorted(plan.tables, key=lambda t: t.layer))
     within = "within" if plan.slowdown_ms <= plan.target_ms else "OVER"
     text = (f"Verdict: {words}: predicted {plan.slowdown_ms:+.3f} ms per step, {within} the {plan.target_ms:.3f} ms "
@@ -59,22 +70,6 @@ def plan_verdict(plan: Plan) -> list[str]:
             "prediction from the windows, the tiers' read fits and the miss-page curves, not a measurement "
             "(`slacktier whatif` measures a placement).")
     return textwrap.wrap(text, 120, subsequent_indent="  ", break_on_hyphens=False)
-
-
-def stall_by_cache(plan: Plan, tables: Sequence, tiers: Sequence, curves: Mapping, budgets: Sequence[int], *,
-                   grid: int = 200, refine: int = 20, source: str | None = None) -> list[tuple[int, Plan]]:
-    """The plan's placement (each table on its tier; with `source`, every table on that tier instead) predicted
-    again at other cache budgets, split anew at each: [(cache rows, Plan)]. What the plan's plot draws."""
-    from slacktier.plan.planner import _curve, _evaluate
-
-    by_name = {t.name: t for t in tiers}
-    by_layer = {t.layer: t for t in tables}
-    ordered = [by_layer[t.layer] for t in plan.tables]            # plan.tables are in window order
-    choice = [by_name[source or t.source] for t in plan.tables]
-    ordered_curves = [_curve(curves, t.layer) for t in ordered]
-    return [(int(c), _evaluate(ordered, choice, ordered_curves, int(c), resolve_ms=plan.resolve_ms,
-                               kappa_ms=plan.kappa_ms, target_ms=plan.target_ms, grid=grid, refine=refine))
-            for c in budgets]
 
 
 def plot_plan(plan: Plan, points: Sequence[tuple[int, Plan]], path: str | Path,

@@ -58,7 +58,7 @@ from slacktier.config import tier_facts, tier_names
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.constants import DIRECTORY_BYTES_PER_ROW, PAGE_BYTES, ROWS_PER_PAGE
 from slacktier.plan.readmodel import DeviceReadModel
-from slacktier.textfile import read_text
+from slacktier.errors import read_text
 
 TIERS_FORMAT = "slacktier-tiers/2"
 _COMMON_KEYS = {"name", "holds_table", "directory_bytes_per_row", "buffer_bytes"}

@@ -127,6 +127,11 @@ def plot_windows(sweeps: Sequence[WindowSweep], path: str | Path, title: str = "
     return p
 
 
+#: DeepSeek-V4.1's Engram layers, the ones `plan` places tables on (the probe room imports no other room; a test
+#: holds this equal to tables.engram_hash.V41_LAYER_IDS)
+V41_LAYER_IDS = (1, 14)
+
+
 def parse_layers(spec: str, num_layers: int) -> list[int]:
     """'tables' | 'all' | '0,5,10' | 'every:N' -> decoder layer indices (every:3 of 8 layers -> [0, 3, 6]).
 
@@ -134,8 +139,6 @@ def parse_layers(spec: str, num_layers: int) -> list[int]:
     decoder layers for them is refused (num_layers 0: not known yet, only the spec is checked).
     """
     if spec == "tables":
-        from slacktier.tables.engram_hash import V41_LAYER_IDS
-
         if num_layers and max(V41_LAYER_IDS) >= num_layers:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"--layers tables is layers {list(V41_LAYER_IDS)}, and this "
                                  f"model has {num_layers} decoder layers",

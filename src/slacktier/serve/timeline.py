@@ -59,7 +59,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.exposure import LayerRead, exposure
-from slacktier.textfile import read_text
+from slacktier.errors import read_text
 
 PROFILE_FORMAT = "slacktier-compute-profile/1"
 PROFILES_DIR = Path(__file__).parent / "profiles"

@@ -48,6 +48,7 @@ import numpy as np
 import slacktier.store  # noqa: F401 - registers every tier, the emulated one included, before tier_facts reads them
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.plan.report import in_host_memory
 from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
                                       TimelineStep, load_profile, sleep_then_spin, sweep_sessions)
 
@@ -489,9 +490,10 @@ def placement_words(p: WhatIfPlacement, ranks: int) -> str:
     models = dict(p.models)
     parts = []
     for layer, tier in sorted(p.tiers):
-        where = {"dram": "in DRAM", "disk": "on this machine's disk"}.get(tier, f"on {models.get(layer, tier)}")
+        where = ("in DRAM" if in_host_memory(tier) else f"on {models[layer]}" if layer in models else
+                 "on this machine's disk" if tier_facts(tier).device_kind == "file" else f"on {tier}")
         parts.append(f"layer {layer} {where}")
-    text = ("keep " if any(t == "dram" for _, t in p.tiers) else "put ") + ", ".join(parts)
+    text = ("keep " if any(in_host_memory(t) for _, t in p.tiers) else "put ") + ", ".join(parts)
     if models:
         text += (f" (one disk for {ranks} ranks)" if p.disks == "shared" and ranks > 1 else
                  " (one disk per rank)" if ranks > 1 else "")

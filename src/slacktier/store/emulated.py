@@ -94,7 +94,7 @@ from slacktier.store.dram import copy_pages, load_region_pages
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
-from slacktier.textfile import read_text
+from slacktier.errors import read_text
 
 # ---- device models -------------------------------------------------------------------------------------------
 
