@@ -11,6 +11,7 @@ import redis
 
 from slacktier.config import RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.tables.layout import binary_bytes
 from slacktier.store import PageBufferPool, PageReads
 from slacktier.store.redis.keys import gen_key, page_key
 from slacktier.store.redis.loader import load_manifest
@@ -234,7 +235,7 @@ def test_loaded_tables_are_listed_replaced_and_removed_without_a_second_copy(ser
         out = capsys.readouterr().out
         new = default_prefix(changed.manifest.identity)
         assert f"{new!r}: table {changed.manifest.source_digest}" in out and old not in out
-        assert f"{one_copy} pages, {one_copy * 4100 / 1e6:.1f} MB" in out and "1 tables" in out
+        assert f"{one_copy} pages, {binary_bytes(one_copy * 4100)}" in out and "1 tables" in out
         # Another table loaded over this prefix, with fewer page groups: said, and no key of the old one left.
         assert main(["load", str(staged.manifest.path), *url, "--prefix", new, "--tag-buckets", "2"]) == 0
         out = capsys.readouterr().out

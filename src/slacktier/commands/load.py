@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 
 from slacktier.commands._args import whole
+from slacktier.tables.layout import binary_bytes
 
 HELP = "load a staged table into Redis (standalone or cluster) for the redis tier (resumable, verified page by page)"
 
@@ -41,7 +42,7 @@ def _describe(t) -> str:
     """One loaded table in one line."""
     state = "" if t.state == "complete" else f", {t.state.upper()} (never served)"
     return (f"{t.prefix!r}: table {t.source_digest}, stage {t.stage_id or '-'}, generation {t.generation}, "
-            f"{len(t.regions)} regions, {t.pages} pages, {t.value_bytes / 1e6:.1f} MB of page values{state}")
+            f"{len(t.regions)} regions, {t.pages} pages, {binary_bytes(t.value_bytes)} of page values{state}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
         tables = list_tables(options)
         for t in tables:
             print(_describe(t))
-        print(f"{len(tables)} tables, {sum(t.value_bytes for t in tables) / 1e6:.1f} MB of page values at {args.url}")
+        print(f"{len(tables)} tables, {binary_bytes(sum(t.value_bytes for t in tables))} of page values at {args.url}")
         return 0
     if args.remove:
         print(f"removed {_describe(remove_table(options, args.remove))}")

@@ -91,9 +91,9 @@ def load_table(options: RedisOptions, regions: Sequence[Region], identity: Table
             if replaced is not None and replaced.generation == generation:
                 replaced = None   # this load's own generation, resumed
             if replaced is not None:
-                log.warning("%s: prefix %r holds table %s (stage %s, generation %s, %d pages, %.1f MB, %s); this "
+                log.warning("%s: prefix %r holds table %s (stage %s, generation %s, %d pages, %.1f MiB, %s); this "
                             "load replaces it in place", control.where, pfx, replaced.source_digest,
-                            replaced.stage_id, replaced.generation, replaced.pages, replaced.value_bytes / 1e6,
+                            replaced.stage_id, replaced.generation, replaced.pages, replaced.value_bytes / 2**20,
                             replaced.state)
         client.set(identity_key(pfx), json.dumps({**record, "state": LOADING}).encode())
         todo = [grp for grp, ok in zip(groups, done, strict=True) if not ok]
