@@ -179,6 +179,14 @@ def _checkpoint_files(checkpoint: str | Path | list[str | Path]) -> list[str]:
     return files
 
 
+def files_digest(files: list) -> str:
+    """sha256 of one checkpoint file, or of the list of (name, sha256) of several: a table's source digest."""
+    if len(files) == 1:
+        return "sha256:" + sha256_file(files[0])
+    lines = "".join(f"{Path(f).name} {sha256_file(f)}\n" for f in files)
+    return "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+
+
 class CheckpointSource:
     """A safetensors checkpoint's Engram tables, read through memory maps (nothing loaded whole).
 
@@ -276,11 +284,7 @@ class CheckpointSource:
     def digest(self) -> str:
         """sha256 of the checkpoint file(s) holding the table (see the class docstring)."""
         if self._digest is None:
-            if len(self._files_used) == 1:
-                self._digest = "sha256:" + sha256_file(self._files_used[0])
-            else:
-                lines = "".join(f"{Path(f).name} {sha256_file(f)}\n" for f in self._files_used)
-                self._digest = "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+            self._digest = files_digest(self._files_used)
         return self._digest
 
     def spec(self) -> dict[str, Any]:

@@ -28,7 +28,6 @@ Worked example: padded_rows 16,896 and split_ngram_parts 4 -> shard size
 
 from __future__ import annotations
 
-import hashlib
 import json
 import re
 from pathlib import Path
@@ -38,10 +37,10 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.checkpoint_source import _checkpoint_files, _opened, _pack_pages, _pack_pages_crc, \
-    _pread_rows, _read_safetensors_header, _TensorInfo, header_entry
+    _pread_rows, _read_safetensors_header, _TensorInfo, files_digest, header_entry
 from slacktier.tables.identity import source_identity
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
-from slacktier.tables.manifest import StagedLayout, sha256_file
+from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.pagecrc import HW_CRC32C, page_crcs
 from slacktier.tables.ple_hash import PleLayout
 
@@ -188,11 +187,7 @@ class PleCheckpointSource:
     def digest(self) -> str:
         """sha256 of the checkpoint file(s) holding the tables (as CheckpointSource's)."""
         if self._digest is None:
-            if len(self._files_used) == 1:
-                self._digest = "sha256:" + sha256_file(self._files_used[0])
-            else:
-                lines = "".join(f"{Path(f).name} {sha256_file(f)}\n" for f in self._files_used)
-                self._digest = "sha256:" + hashlib.sha256(lines.encode()).hexdigest()
+            self._digest = files_digest(self._files_used)
         return self._digest
 
     def spec(self) -> dict[str, Any]:
