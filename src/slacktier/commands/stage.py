@@ -102,8 +102,10 @@ def checkpoint_layout(args: argparse.Namespace) -> EngramLayout | None:
     The serving engines shard each layer by whole hash columns (tables.tp_sharding): a table staged for several
     ranks, or under another partition, without the layout's column bounds would hold no engine's shards, so it
     is refused before anything is written."""
-    from slacktier.tables.stage import config_beside, layout_from_model_config
+    from slacktier.tables.stage import config_beside, is_ple_checkpoint, layout_from_model_config
 
+    if is_ple_checkpoint(args.checkpoint):   # a PLE table's layout is its own config's (PleCheckpointSource)
+        return None
     if args.engram:
         return engram_layout(args.engram)
     config = args.config or config_beside(args.checkpoint)
