@@ -17,10 +17,9 @@ $(BIN)/slacktier: pyproject.toml
 	# SGLang and vLLM as test oracles on this CPU: the engines without their CUDA stacks, plus only what their
 	# modules import, all pinned in pyproject (extras sglang, vllm, engines-cpu) and installed without
 	# dependencies into a folder of their own that only their tests put on sys.path (tests/engines.py).
-	# --no-deps would hide a conflict between our pins and theirs, so first the real resolution of
-	# `pip install 'slacktier[sglang]'` and `'slacktier[vllm]'` for a serving machine, from the registry's
-	# metadata only (no wheel downloaded; tests/test_install_resolution.py runs it too, with a negative control).
-	$(BIN)/python scripts/resolve_extras.py sglang vllm
+	# --no-deps would hide a conflict between our pins and theirs: tests/test_install_resolution.py resolves
+	# `pip install 'slacktier[sglang]'` and `'slacktier[vllm]'` for a serving machine from the registry's metadata
+	# (scripts/resolve_extras.py, no wheel downloaded), with a negative control.
 	rm -rf $(ENGINES)
 	$(BIN)/pip install -q --no-deps --target $(ENGINES) $$($(BIN)/python scripts/extras.py sglang vllm engines-cpu)
 	touch $(BIN)/slacktier
