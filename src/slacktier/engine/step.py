@@ -186,7 +186,7 @@ class StepEngine:
         # end_step empties as many slots per layer as the step claimed, for the next step's misses
         # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
         self.evict_ahead = bool(evict_ahead)
-        self.wait_timeout_s = _checked_timeout(wait_timeout_s)
+        self._wait_timeout_s = _checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)   # changed in place: the finalizer holds it
         # An engine garbage-collected without close() still releases what its sources hold (descriptors,
         # device-queue attachments, target locks, which would refuse a later restage), and says so.
@@ -319,6 +319,20 @@ class StepEngine:
         for run, s in zip(runs, scratch, strict=True):
             run.scratch = s
         return pool, tokens
+
+    @property
+    def wait_timeout_s(self) -> float | None:
+        """How long a gather (and end_step) waits for a layer's reads before it times out (None: no bound)."""
+        return self._wait_timeout_s
+
+    @wait_timeout_s.setter
+    def wait_timeout_s(self, timeout_s: float | None) -> None:
+        # the step in flight's waits too, not only the next step's: a caller that raises the bound after a
+        # timeout must not have the step's remaining waits (end_step's) keep the old one
+        self._wait_timeout_s = _checked_timeout(timeout_s)
+        reads = self.__dict__.get("_reads")
+        if reads is not None:
+            reads.timeout_s = self._wait_timeout_s
 
     def reconfigure(self, tables: Sequence[TableSpec], *, cache_rows: int | None = None,
                     ids_layers: Sequence[int] | None = None, invalidate: Sequence[int] = (),
