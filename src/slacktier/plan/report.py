@@ -108,6 +108,13 @@ def plot_plan(plan: Plan, points: Sequence[tuple[int, Plan]], path: str | Path,
         top = max(top, min(3 * top, max(other_ms)))
     ax.set_ylim(0, 1.15 * top if top > 0 else 1.0)
     ax.legend(fontsize=8)
+    return save_figure(fig, path)
+
+
+def save_figure(fig, path: str | Path) -> Path:
+    """Lay out, write (creating its folder) and close a matplotlib figure as a PNG; the path written."""
+    import matplotlib.pyplot as plt
+
     fig.tight_layout()
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)

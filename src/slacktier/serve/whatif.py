@@ -48,7 +48,7 @@ import numpy as np
 import slacktier.store  # noqa: F401 - registers every tier, the emulated one included, before tier_facts reads them
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.plan.report import in_host_memory
+from slacktier.plan.report import in_host_memory, save_figure
 from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
                                       TimelineStep, load_profile, sleep_then_spin, sweep_sessions)
 
@@ -612,12 +612,7 @@ def plot_whatif(cfg: WhatIfConfig, runs: Sequence[WhatIfRun], path: str | Path) 
     ax.set_title(f"what-if: {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}, profile {cfg.profile}",
                  fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, never over one
-    fig.tight_layout()
-    p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
-    return p
+    return save_figure(fig, path)
 
 
 def run_whatif(cfg: WhatIfConfig, placements: Sequence[WhatIfPlacement], runs: int = 1,

@@ -179,6 +179,18 @@ def _checkpoint_files(checkpoint: str | Path | list[str | Path]) -> list[str]:
     return files
 
 
+def checkpoint_tensors(files: list) -> dict[str, _TensorInfo]:
+    """Every tensor of a checkpoint's safetensors files by name (headers only); a name in two files is refused."""
+    tensors: dict[str, _TensorInfo] = {}
+    for f in files:
+        for name, info in _read_safetensors_header(f).items():
+            if name in tensors:
+                raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} is in both {tensors[name].file} and "
+                                     f"{f}", fix="pass each checkpoint shard once, and only one checkpoint")
+            tensors[name] = info
+    return tensors
+
+
 def files_digest(files: list) -> str:
     """sha256 of one checkpoint file, or of the list of (name, sha256) of several: a table's source digest."""
     if len(files) == 1:
@@ -202,13 +214,7 @@ class CheckpointSource:
                  column_bounds: dict[int, tuple[int, ...]] | None = None,
                  expected: StagedLayout | None = None) -> None:
         self.files = _checkpoint_files(checkpoint)
-        tensors: dict[str, _TensorInfo] = {}
-        for f in self.files:
-            for name, info in _read_safetensors_header(f).items():
-                if name in tensors:
-                    raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} is in both {tensors[name].file} and "
-                                         f"{f}", fix="pass each checkpoint shard once, and only one checkpoint")
-                tensors[name] = info
+        tensors = checkpoint_tensors(self.files)
         if layers is None:
             found = set()
             for name in tensors:

@@ -37,7 +37,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.checkpoint_source import _checkpoint_files, _opened, _pack_pages, _pack_pages_crc, \
-    _pread_rows, _read_safetensors_header, _TensorInfo, files_digest, header_entry
+    _pread_rows, _TensorInfo, checkpoint_tensors, files_digest, header_entry
 from slacktier.tables.identity import source_identity
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 from slacktier.tables.manifest import StagedLayout
@@ -112,13 +112,7 @@ class PleCheckpointSource:
     def __init__(self, checkpoint: str | Path | list[str | Path], layers: list[int] | None = None,
                  config: str | Path | None = None) -> None:
         self.files = _checkpoint_files(checkpoint)
-        tensors: dict[str, _TensorInfo] = {}
-        for f in self.files:
-            for name, info in _read_safetensors_header(f).items():
-                if name in tensors:
-                    raise SlackTierError(ErrorKind.CHECKPOINT, f"tensor {name} is in both {tensors[name].file} and "
-                                         f"{f}", fix="pass each checkpoint shard once, and only one checkpoint")
-                tensors[name] = info
+        tensors = checkpoint_tensors(self.files)
         found = ple_tensor_names(list(tensors))
         if not found:
             raise SlackTierError(ErrorKind.CHECKPOINT, f"no PLE table tensor (...layers.L.ple.ple_embedding."

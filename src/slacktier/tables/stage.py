@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.checkpoint_source import CHECKPOINT_NAME_TEMPLATES, CheckpointSource, _checkpoint_files, \
-    _read_safetensors_header
+    checkpoint_tensors
 from slacktier.tables.manifest import Manifest, StagedLayout
 from slacktier.tables.page_writer import DEFAULT_CHUNK_BYTES, DEFAULT_FILLERS, DEFAULT_WRITERS, StageStats, \
     check_targets, stage_table
@@ -96,9 +96,7 @@ def stage_checkpoint(checkpoint: str | Path | list[str | Path], targets: list[st
 
 def is_ple_checkpoint(checkpoint: str | Path | list[str | Path]) -> bool:
     """Whether a checkpoint holds Qwen4Exp PLE row tensors and no Engram table (its headers only are read)."""
-    names: list[str] = []
-    for f in _checkpoint_files(checkpoint):
-        names += list(_read_safetensors_header(f))
+    names = list(checkpoint_tensors(_checkpoint_files(checkpoint)))
     return bool(ple_tensor_names(names)) and not any(n.endswith("engram.embed.weight") for n in names)
 
 
