@@ -22,9 +22,9 @@ def test_whatif_refuses_one_table_on_an_emulated_and_a_real_device(tmp_path, cap
 
 def test_whatif_refuses_a_model_with_a_negative_term_naming_it(tmp_path, capsys):
     bad = tmp_path / "bad.toml"
-    bad.write_text('[device]\nintercept_ms = 0.1\npage_us = -3\nbehind_page_us = 0\nqueue_depth = 8\n')
+    bad.write_text('[device]\nintercept_ms = 0.1\npage_ms = -3\nbehind_page_ms = 0\nqueue_depth = 8\n')
     assert _whatif(tmp_path, "--table", f"1={bad}", "--table", "14=nvme-paper") == 2
-    assert "page_us = -3" in capsys.readouterr().err
+    assert "page_ms = -3" in capsys.readouterr().err
 
 
 def test_whatif_refuses_a_batch_the_traffic_cannot_fill(tmp_path, capsys):

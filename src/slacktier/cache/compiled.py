@@ -6,9 +6,9 @@ This is the only way a step's lookups are resolved: the step engine's
 layers in window order; one call, `run_layers(ids, arr)`, then runs their
 passes (`cache.directory.resolve_layer`) and, right after each pass, hands
 that layer's pages to the C engine client of its device queue
-(`st_eng_submit`, called by address, see `store.uring_queue`; an emulated
-device's lane has a submit of the same signature, `store.emulated`, named per
-layer), so layer 1's reads are in flight while layer 14 is resolved, with no
+(`st_eng_submit`, called by address, see `store.uring_queue`; another
+queue's lane may give a submit of the same signature, store.devqueue.QueueLane,
+named per layer), so layer 1's reads are in flight while layer 14 is resolved, with no
 Python in between.
 
 The pass's array (`CompiledPass.arr`, int64) describes the step once: the
@@ -422,7 +422,7 @@ class CompiledPass:
 
     def set_submit_fn(self, i: int, address: int) -> None:
         """The submit (st_eng_submit's signature) that takes layer i's pages: its NativeLane's `submit_address`
-        (st_eng_submit, or an emulated device's lane, store.emulated); 0, the default, leaves them to Python."""
+        (st_eng_submit, or another queue lane's of that signature); 0, the default, leaves them to Python."""
         self.arr[HEADER + i * RECORD + R_SUBMIT_FN] = address
 
     def run(self, ids: np.ndarray, start: int = 0) -> tuple[int, int]:
