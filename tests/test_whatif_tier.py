@@ -245,3 +245,34 @@ def test_one_compiled_pass_feeds_an_io_uring_disk_layer_and_an_emulated_layer_ea
         assert q.batches["lane"] == 3 and q.batches["submit"] == 0   # layer 14's, one a step
     finally:
         engine.close()
+
+
+# ---- the tier is the whatif room's: a control file naming it needs that room imported ----------------------
+
+_NAMES_EMULATED = ('from slacktier.config import parse_control\n'
+                   'import slacktier.store, slacktier.engine.step\n'
+                   'text = \'[[table]]\\nlayer = 1\\nmanifest = "t.json"\\nsource = "emulated"\\n\'\n'
+                   'import sys\n'
+                   'if sys.argv[1] == "whatif":\n'
+                   '    import slacktier.whatif\n'
+                   'print(type(parse_control(text).table(1).options).__name__)\n')
+
+
+def test_a_control_file_naming_the_emulated_tier_is_refused_until_whatif_is_imported_and_read_after():
+    """The store and the engine register no emulated tier: without `import slacktier.whatif` the control file is
+    refused in one line that says how to load the tier; with it, the table parses into the tier's options."""
+    import subprocess
+    import sys
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", _NAMES_EMULATED, mode], capture_output=True, text=True,
+                              timeout=300)
+
+    refused = run("store")
+    assert refused.returncode != 0
+    said = refused.stderr.strip().splitlines()[-1]
+    assert "tier 'emulated' is registered by slacktier.whatif, which is not imported" in said
+    assert "import slacktier.whatif before loading the control file" in said
+    loaded = run("whatif")
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "EmulatedOptions"
