@@ -37,7 +37,7 @@ A tiers file (TOML), as `slacktier probe --read-fit` writes it, holds one [[tier
     held_out_r2 = 0.78
     held_out_rmse_ms = 4.9
     at_zero = []               # terms least squares put below 0, held at 0
-    measured = "2026-12-02 10:00 UTC, slacktier probe --read-fit ..."
+    measured = "YYYY-MM-DD HH:MM UTC, slacktier probe --read-fit ..."   # when, and the command
 
 A file without `format` is the first form (intercept_ms, page_ms, contention_page_ms:
 T_l = a + b (P_l + pages ahead) + c (pages behind)), read as (a, b, c_ahead = b,
