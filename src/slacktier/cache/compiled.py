@@ -184,7 +184,7 @@ def _clock_ns(typingctx, fn, ts):
 
 @intrinsic
 def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_buffers, err):
-    """st_eng_submit (csrc/uring_read.c) through its address `fn`; the job handle, 0 when refused (see err)."""
+    """st_eng_submit (store/csrc/uring_read.c) through its address `fn`; the job handle, 0 when refused (see err)."""
     sig = types.int64(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):

@@ -113,7 +113,7 @@ class TierSpec:
 def directory_bytes(cache_slots: int) -> int:
     """Host bytes of a table's cache directory when it owns `cache_slots` slots: cache.rowdir's 8 B entries, at
     least two per slot, a power of two of them, at least 16 (the cache room is above this one, so the rule is
-    restated here; tests/test_plan_tiers.py holds the two equal)."""
+    restated here; tests/test_cache_rowdir.py holds the two equal)."""
     need = max(16, 2 * max(int(cache_slots), 0))
     return 8 * (1 << (need - 1).bit_length())
 
