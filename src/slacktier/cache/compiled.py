@@ -184,7 +184,7 @@ def _clock_ns(typingctx, fn, ts):
 
 @intrinsic
 def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_buffers, err):
-    """st_eng_submit (csrc/uring_read.c) through its address `fn`; the job handle, 0 when refused (see err)."""
+    """st_eng_submit (store/csrc/uring_read.c) through its address `fn`; the job handle, 0 when refused (see err)."""
     sig = types.int64(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):
@@ -333,8 +333,7 @@ class CompiledPass:
         self.htab = self._steps.table
         self.arr = a = np.zeros(HEADER + n * RECORD, dtype=np.int64)
         # Per-step fields go in and out through a memoryview, not numpy's scalar indexing: with the CPU caches
-        # cold (as after the model's forward) five writes cost 5 us against 9, two reads 5 against 13
-        # (docs/bench-log/host-pass.md).
+        # cold (as after the model's forward) a memoryview's reads and writes cost less.
         self._words = memoryview(a)
         self.out = np.zeros((n, OUT), dtype=np.int64)   # per layer: the pass's counts, job, clock readings
         self._keep: list[np.ndarray] = [self.htab, self.out]

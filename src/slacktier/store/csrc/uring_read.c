@@ -5,11 +5,11 @@
  * waits for completions. Only <linux/io_uring.h> (linux-libc-dev) is needed.
  *
  * The device queue (st_eng_*) serves one physical device for every table of
- * the process that reads from it (issue 27). Each table attaches its regions
+ * the process that reads from it. Each table attaches its regions
  * as a client; a caller hands a whole batch of one client's reads (region,
  * page, buffer arrays, checked against the client's region table here) in one
  * call that copies them and returns at once, then waits for the batch with
- * the GIL released. No Python runs per batch on the I/O side (issue 14).
+ * the GIL released. No Python runs per batch on the I/O side.
  *
  * Admission order is the point: queued batches are kept in (priority,
  * arrival) order, a batch's priority being the lowest of its regions' (the
@@ -305,8 +305,8 @@ static void *eng_main(void *arg) {
     /* A batch-class thread: CFS does not let a woken SCHED_BATCH thread preempt the running one, so the
      * thread that queued a batch (begin_step, inside st_eng_submit) is not descheduled by this worker
      * waking on its core; the worker runs on an idle core, or when the caller's slice ends. Without it,
-     * on 2 cores, a third of begin_steps ran 300-600 us longer in wall time than in CPU time
-     * (docs/bench-log/hot-path.md, issue 14). Best effort: a refusal leaves the thread as it was. */
+     * on a machine with few cores, many begin_steps ran far longer in wall time than in CPU time.
+     * Best effort: a refusal leaves the thread as it was. */
     struct sched_param batch = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     pthread_setname_np(pthread_self(), "st-uring");
@@ -505,9 +505,9 @@ struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_bat
     e->wait_batch = wait_batch ? wait_batch : 1;
     e->len = len;
     e->files_gen = 0;
-    /* Strict by measurement (docs/bench-log/device-queue.md, 2026-12-03 08:3x UTC, 20 rounds): layer 1's 768
-     * pages beside layer 14's read in 1.00x their time alone in strict order against 1.13x when layer 14's
-     * reads fill the depth layer 1's tail leaves, and layer 14 finished no later (21.3 ms median both). */
+    /* Strict by measurement: in strict order layer 1's pages beside layer 14's read in their time alone,
+     * while letting layer 14's reads fill the depth layer 1's tail leaves slowed layer 1, and layer 14
+     * finished no later either way. */
     e->strict = 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_condattr_t ca;
