@@ -119,7 +119,7 @@ class DiskSource(RegionSource):
     """Pages of staged regions read with O_DIRECT from local files or block devices, through device queues."""
 
     read_what = "disk read"
-    #: off, by measurement (BENCHMARKS.md, "Read verification"): checking each page's CRC32C costs more host
+    #: off, by measurement (BENCHMARKS.md, "Reads from one disk"): checking each page's CRC32C costs more host
     #: CPU per page than the disk tier's budget and lowers its IOPS. The device's own sector ECC guards the
     #: medium; set verify_reads = true to check anyway.
     verify_by_default = False

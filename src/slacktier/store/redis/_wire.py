@@ -3,7 +3,7 @@
 Why our own client and not a library: measured, valkey-glide's sync client (valkey-glide-sync, which does
 cluster mode, ACL users, TLS and MGET into caller buffers) and redis-py's cluster pipeline both read the same
 pages of a local 3-master cluster in well over our wall time and CPU per page, at 700 and at 3,000 pages a
-batch (BENCHMARKS.md has the figures). A library within 1.2x of our time would replace this file; measure
+batch (BENCHMARKS.md, "Redis tier", has the figures). A library within 1.2x of our time would replace this file; measure
 again before replacing it, with `python -m benchmarks.tier.bench_redis_wire --rounds 9 --batches 20`
 (valkey-glide-sync importable): glide's row is the whole batch in one `mget` call, which glide splits by slot.
 
