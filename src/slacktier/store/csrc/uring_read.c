@@ -33,6 +33,8 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "st_io.h"
+
 #ifndef IORING_SETUP_COOP_TASKRUN
 #define IORING_SETUP_COOP_TASKRUN (1U << 8)
 #endif
@@ -744,9 +746,8 @@ int st_eng_cancel(struct st_eng *e, struct st_job *j) {
 }
 
 /* Block until job j is done, at most timeout_ns (< 0: no limit). 0 done, ETIMEDOUT not yet.
- * On done, info = [first bad read or -1, submit_ns, end_ns, cpu_ns, buffer registrations refused,
- * file registration refused (0/1), first read admitted ns]. */
-int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t *info) {
+ * On done, *info holds what st_io.h's struct st_wait_info says. */
+int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, struct st_wait_info *info) {
     pthread_mutex_lock(&e->mu);
     if (!j->done && timeout_ns != 0) {
         if (timeout_ns < 0) {
@@ -762,13 +763,13 @@ int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t 
     }
     int done = j->done;
     if (done) {
-        info[0] = j->first_bad;
-        info[1] = j->submit_ns;
-        info[2] = j->end_ns;
-        info[3] = j->cpu_ns;
-        info[4] = e->buffers_refused;
-        info[5] = e->files_refused;
-        info[6] = j->first_ns;
+        info->first_bad = j->first_bad;
+        info->submit_ns = j->submit_ns;
+        info->end_ns = j->end_ns;
+        info->cpu_ns = j->cpu_ns;
+        info->buffers_refused = e->buffers_refused;
+        info->files_refused = e->files_refused;
+        info->first_ns = j->first_ns;
     }
     pthread_mutex_unlock(&e->mu);
     return done ? 0 : ETIMEDOUT;
