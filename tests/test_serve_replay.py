@@ -9,13 +9,15 @@ import pytest
 import torch
 
 import slacktier
+from benchmarks.rig.placements import replay_table2_placements
 from slacktier.models.deepseek_v41 import V41Config, V41Model
 from slacktier.models.qwen38 import (Q38Config, Q38Served, build_qwen38, load_ple_tables, ple_column_bounds,
                                      ple_table_rows, ple_tables_from)
 from slacktier.models.rows import DramRowProvider
 from slacktier.serve.loop import LoopConfig, replay
 from slacktier.serve.runners import Q38Runner, V41Runner
-from slacktier.serve.tiers import Placement, TierSet, table2_placements
+from slacktier.plan.placement import Placement
+from slacktier.serve.tiers import TierSet
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.stage import SyntheticSource
@@ -58,7 +60,7 @@ def test_v41_replay_is_bit_exact_on_every_placement(tmp_path) -> None:
     tiers = TierSet(tmp_path, layout, seed=9, max_cache_rows=2000, devices=2)
     tiers.stage()
     runner = V41Runner(V41Model(cfg))
-    placements = table2_placements(1, 3, cache_rows=2000, devices=2)
+    placements = replay_table2_placements(1, 3, cache_rows=2000, devices=2)
     try:
         runner.set_provider(tiers.provider(placements[0]))   # the stock DRAM table, reference gather
         ref_digests, ref_tokens, ref = _run(runner, sessions, hasher, rc)

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from benchmarks.e2e.config import E2EConfig
 from benchmarks.e2e.jobs import BenchPlacement, Experiment, Job, placements, plan_jobs
+from benchmarks.rig.placements import DelayedRowProvider
 from slacktier.serve.runs import ReplayRig, RigConfig, RunRecord
 
 
@@ -83,7 +84,10 @@ def run_all(cfg: E2EConfig, progress: bool = False,
     try:
         for i, job in enumerate(jobs):
             bp = places[job.placement]
-            rec = rig.run(job.workload, job.batch, bp.placement, job.rep, i, paired=job.paired)
+            delays = dict(bp.delays_ms)
+            rec = rig.run(job.workload, job.batch, bp.placement, job.rep, i, paired=job.paired,
+                          wrap=(lambda p, d=delays: DelayedRowProvider(p, d)) if delays else None)
+            rec.delays_ms = delays
             results.runs.append(E2ERun(bp.experiment, bp.split_f, rec))
             with partial.open("a") as f:   # survives an interrupted benchmark
                 f.write(json.dumps(rec.to_json(), default=float) + "\n")

@@ -49,7 +49,7 @@ from slacktier.plan.planner import predict_fixed_placement
 from slacktier.plan.tiers import TierSpec
 from slacktier.serve.readfit import TierReadFit, read_fit
 from slacktier.plan.types import TableDemand
-from slacktier.serve.tiers import Placement
+from slacktier.plan.placement import Placement
 from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, SweepRun, TimelineRunner,
                                       TimelineStep, summarize)
 

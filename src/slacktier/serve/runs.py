@@ -19,15 +19,17 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from slacktier.engine.counters import LayerCounters
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.models.rows import RowProvider
+from slacktier.plan.placement import Placement
 from slacktier.serve.loop import LoopConfig, ReplayResult, StepRecord, replay
-from slacktier.serve.tiers import Placement, TierSet
+from slacktier.serve.tiers import TierSet
 from slacktier.workloads.sessions import TokenSession
 
 NAN = math.nan
@@ -188,15 +190,16 @@ class ReplayRig:
         return self._sessions[key]
 
     def run(self, workload: str, batch: int, placement: Placement, rep: int = 0, order: int = 0,
-            paired: bool = True) -> RunRecord:
-        """One replay under one placement; paired: side by side with the DRAM table, step by step."""
+            paired: bool = True, wrap: Callable[[RowProvider], RowProvider] | None = None) -> RunRecord:
+        """One replay under one placement; paired: side by side with the DRAM table, step by step. `wrap` wraps
+        the placement's provider (TierSet.provider)."""
         from slacktier.workloads.replay import ReplayConfig, replay_steps
 
         if batch > self.cfg.max_batch:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"batch {batch} above the rig's max_batch {self.cfg.max_batch}",
                                  fix="build the rig with a larger max_batch")
         paired = paired and not placement.stock
-        provider = self.tiers.provider(placement, keep_stock=paired)
+        provider = self.tiers.provider(placement, keep_stock=paired, wrap=wrap)
         arms = [self.tiers.stock_provider(), provider] if paired else None
         self.runner.set_provider(provider)
         sessions = self.sessions_for(workload, batch)
@@ -213,7 +216,7 @@ class ReplayRig:
         res = replay(self.runner, sessions, replay_steps(sessions, self.hasher, rc), rc.decode_tokens,
                      LoopConfig(record_digests=True), step_stats=stats, arms=arms)
         rec = RunRecord(workload, batch, placement.name, rep, order, paired=paired,
-                        wall_s=time.perf_counter() - t0, delays_ms=dict(placement.delays_ms))
+                        wall_s=time.perf_counter() - t0)
         summarize(rec, res, batch, self.layer_ids)
         return rec
 
