@@ -1,6 +1,6 @@
 """The planner's timeline prediction (serve.predict): exact numbers on hand-made inputs, injected delays on a fake
 clock, the fit-half curves on real components; no wall-clock assertions. Bad profiles are tested in
-test_serve_timeline.py, the read fit in test_serve_readfit.py."""
+test_serve_timeline.py, the read fit in test_probe_readfit.py."""
 
 from __future__ import annotations
 
