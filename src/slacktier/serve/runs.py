@@ -13,13 +13,12 @@ harness (benchmarks/e2e/) runs many, with the same rig.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
@@ -105,19 +104,6 @@ class RunRecord:
     step_reads_ms: list[dict[int, float]] = field(default_factory=list)  # per full decode step: layer -> read ms
     delays_ms: dict[int, float] = field(default_factory=dict)  # layer -> injected hand-out delay (delay runs only)
     digest: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for JSON (layer keys become strings there)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> RunRecord:
-        """The record `to_json` wrote, after a JSON round trip (layer keys back to ints)."""
-        d = dict(doc)
-        d["layers"] = {int(l): LayerStats(**v) for l, v in d.get("layers", {}).items()}
-        d["step_reads_ms"] = [{int(l): float(v) for l, v in st.items()} for st in d.get("step_reads_ms", [])]
-        d["delays_ms"] = {int(l): float(v) for l, v in d.get("delays_ms", {}).items()}
-        return cls(**d)
 
 
 def clip_sessions(sessions, max_tokens: int | None, max_turns: int | None) -> list[TokenSession]:
