@@ -10,9 +10,9 @@ two thirds of the runs and scored on the rest (plan.fit.fit_device_read_model):
     T_second = a + b P_second + c P_first
 
 A device serves its tables from one deadline-ordered queue, so the second
-layer's pages wait behind the first's (c, the cost of a page queued ahead, near
-b) while c_behind, the first layer's cost of the pages queued behind it, stays
-small.
+layer's reads wait behind the first's: c is what each page queued ahead costs
+the second layer, and c_behind what the pages queued behind still cost the
+first (the device's contention alone).
 """
 
 from __future__ import annotations
