@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import slacktier
-from benchmarks.rig.placements import replay_table2_placements
+from benchmarks.rig.placements import DelayedRowProvider, replay_table2_placements
 from slacktier.models.deepseek_v41 import V41Config, V41Model
 from slacktier.models.qwen38 import (Q38Config, Q38Served, build_qwen38, load_ple_tables, ple_column_bounds,
                                      ple_table_rows, ple_tables_from)
@@ -72,6 +72,12 @@ def test_v41_replay_is_bit_exact_on_every_placement(tmp_path) -> None:
             assert tokens == ref_tokens, p.name
             if p.cache_rows:
                 assert sum(c.hits - before[l] for l, c in tiers.engine.totals.items()) > 0, p.name
+        # an experiment's wrapper (injected hand-out delays) holds rows back and changes none of them
+        delayed = tiers.provider(placements[2], wrap=lambda p: DelayedRowProvider(p, {1: 1.0, 3: 2.0}))
+        assert isinstance(delayed, DelayedRowProvider) and delayed.layer_ids == (1, 3)
+        runner.set_provider(delayed)
+        digests, tokens, _ = _run(runner, sessions, hasher, rc)
+        assert digests == ref_digests and tokens == ref_tokens
     finally:
         tiers.close()
     summary = ref.summary()
