@@ -6,7 +6,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import slacktier
 from benchmarks.rig.placements import DelayedRowProvider, replay_table2_placements
