@@ -24,7 +24,7 @@ MAY_USE: dict[str, set[str]] = {
     "store": {"tables", "config", "native"},
     "engine": {"tables", "store", "cache", "config"},
     "plan": {"config"},
-    "probe": set(),
+    "probe": {"store", "plan"},   # the window probe needs torch alone; the read fit measures a tier's reads
     "workloads": {"tables", "cache"},
     "models": {"engine"},
     "testing": {"tables", "store", "engine"},   # stand-ins for tests and benchmarks (testing/__init__.py); no room uses it
