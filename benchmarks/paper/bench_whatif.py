@@ -34,16 +34,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 
 from slacktier.whatif.report import report  # noqa: E402
-from slacktier.whatif.run import WhatIfConfig, WhatIfPlacement, run_whatif, table2_placements  # noqa: E402
+from slacktier.plan.placement import Placement  # noqa: E402
+from slacktier.whatif.run import WhatIfConfig, run_whatif, table2_placements  # noqa: E402
 
 
 def share_sweep(model: str, fs: Sequence[float], disks: str, cache_rows: int = 1_000_000, first: int = 1,
-                second: int = 14) -> list[WhatIfPlacement]:
+                second: int = 14) -> list[Placement]:
     """Table 9's sweep: share f of the cache to the first layer, the rest to the second."""
     both = ((first, "emulated"), (second, "emulated"))
     label = "1 disk" if disks == "shared" else "4 disks"
-    return [WhatIfPlacement(f"{label}, f={f:g}", both, ((first, model), (second, model)), cache_rows,
-                            ((first, f), (second, 1 - f)), disks) for f in fs]
+    return [Placement(f"{label}, f={f:g}", both, models=((first, model), (second, model)),
+                      cache_rows=cache_rows, shares=((first, f), (second, 1 - f)), disks=disks) for f in fs]
 
 
 #: Table 2 (B=128): overhead % per placement, (agent, chat)
@@ -140,7 +141,7 @@ def section_fit_timeline(args, out: Path) -> None:
     for wl, b in (("chat", 128), ("agent", 64)):
         first = len(rhs) // 2
         cfg = dataclasses.replace(_base(args, wl, b), ranks=1, table_ranks=4)
-        p = WhatIfPlacement(f"fit: both disk, {wl} B={b}", ((1, "disk"), (14, "disk")))
+        p = Placement(f"fit: both disk, {wl} B={b}", ((1, "disk"), (14, "disk")))
         _, rs = run_whatif(cfg, [p], runs=args.runs, progress=True)
         for r in rs:
             for st in r.steps:
@@ -185,10 +186,10 @@ def section_validate(args, out: Path) -> None:
     both_emu = ((1, "emulated"), (14, "emulated"))
     model = args.validate_model
     on = ((1, model), (14, model))
-    placements = [WhatIfPlacement("real: L1 DRAM, L14 disk", ((1, "dram"), (14, "disk"))),
-                  WhatIfPlacement("emulated: L1 DRAM, L14 disk", ((1, "dram"), (14, "emulated")), ((14, model),)),
-                  WhatIfPlacement("real: both disk", both_real),
-                  WhatIfPlacement("emulated: both disk", both_emu, on)]
+    placements = [Placement("real: L1 DRAM, L14 disk", ((1, "dram"), (14, "disk"))),
+                  Placement("emulated: L1 DRAM, L14 disk", ((1, "dram"), (14, "emulated")), models=((14, model),)),
+                  Placement("real: both disk", both_real),
+                  Placement("emulated: both disk", both_emu, models=on)]
     rs = _run(cfg, placements, args.runs, out, "validate")
     from slacktier.whatif.run import resolve_model
     print(resolve_model(model, cfg).describe(), flush=True)
@@ -221,9 +222,9 @@ def section_rdma(args, out: Path) -> None:
             cfg = _base(args, wl, b)
             both = ((1, "emulated"), (14, "emulated"))
             on = ((1, "rdma-paper"), (14, "rdma-paper"))
-            placements = [WhatIfPlacement(f"remote B={b}, uncached", both, on, disks="per-rank"),
-                          WhatIfPlacement(f"remote B={b}, split", both, on, 1_000_000, ((1, 0.5), (14, 0.5)),
-                                          "per-rank")]
+            placements = [Placement(f"remote B={b}, uncached", both, models=on, disks="per-rank"),
+                          Placement(f"remote B={b}, split", both, models=on, cache_rows=1_000_000,
+                                    shares=((1, 0.5), (14, 0.5)), disks="per-rank")]
             rs = _run(cfg, placements, args.runs, out, f"rdma-{wl}-b{b}")
             means = _mean_by_placement(rs)
             for p, kind in zip(placements, ("uncached", "split")):

@@ -71,7 +71,8 @@ def _layers(items: list[str], flag: str) -> list[int]:
 
 def placements_from_args(args: argparse.Namespace) -> list:
     """The placements the flags ask for (refusing one table on two devices, by layer)."""
-    from slacktier.whatif.run import WhatIfPlacement, table2_placements
+    from slacktier.plan.placement import Placement
+    from slacktier.whatif.run import table2_placements
 
     emulated = _pairs(args.table, "--table", lambda v, f: v.strip())
     shares = _pairs(args.share, "--share", lambda v, f: finite_number(v, f"{f} share", 0.0, 1.0))
@@ -92,8 +93,8 @@ def placements_from_args(args: argparse.Namespace) -> list:
             seen[layer] = tier
             tiers.append((layer, tier))
     name = ", ".join(f"L{l} {t if tier_facts(t).device_kind != 'model' else emulated[l]}" for l, t in sorted(tiers))
-    return [WhatIfPlacement(name, tuple(sorted(tiers)), tuple(sorted(emulated.items())), args.cache_rows,
-                            tuple(sorted(shares.items())), args.disks)]
+    return [Placement(name, tuple(sorted(tiers)), models=tuple(sorted(emulated.items())), cache_rows=args.cache_rows,
+                      shares=tuple(sorted(shares.items())), disks=args.disks)]
 
 
 def run(args: argparse.Namespace) -> int:

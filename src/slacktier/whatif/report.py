@@ -19,7 +19,8 @@ from slacktier.plan.report import in_host_memory, save_figure
 from slacktier.serve.report import Measured, stat, verdict_lines, wrap
 from slacktier.serve.timeline import ComputeProfile
 from slacktier.whatif.models import this_disk_model
-from slacktier.whatif.run import WhatIfConfig, WhatIfPlacement, WhatIfRun, device_name, resolve_model
+from slacktier.plan.placement import Placement
+from slacktier.whatif.run import WhatIfConfig, WhatIfRun, device_name, resolve_model
 
 def predicted_stall_ms(run: WhatIfRun, cfg: WhatIfConfig) -> float:
     """Eq. 1 per rank with each device's read model (terms scaled to the ranks sharing it) and the run's mean
@@ -51,7 +52,7 @@ def predicted_stall_ms(run: WhatIfRun, cfg: WhatIfConfig) -> float:
     return worst
 
 
-def header(placements: Sequence[WhatIfPlacement], profile: ComputeProfile, cfg: WhatIfConfig) -> str:
+def header(placements: Sequence[Placement], profile: ComputeProfile, cfg: WhatIfConfig) -> str:
     """The report's first line: where device reads and device compute come from."""
     names = sorted({m for p in placements for _, m in p.models})
     real = any(tier_facts(t).device_kind == "file" for p in placements for _, t in p.tiers)
@@ -62,7 +63,7 @@ def header(placements: Sequence[WhatIfPlacement], profile: ComputeProfile, cfg: 
     return line
 
 
-def placement_words(p: WhatIfPlacement, ranks: int) -> str:
+def placement_words(p: Placement, ranks: int) -> str:
     """A what-if placement in words: 'keep layer 1 in DRAM, layer 14 on nvme-paper (one disk for 4 ranks)'."""
     models = dict(p.models)
     parts = []

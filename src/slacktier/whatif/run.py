@@ -48,6 +48,7 @@ import slacktier.store  # noqa: F401 - registers the built-in tiers before tier_
 import slacktier.whatif.tier  # noqa: F401 - registers the emulated tier
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.plan.placement import Placement, placement_control
 from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
                                       TimelineStep, load_profile, sleep_then_spin, sweep_sessions)
 from slacktier.whatif.device import device_session
@@ -55,53 +56,16 @@ from slacktier.whatif.models import DeviceModel, device_model_toml, load_device_
 
 log = logging.getLogger(__name__)
 
-DISK_MAPS = ("shared", "per-rank")
 #: the tiers a what-if table can be placed on: the stock DRAM path, an emulated device, this machine's disk
 TABLE_TIERS = ("dram", "emulated", "disk")
 
 
-@dataclass(frozen=True)
-class WhatIfPlacement:
-    """Tier of each lookup layer, the device model of each emulated one, and the row cache split (a what-if's own
-    placement type: it names device models, which a control file's placement does not)."""
-
-    name: str
-    tiers: tuple[tuple[int, str], ...]            # (layer, one of TABLE_TIERS)
-    models: tuple[tuple[int, str], ...] = ()      # (layer, device model) of the emulated layers
-    cache_rows: int = 0                           # rows per rank
-    shares: tuple[tuple[int, float], ...] = ()    # (layer, share of cache_rows)
-    disks: str = "shared"                         # how ranks map to emulated disks
-
-    def __post_init__(self) -> None:
-        tiers = dict(self.tiers)
-        models = dict(self.models)
-        for layer, tier in self.tiers:
-            if tier not in TABLE_TIERS:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: layer {layer} on {tier!r}",
-                                     fix=f"use one of {', '.join(TABLE_TIERS)}", layer=layer)
-        for layer in models:
-            if layer not in tiers or tier_facts(tiers[layer]).device_kind != "model":
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: layer {layer} has device model "
-                                     f"{models[layer]} but is placed on {tiers.get(layer, 'dram')}",
-                                     fix="a table is read from one device: either emulated with a model or "
-                                         "real, not both", layer=layer)
-        for layer, tier in self.tiers:
-            if tier_facts(tier).device_kind == "model" and layer not in models:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: layer {layer} is emulated "
-                                     "without a device model", fix="name its model (nvme-paper, rdma-paper, "
-                                     "this-disk or a TOML file)", layer=layer)
-        if self.disks not in DISK_MAPS:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"disks {self.disks!r}", fix=f"use one of {DISK_MAPS}")
-        if sum(s for _, s in self.shares) > 1 + 1e-9 or any(s < 0 for _, s in self.shares):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {self.name}: cache shares {self.shares}",
-                                 fix="shares >= 0 summing to at most 1")
-
-    def tier(self, layer: int) -> str:
-        """The tier of `layer` (DRAM unless placed)."""
-        return dict(self.tiers).get(layer, "dram")
-
-    def share(self, layer: int) -> float:
-        return dict(self.shares).get(layer, 0.0)
+def check_whatif_tiers(placement: Placement) -> None:
+    """Refuse a placement naming a tier the what-if cannot run (it serves DRAM, emulated devices and this disk)."""
+    for layer, tier in placement.tiers:
+        if tier not in TABLE_TIERS:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"placement {placement.name}: layer {layer} on {tier!r}",
+                                 fix=f"a what-if places tables on one of {', '.join(TABLE_TIERS)}", layer=layer)
 
 
 @dataclass(frozen=True)
@@ -197,30 +161,28 @@ def stage_table(cfg: WhatIfConfig, progress: bool = False):
                                    manifest_path=manifest_path, progress=progress)
 
 
-def device_name(placement: WhatIfPlacement, rank: int, model: str) -> str:
+def device_name(placement: Placement, rank: int, model: str) -> str:
     """The emulated device rank `rank` reads `model`'s tables from: one for all ranks, or its own (tables on
     different models are on different devices)."""
     return f"{model}:disk0" if placement.disks == "shared" else f"{model}:disk{rank}"
 
 
-def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfConfig, max_tokens: int):
+def rank_control(manifest, rank: int, placement: Placement, cfg: WhatIfConfig, max_tokens: int):
     """Rank `rank`'s control file for the placement's engine-served layers (owned_only), and those layers."""
-    from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig
+    from slacktier.config import DiskOptions, EngineConfig
     from slacktier.whatif.tier import EmulatedOptions
 
-    served = [l for l in manifest.layout.layer_ids if not tier_facts(placement.tier(l)).holds_host_copy]
-    models = dict(placement.models)
-    engine = EngineConfig(device="cpu", cache_rows=placement.cache_rows, max_cache_rows=max(1, placement.cache_rows),
-                          max_tokens=max_tokens, owned_only=True, wait_timeout_ms=60_000.0)
-    tables = []
-    for order, l in enumerate(served):
-        tier = placement.tier(l)
-        options = (EmulatedOptions(model=model_file(models[l], cfg), device=device_name(placement, rank, models[l]),
-                                   rank=rank)
-                   if tier_facts(tier).device_kind == "model" else DiskOptions())
-        tables.append(TableConfig(layer=l, manifest=str(manifest.path), source=tier, options=options, rank=rank,
-                                  cache_share=placement.share(l), order=order))
-    return ControlFile(engine=engine, tables=tuple(tables)), served
+    def options(layer: int, tier: str):
+        if tier_facts(tier).device_kind != "model":
+            return DiskOptions()
+        model = placement.model(layer)
+        return EmulatedOptions(model=model_file(model, cfg), device=device_name(placement, rank, model), rank=rank)
+
+    engine = EngineConfig(device="cpu", max_cache_rows=1, max_tokens=max_tokens, owned_only=True,
+                          wait_timeout_ms=60_000.0)
+    control = placement_control(placement, engine, str(manifest.path), manifest.layout.layer_ids, options=options,
+                                rank=rank, engine_layers_only=True)
+    return control, [t.layer for t in control.tables]
 
 
 class _PrePassed(LayerSubset):
@@ -272,7 +234,7 @@ class _PrePassed(LayerSubset):
 class WhatIfRun:
     """One run of a placement: per TP step each rank's timeline step."""
 
-    placement: WhatIfPlacement
+    placement: Placement
     rep: int
     times: StepTimes                               # the profile's step and windows at this B
     steps: tuple[tuple[TimelineStep, ...], ...]   # [step][rank]
@@ -309,7 +271,7 @@ def _replay(cfg: WhatIfConfig, hasher):
     return replay_steps(pool, hasher, rc)
 
 
-def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layout, profile: ComputeProfile,
+def run_placement(cfg: WhatIfConfig, placement: Placement, manifest, layout, profile: ComputeProfile,
                   rep: int = 0, progress: bool = False) -> WhatIfRun:
     """One run of `placement` over every rank (module docstring)."""
     from slacktier.engine.step import StepEngine
@@ -419,13 +381,14 @@ def _checked(engines, runners, wrapped, devices, replay, batch: int, n: int, war
     return len(steps), sum(c.mismatches for e in engines for c in e.totals.values()) - before
 
 
-def run_whatif(cfg: WhatIfConfig, placements: Sequence[WhatIfPlacement], runs: int = 1,
+def run_whatif(cfg: WhatIfConfig, placements: Sequence[Placement], runs: int = 1,
                progress: bool = False) -> tuple[ComputeProfile, list[WhatIfRun]]:
     """Stage (or reuse) the table, then every placement `runs` times in shuffled order."""
     profile = load_profile(cfg.profile)
     profile.times(cfg.batch, cfg.workload, (1, 14))       # refuse a batch the profile lacks before staging
     sweep_sessions(cfg.sweep(), cfg.batch)                 # refuse a B the traffic cannot fill
     for p in placements:
+        check_whatif_tiers(p)
         for _, m in p.models:
             resolve_model(m, cfg)                          # refuse a bad model before staging
     layout, manifest = stage_table(cfg, progress)
@@ -440,18 +403,19 @@ def run_whatif(cfg: WhatIfConfig, placements: Sequence[WhatIfPlacement], runs: i
 # ---- the paper's configurations -------------------------------------------------------------------------------
 
 def table2_placements(model: str, cache_rows: int = 1_000_000, first: int = 1, second: int = 14,
-                      ) -> list[WhatIfPlacement]:
+                      ) -> list[Placement]:
     """Table 2's six placements off host DRAM, both tables' disks on `model` ("1 disk": one shared by the ranks,
     "4 disks": one per rank); the host-DRAM row is the profile itself."""
     both = ((first, "emulated"), (second, "emulated"))
     on = ((first, model), (second, model))
     split = ((first, 0.5), (second, 0.5))
     return [
-        WhatIfPlacement(f"L{first} DRAM, L{second} 1 disk", ((first, "dram"), (second, "emulated")),
-                        ((second, model),), disks="shared"),
-        WhatIfPlacement("both 1 disk", both, on, disks="shared"),
-        WhatIfPlacement("both 4 disks", both, on, disks="per-rank"),
-        WhatIfPlacement(f"1 disk, cache L{second} only", both, on, cache_rows // 2, ((second, 1.0),), "shared"),
-        WhatIfPlacement("1 disk, split", both, on, cache_rows, split, "shared"),
-        WhatIfPlacement("4 disks, split", both, on, cache_rows, split, "per-rank"),
+        Placement(f"L{first} DRAM, L{second} 1 disk", ((first, "dram"), (second, "emulated")),
+                  models=((second, model),), disks="shared"),
+        Placement("both 1 disk", both, models=on, disks="shared"),
+        Placement("both 4 disks", both, models=on, disks="per-rank"),
+        Placement(f"1 disk, cache L{second} only", both, models=on, cache_rows=cache_rows // 2,
+                  shares=((second, 1.0),), disks="shared"),
+        Placement("1 disk, split", both, models=on, cache_rows=cache_rows, shares=split, disks="shared"),
+        Placement("4 disks, split", both, models=on, cache_rows=cache_rows, shares=split, disks="per-rank"),
     ]
