@@ -1,4 +1,4 @@
-"""The text a person reads: Table 2, Figures 3 and 5 as numbers, the model's fit; the BENCHMARKS.md section."""
+"""The text a person reads: Table 2, Figures 3 and 5 as numbers, the model's fit; the e2e bench-log section."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import numpy as np
 from benchmarks.e2e.analysis import exposure_fit, figure3_points, figure5_points, table2_rows
 from benchmarks.e2e.jobs import Experiment
 from benchmarks.e2e.run import Results
-from slacktier.serve.report import deadline_caveat, exactness_line, format_placement_table
+from benchmarks.rig.report import format_placement_table
+from slacktier.serve.report import deadline_caveat, exactness_line
 
 SECTION = "## End to end"
 

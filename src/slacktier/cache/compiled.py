@@ -67,6 +67,7 @@ from numba.extending import intrinsic
 from slacktier.cache.directory import (N_COUNTS, Count, NO_SEEN, LayerGeometry, PassResult, PassScratch,
                                        resolve_layer)
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.native import submit_llvm_type
 
 _INT64 = np.dtype(np.int64)
 
@@ -184,15 +185,13 @@ def _clock_ns(typingctx, fn, ts):
 
 @intrinsic
 def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_buffers, err):
-    """st_eng_submit (csrc/uring_read.c) through its address `fn`; the job handle, 0 when refused (see err)."""
+    """The submit at address `fn` (`slacktier.native.SUBMIT`'s signature); the job handle, 0 when refused (see err)."""
     sig = types.int64(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        fnty = ir.FunctionType(i64, [i64, i32, i64, i64, i64, i64, i64, i64])
+        fnty = submit_llvm_type()
         call = builder.inttoptr(args[0], fnty.as_pointer())
-        rest = list(args[1:])
-        rest[1] = builder.trunc(rest[1], i32)
+        rest = [builder.trunc(a, t) if t.width < 64 else a for a, t in zip(args[1:], fnty.args)]
         return builder.call(call, rest)
 
     return sig, codegen
@@ -333,8 +332,7 @@ class CompiledPass:
         self.htab = self._steps.table
         self.arr = a = np.zeros(HEADER + n * RECORD, dtype=np.int64)
         # Per-step fields go in and out through a memoryview, not numpy's scalar indexing: with the CPU caches
-        # cold (as after the model's forward) five writes cost 5 us against 9, two reads 5 against 13
-        # (docs/bench-log/host-pass.md).
+        # cold (as after the model's forward) a memoryview's reads and writes cost less.
         self._words = memoryview(a)
         self.out = np.zeros((n, OUT), dtype=np.int64)   # per layer: the pass's counts, job, clock readings
         self._keep: list[np.ndarray] = [self.htab, self.out]

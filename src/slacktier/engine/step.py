@@ -387,7 +387,7 @@ class StepEngine:
         plan = self._plan
         # The usual step (a plan built, the hasher's C-contiguous int64 ids of a known shape and size) passes
         # the one test below: the last step left the interpreter's memory out of cache, so each call and
-        # attribute here costs misses (docs/bench-log/hot-path.md).
+        # attribute here costs misses (measured: the Python around the compiled call is faster this way).
         if (plan is None or self._in_step or self._closed or type(ids) is not np.ndarray or ids.dtype is not _INT64
                 or ids.shape[1:] != plan.cp.ids_shape or ids.shape[0] > self._token_capacity
                 or not ids.flags.c_contiguous):
