@@ -66,7 +66,7 @@ def test_reload_switches_tiers_sizes_and_tables_in_one_process(tables, tmp_path:
     second = toml(tmp_path, "b.toml", cache_rows=1200, tables=[
         {"layer": 1, "source": "dram", "manifest": a.path, "cache_share": 0.75, "order": 0},
         {"layer": 14, "source": "disk", "manifest": a.path, "cache_share": 0.25, "order": 1}])
-    engine.reload(second)
+    engine.apply(second)
     assert engine.table(14).source is src14 and engine.table(1).source is not src1
     with pytest.raises(SlackTierError) as exc:       # the replaced source was closed
         src1.submit(None, None)
@@ -85,7 +85,7 @@ def test_reload_switches_tiers_sizes_and_tables_in_one_process(tables, tmp_path:
     third = toml(tmp_path, "c.toml", cache_rows=1200, tables=[
         {"layer": 1, "source": "dram", "manifest": a.path, "cache_share": 0.75, "order": 1},
         {"layer": 14, "source": "disk", "manifest": b.path, "cache_share": 0.25, "order": 0}])
-    engine.reload(third)
+    engine.apply(third)
     assert engine.layers == (14, 1)
     assert engine.cache.cached(14)[0].size == 0 and engine.cache.cached(1)[0].size > 0
     truth[14] = SyntheticSource(b.layout, 2)
@@ -98,14 +98,14 @@ def test_reload_switches_tiers_sizes_and_tables_in_one_process(tables, tmp_path:
     broken = toml(tmp_path, "d.toml", cache_rows=1200, tables=[
         {"layer": 2, "source": "disk", "manifest": a.path, "cache_share": 0.5}])
     with pytest.raises(SlackTierError) as exc:
-        engine.reload(broken)
+        engine.apply(broken)
     assert exc.value.kind == ErrorKind.MISSING and exc.value.layer == 2
     run_step(engine, steps[0], truth)
 
     # No reload in the middle of a step.
     engine.begin_step(steps[0])
     with pytest.raises(SlackTierError):
-        engine.reload(first)
+        engine.apply(first)
     engine.end_step()
     engine.close()
 
@@ -124,7 +124,7 @@ def test_reload_to_a_larger_reserved_cache_and_lossy(tables, tmp_path: Path) -> 
     second = toml(tmp_path, "b.toml", cache_rows=100, max_cache_rows=8000, lossy=True, tables=[
         {"layer": 1, "source": "dram", "manifest": a.path, "cache_share": 0.5, "seen": str(seen)},
         {"layer": 14, "source": "dram", "manifest": a.path, "cache_share": 0.5, "order": 1, "seen": str(seen)}])
-    engine.reload(second)
+    engine.apply(second)
     assert engine.cache.max_slots == 8000 and engine.lossy
     engine.begin_step(ids)
     out = engine.gather(1).reshape(-1, 256)
@@ -162,7 +162,7 @@ def test_reload_onto_a_redis_tier_keeps_the_cache(tables, tmp_path: Path) -> Non
         with StepEngine.from_control(first) as engine:
             ids = np.stack([rng.integers(0, 300, (8, 24)) for _ in ROWS], axis=1)
             run_step(engine, ids, truth)
-            engine.reload(second)
+            engine.apply(second)
             assert isinstance(engine.table(1).source, RedisSource)
             layers = run_step(engine, ids, truth)                 # same bytes: the cache is kept
             assert all(c.hits == c.lookups - c.reused for c in layers.values())
@@ -238,11 +238,11 @@ def test_evict_ahead_follows_the_control_file(tables, tmp_path: Path) -> None:
     for _ in range(12):   # 400 slots per layer: full after 9 steps, then every miss evicts in the pass
         run_step(engine, next(steps), truth)
     assert not engine.evict_ahead and cached() == [400, 400]
-    engine.reload(on)
+    engine.apply(on)
     for _ in range(2):
         run_step(engine, next(steps), truth)
     assert engine.evict_ahead and cached() == [352, 352]   # the step's 48 claims emptied again, ahead
-    engine.reload(off)
+    engine.apply(off)
     run_step(engine, next(steps), truth)
     assert cached() == [400, 400]   # the next 48 misses took the emptied slots; none emptied after
     engine.close()
@@ -265,12 +265,12 @@ def test_a_reload_changing_the_device_queue_settings_is_refused_naming_the_key(t
             {"layer": layer, "source": "disk", "manifest": a.path, "cache_share": 0.5, "order": i,
              "disk": disk | {key: value}} for i, layer in enumerate(ROWS)])
         with pytest.raises(SlackTierError) as exc:
-            engine.reload(other)
+            engine.apply(other)
         assert exc.value.kind is ErrorKind.BAD_INPUT and f"cannot change [table.disk] {key} to {value}" in \
             exc.value.message and f"{key} = {disk[key]}" in exc.value.message
         assert all(getattr(t.options, key) == disk[key] for t in engine.config.tables)
         run_step(engine, ids, truth)
-    engine.reload(first)   # the same settings: kept
+    engine.apply(first)   # the same settings: kept
     run_step(engine, ids, truth)
     engine.close()
 

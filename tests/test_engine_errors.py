@@ -244,7 +244,7 @@ def test_closed_engine_refuses_work(staged: Manifest, tmp_path: Path) -> None:
     engine.gather(1)
     engine.close()             # closes mid-step: the step is abandoned, sources closed
     for call in (lambda: engine.begin_step(ids), lambda: engine.gather(1), engine.end_step,
-                 lambda: engine.reload(control(tmp_path, staged, verify=False))):
+                 lambda: engine.apply(control(tmp_path, staged, verify=False))):
         with pytest.raises(SlackTierError) as exc:
             call()
         assert exc.value.kind == ErrorKind.CLOSED

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from slacktier.cache import RowCache
+from slacktier.engine import Change
 from slacktier.engine.checker import ArrayRowReader
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
@@ -141,7 +142,7 @@ def test_rank_without_owned_only_refuses_foreign_ids(ids: np.ndarray) -> None:
         e.begin_step(ids[:4])
     assert err.value.kind == ErrorKind.BAD_INPUT and "owned_only" in (err.value.fix or "")
     assert not e.in_step
-    e.reconfigure([e.table(layer) for layer in e.layers], owned_only=True)
+    e.apply(Change(owned_only=True))
     e.begin_step(ids[:4])
     for layer in e.layers:
         e.gather(layer)

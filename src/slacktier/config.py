@@ -12,7 +12,7 @@ Why msgspec (not pydantic): strict typing is its default, so a quoted boolean
 (`lossy = "false"`) or a float where an integer belongs (`cache_rows = 1e11`)
 is an error naming the key, not a silent coercion; it is small, has no runtime
 dependencies, and its frozen structs compare and hash by value, which is what
-`reload` needs to tell what changed. SGLang uses it for the same reasons.
+`apply` needs to tell what changed. SGLang uses it for the same reasons.
 
 Schema (every key but `layer` and `manifest` has a default):
 

@@ -5,14 +5,15 @@
     engine.begin_step(ids)                          # ids [T, L, 24] int64, L in ascending layer-id order
     rows = engine.gather(layer_id)                  # bf16 [T, 24, 256] on the engine's device
     counters = engine.end_step()                    # StepCounters: per-layer LayerCounters
-    engine.apply(other_cfg)                         # between steps (engine.reload(path) for a file)
+    engine.apply(other_cfg)                         # between steps: a ControlFile, a path, or a Change
     engine.close()
 """
 
+from slacktier.engine.configure import Change
 from slacktier.engine.counters import LayerCounters, StepCounters
 from slacktier.engine.reads import LayerReads, LayerWait
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec, rank_regions_for, seen_bitmap
 
-__all__ = ["LayerCounters", "LayerReads", "LayerWait", "StepCounters", "StepEngine", "TableSpec",
+__all__ = ["Change", "LayerCounters", "LayerReads", "LayerWait", "StepCounters", "StepEngine", "TableSpec",
            "rank_regions_for", "seen_bitmap"]

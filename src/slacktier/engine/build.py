@@ -14,11 +14,10 @@ source_key differs (a Redis source is opened, the disk source closed),
 data_key is equal (the cached rows of layer 14 stay).
 
 `build_engine(StepEngine, cfg)` builds an engine serving a control file (what
-`StepEngine.from_config` forwards to), `apply(engine, cfg)` switches a running
-one between steps through `StepEngine.reconfigure` (what `engine.apply`
-forwards to), `reload(engine, path)` does the same from a file. The step
-itself stays in `engine.step`; this module imports nothing of it, so the class
-is passed in (and annotated `Any`: a StepEngine).
+`StepEngine.from_config` forwards to); switching a running one to another
+control file is `engine.apply(cfg)` (engine.configure, built on the functions
+here). The step itself stays in `engine.step`; this module imports nothing of
+it, so the class is passed in (and annotated `Any`: a StepEngine).
 """
 
 from __future__ import annotations
@@ -268,65 +267,6 @@ def build_engine_from_file(cls: Any, path: str | Path, **overrides: object) -> A
         return build_engine(cls, cfg, **overrides)
 
 
-def apply(engine: Any, cfg: ControlFile) -> None:
-    """Switch `engine` to `cfg` between steps, in place, rebuilding only what changed (the module docstring).
-
-    Everything is resolved, opened and checked before the engine changes (`StepEngine.reconfigure` refuses
-    before it switches), so a refused apply changes nothing and closes what it opened.
-    """
-    if engine.closed:
-        raise SlackTierError(ErrorKind.CLOSED, "the step engine is closed",
-                             fix="build a new engine; a closed one takes no more work")
-    live: Applied | None = engine.control_state
-    if live is None:
-        raise SlackTierError(ErrorKind.BAD_INPUT, "this engine was not built from a control file",
-                             fix="build it with StepEngine.from_config(cfg) or from_control(path)")
-    if engine.in_step:
-        raise SlackTierError(ErrorKind.BAD_INPUT, "apply during a step", fix="call end_step first")
-    eng = cfg.engine
-    resolved = resolve_control(cfg)
-    opened: dict[int, PageSource] = {}
-    sources: dict[int, PageSource] = {}
-    try:
-        for t in cfg.tables:
-            old = live.resolved.get(t.layer)
-            if old is not None and old.source_key == resolved[t.layer].source_key:
-                check_kept_source(resolved[t.layer])
-                sources[t.layer] = live.sources[t.layer]
-            else:
-                sources[t.layer] = opened[t.layer] = open_table_source(resolved[t.layer])
-                if old is not None:
-                    refuse_queue_change(old, resolved[t.layer], sources[t.layer])
-        specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
-        invalidate = [layer for layer, r in resolved.items()
-                      if layer in live.resolved and live.resolved[layer].data_key != r.data_key]
-        old_eng = live.control.engine
-        cache = None
-        if (eng.device, eng.max_cache_rows) != (old_eng.device, old_eng.max_cache_rows):
-            check_device(eng.device)
-            cache = RowCache(eng.max_cache_rows, eng.device, slots=0)
-        metrics = engine.metrics
-        if eng.metrics and metrics is None:
-            from slacktier.engine.metrics import EngineMetrics
-            metrics = EngineMetrics()
-        elif not eng.metrics and old_eng.metrics:
-            metrics = None   # switched off by the control file (a host-given one stays otherwise)
-        engine.reconfigure(specs, cache_rows=eng.cache_rows, invalidate=invalidate,
-                           owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
-                           owned_only=eng.owned_only, pad_id=eng.pad_id, evict_ahead=eng.evict_ahead, cache=cache,
-                           wait_timeout_s=eng.wait_timeout_ms / 1e3, metrics=metrics,
-                           control=Applied(cfg, resolved, sources))
-    except BaseException:
-        for s in opened.values():
-            s.close()
-        raise
-    for s in live.sources.values():
-        if all(s is not kept for kept in sources.values()):
-            s.close()
-    log.info("applied a control file: %d tables, %d sources reopened, %d layers' cache dropped",
-             len(cfg.tables), len(opened), len(invalidate))
-
-
 def refuse_queue_change(old: Resolved, new: Resolved, source: PageSource) -> None:
     """Refuse (BAD_INPUT, naming the key) a reload that changes a table's device-queue setting which its device's
     queue does not take: the queue belongs to the device and runs as the table that opened it asked, and the
@@ -345,13 +285,6 @@ def refuse_queue_change(old: Resolved, new: Resolved, source: PageSource) -> Non
                              "while a served table reads through it", layer=layer,
                              fix=f"keep {key} = {runs} in this control file, or start a new engine (process) with "
                                  f"the new value: the first table to open a device's queue sets it")
-
-
-def reload(engine: Any, path: str | Path) -> None:
-    """Switch `engine` to the control file at `path` between steps, without a new process; errors name the file."""
-    cfg = load_control(path)
-    with named_by(path):
-        apply(engine, cfg)
 
 
 def check_rank_sharding(resolved: dict[int, Resolved]) -> None:

@@ -54,7 +54,7 @@ class PageBufferPool:
     `pages` is a [capacity, 4096] uint8 view. The mapping is ordinary pageable
     memory: the engine does not register it with CUDA. On a GPU it packs the
     missed rows (264 of each page's 4,096 bytes) into its own pinned staging
-    tensor and copies from there (engine/step.py, `_pin_pool`). The disk tier's
+    tensor and copies from there (engine/configure.py, `set_pool`). The disk tier's
     io_uring engine may register the pool with its ring, which makes the
     kernel pin it for the ring's lifetime (see store/disk.py).
     """
