@@ -70,7 +70,7 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
     counts = np.zeros(N_COUNTS, dtype=np.int64)
     geo = GeoView(np.int64(0), np.int64(n_items), rank_starts, rank_region, seen, np.int64(0))
     cache = CacheView(np.int64(0), directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss)
-    out = OutView(desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
+    scratch = OutView(desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
                   own_pos, own_row, counts)
     for s in range(step_starts.shape[0] - 1):
         a = step_starts[s]
@@ -80,7 +80,7 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
         # one step: stamp s + 1 invalidates the hash table, pins of step s end when step s + 1 begins
         resolve_layer(ids[a:b].reshape(1, b - a), geo, cache,
                       StepView(np.int64(s), htab, np.int64(s + 1), _hash_bits(b - a), np.int64(0), False, False,
-                               np.int64(0)), out)
+                               np.int64(0)), scratch)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
             evict_ahead_kernel(counts[Count.MISSES] - counts[Count.BYPASS], directory, owned, lstate, slot_layer,
