@@ -150,7 +150,7 @@ def test_built_in_tiers_are_named_once():
 
 
 def test_the_redis_tier_of_earlier_releases_is_refused_naming_the_new_keys():
-    """One Redis tier since issue 29: `source = "redis-cluster"` and `[table.redis-cluster]` say what to write."""
+    """One Redis tier for both modes: `source = "redis-cluster"` and `[table.redis-cluster]` say what to write."""
     for text in (TABLE + 'source = "redis-cluster"\n',
                  TABLE + 'source = "redis"\n[table.redis-cluster]\nurl = "redis://127.0.0.1:7000"\n'):
         with pytest.raises(SlackTierError) as info:

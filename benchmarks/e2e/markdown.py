@@ -1,4 +1,4 @@
-"""The text a person reads: Table 2, Figures 3 and 5 as numbers, the model's fit; the BENCHMARKS.md section."""
+"""The text a person reads: Table 2, Figures 3 and 5 as numbers, the model's fit; the e2e bench-log section."""
 
 from __future__ import annotations
 

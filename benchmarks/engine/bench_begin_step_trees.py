@@ -7,7 +7,11 @@ percent within an hour). Each round runs one fresh process per tree, in turn
 `bench_host_pass.py` (rank 3 of TP4, both V4.1 layers' shards as sparse files
 read through io_uring, a 1M-row cache split 0.5/0.5 and filled), then
 `--steps` decode steps of `--batch` fresh tokens, each begin_step timed after a
-96 MiB cache flush, as after the model's forward. Printed: each round's median
+96 MiB cache flush, as after the model's forward. With `--traffic agent` the
+steps are the built-in agent traffic's instead (`bench_host_pass.agent_steps`,
+the same sessions for both trees): prefill chunks and part-batch steps fill
+the cache untimed, and only full decode steps of `--batch` tokens are timed, so
+begin_step runs at that traffic's hit rate. Printed: each round's median
 begin_step per tree and the ratio after / before of that round; the summary is
 the median and range of those ratios. Each process's directories get
 transparent huge pages or not as the kernel has them free, which moves its
@@ -34,7 +38,21 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def loop(batch: int, steps: int, evict_ahead: bool) -> None:
+def _timed(engine, ids) -> float:
+    """One step with its begin_step timed after a cache flush (us)."""
+    import bench_host_pass as H
+
+    H.flush_caches()
+    t0 = time.perf_counter_ns()
+    engine.begin_step(ids)
+    t1 = time.perf_counter_ns()
+    for layer in engine.layers:
+        engine.gather(layer)
+    engine.end_step()
+    return (t1 - t0) / 1e3
+
+
+def loop(batch: int, steps: int, evict_ahead: bool, traffic: str) -> None:
     """The child: build and fill the rank engine, time `steps` cold begin_steps, print them as JSON."""
     import numpy as np
 
@@ -47,20 +65,27 @@ def loop(batch: int, steps: int, evict_ahead: bool) -> None:
     (ROOT / "runs").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
         engine, shards = H.build_rank_engine(layout, Path(tmp), 1_000_000, 3, 4096, evict_ahead=evict_ahead)
-        for _ in range(25):   # fill the cache
-            H.warm(engine, H.random_ids(layout, shards, 3, 4096, rng))
         times = []
-        for k in range(steps + 10):   # the first 10 warm the interpreter and the rings
-            ids = H.random_ids(layout, shards, 3, batch, rng)
-            H.flush_caches()
-            t0 = time.perf_counter_ns()
-            engine.begin_step(ids)
-            t1 = time.perf_counter_ns()
-            for layer in engine.layers:
-                engine.gather(layer)
-            engine.end_step()
-            if k >= 10:
-                times.append((t1 - t0) / 1e3)
+        if traffic == "uncached":
+            for _ in range(25):   # fill the cache
+                H.warm(engine, H.random_ids(layout, shards, 3, 4096, rng))
+            for k in range(steps + 10):   # the first 10 warm the interpreter and the rings
+                t = _timed(engine, H.random_ids(layout, shards, 3, batch, rng))
+                if k >= 10:
+                    times.append(t)
+        else:
+            decode = 0
+            for st in H.agent_steps(layout, batch, 0):
+                ids = np.ascontiguousarray(st.ids)
+                if st.kind != "decode" or st.num_tokens != batch:
+                    H.warm(engine, ids)   # prefill and part-batch steps fill the cache, untimed
+                    continue
+                t = _timed(engine, ids)
+                decode += 1
+                if decode > 10:   # the first 10 warm the interpreter and the rings
+                    times.append(t)
+                if len(times) == steps:
+                    break
         huge = [huge_page_share(engine.cache.layer(layer).directory) for layer in engine.layers]
         engine.close()
     print(json.dumps({"times": times, "huge": huge}))
@@ -68,7 +93,8 @@ def loop(batch: int, steps: int, evict_ahead: bool) -> None:
 
 def run_tree(tree: Path, args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{HERE}")
-    cmd = [sys.executable, __file__, "--child", "--batch", str(args.batch), "--steps", str(args.steps)]
+    cmd = [sys.executable, __file__, "--child", "--batch", str(args.batch), "--steps", str(args.steps),
+           "--traffic", args.traffic]
     if args.evict_ahead:
         cmd.append("--evict-ahead")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
@@ -91,16 +117,18 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=60, help="timed steps per process")
     ap.add_argument("--evict-ahead", action="store_true")
+    ap.add_argument("--traffic", choices=("uncached", "agent"), default="uncached",
+                    help="random ids on a filled cache, or the built-in agent traffic's decode steps")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        loop(args.batch, args.steps, args.evict_ahead)
+        loop(args.batch, args.steps, args.evict_ahead, args.traffic)
         return 0
     if args.before is None or not (args.before / "src" / "slacktier").is_dir():
         print("--before must name a checkout of this repository (git worktree add DIR COMMIT)", file=sys.stderr)
         return 2
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
-    print(f"begin_step, uncached rank 3 of TP4 (V4.1), B={args.batch}, {args.steps} cold steps per process, "
+    print(f"begin_step, {args.traffic} rank 3 of TP4 (V4.1), B={args.batch}, {args.steps} cold steps per process, "
           f"evict_ahead {'on' if args.evict_ahead else 'off'}; before = {commit_of(trees['before'])}, after = "
           f"{commit_of(trees['after'])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     ratios = []

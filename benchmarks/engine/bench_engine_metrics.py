@@ -110,7 +110,7 @@ def table(medians: dict[str, dict[str, list[float]]], args: argparse.Namespace) 
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run, print the table, optionally append it to BENCHMARKS.md and plot it."""
+    """Run, print the table, optionally append it to docs/bench-log/tier.md and plot it."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tokens", type=int, default=128, help="tokens per step (default 128)")
     ap.add_argument("--rounds", type=int, default=5, help="rounds (default 5)")

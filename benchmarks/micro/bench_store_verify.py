@@ -16,7 +16,7 @@ call (`crc32c.crc32c`, one call per page).
 
 The decision rule for `DiskSource.verify_by_default`: on when the median
 added CPU per page is under `--budget-us` (0.5 us, against the ~2.3-3 us a
-read costs; BENCHMARKS.md, "Disk engine").
+read costs; docs/bench-log/tier.md, "Page sources").
 
     .venv/bin/python benchmarks/bench_store_verify.py --append
 

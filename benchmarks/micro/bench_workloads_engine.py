@@ -5,7 +5,7 @@ takes layer 14's lookups and times each policy at two capacities (CLOCK: the
 served cache's own directory pass, step by step, pins included), interleaved in
 a shuffled order, `--repeats` times; the pure-Python reference runs once on a
 prefix of the same trace. Prints a table and optionally appends it to
-BENCHMARKS.md under "## Traffic: access characterization".
+docs/bench-log/traffic.md under "## Traffic: access characterization".
 
     .venv/bin/python benchmarks/bench_workloads_engine.py [--append]
 """

@@ -1,10 +1,10 @@
 """End to end: the paper's Table 2, Figures 3 and 5 on this machine (the harness is benchmarks/e2e/).
 
-    .venv/bin/python benchmarks/bench_e2e_table2.py            # full run, updates BENCHMARKS.md
+    .venv/bin/python benchmarks/bench_e2e_table2.py            # full run, updates docs/bench-log/e2e.md
     .venv/bin/python benchmarks/bench_e2e_table2.py --quick    # the demo's short version (slacktier demo)
 
 Prints the Table 2 analog, writes docs/img/e2e_fig3_cache_split.png and docs/img/e2e_fig5_load.png,
-and replaces the '## End to end' section of BENCHMARKS.md with the numbers it printed.
+and replaces the '## End to end' section of docs/bench-log/e2e.md (--markdown) with the numbers it printed.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--png-dir", default=str(ROOT / "docs/img"), help="write the Figure 3/5 PNGs here (docs/img)")
     p.add_argument("--markdown", default=str(ROOT / "docs" / "bench-log" / "e2e.md"),
                    help="replace this file's '## End to end'")
-    p.add_argument("--no-markdown", action="store_true", help="print only; leave BENCHMARKS.md alone")
+    p.add_argument("--no-markdown", action="store_true", help="print only; leave the markdown file alone")
     p.add_argument("--from-results", default=None, help="re-render the report of a results.json; run nothing")
     return p.parse_args(argv)
 
@@ -60,7 +60,7 @@ def config(args: argparse.Namespace) -> E2EConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run (or re-read) the benchmark, print the report, write the PNGs and the BENCHMARKS.md section."""
+    """Run (or re-read) the benchmark, print the report, write the PNGs and the markdown section."""
     args = parse_args(argv)
     if args.quick:
         from slacktier.serve.demo import replay_demo

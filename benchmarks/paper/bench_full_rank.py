@@ -117,7 +117,7 @@ def timeline(args: argparse.Namespace) -> int:
                  "fewer)") + f" TP{cfg.ranks} shard of "
               f"both Engram layers ({manifest.total_pages * 4096 / 1e9:.1f} GB, synthetic rows, V4.1 hash and "
               f"layout) in one file on this VM's shared virtio disk (fio at QD 128: 29k-94k IOPS, median ~45k, "
-              "BENCHMARKS.md store section; vs the paper's NVMe), O_DIRECT, "
+              "docs/bench-log/tier.md; vs the paper's NVMe), O_DIRECT, "
               f"served by one process as that rank's (owned_only, its regions): the paper's \"4 disks\" "
               "arrangement, one disk per rank (its \"1 disk\" rows, four ranks on one disk, are "
               "bench_one_disk.py's); all tables of the process share the disk's one device queue; "

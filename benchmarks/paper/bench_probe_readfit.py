@@ -7,7 +7,7 @@ Two tables share one disk: layer 1's region and layer 14's region of one file,
 each behind its own O_DIRECT page source (slacktier.store.disk), as the engine
 opens them; both sources read through the disk's one device queue (strict
 window order, store/devqueue.py), so a run before 2026-12-03 08:28 UTC in
-BENCHMARKS.md measured per-table queues and this one the shared queue. Each run draws page counts (P_1, P_14), submits layer 1's
+docs/bench-log/windows.md measured per-table queues and this one the shared queue. Each run draws page counts (P_1, P_14), submits layer 1's
 pages first and layer 14's right after, and times both to their last
 completion. The device model T_l = a + b P_l + c P_ahead + c_behind P_behind
 is fitted on the first two thirds of the runs (plan.fit.fit_device_read_model,

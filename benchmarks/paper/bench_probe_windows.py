@@ -5,7 +5,7 @@
 Prints a table per batch (window in ms and as a share of the step, next to k/L and
 the paper's 0.85-0.92 k/L), the probe's overhead (hooks attached, no target, vs
 hooks removed, A/B interleaved in shuffled order), writes JSON and a Figure-4-style
-PNG under runs/probe/, and with --append adds the figures to BENCHMARKS.md under
+PNG under runs/probe/, and with --append adds the figures to docs/bench-log/windows.md under
 "## Windows and placement".
 """
 

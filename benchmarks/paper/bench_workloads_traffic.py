@@ -11,7 +11,7 @@ conversations (chat traffic) and applied to the agent trace. With --ple it also
 replays the same sessions in Qwen's format and tokens through Qwen3.8's PLE hash
 (`slacktier characterize --table ple`) at --ple-capacities. Writes
 runs/bench_workloads/*.json (miss-page curves included) and PNG plots; --append
-adds the tables to BENCHMARKS.md under "## Traffic: access characterization".
+adds the tables to docs/bench-log/traffic.md under "## Traffic: access characterization".
 
     .venv/bin/python benchmarks/bench_workloads_traffic.py [--batch 64,128] [--layers 14,1] [--ple] [--append]
         [--workloads agent,chat] [--agent-source published|template] [--agent-dir DIR]

@@ -3,7 +3,7 @@
 numba stamps a cached kernel with its own source file's mtime and size. A
 kernel that calls a kernel of another file compiles that callee into itself,
 so after the other file changed it kept running the old callee from the cache
-until its own file changed too. Found in issue 14's round (2026-12-02):
+until its own file changed too. It happened here:
 `cache.compiled.run_layers` compiles `cache.directory.resolve_layer` into
 itself, and an edit of the directory pass was absent from begin_step's compiled
 entry while the per-layer path ran it (the tests compare the two paths, and both

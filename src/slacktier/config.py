@@ -63,7 +63,7 @@ Schema (every key but `layer` and `manifest` has a default):
     tls_ca_file = ""        # CA bundle: TLS on (use a rediss:// url)
 
     The tier "redis-cluster" of earlier releases is refused by name, with the fix: `source = "redis"` and
-    `mode = "cluster"` in [table.redis] (one tier, one key layout and loader since issue 29).
+    `mode = "cluster"` in [table.redis] (one tier for both modes, with one key layout and one loader).
 
 Paths: in a file, a relative path (`manifest`, `seen`, `targets`, `password_file`, `tls_ca_file`) is read
 from the control file's folder, whoever reads it and wherever they run; `load_control` makes them absolute.
@@ -135,8 +135,7 @@ class DiskOptions(Options, frozen=True):
     open it sets them.
 
     There is no I/O priority class per table: putting the short-window layer's reads in the real-time class
-    (mq-deadline honours classes) did not shorten them when four TP rank processes shared this VM's disk
-    (docs/bench-log/table2.md, 2026-12-03 09:03 UTC: layer 1 read in 69.8 ms with the class, 69.3 without),
+    (mq-deadline honours classes) did not shorten them, measured with four TP rank processes sharing one disk,
     because ranks that step together each hold their later layer back until their earlier one landed.
     """
 
@@ -234,8 +233,8 @@ class RedisOptions(Options, frozen=True):
 _TIER_OPTIONS: dict[str, type[Options]] = {"dram": DramOptions, "disk": DiskOptions, "redis": RedisOptions}
 #: tier names of earlier releases, refused with what to write instead
 RETIRED_TIERS: dict[str, str] = {
-    "redis-cluster": 'write source = "redis" and mode = "cluster" in [table.redis] (the Redis tiers are one since '
-                     "issue 29; keys, loader and options are the same)"}
+    "redis-cluster": 'write source = "redis" and mode = "cluster" in [table.redis] (one Redis tier serves both '
+                     "modes; keys, loader and options are the same)"}
 
 
 def register_tier_options(name: str, options: type[Options]) -> None:
@@ -293,7 +292,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_cache_rows: Annotated[int, msgspec.Meta(ge=0, le=MAX_CACHE_ROWS)] = 0
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=1 << 20)] = 256
-    # at most a day: inf or 1e13 ms used to pass here and overflow the first wait (issue 33)
+    # at most a day: a larger value (inf, 1e13 ms) would overflow the first wait's timeout
     wait_timeout_ms: Annotated[float, msgspec.Meta(gt=0, le=86_400_000)] = 5000.0
     verify_reads: bool | Literal["auto"] = "auto"
     lossy: bool = False

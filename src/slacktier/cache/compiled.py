@@ -70,6 +70,7 @@ from slacktier.cache.views import (HEADER_WORD, LAYER_WORD, LAYER_WORDS, ROW_WOR
                                    geo_view, header, layer_records, out_view, p_i64, same_length, slot_arrays,
                                    step_view)
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.native import submit_llvm_type
 
 _INT64 = np.dtype(np.int64)
 
@@ -100,15 +101,13 @@ def _clock_ns(typingctx, fn, ts):
 
 @intrinsic
 def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_buffers, err):
-    """st_eng_submit (csrc/uring_read.c) through its address `fn`; the job handle, 0 when refused (see err)."""
+    """The submit at address `fn` (`slacktier.native.SUBMIT`'s signature); the job handle, 0 when refused (see err)."""
     sig = types.int64(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):
-        i32, i64 = ir.IntType(32), ir.IntType(64)
-        fnty = ir.FunctionType(i64, [i64, i32, i64, i64, i64, i64, i64, i64])
+        fnty = submit_llvm_type()
         call = builder.inttoptr(args[0], fnty.as_pointer())
-        rest = list(args[1:])
-        rest[1] = builder.trunc(rest[1], i32)
+        rest = [builder.trunc(a, t) if t.width < 64 else a for a, t in zip(args[1:], fnty.args)]
         return builder.call(call, rest)
 
     return sig, codegen
@@ -230,8 +229,7 @@ class CompiledPass:
         self.plan = plan = PassPlan(n)
         self.arr = plan.words   # what run_layers takes
         # Per-step fields go in and out through a memoryview, not numpy's scalar indexing: with the CPU caches
-        # cold (as after the model's forward) five writes cost 5 us against 9, two reads 5 against 13
-        # (docs/bench-log/host-pass.md).
+        # cold (as after the model's forward) a memoryview's reads and writes cost less.
         self._words = memoryview(plan.words)
         self._layer_words = memoryview(plan.layer_words)
         self.out = np.zeros((n, ROW_WORDS), dtype=np.int64)   # per layer: the pass's counts, job, clock readings

@@ -265,7 +265,7 @@ def resolve_layer(ids, geo, cache, step, out):
     done = n
     # First wave, the only sweep over every lookup. Every descriptor starts out foreign (two fills,
     # which the loops below overwrite for in-table lookups; cheaper than a store per foreign lookup
-    # inside the sweep: 0.78x of the pass on warm steps, BENCHMARKS.md, issue 14). A pad id gets its
+    # inside the sweep, measured on warm steps). A pad id gets its
     # zero row, a bad id stops the pass; an in-table lookup is listed in own_pos / own_row, which the
     # later loops walk instead of the T x 24 ids (with owned_only, one lookup in four on a TP4 rank),
     # and its directory entry is prefetched: a random access (`rowdir`: 16 MiB for a layer of 1M slots,
@@ -303,7 +303,7 @@ def resolve_layer(ids, geo, cache, step, out):
     # Count the misses with loads that mostly find their line arriving; the loops below find them in
     # cache. On the way, start the next random line each lookup will touch: a hit's reference bit
     # (and, after a miss, when its pin is taken at once, its state word), a miss's two hash-table
-    # probes (row, then page); each was worth 5-13% of begin_step in one process.
+    # probes (row, then page); each of these prefetches was measured to shorten begin_step.
     touch = np.int64(0)
     n_absent = 0
     hflat = htab.reshape(-1)
@@ -327,9 +327,8 @@ def resolve_layer(ids, geo, cache, step, out):
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # prefetch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     # Prefetches, not loads, of the entry's line and the next (the eviction's backward shift reads on until an
-    # empty entry): on cold steps (caches flushed) of 768 uncached lookups per layer, a rank of V4.1 with 500k
-    # slots per layer, the pass took 0.80x the time it took with loads of the entry's line alone, and the
-    # next line's prefetch alone 0.87x (issue 28; the same engine, variants alternating step by step).
+    # empty entry): on cold steps (caches flushed) the pass was faster than with loads of the entry's line
+    # alone, and the next line's prefetch paid for itself too (the variants measured alternating step by step).
     n_owned = owned.shape[0]
     if n_absent > 0 and n_owned > 0:
         for k in range(min(2 * n_absent + 16, n_owned)):

@@ -22,9 +22,9 @@ slots, layer 14 owns 250; resize(slots=400) -> 300 and 100, layer 1 keeps its
 300 most useful slots (free first released, then unreferenced rows).
 
 Huge pages: a directory's random reads are begin_step's floor, and their cost
-grows with the directory's size through address translation. On the project's
-machine (BENCHMARKS.md, `benchmarks/micro/bench_directory_floor.py`) a random read from a 1.5 GB
-array cost 1.9x one from 16 MiB in huge pages, and 3.1x in 4 KiB pages. The
+grows with the directory's size through address translation: a random read from a GB-sized array
+costs more than one from a cache-sized array, and more again in 4 KiB pages than in huge pages
+(`benchmarks/micro/bench_directory_floor.py` measures it). The
 directory follows the slots, so it is that large only for a layer owning some
 4M slots or more. numpy asks the kernel for transparent huge pages for large
 arrays; where the kernel gives a directory of 64 MiB or more less than half of
@@ -226,7 +226,7 @@ class RowCache:
             return
         self.small_page_directories += 1
         log.warning("layer %d's directory (%d MiB) is %.0f%% in huge pages: begin_step's random reads of it cost "
-                    "more (1.6x on the project's machine, BENCHMARKS.md); fix: set "
+                    "more in small pages; fix: set "
                     "/sys/kernel/mm/transparent_hugepage/enabled to madvise or always, with memory free for "
                     "2 MiB pages, before the engine starts", state.layer, nbytes >> 20, 100 * share)
 

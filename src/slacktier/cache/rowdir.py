@@ -10,9 +10,9 @@ Size: the directory holds at most one entry per owned slot (a row is in it
 only while a slot holds it), and `entries_for(slots)` gives it at least
 1 / LOAD entries per slot, rounded up to a power of two; so its load stays at
 or below LOAD (0.5) and a lookup reads one entry, sometimes two in the same
-64 B line. A layer owning 1M slots takes 2**21 entries, 16 MiB; the old
-array of 4 B per table row took 1.5 GB for a V4.1 layer (366 MiB per TP4
-rank). `RowCache` rebuilds a layer's directory when its slot count moves out
+64 B line. A layer owning 1M slots takes 2**21 entries, 16 MiB, where an
+array of 4 B per table row (the paper's directory) takes 1.5 GB for a V4.1
+layer (366 MiB per TP4 rank). `RowCache` rebuilds a layer's directory when its slot count moves out
 of the range its size serves (`resize`), from the slot arrays.
 
 Limits: rows and slots below 2**31 (one process serves fewer than 2**31 rows
@@ -30,7 +30,7 @@ import numpy as np
 from numba import njit
 
 EMPTY = np.int64(-1)
-LOAD = 0.5                      # entries in use / entries, at most (bench_directory_load.py measured 0.25-0.75)
+LOAD = 0.5                      # entries in use / entries, at most: short probe runs, a lookup mostly one entry
 MIN_ENTRIES = 16
 ROW_LIMIT = 1 << 31             # rows and slots fit the 32-bit halves of an entry
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)

@@ -34,7 +34,7 @@ _LUT = {c: np.ascontiguousarray(dequant_lut(c), dtype=np.uint16) for c in DEQUAN
 _LUT_BY_SCALE = {c: np.ascontiguousarray(t.reshape(256, 256).T).reshape(-1) for c, t in _LUT.items()}
 
 
-#: rows ahead of the copy whose lines stage_misses prefetches (8 and 16 measured alike, 4 slower; issue 14)
+#: rows ahead of the copy whose lines stage_misses prefetches (8 and 16 measured alike, 4 slower)
 PREFETCH_ROWS = 8
 
 
@@ -47,7 +47,7 @@ def stage_misses(miss_buf, miss_inpage, n_miss, pool, staged):
     lines of the row PREFETCH_ROWS ahead are prefetched, so many cache misses are in flight at once; the
     dequant pass then reads rows packed together. Reading the pool row by row inside the dequant loop
     instead stalls on each row's misses (one row's 256 table lookups fill the core's window), which
-    made the cold gather 2x slower than index_select + LUT (BENCHMARKS.md, issue 14).
+    made the cold gather slower than index_select + LUT.
 
     Worked example: miss 4 in buffer 3, row-in-page 2 -> pool words 3 * 512 + 2 * 33 = 1602..1634.
     """
@@ -68,7 +68,7 @@ def fill_slots(staged_bytes, miss_slot, n_miss, weight, scale):
     """Copy each missed row's raw bytes from the staged rows [M, 264] into its new slot (slot -1: skip).
 
     The slots are random rows of the cache: the lines of the slot PREFETCH_ROWS ahead are prefetched, so
-    the stores do not wait for their lines one row at a time (1.05-1.14x on 2,600 fills, issue 14).
+    the stores do not wait for their lines one row at a time.
     """
     wflat = weight.reshape(-1)
     sflat = scale.reshape(-1)
@@ -110,7 +110,7 @@ def gather_cpu(desc_kind, desc_idx, n, miss_buf, miss_inpage, miss_slot, n_miss,
     lut_t: `lut_by_scale()`, the codec's table with the scale byte major. A block of 32 values shares
     one scale, so it reads 256 adjacent entries (L1-resident) instead of entries 512 B apart across
     the whole 128 KiB table; they are the same entries, so the output is bit-identical. The row of the
-    hit PREFETCH_ROWS lookups ahead is prefetched (1.4-1.5x on 3,072 hits from a cold 1M-slot cache).
+    hit PREFETCH_ROWS lookups ahead is prefetched, so hits in a cold cache do not wait one row at a time.
     weight and scale: C-contiguous [slots, 256] and [slots, 8] uint8 (the cache's arrays).
     """
     staged = np.empty((n_miss, ROW_WORDS), dtype=np.uint64)   # [M, 33] words = [M, 264] bytes

@@ -64,7 +64,7 @@ class V41Config:
     engram_layer_ids: tuple[int, ...] = (1, 14)
     engram_columns: int = 24
     seed: int = 0
-    # float32 by default: on CPUs bf16 matmuls run 6-9x slower than fp32 (measured here). Engram rows stay
+    # float32 by default: on CPUs bf16 matmuls run several times slower than fp32. Engram rows stay
     # bf16 (the gather's output); the model widens them exactly. "bfloat16" gives the checkpoint's dtype.
     dtype: str = "float32"
 

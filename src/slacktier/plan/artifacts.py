@@ -1,4 +1,4 @@
-"""Placing RedKnot artifact tables by their layers' windows (issue 17, item 5).
+"""Placing RedKnot artifact tables by their layers' windows.
 
 Artifact tables are ordinary control-file tables (redknot.placement builds and
 checks them); this is their planner. From each reusable layer's artifact pages

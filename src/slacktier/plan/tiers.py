@@ -37,7 +37,7 @@ A tiers file (TOML), as `slacktier probe --read-fit` writes it, holds one [[tier
     held_out_r2 = 0.78
     held_out_rmse_ms = 4.9
     at_zero = []               # terms least squares put below 0, held at 0
-    measured = "2026-12-02 10:00 UTC, slacktier probe --read-fit ..."
+    measured = "YYYY-MM-DD HH:MM UTC, slacktier probe --read-fit ..."   # when, and the command
 
 A file without `format` is the first form (intercept_ms, page_ms, contention_page_ms:
 T_l = a + b (P_l + pages ahead) + c (pages behind)), read as (a, b, c_ahead = b,
@@ -113,7 +113,7 @@ class TierSpec:
 def directory_bytes(cache_slots: int) -> int:
     """Host bytes of a table's cache directory when it owns `cache_slots` slots: cache.rowdir's 8 B entries, at
     least two per slot, a power of two of them, at least 16 (the cache room is above this one, so the rule is
-    restated here; tests/test_plan_tiers.py holds the two equal)."""
+    restated here; tests/test_cache_rowdir.py holds the two equal)."""
     need = max(16, 2 * max(int(cache_slots), 0))
     return 8 * (1 << (need - 1).bit_length())
 

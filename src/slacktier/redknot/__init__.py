@@ -11,7 +11,7 @@ ledger.py    head-row ceiling and per-operator arithmetic
 model.py     tiny and bench DeepseekV4 configs, seeded models, weights digest
 corpus.py    real-text documents (installed source files, DeepSeek-V4 tokenizer)
 
-The evidence's experiments live beside their benchmarks in benchmarks/redknot/ (issue 29): the retrieval
+The evidence's experiments live beside their benchmarks in benchmarks/redknot/, not in the package: the retrieval
 task (retrieval.py), the trainer of the small model it is measured on (train.py) and adaptive sparse MoE
 (sparse_moe.py).
 """

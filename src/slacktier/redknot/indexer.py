@@ -4,7 +4,7 @@ transformers' `DeepseekV4CSACompressor.forward` (no cache) scores every query
 row against every compressed key at once: the indexer's scorer materializes
 [S, index heads, S/4] float32 three times (matmul, ReLU, weighted) and the
 compressor then builds an [S, S/4 + 1] block bias. At 64K rows with 4 index
-heads that is 16 GiB per copy, more than this machine has. A GPU indexer
+heads that is 16 GiB per copy, more than a CPU host can spare. A GPU indexer
 kernel never materializes the score matrix either; it streams rows.
 
 `csa_select` computes the same thing - the compressed KV entries and each
@@ -13,8 +13,8 @@ row's top-`index_topk` picks, -1 picks dropped - with the scorer applied to
 compression steps are the model's own code path restated (the same ops in
 the same order, so the entries are bitwise the model's). The scores are the
 scorer's formula in float32 (as the model computes them, even for a float64
-model), evaluated per chunk as one GEMM and one batched weighted sum: 2.5x
-faster on this CPU than the scorer's n small [heads, c] x [c, T] products.
+model), evaluated per chunk as one GEMM and one batched weighted sum, faster
+on a CPU than the scorer's n small [heads, c] x [c, T] products.
 They round differently in the last bits, so a pick can differ from the
 model's only where two entries' scores agree to float32 rounding;
 tests/test_redknot_indexer.py checks the picks equal the model's.

@@ -1,4 +1,4 @@
-"""The step timeline: device compute from a profile; host, cache and I/O real (DESIGN 8b, issue 13).
+"""The step timeline: device compute from a profile; host, cache and I/O real (DESIGN 8b).
 
 On a GPU server the model computes on the device while the host hashes, runs
 `begin_step` and reads pages. Here only the device is replaced, by a compute
@@ -19,10 +19,9 @@ The stall ends when the layer's rows are ready: when the engine's wait on its
 reads returned (`wait_us` in its counters, after the call at c_l). The rest of
 the gather is host time after the rows are ready: the dequant pass
 (`gather_us`, a kernel inside layer l on a GPU; reported apart) and the call's
-own Python around it (0.02-0.04 ms a layer on this VM), neither a stall.
-Counting g_l - sched_l - pass instead put that call overhead into every layer's
-stall, also a layer whose rows were ready before its start (BENCHMARKS.md,
-"Step timeline: the planner's predictions", Table 3 analog of 14:51 UTC). The
+own Python around it (a small cost per layer), neither a stall.
+Counting g_l - sched_l - pass instead would put that call overhead into every
+layer's stall, even a layer whose rows were ready before its start. The
 engine publishes counters only at `end_step`, so while the step runs the next
 layer's schedule is shifted by g_l - sched_l minus layer l's non-waiting gather
 time of the previous step (g - c - wait; an estimate); the recorded stalls and
@@ -32,7 +31,7 @@ Why the ids are prepared before the step's clock starts: pulling a step from
 the replay (history windows, positions, slot bookkeeping in Python) and hashing
 it is the benchmark's work, not the server's: a serving engine's scheduler has
 the step's tokens before the step, and SGLang hashes on the device. So `s` is
-`begin_step` alone, as a server pays it (issue 28); the preparation is kept
+`begin_step` alone, as a server pays it; the preparation is kept
 in `prepare_ms`. Worked example: W1 = 0.27, W14 = 9.35, total 29.41;
 begin_step takes 0.5 ms, layer 1's gather is called at 0.5 ms, waits 0.4 ms
 for its reads and returns at 1.0 ms after a 0.1 ms pass: stall_1 = 0.5 + 0.4 -
@@ -432,7 +431,7 @@ class TimelineSummary:
     gather_ms: dict[int, float]
     pages: dict[int, float]
     hit_rate: dict[int, float]
-    begin_ms: float = float("nan")   # begin_step itself (= s_ms since issue 28; NaN: a run stored before it was kept)
+    begin_ms: float = float("nan")   # begin_step itself (= s_ms; NaN: a run stored before it was kept)
     prepare_ms: float = float("nan")  # pulling and hashing a step, before its clock (NaN: a run stored before)
 
 

@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.native import HEADER, WaitInfo, declare, submit_prototype
 
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "uring_read.c"
-_CFLAGS = ("-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-pthread")
+_CFLAGS = ("-O2", "-std=gnu11", "-shared", "-fPIC", "-Wall", "-pthread", f"-I{HEADER.parent}")
 _build_lock = threading.Lock()
 
 
@@ -53,7 +54,7 @@ def _compiler() -> str:
 
 def build_helper() -> Path:
     """Compile the helper if this source and these flags were never built; return the .so path."""
-    source = _SOURCE.read_bytes()
+    source = _SOURCE.read_bytes() + HEADER.read_bytes()
     cc = _compiler()
     key = hashlib.sha256(source + cc.encode() + " ".join(_CFLAGS).encode()).hexdigest()[:16]
     out_dir = cache_dir()
@@ -90,10 +91,7 @@ def _submit_kernel():
     Python's ctypes takes microseconds per array (`arr.ctypes.data`) on this path that runs every step."""
     from numba import njit
 
-    fn = ctypes.CDLL(str(build_helper())).st_eng_submit   # a handle of its own: these are numba's prototypes
-    u64 = ctypes.c_uint64
-    fn.argtypes = [u64, ctypes.c_int32, u64, u64, u64, u64, ctypes.c_int64, u64]
-    fn.restype = u64
+    fn = submit_prototype(ctypes.CDLL(str(build_helper())).st_eng_submit)   # a handle of its own for numba
 
     @njit(nogil=True)
     def submit(client, region, page, buffer, pool_addr, pool_buffers, err):   # pragma: no cover - compiled
@@ -113,45 +111,9 @@ def submit_address() -> int:
 def load_helper() -> ctypes.CDLL:
     """The loaded helper with its argument types declared (built on first call); st_eng_submit is called from
     compiled code instead (`_submit_kernel`)."""
-    lib = ctypes.CDLL(str(build_helper()))
-    lib.st_ring_create.argtypes = [ctypes.c_uint, ctypes.POINTER(ctypes.c_int)]
-    lib.st_ring_create.restype = ctypes.c_void_p
-    lib.st_ring_destroy.argtypes = [ctypes.c_void_p]
-    lib.st_ring_destroy.restype = None
-    vp, i64, u32, i32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_uint, ctypes.c_int
-    lib.st_eng_create.argtypes = [u32, u32, u32, u32, i32, ctypes.POINTER(ctypes.c_int)]
-    lib.st_eng_create.restype = vp
-    lib.st_eng_attach.argtypes = [vp, i32, vp, vp, vp, vp, vp, ctypes.POINTER(ctypes.c_int)]
-    lib.st_eng_attach.restype = vp
-    lib.st_eng_detach.argtypes = [vp, vp]
-    lib.st_eng_detach.restype = i32
-    lib.st_eng_hold.argtypes = [vp, i32]
-    lib.st_eng_hold.restype = None
-    lib.st_eng_cancel.argtypes = [vp, vp]
-    lib.st_eng_cancel.restype = i32
-    lib.st_eng_strict.argtypes = [vp, i32]
-    lib.st_eng_strict.restype = None
-    lib.st_eng_wait.argtypes = [vp, vp, i64, vp]
-    lib.st_eng_wait.restype = i32
-    lib.st_eng_reads.argtypes = [vp, vp, vp, vp, vp]
-    lib.st_eng_reads.restype = None
-    lib.st_eng_release.argtypes = [vp, vp]
-    lib.st_eng_release.restype = None
-    lib.st_eng_registered.argtypes = [vp, vp]
-    lib.st_eng_registered.restype = i32
-    lib.st_eng_trace.argtypes = [vp, i64]
-    lib.st_eng_trace.restype = i32
-    lib.st_eng_trace_read.argtypes = [vp, vp, vp, vp, i64]
-    lib.st_eng_trace_read.restype = i64
-    lib.st_eng_destroy.argtypes = [vp]
-    lib.st_eng_destroy.restype = None
-    return lib
+    return declare(ctypes.CDLL(str(build_helper())))
 
 
-#: IoEngine.wait's info fields
-(INFO_FIRST_BAD, INFO_SUBMIT_NS, INFO_END_NS, INFO_CPU_NS, INFO_BUFFERS_REFUSED, INFO_FILES_REFUSED,
- INFO_FIRST_NS) = range(7)
-INFO_FIELDS = 7
 
 
 class IoEngine:
@@ -217,9 +179,9 @@ class IoEngine:
             raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is stopping", fix="open a new source")
         raise SlackTierError(ErrorKind.IO, f"cannot queue reads: {os.strerror(-err)}", fix="free memory")
 
-    def wait(self, job: int, timeout_ns: int, info: np.ndarray) -> bool:
+    def wait(self, job: int, timeout_ns: int, info: WaitInfo) -> bool:
         """Block until `job` is done, at most `timeout_ns` (< 0: no limit); True and `info` filled when done."""
-        return self._lib.st_eng_wait(self._handle, job, timeout_ns, info.ctypes.data) == 0
+        return self._lib.st_eng_wait(self._handle, job, timeout_ns, ctypes.byref(info)) == 0
 
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A done job's n reads as submitted, and its results: region, page, buffer, and bytes read or -errno."""

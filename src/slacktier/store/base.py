@@ -6,7 +6,7 @@ only moves bytes. A source is built over a list of runtime regions
 whole 4 KiB pages of them into a caller-owned, page-aligned buffer pool.
 
 There is no `capabilities` set: nothing ever consulted it (the engine and
-RedKnot treat every tier alike), so it was dropped (issue 10). A capability
+RedKnot treat every tier alike). A capability
 comes back beside the optional operation that needs it, not before.
 
 Most tiers build on `slacktier.store.queued.QueuedSource`, which owns the
@@ -14,7 +14,7 @@ workers, queues, tickets, checks, checksums and close, and register
 themselves by name in `slacktier.store.registry`.
 
 Two class-level facts sit beside the three methods, so the engine can ask
-them without an instance (issue 11):
+them without an instance:
 
 - `verify_by_default`: whether reads are CRC32C-checked against the
   manifest when the control file says `verify_reads = "auto"`; on wherever

@@ -5,14 +5,14 @@ regions are grouped by the physical device behind them, and each group is
 attached to that device's queue (store/devqueue.py), which this source shares
 with every other table of the process on the same device: reads are admitted
 in (window, arrival) order, so a later layer's reads only fill the depth an
-earlier layer's leave (issue 27). Two engines drive a queue:
+earlier layer's leave. Two engines drive a queue:
 
 - ``io_uring``: C worker threads owning a ring each (store/uring_queue.py,
   csrc/uring_read.c, raw syscalls; region files and the page pool registered
   with the rings). `submit` hands a whole batch over in one compiled call: C
   checks every read against the regions and the pool, copies the batch,
-  queues it and wakes a worker, so no Python runs per batch on the I/O side
-  (issue 14). `wait` blocks in C with the GIL released.
+  queues it and wakes a worker, so no Python runs per batch on the I/O side.
+  `wait` blocks in C with the GIL released.
 - ``threads``: Python threads issuing ``os.preadv`` (store/pread_queue.py);
   the fallback where io_uring cannot be set up (no compiler, kernel without
   io_uring). Choosing it under ``engine="auto"`` is logged at WARNING and
@@ -119,10 +119,9 @@ class DiskSource(RegionSource):
     """Pages of staged regions read with O_DIRECT from local files or block devices, through device queues."""
 
     read_what = "disk read"
-    #: off, by measurement (docs/bench-log/disk.md, "Read verification cost on the disk tier"): checking each
-    #: page's CRC32C added a median 0.91 us CPU per page (0.43-1.35 over 8 rounds) to 2.79 us, and cut IOPS
-    #: 10%, in 700-page io_uring batches: over the 0.5 us budget. The device's own sector ECC guards the
-    #: medium; set verify_reads = true to check anyway (the disk tier's cost is then that figure).
+    #: off, by measurement (BENCHMARKS.md, "Reads from one disk"): checking each page's CRC32C costs more host
+    #: CPU per page than the disk tier's budget and lowers its IOPS. The device's own sector ECC guards the
+    #: medium; set verify_reads = true to check anyway.
     verify_by_default = False
 
     def __init__(self, regions: Sequence[Region], options: DiskOptions | None = None, *,
@@ -405,7 +404,7 @@ class DiskSource(RegionSource):
                     self._abandoned.append(t)
                 # Nobody waits for this batch any more (the step engine retires its pool): the reads not yet
                 # handed to the device are dropped, so a device that fell behind catches up and the pool and
-                # its memory go back once the reads in flight land (issue 33: retired pools piled up to 13.8 GB).
+                # its memory go back once the reads in flight land (otherwise retired pools pile up while the device lags).
                 for a, j, _ in t.jobs:
                     a.queue.cancel(j)
                 raise timeout_error(type(self).__name__, ticket, t.pages, timeout_s)

@@ -26,8 +26,7 @@ from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import Device, DeviceQueue, Landed
 from slacktier.tables.layout import PAGE_BYTES
 
-#: most threads per io_thread: 32 threads measured 9-11 us CPU per page against 20-30 us for 128, at no lower
-#: IOPS (docs/bench-log/disk.md, "Disk engine: random 4 KiB reads vs fio")
+#: most threads per io_thread: measured, 128 threads spent more CPU per page than 32 for no more IOPS
 PREAD_THREADS_MAX = 32
 #: reads one thread takes from the queue at a time: fewer lock round trips, little reordering
 CHUNK_READS = 4

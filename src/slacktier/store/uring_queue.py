@@ -20,8 +20,8 @@ from typing import ClassVar
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store._native import (INFO_BUFFERS_REFUSED, INFO_CPU_NS, INFO_END_NS, INFO_FIELDS, INFO_FILES_REFUSED,
-                                     INFO_FIRST_BAD, INFO_FIRST_NS, INFO_SUBMIT_NS, IoEngine, submit_address)
+from slacktier.native import WaitInfo
+from slacktier.store._native import IoEngine, submit_address
 from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import IO_CLASSES, Device, DeviceQueue, Landed
 from slacktier.tables.layout import PAGE_BYTES
@@ -80,19 +80,18 @@ class UringQueue(DeviceQueue):
         return job
 
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
-        info = np.empty(INFO_FIELDS, dtype=np.int64)
+        info = WaitInfo()
         timeout_ns = -1 if timeout_s is None else max(0, int(timeout_s * 1e9))
         if not self.engine.wait(job, timeout_ns, info):
             return None
-        now = (int(info[INFO_BUFFERS_REFUSED]), int(info[INFO_FILES_REFUSED]))
+        now = (info.buffers_refused, info.files_refused)
         if now != self.refusals:
             REGISTRATION_SKIPS["buffers"] += now[0] - self.refusals[0]
             REGISTRATION_SKIPS["files"] += now[1] - self.refusals[1]
             log.info("io_uring: the kernel refused to register %s; reads of them run unregistered",
                      "the page buffer pool" if now[0] != self.refusals[0] else "the region files")
             self.refusals = now
-        return Landed(int(info[INFO_SUBMIT_NS]), int(info[INFO_FIRST_NS]), int(info[INFO_END_NS]),
-                      int(info[INFO_CPU_NS]), int(info[INFO_FIRST_BAD]))
+        return Landed(info.submit_ns, info.first_ns, info.end_ns, info.cpu_ns, info.first_bad)
 
     def cancel(self, job: int) -> int:
         return self.engine.cancel(job)

@@ -273,7 +273,7 @@ def synthetic_rows(seed: int, row_start: int, rows: int) -> np.ndarray:
     256 fp8 bytes are uniform over the finite e4m3 codes (NaN bytes 0x7F/0xFF
     become +-448), so values span subnormals, -0 and the full range; the 8 scale
     bytes are uniform in 115..131 (2**-12 .. 2**4). Every dequantized value is
-    finite. Compiled: about 0.02 us per row (BENCHMARKS.md, "Codec and staging").
+    finite. Compiled, so staging a table is bound by its writes, not by this.
     """
     if rows < 0 or row_start < 0:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"rows {rows} and row_start {row_start} must be >= 0",

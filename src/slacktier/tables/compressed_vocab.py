@@ -9,8 +9,7 @@ by its raw vocabulary string. This is the map SGLang 0.5.23 builds in
 `build_compressed_token_map`; the compressed size enters every hash multiplier,
 so a tokenizer that compresses to any other size is refused.
 
-Building the map takes about 0.7 s (measured on the 2-core CI machine), so it is
-built on first use and cached per process rather than shipped as a data file.
+Building the map takes under a second, so it is built on first use and cached per process rather than shipped as a data file.
 Its SHA-256 is frozen below so a changed tokenizer that happens to keep the size
 is refused too.
 

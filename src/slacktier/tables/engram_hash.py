@@ -319,7 +319,7 @@ class EngramHasher:
         self._mult = layout.multipliers_array.reshape(-1).copy()
         self._inv_primes = 1.0 / self._primes.astype(np.float64)
         # reciprocal_mod swaps the divide for a float-reciprocal modulo (bit-identical, needs primes >= 2**13).
-        # Off by default: on the Zen 4 CI machine the unsigned divide measured faster
+        # Off by default: on a current x86 CPU (Zen 4) the unsigned divide measured faster
         # (benchmarks/micro/bench_tables_hash.py); it is kept for CPUs with a slow 64-bit divide.
         self._fast = bool(reciprocal_mod and layout.primes_array.min() >= FAST_MOD_MIN_PRIME)
         self.history_width = layout.max_ngram - 1

@@ -36,7 +36,7 @@ _ODIRECT_FIX = ("put the target on a filesystem that supports O_DIRECT (ext4, xf
 
 def lock_target(fd: int, path: str, *, exclusive: bool) -> None:
     """Lock the target open at `fd` (flock, never waiting): shared by every process serving from it, exclusive
-    by a stage writing it, so a stage never writes under a reader (issue 33).
+    by a stage writing it, so a stage never writes under a reader.
 
     flock locks the inode behind the path, so it works on regular files and on raw block devices' device
     nodes alike (every opener of /dev/nvme0n1 takes the same lock). The lock holds while `fd` stays open.

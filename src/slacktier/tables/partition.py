@@ -3,8 +3,8 @@
 A TP step waits for its slowest rank. SGLang and vLLM shard an Engram layer by
 contiguous hash columns (`columns`): on V4.1 at TP4 rank 0 owns only 2-gram
 heads and rank 3 only 4-gram heads, and 4-gram rows are far less cacheable, so
-rank 3 reads about 3.5x rank 0's pages per step (BENCHMARKS.md, "every rank's
-pages per step"). `balanced` gives every rank the same number of heads of each
+rank 3 reads several times rank 0's pages per step (BENCHMARKS.md, "Rank partitions", has every
+rank's pages per step). `balanced` gives every rank the same number of heads of each
 n-gram order: with 3 orders x 8 heads at TP4, rank k owns heads 2k and 2k + 1 of
 every order. Any partition is served correctly by an engine whose ranks each
 fill the rows they do not own with zeros and sum (SGLang's all-reduce); an

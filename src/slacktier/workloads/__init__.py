@@ -16,5 +16,5 @@ One role per module:
 - `characterize`: hit rates per policy/capacity/order, batch reuse, miss-page curves P_l(c) for the planner.
 
 The slow plain-Python simulators the kernels are tested against live beside their benchmark,
-benchmarks/micro/policy_reference.py (issue 29).
+benchmarks/micro/policy_reference.py, outside the package.
 """

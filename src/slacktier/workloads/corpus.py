@@ -5,7 +5,7 @@ Agent traffic comes from published trajectories of real coding agents
 downloaded set with `agent_dir`; this is the default. The vendored sample
 holds 308 sessions over 305 repositories (data/agent/SOURCES.md); split by
 repository it gives 155 fit and 153 holdout sessions, enough for B = 128.
-Rendering all of it costs ~15 s of tokenizer time, once: the rendering is
+Rendering all of it costs seconds of tokenizer time, once: the rendering is
 kept in `cache_dir` under a digest of the files. Template sessions
 (`agent_source="template"`: real tool output around fixed THOUGHT lines, far
 more repetitive than a real agent) remain as an explicit synthetic option;
@@ -158,7 +158,7 @@ def published_cache_key(config: CorpusConfig) -> str:
 def published_token_sessions(config: CorpusConfig, stats: LoadStats | None = None) -> list[TokenSession]:
     """Published agent trajectories (vendored sample or `config.agent_dir`) as `config.tokens` sessions, clipped.
 
-    Rendered once with the DeepSeek tokenizer (~15 s for the vendored sample) and kept in `config.cache_dir`
+    Rendered once with the DeepSeek tokenizer (seconds for the vendored sample) and kept in `config.cache_dir`
     under a digest of the files (`published_cache_key`); a changed file is a new key."""
     stats = stats if stats is not None else LoadStats()
     cache = None

@@ -5,11 +5,11 @@
  * waits for completions. Only <linux/io_uring.h> (linux-libc-dev) is needed.
  *
  * The device queue (st_eng_*) serves one physical device for every table of
- * the process that reads from it (issue 27). Each table attaches its regions
+ * the process that reads from it. Each table attaches its regions
  * as a client; a caller hands a whole batch of one client's reads (region,
  * page, buffer arrays, checked against the client's region table here) in one
  * call that copies them and returns at once, then waits for the batch with
- * the GIL released. No Python runs per batch on the I/O side (issue 14).
+ * the GIL released. No Python runs per batch on the I/O side.
  *
  * Admission order is the point: queued batches are kept in (priority,
  * arrival) order, a batch's priority being the lowest of its regions' (the
@@ -32,6 +32,8 @@
 #include <sys/syscall.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#include "st_io.h"
 
 #ifndef IORING_SETUP_COOP_TASKRUN
 #define IORING_SETUP_COOP_TASKRUN (1U << 8)
@@ -305,8 +307,8 @@ static void *eng_main(void *arg) {
     /* A batch-class thread: CFS does not let a woken SCHED_BATCH thread preempt the running one, so the
      * thread that queued a batch (begin_step, inside st_eng_submit) is not descheduled by this worker
      * waking on its core; the worker runs on an idle core, or when the caller's slice ends. Without it,
-     * on 2 cores, a third of begin_steps ran 300-600 us longer in wall time than in CPU time
-     * (docs/bench-log/hot-path.md, issue 14). Best effort: a refusal leaves the thread as it was. */
+     * on a machine with few cores, many begin_steps ran far longer in wall time than in CPU time.
+     * Best effort: a refusal leaves the thread as it was. */
     struct sched_param batch = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     pthread_setname_np(pthread_self(), "st-uring");
@@ -505,9 +507,9 @@ struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_bat
     e->wait_batch = wait_batch ? wait_batch : 1;
     e->len = len;
     e->files_gen = 0;
-    /* Strict by measurement (docs/bench-log/device-queue.md, 2026-12-03 08:3x UTC, 20 rounds): layer 1's 768
-     * pages beside layer 14's read in 1.00x their time alone in strict order against 1.13x when layer 14's
-     * reads fill the depth layer 1's tail leaves, and layer 14 finished no later (21.3 ms median both). */
+    /* Strict by measurement: in strict order layer 1's pages beside layer 14's read in their time alone,
+     * while letting layer 14's reads fill the depth layer 1's tail leaves slowed layer 1, and layer 14
+     * finished no later either way. */
     e->strict = 1;
     pthread_mutex_init(&e->mu, NULL);
     pthread_condattr_t ca;
@@ -744,9 +746,8 @@ int st_eng_cancel(struct st_eng *e, struct st_job *j) {
 }
 
 /* Block until job j is done, at most timeout_ns (< 0: no limit). 0 done, ETIMEDOUT not yet.
- * On done, info = [first bad read or -1, submit_ns, end_ns, cpu_ns, buffer registrations refused,
- * file registration refused (0/1), first read admitted ns]. */
-int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t *info) {
+ * On done, *info holds what st_io.h's struct st_wait_info says. */
+int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, struct st_wait_info *info) {
     pthread_mutex_lock(&e->mu);
     if (!j->done && timeout_ns != 0) {
         if (timeout_ns < 0) {
@@ -762,13 +763,13 @@ int st_eng_wait(struct st_eng *e, struct st_job *j, int64_t timeout_ns, int64_t 
     }
     int done = j->done;
     if (done) {
-        info[0] = j->first_bad;
-        info[1] = j->submit_ns;
-        info[2] = j->end_ns;
-        info[3] = j->cpu_ns;
-        info[4] = e->buffers_refused;
-        info[5] = e->files_refused;
-        info[6] = j->first_ns;
+        info->first_bad = j->first_bad;
+        info->submit_ns = j->submit_ns;
+        info->end_ns = j->end_ns;
+        info->cpu_ns = j->cpu_ns;
+        info->buffers_refused = e->buffers_refused;
+        info->files_refused = e->files_refused;
+        info->first_ns = j->first_ns;
     }
     pthread_mutex_unlock(&e->mu);
     return done ? 0 : ETIMEDOUT;

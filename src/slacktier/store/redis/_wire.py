@@ -1,14 +1,11 @@
 """The Redis tier's data plane: page reads on its own sockets, one per node, with a compiled reply scan.
 
-Why our own client and not a library (measured, issue 29): valkey-glide's sync client (valkey-glide-sync
-2.6.0, the version pip installs for CPython 3.11 here; it does cluster mode, ACL users, TLS and MGET into
-caller buffers) read the same pages of a local 3-master cluster at 1.51x our wall time per 700-page batch
-(rounds 1.14-1.92x) and 2.14x per 3,000-page batch (1.55-2.92x), with 2.45x and 4.34x our CPU per page;
-redis-py's cluster pipeline 1.68x / 1.91x, CPU 3.2x / 3.6x. The issue's bar was 1.2x. 2026-12-03 13:21 UTC,
-a 2-core VM shared with other engineers' jobs, 9 interleaved rounds x 20 batches per cell:
-`python -m benchmarks.tier.bench_redis_wire --rounds 9 --batches 20` (valkey-glide-sync importable), log in
-docs/bench-log/tier.md, "Remote tier: Redis: our wire against valkey-glide and redis-py". Measure again
-before replacing this file: glide's row was the whole batch in one `mget` call, which glide splits by slot.
+Why our own client and not a library: measured, valkey-glide's sync client (valkey-glide-sync, which does
+cluster mode, ACL users, TLS and MGET into caller buffers) and redis-py's cluster pipeline both read the same
+pages of a local 3-master cluster in well over our wall time and CPU per page, at 700 and at 3,000 pages a
+batch (BENCHMARKS.md, "Redis tier", has the figures). A library within 1.2x of our time would replace this file; measure
+again before replacing it, with `python -m benchmarks.tier.bench_redis_wire --rounds 9 --batches 20`
+(valkey-glide-sync importable): glide's row is the whole batch in one `mget` call, which glide splits by slot.
 
 One round (`read_round`): every node's MGETs (`Command`, one page group each,
 packed by compiled code, `_resp.pack_mgets`) are written on that node's own

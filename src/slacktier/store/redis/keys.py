@@ -13,7 +13,7 @@ layer 1, rank 3, T = 64:
 
 T is chosen at load and recorded in the identity; readers take it from there.
 Small T puts more pages per MGET but fewer slots per region, so a region
-spreads over fewer nodes (docs/bench-log/tier.md, "Redis Cluster: hash tags").
+spreads over fewer nodes.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def buckets_for(tag_buckets: int, regions: Sequence[Region]) -> int:
 
     Every region has T groups in the identity a source checks (group g holds pages g, g + T, ...), so a T
     above a region's pages would leave groups that no page, and so no generation key, ever fills: the load
-    reported success and no source would open it (issue 33). Worked example: regions of 3 and 40 pages,
+    would report success and no source would open it. Worked example: regions of 3 and 40 pages,
     tag_buckets 64 -> 3 groups per region."""
     if not 1 <= tag_buckets <= MAX_TAG_BUCKETS:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"tag_buckets {tag_buckets} outside 1..{MAX_TAG_BUCKETS}",
