@@ -88,17 +88,6 @@ class OutView(NamedTuple):
     counts: np.ndarray          # [N_COUNTS] int64 (directory.Count)
 
 
-def geo_of(geo: LayerGeometry) -> GeoView:
-    """A LayerGeometry as the pass reads it."""
-    return GeoView(np.int64(geo.row_start), np.int64(geo.rows), geo.rank_starts, geo.rank_region,
-                   geo.seen if geo.seen is not None else NO_SEEN, np.int64(geo.table_end))
-
-
-def out_of(scratch: PassScratch) -> OutView:
-    """A PassScratch as the pass writes it."""
-    return OutView(*(getattr(scratch, f) for f in OutView._fields))
-
-
 # ---- the packed form -----------------------------------------------------------------------------------------
 
 _I8 = np.int64
