@@ -61,7 +61,7 @@ def _check_toml(block: Block, scratch: Path) -> None:
             from slacktier.plan.tiers import load_tiers
             load_tiers(path)
         else:
-            from slacktier.store.emulated import load_device_model
+            from slacktier.whatif.models import load_device_model
             load_device_model(str(path))
     except Exception as e:  # the reader's own error says what is wrong; the page and line say where
         pytest.fail(f"{block.where()}: the toml block is not a valid {kind} file: {e}")

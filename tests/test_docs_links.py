@@ -123,7 +123,8 @@ def broken_section_refs(source: Path) -> list[str]:
 
 def _ref_sources() -> list[Path]:
     pages = [ROOT / "README.md", ROOT / "BENCHMARKS.md", *sorted((ROOT / "docs").rglob("*.md"))]
-    code = sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.md"))
+    code = sorted((ROOT / "benchmarks").rglob("*.py")) + sorted((ROOT / "benchmarks").rglob("*.md")) + \
+        sorted((ROOT / "src").rglob("*.py"))
     tests = sorted((ROOT / "tests").rglob("*.py"))
     return [p for p in pages + code + tests if p.name != Path(__file__).name]
 

@@ -180,7 +180,7 @@ def test_rank_pages_counts_full_batch_decode_steps_only():
 
 def test_full_rank_timeline_on_a_scaled_table(tmp_path):
     from benchmarks.paper.full_rank import FullRankConfig, full_rank_table, host_memory_bytes, run_full_rank
-    from slacktier.serve.tiers import Placement
+    from slacktier.plan.placement import Placement
 
     cfg = FullRankConfig(workdir=str(tmp_path), rank=3, workload="chat", batches=(8,), runs=1, decode_steps=3,
                          warmup_steps=2, check_steps=2, cache_rows=4096, engram_vocab=300)

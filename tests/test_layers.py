@@ -24,13 +24,14 @@ MAY_USE: dict[str, set[str]] = {
     "store": {"tables", "config", "native"},
     "engine": {"tables", "store", "cache", "config"},
     "plan": {"config"},
-    "probe": set(),
+    "probe": {"store", "plan"},   # the window probe needs torch alone; the read fit measures a tier's reads
     "workloads": {"tables", "cache"},
     "models": {"engine"},
     "testing": {"tables", "store", "engine"},   # stand-ins for tests and benchmarks (testing/__init__.py); no room uses it
     "serve": {"config", "tables", "store", "cache", "engine", "plan", "probe", "workloads", "models"},
     "redknot": {"models", "engine", "store"},
     "adapters": {"engine", "config", "tables"},
+    "whatif": {"serve", "engine", "store", "cache", "plan", "tables", "config", "workloads"},
 }
 TOP = {"commands", "cli", "__main__", ""}   # may import anything; nothing imports them
 
@@ -182,3 +183,27 @@ def test_the_checker_sees_an_upward_import(tmp_path, monkeypatch):
     _, upward = _graph()
     assert upward == ["slacktier.tables.layout:2 imports slacktier.engine.step: room 'engine' is not below room "
                       "'tables'"]
+
+
+def _importers_of(room: str, rooms: set[str]) -> list[str]:
+    """'module:line' of every module in `rooms` that imports a module of `room` (lazy imports count)."""
+    modules = _modules()
+    return [f"{name}:{line}" for name, path in modules.items() if _room(name) in rooms
+            for target, line in _imports(name, path, modules) if _room(target) == room]
+
+
+def test_no_store_or_engine_module_imports_the_whatif_room():
+    """The emulator sits above the engine: the store and the engine have no hook for it and never import it."""
+    assert _importers_of("whatif", {"store", "engine"}) == []
+
+
+def test_the_whatif_check_sees_a_store_module_importing_it(tmp_path, monkeypatch):
+    pkg = tmp_path / "slacktier"
+    (pkg / "store").mkdir(parents=True)
+    (pkg / "whatif").mkdir()
+    for d in (pkg, pkg / "store", pkg / "whatif"):
+        (d / "__init__.py").write_text("")
+    (pkg / "whatif" / "tier.py").write_text("X = 1\n")
+    (pkg / "store" / "disk.py").write_text("def f():\n    import slacktier.whatif.tier\n")
+    monkeypatch.setattr(__import__(__name__), "PKG_DIR", pkg)
+    assert _importers_of("whatif", {"store", "engine"}) == ["slacktier.store.disk:2"]

@@ -10,7 +10,8 @@ from slacktier.errors import SlackTierError
 from slacktier.models.qwen38 import (Q38Config, Q38Served, QwenSlot, build_qwen38, load_ple_tables,
                                      ple_column_bounds, ple_table_rows, ple_tables_from)
 from slacktier.models.rows import DramRowProvider
-from slacktier.serve.tiers import Placement, TierSet
+from slacktier.plan.placement import Placement
+from slacktier.serve.tiers import TierSet
 from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.stage import SyntheticSource
 

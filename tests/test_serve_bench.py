@@ -17,7 +17,7 @@ import pytest
 from slacktier.models.deepseek_v41 import V41Config, V41Model
 from slacktier.models.rows import DramRowProvider, DramTable
 from slacktier.serve.loop import replay
-from slacktier.serve.report import format_placement_table, placement_rows
+from slacktier.serve.report import placement_rows
 from slacktier.serve.runs import LayerStats, RigConfig, RunRecord, clip_sessions
 from slacktier.serve.runners import V41Runner
 from slacktier.tables.engram_hash import EngramLayout
@@ -27,6 +27,8 @@ from slacktier.workloads.sessions import TokenSession
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.e2e.analysis import exposure_fit  # noqa: E402
+from benchmarks.rig.records import record_from_json, record_to_json  # noqa: E402
+from benchmarks.rig.report import format_placement_table  # noqa: E402
 from benchmarks.e2e.config import E2EConfig  # noqa: E402
 from benchmarks.e2e.jobs import Experiment, placements, plan_jobs  # noqa: E402
 from benchmarks.e2e.markdown import SECTION, write_section  # noqa: E402
@@ -105,9 +107,9 @@ def test_exposure_fit_predicts_injected_delays_it_was_not_fitted_on() -> None:
 
 def test_run_record_round_trips_through_json() -> None:
     rec = _record("disk", 0, 5.0, 7.0, 3.0, delays={1: 60.0})
-    text = json.dumps(rec.to_json())
-    back = RunRecord.from_json(json.loads(text))
-    assert json.dumps(back.to_json()) == text   # unmeasured fields are NaN, which equals nothing: compare as JSON
+    text = json.dumps(record_to_json(rec))
+    back = record_from_json(json.loads(text))
+    assert json.dumps(record_to_json(back)) == text   # unmeasured fields are NaN, which equals nothing: compare as JSON
     assert set(back.layers) == {1, 3} and isinstance(back.layers[1], LayerStats) and back.layers[1].read_ms == 5.0
     assert back.delays_ms == {1: 60.0} and back.step_reads_ms == [{1: 5.0, 3: 7.0}]
 

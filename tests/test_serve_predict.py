@@ -1,6 +1,6 @@
 """The planner's timeline prediction (serve.predict): exact numbers on hand-made inputs, injected delays on a fake
 clock, the fit-half curves on real components; no wall-clock assertions. Bad profiles are tested in
-test_serve_timeline.py, the read fit in test_serve_readfit.py."""
+test_serve_timeline.py, the read fit in test_probe_readfit.py."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from slacktier.plan.readmodel import DeviceReadModel
 from slacktier.plan.tiers import TierSpec
 from benchmarks.paper.injected_delays import DelayedEngine, delay_prediction, run_delayed_replay
 from slacktier.serve.predict import Calibration, FitCurves, PlannerInputs, calibrate, fit_miss_curves, predict
-from slacktier.serve.tiers import Placement
+from slacktier.plan.placement import Placement
 from slacktier.serve.timeline import StepTimes, SweepRun, TimelineRunner, TimelineSummary, load_profile
 
 from test_serve_timeline import FakeClock   # time passes only when told

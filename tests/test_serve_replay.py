@@ -6,16 +6,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 import slacktier
+from benchmarks.rig.placements import DelayedRowProvider, replay_table2_placements
 from slacktier.models.deepseek_v41 import V41Config, V41Model
 from slacktier.models.qwen38 import (Q38Config, Q38Served, build_qwen38, load_ple_tables, ple_column_bounds,
                                      ple_table_rows, ple_tables_from)
 from slacktier.models.rows import DramRowProvider
 from slacktier.serve.loop import LoopConfig, replay
 from slacktier.serve.runners import Q38Runner, V41Runner
-from slacktier.serve.tiers import Placement, TierSet, table2_placements
+from slacktier.plan.placement import Placement
+from slacktier.serve.tiers import TierSet
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.manifest import StagedLayout
 from slacktier.tables.stage import SyntheticSource
@@ -58,7 +59,7 @@ def test_v41_replay_is_bit_exact_on_every_placement(tmp_path) -> None:
     tiers = TierSet(tmp_path, layout, seed=9, max_cache_rows=2000, devices=2)
     tiers.stage()
     runner = V41Runner(V41Model(cfg))
-    placements = table2_placements(1, 3, cache_rows=2000, devices=2)
+    placements = replay_table2_placements(1, 3, cache_rows=2000, devices=2)
     try:
         runner.set_provider(tiers.provider(placements[0]))   # the stock DRAM table, reference gather
         ref_digests, ref_tokens, ref = _run(runner, sessions, hasher, rc)
@@ -70,6 +71,12 @@ def test_v41_replay_is_bit_exact_on_every_placement(tmp_path) -> None:
             assert tokens == ref_tokens, p.name
             if p.cache_rows:
                 assert sum(c.hits - before[l] for l, c in tiers.engine.totals.items()) > 0, p.name
+        # an experiment's wrapper (injected hand-out delays) holds rows back and changes none of them
+        delayed = tiers.provider(placements[2], wrap=lambda p: DelayedRowProvider(p, {1: 1.0, 3: 2.0}))
+        assert isinstance(delayed, DelayedRowProvider) and delayed.layer_ids == (1, 3)
+        runner.set_provider(delayed)
+        digests, tokens, _ = _run(runner, sessions, hasher, rc)
+        assert digests == ref_digests and tokens == ref_tokens
     finally:
         tiers.close()
     summary = ref.summary()

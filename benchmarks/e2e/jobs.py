@@ -8,7 +8,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from benchmarks.e2e.config import E2EConfig
-from slacktier.serve.tiers import Placement, table2_placements
+from benchmarks.rig.placements import replay_table2_placements
+from slacktier.plan.placement import Placement
 
 
 class Experiment(enum.Enum):
@@ -26,6 +27,7 @@ class BenchPlacement:
     placement: Placement
     experiment: Experiment
     split_f: float | None = None      # FIGURE3 (and Table 2's disk-split at 0.5): share of the first layer
+    delays_ms: tuple[tuple[int, float], ...] = ()   # DELAY: (layer, ms) rows are held back after issue
 
     @property
     def name(self) -> str:
@@ -47,7 +49,7 @@ def placements(cfg: E2EConfig, first: int, second: int) -> dict[str, BenchPlacem
     """Every placement the experiments use, by label; Table 2's rows first."""
     rows = cfg.rig.cache_rows
     out: dict[str, BenchPlacement] = {}
-    t2 = table2_placements(first, second, rows, cfg.rig.devices)
+    t2 = replay_table2_placements(first, second, rows, cfg.rig.devices)
     for p in t2:
         f = p.share(first) if p.shares and p.devices == 1 and len(p.shares) == 2 else None
         out[p.name] = BenchPlacement(p, Experiment.TABLE2, f)
@@ -57,8 +59,8 @@ def placements(cfg: E2EConfig, first: int, second: int) -> dict[str, BenchPlacem
             p = Placement(f"disk-split-f{f:.2f}", both_disk, rows, ((first, f), (second, 1.0 - f)))
             out[p.name] = BenchPlacement(p, Experiment.FIGURE3, f)
     for d1, d2 in cfg.delays_ms:
-        p = Placement(f"delay-{d1:g}-{d2:g}", ((first, "dram"), (second, "dram")), delays_ms=((first, d1), (second, d2)))
-        out[p.name] = BenchPlacement(p, Experiment.DELAY)
+        p = Placement(f"delay-{d1:g}-{d2:g}", ((first, "dram"), (second, "dram")))
+        out[p.name] = BenchPlacement(p, Experiment.DELAY, delays_ms=((first, d1), (second, d2)))
     return out
 
 

@@ -12,7 +12,8 @@ import numpy as np
 from benchmarks.e2e.analysis import exposure_fit, figure3_points, figure5_points, table2_rows
 from benchmarks.e2e.jobs import Experiment
 from benchmarks.e2e.run import Results
-from slacktier.serve.report import deadline_caveat, exactness_line, format_placement_table
+from benchmarks.rig.report import format_placement_table
+from slacktier.serve.report import deadline_caveat, exactness_line
 
 SECTION = "## End to end"
 

@@ -11,6 +11,8 @@ from typing import Any, Callable
 
 from benchmarks.e2e.config import E2EConfig
 from benchmarks.e2e.jobs import BenchPlacement, Experiment, Job, placements, plan_jobs
+from benchmarks.rig.placements import DelayedRowProvider
+from benchmarks.rig.records import record_from_json, record_to_json
 from slacktier.serve.runs import ReplayRig, RigConfig, RunRecord
 
 
@@ -41,7 +43,7 @@ class Results:
         return {"config": dataclasses.asdict(self.config), "layers": list(self.layers), "model": self.model,
                 "table_rows": list(self.table_rows), "stage_s": self.stage_s, "wall_s": self.wall_s,
                 "finished_utc": self.finished_utc,
-                "runs": [{"experiment": r.experiment.value, "split_f": r.split_f, "record": r.record.to_json()}
+                "runs": [{"experiment": r.experiment.value, "split_f": r.split_f, "record": record_to_json(r.record)}
                          for r in self.runs]}
 
     @classmethod
@@ -53,7 +55,7 @@ class Results:
             c[key] = tuple(c[key])
         c["delays_ms"] = tuple(tuple(d) for d in c["delays_ms"])
         return cls(E2EConfig(**c), tuple(doc["layers"]), doc["model"], tuple(doc["table_rows"]), doc["stage_s"],
-                   [E2ERun(Experiment(r["experiment"]), r["split_f"], RunRecord.from_json(r["record"]))
+                   [E2ERun(Experiment(r["experiment"]), r["split_f"], record_from_json(r["record"]))
                     for r in doc["runs"]], doc.get("wall_s", 0.0), doc.get("finished_utc", ""))
 
 
@@ -83,10 +85,13 @@ def run_all(cfg: E2EConfig, progress: bool = False,
     try:
         for i, job in enumerate(jobs):
             bp = places[job.placement]
-            rec = rig.run(job.workload, job.batch, bp.placement, job.rep, i, paired=job.paired)
+            delays = dict(bp.delays_ms)
+            rec = rig.run(job.workload, job.batch, bp.placement, job.rep, i, paired=job.paired,
+                          wrap=(lambda p, d=delays: DelayedRowProvider(p, d)) if delays else None)
+            rec.delays_ms = delays
             results.runs.append(E2ERun(bp.experiment, bp.split_f, rec))
             with partial.open("a") as f:   # survives an interrupted benchmark
-                f.write(json.dumps(rec.to_json(), default=float) + "\n")
+                f.write(json.dumps(record_to_json(rec), default=float) + "\n")
             if on_run is not None:
                 on_run(i, len(jobs), rec)
     finally:

@@ -4,7 +4,7 @@ The what-if's four TP ranks at B = 128 on `nvme-paper` ("both 1 disk" and "both 
 placement run twice per round, interleaved and shuffled:
 
     lane     the emulated queue's native lane: the cache's compiled pass records each layer's pages in the
-             queue's lane table (store.emulated, `_lane_submit`), and begin_step is one compiled call
+             queue's lane table (whatif.lane, `_lane_submit`), and begin_step is one compiled call
     python   every batch through `EmulatedSource.submit` (the thread queue's checks and copies, the device's
              timing record): the path before the lane, and the one a refused batch still takes. The benchmark
              turns the lane off by having `native_lane` answer None, as a source without one does.
@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: 
 from benchmarks._harness import (command_line, format_table, interleaved, machine, publish, utc_stamp,  # noqa: E402
                                  write_result)
 
-from slacktier.serve.whatif import WhatIfConfig, run_whatif, table2_placements  # noqa: E402
-from slacktier.store.emulated import EmulatedSource  # noqa: E402
+from slacktier.whatif.run import WhatIfConfig, run_whatif, table2_placements  # noqa: E402
+from slacktier.whatif.tier import EmulatedSource  # noqa: E402
 
 VARIANTS = ("lane", "python")
 SECTION = "## begin_step on the emulated tier: the native lane against Python's submit"

@@ -34,7 +34,7 @@ from benchmarks.paper.injected_delays import delay_prediction, run_delayed  # no
 from slacktier.plan.fit import fit_quality  # noqa: E402
 from slacktier.serve.predict import Job, planner_sweep  # noqa: E402
 from slacktier.serve.report import stat, timeline_table  # noqa: E402
-from slacktier.serve.tiers import Placement  # noqa: E402
+from slacktier.plan.placement import Placement  # noqa: E402
 from slacktier.serve.timeline import SweepConfig, timeline_placements  # noqa: E402
 
 SECTION = "## Step timeline: the planner's predictions"

@@ -33,7 +33,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 
-from slacktier.serve.whatif import WhatIfConfig, WhatIfPlacement, report, run_whatif, table2_placements  # noqa: E402
+from slacktier.whatif.report import report  # noqa: E402
+from slacktier.whatif.run import WhatIfConfig, WhatIfPlacement, run_whatif, table2_placements  # noqa: E402
 
 
 def share_sweep(model: str, fs: Sequence[float], disks: str, cache_rows: int = 1_000_000, first: int = 1,
@@ -118,10 +119,10 @@ def _mean_by_placement(rs) -> dict[str, dict]:
 
 
 def section_fit(args, out: Path) -> None:
-    from slacktier.serve.readfit import fit_tiers_file
+    from slacktier.probe.readfit import fit_tiers_file
 
     cfg = _base(args, "agent", 128)
-    from slacktier.serve.whatif import stage_table
+    from slacktier.whatif.run import stage_table
     _, manifest = stage_table(cfg)
     fit_tiers_file(manifest.path, ["disk"], out / "this-disk.tiers.toml", layers=(1, 14), runs=45,
                    max_pages=args.fit_max_pages, rank=0, command=command_line(__file__))
@@ -130,7 +131,7 @@ def section_fit(args, out: Path) -> None:
 def section_fit_timeline(args, out: Path) -> None:
     """`this-disk` fitted on real timeline runs other than the ones it is checked against: rank 0, both layers on
     this disk, chat at B=128 and agent at B=64 (about 765 and 380 pages per layer, around validate's 618). Each
-    step gives two equations of the emulated device's own terms (store.emulated: layer 1 submitted first, layer
+    step gives two equations of the emulated device's own terms (whatif.fluid: layer 1 submitted first, layer
     14 right behind it): T1 = a + b P1 + c P14 (layer 14's pages steal c each from layer 1) and T14 = a + b (P1 +
     P14) + c P14 (layer 14 waits for layer 1's pages by the queue order). Written to
     <out>/this-disk-timeline.toml; `validate --validate-model <that file>` checks it."""
@@ -166,11 +167,12 @@ def section_fit_timeline(args, out: Path) -> None:
         t1 = y[0::2][lo:hi]
         print(f"  {name}: layer 1 {x[0::2, 1][lo:hi].mean():.0f} pages in {t1.mean():.2f} ms mean "
               f"({1e3 * t1.sum() / x[0::2, 1][lo:hi].sum():.2f} us a page)", flush=True)
-    from slacktier.store.emulated import DeviceModel, device_model_toml
+    from slacktier.plan.readmodel import DeviceReadModel
+    from slacktier.whatif.models import DeviceModel, device_model_toml
 
     where = ", ".join(name for name, _, _ in spans)
     (out / "this-disk-timeline.toml").write_text(device_model_toml(DeviceModel(
-        "this-disk-timeline", a, 1e3 * b, 1e3 * c, 128, 1,
+        "this-disk-timeline", DeviceReadModel(a, b, b, c), 128, 1,
         f"fitted {utc_stamp()} on real timeline runs (rank 0, {where}, both layers on this disk), {len(y) // 2} "
         f"steps, R^2 {r2:.3f}")))
     print(f"wrote {out / 'this-disk-timeline.toml'}", flush=True)
@@ -188,7 +190,7 @@ def section_validate(args, out: Path) -> None:
                   WhatIfPlacement("real: both disk", both_real),
                   WhatIfPlacement("emulated: both disk", both_emu, on)]
     rs = _run(cfg, placements, args.runs, out, "validate")
-    from slacktier.serve.whatif import resolve_model
+    from slacktier.whatif.run import resolve_model
     print(resolve_model(model, cfg).describe(), flush=True)
     lines = [f"{'placement':30} {'runs':>4} {'stall ms per run':>32} {'mean':>6} {'spread':>6}"]
     for p in placements:
@@ -263,12 +265,10 @@ def _eq1_pct(summ: dict, model_name: str, sharing: int, windows: dict[int, float
     """Eq. 1 from the model (terms scaled to `sharing` ranks on a device) with the run's slowest-rank pages and
     resolve time `s_ms`: the chain traffic -> cache -> pages -> model -> stall, without the timeline."""
     from slacktier.plan.exposure import LayerRead, exposure
-    from slacktier.plan.readmodel import DeviceReadModel, LayerPages, read_times
-    from slacktier.store.emulated import load_device_model
+    from slacktier.plan.readmodel import LayerPages, read_times
+    from slacktier.whatif.models import load_device_model
 
-    m = load_device_model(model_name)
-    k = sharing / m.ranks_in_fit
-    dev = DeviceReadModel(m.intercept_ms, k * m.page_us / 1e3, k * m.page_us / 1e3, k * m.behind_page_us / 1e3)
+    dev = load_device_model(model_name).scaled(sharing)
     layers = [l for l in (1, 14) if f"pages_l{l}" in summ]
     # a shared device serves every rank's pages: its time follows the ranks' mean; one device per rank: the
     # slowest rank's own (runs saved before the mean was kept fall back to the slowest rank's)

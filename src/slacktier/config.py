@@ -114,8 +114,8 @@ class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     #: the whole table lives in host memory (the stock engines' own path: their plug-ins leave such layers alone)
     holds_host_copy: ClassVar[bool] = False
     #: what the tier's devices are: "host" (this process's memory), "file" (local files or block devices, the
-    #: manifest's targets), "remote" (servers named by the options' url), "model" (an emulated device: reads
-    #: land when a device model says, store/emulated.py)
+    #: manifest's targets), "remote" (servers named by the options' url), "model" (no medium of its own: reads
+    #: land when a device model says, over a host copy of the table; slacktier.whatif's "emulated" tier)
     device_kind: ClassVar[str] = "file"
     #: the options that hold file paths: relative ones are read from the control file's folder
     path_keys: ClassVar[tuple[str, ...]] = ()
@@ -237,6 +237,11 @@ RETIRED_TIERS: dict[str, str] = {
                      "modes; keys, loader and options are the same)"}
 
 
+#: tiers that a room above the store registers when it is imported, and that module: a control file naming one
+#: is refused until the module is imported, with a message that says so (the store does not know these tiers)
+TIER_MODULES: dict[str, str] = {"emulated": "slacktier.whatif"}
+
+
 def register_tier_options(name: str, options: type[Options]) -> None:
     """Make `[table.<name>]` parse into `options` (a frozen Options subclass)."""
     if not (isinstance(options, type) and issubclass(options, Options)):
@@ -278,6 +283,9 @@ def tier_options_type(name: str) -> type[Options]:
     what to write instead)."""
     if name in RETIRED_TIERS:
         raise _bad(f"tier {name!r} is retired", RETIRED_TIERS[name])
+    if name in TIER_MODULES and name not in _TIER_OPTIONS:
+        raise _bad(f"tier {name!r} is registered by {TIER_MODULES[name]}, which is not imported",
+                   f"import {TIER_MODULES[name]} before loading the control file (`slacktier whatif` does)")
     try:
         return _TIER_OPTIONS[name]
     except KeyError:

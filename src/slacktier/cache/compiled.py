@@ -6,9 +6,9 @@ This is the only way a step's lookups are resolved: the step engine's
 layers in window order; one call, `run_layers(ids, arr)`, then runs their
 passes (`cache.directory.resolve_layer`) and, right after each pass, hands
 that layer's pages to the C engine client of its device queue
-(`st_eng_submit`, called by address, see `store.uring_queue`; an emulated
-device's lane has a submit of the same signature, `store.emulated`, named per
-layer), so layer 1's reads are in flight while layer 14 is resolved, with no
+(`st_eng_submit`, called by address, see `store.uring_queue`; another
+queue's lane may give a submit of the same signature, store.devqueue.QueueLane,
+named per layer), so layer 1's reads are in flight while layer 14 is resolved, with no
 Python in between.
 
 The pass's array (`CompiledPass.arr`, int64) describes the step once, in the
@@ -18,9 +18,10 @@ page pool); each layer's record (`PASS_LAYER`) holds the addresses and lengths
 of its directory, owned slots, CLOCK state, geometry and scratch, and its C
 engine handle. The compiled code rebuilds the pass's structs from those
 addresses (`views.geo_view`, `cache_view`, `step_view`, `out_view`), so the
-call unboxes two arrays instead of 33 per layer. Each pass writes its counts (PassResult's fields), its C job and three
-clock readings into its row of `CompiledPass.out`, which `results` reads with
-one `tolist()` for all layers.
+call unboxes two arrays instead of 33 per layer. Each pass writes its counts
+(PassResult's fields), its C job and three clock readings into its row of
+`CompiledPass.out` (`views.Row`), which `results` reads with one `tolist()`
+for all layers.
 
 Stops: `run` starts at layer `start` and returns after the last layer
 (stop = layers), or early at layer i (stop = i, its pass done) with
@@ -294,7 +295,7 @@ class CompiledPass:
 
     def set_submit_fn(self, i: int, address: int) -> None:
         """The submit (st_eng_submit's signature) that takes layer i's pages: its NativeLane's `submit_address`
-        (st_eng_submit, or an emulated device's lane, store.emulated); 0, the default, leaves them to Python."""
+        (st_eng_submit, or another queue lane's of that signature); 0, the default, leaves them to Python."""
         self.plan.records[i]["submit_fn"] = address
 
     def run(self, ids: np.ndarray, start: int = 0) -> tuple[int, int]:

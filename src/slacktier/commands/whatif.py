@@ -1,4 +1,4 @@
-"""`slacktier whatif`: a placement's decode cost on emulated devices (slacktier.serve.whatif)."""
+"""`slacktier whatif`: a placement's decode cost on emulated devices (slacktier.whatif)."""
 
 from __future__ import annotations
 
@@ -71,7 +71,7 @@ def _layers(items: list[str], flag: str) -> list[int]:
 
 def placements_from_args(args: argparse.Namespace) -> list:
     """The placements the flags ask for (refusing one table on two devices, by layer)."""
-    from slacktier.serve.whatif import WhatIfPlacement, table2_placements
+    from slacktier.whatif.run import WhatIfPlacement, table2_placements
 
     emulated = _pairs(args.table, "--table", lambda v, f: v.strip())
     shares = _pairs(args.share, "--share", lambda v, f: finite_number(v, f"{f} share", 0.0, 1.0))
@@ -98,7 +98,8 @@ def placements_from_args(args: argparse.Namespace) -> list:
 
 def run(args: argparse.Namespace) -> int:
     """Check every argument, then stage (or reuse) the table, run, and print the report."""
-    from slacktier.serve.whatif import WhatIfConfig, report, run_whatif
+    from slacktier.whatif.report import report
+    from slacktier.whatif.run import WhatIfConfig, run_whatif
 
     placements = placements_from_args(args)
     cfg = WhatIfConfig(workdir=args.out, profile=args.profile, workload=args.workload, batch=args.batch,
@@ -114,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         # whatif works on the base install; its plot is the one part that needs an extra: said, not refused
         print("no plot: matplotlib is not installed (pip install 'slacktier[workloads]', or pass --no-plot)")
     elif not args.no_plot:
-        from slacktier.serve.whatif import plot_whatif
+        from slacktier.whatif.report import plot_whatif
 
         print(f"wrote {plot_whatif(cfg, runs, args.plot or Path(args.out) / 'whatif.png')}")
     return 0

@@ -539,8 +539,7 @@ class StepEngine:
         """begin_step's passes and submissions: the cache's compiled pass over every layer (cache.compiled);
         Python runs between layers only where a layer's pages go to a source without a C engine, or an id is
         bad. The passes' results and the booking of their C jobs wait for the step's first gather
-        (`_take_results`): the reads are in flight once the call returns, and what is left is bookkeeping.
-        A lane whose device times the step's jobs only once booked (an emulated one) has them booked here."""
+        (`_take_results`): the reads are in flight once the call returns, and what is left is bookkeeping."""
         plan = self._plan
         if plan is None or plan.cp.stale() or plan.pool is not self._pool:
             plan = self._plan = self._build_plan()
@@ -564,9 +563,8 @@ class StepEngine:
                 for lane, _ in plan.natives[:held]:
                     lane.lock.release()
             self._unread = min(stop + 1, n_layers)   # layers before this one have results to take
-            # Taken now where a lane needs its jobs booked before begin_step returns (NativeLane.book_in_pass),
-            # or where layer `stop` stopped the call: an id outside its table, or pages for Python to submit.
-            if plan.book_in_pass or stop < n_layers:
+            # Taken now where layer `stop` stopped the call: an id outside its table, or pages for Python to submit.
+            if stop < n_layers:
                 self._take_results()
             if self.check:
                 for run in runs[start:self._unread]:
@@ -613,7 +611,7 @@ class StepEngine:
         natives: dict[int, tuple[object | None, list[int]]] = {}   # per source: its NativeLane or None, its layers
         for i, run in enumerate(runs):
             source = run.spec.source
-            if id(source) not in natives:   # native_lane: a capability of io_uring disk and emulated sources
+            if id(source) not in natives:   # native_lane: a capability of sources whose queue has a lane
                 make = getattr(source, "native_lane", None)
                 natives[id(source)] = (make() if callable(make) else None, [])
             lane, layers = natives[id(source)]
@@ -624,11 +622,10 @@ class StepEngine:
             [PassLayer(run.spec.layer, run.axis, run.spec.geometry, run.scratch) for run in runs],
             columns=self.columns, owned_only=self.owned_only, lossy=self.lossy, pad_id=self.pad_id,
             pool_base=self._pool.base, pool_buffers=self._pool.capacity)
-        for i, lane in enumerate(lanes):   # each lane's own submit: st_eng_submit, or an emulated device's
+        for i, lane in enumerate(lanes):   # each lane's own submit: st_eng_submit, or another of its signature
             if lane is not None:
                 cp.set_submit_fn(i, lane.submit_address)
-        return _Plan(cp, self._pool, runs, lanes, [(lane, layers) for lane, layers in natives.values() if lane],
-                     any(lane is not None and lane.book_in_pass for lane in lanes))
+        return _Plan(cp, self._pool, runs, lanes, [(lane, layers) for lane, layers in natives.values() if lane])
 
     def _refuse_row(self, run: _LayerRun, lookups: np.ndarray, bad: int) -> None:
         spec = run.spec
@@ -888,9 +885,8 @@ class _Plan:
     cp: CompiledPass
     pool: PageBufferPool            # the page pool it names; a new pool needs a new plan
     runs: list[_LayerRun]           # the engine's layer runs, in window order
-    lanes: list[object | None]      # their sources' NativeLane (store.disk, store.emulated), None: Python submits
+    lanes: list[object | None]      # their sources' NativeLane (store.disk), None: Python submits
     natives: list[tuple[object, list[int]]]   # (NativeLane, the indices of its layers), one per such client
-    book_in_pass: bool = False      # a lane needs its jobs booked before begin_step returns
 
 
 @dataclass

@@ -23,3 +23,12 @@ PAPER_NVME_INTERCEPT_MS = 0.30          # ms, a
 PAPER_NVME_PAGE_MS = 3.05e-3            # ms per page of the layer itself, b
 PAPER_NVME_AHEAD_PAGE_MS = 3.05e-3      # ms per page queued ahead (the paper's "waits behind layer 1"), c
 PAPER_NVME_BEHIND_PAGE_MS = 0.37e-3     # ms per page queued behind (the paper's fitted 0.37 us)
+
+# ---- the paper's devices as the what-if emulates them (slacktier.whatif.models) ----------------------------
+PAPER_NVME_RANKS = 4                    # TP ranks that shared the one NVMe when the read-time model was fitted
+PAPER_NVME_QUEUE_DEPTH = 128            # reads in flight the emulated NVMe records (the terms hold at it)
+# RDMA reads (paper section 6.8): 600-740 pages per rank and layer land in 0.21-0.25 ms, one 400 Gb/s NIC per
+# rank, 4 threads x 2 queue pairs. No contention term is stated (layer 14's reads are "fully hidden").
+PAPER_RDMA_PAGES = (600, 740)           # pages per rank and layer, the two ends of the paper's range
+PAPER_RDMA_MS = (0.21, 0.25)            # ms for those pages
+PAPER_RDMA_QUEUE_DEPTH = 8              # reads in flight per rank: 4 threads x 2 queue pairs

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from slacktier.errors import optional_import
 from slacktier.serve.report import wrap
-from slacktier.serve.tiers import Placement
+from slacktier.plan.placement import Placement
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
 
 

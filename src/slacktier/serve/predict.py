@@ -1,12 +1,12 @@
-"""The planner's prediction of the step timeline, made before the runs (issue 13, item 5).
+"""The planner's prediction of the step timeline, made before the timed runs.
 
 Prediction of one (placement, B) on a profile, from inputs fixed before any timed run:
 
     windows W_l        the profile at B (serve.timeline.ComputeProfile.times)
     read-time model    per tier, the device read model (plan.readmodel: T_l = a + b P_l + c P_ahead +
-                       c_behind P_behind) from the read fit (serve.readfit.read_fit, what `slacktier probe
-                       --read-fit` runs) on the staged table's own regions, through the tier's page sources as
-                       the engine opens them
+                       c_behind P_behind) fitted to the tier's reads of the staged table's own regions
+                       (probe.readfit.read_fit, what `slacktier probe --read-fit` runs), through the tier's page
+                       sources as the engine opens them
     pages P_l          miss-page curves P_l(rows) of the FIT half of the traffic (`fit_miss_curves`), replayed
                        with the timeline's protocol (same B, same turns; the served cache's CLOCK); the timed runs
                        replay the held-out half
@@ -14,23 +14,17 @@ Prediction of one (placement, B) on a profile, from inputs fixed before any time
     kappa              the mean residual over the fit configurations (plan.fit.fit_kappa)
 
 and then plan.planner.predict_fixed_placement (the planner's own path: plan.exposure.device_exposure, Eq. 1
-generalized) gives the stall per step. Only s and kappa come from timed runs, and only from the fit
-configurations (`Calibration`); every other run is held out and scored with plan.fit.fit_quality.
+generalized) gives the stall per step, exactly as `slacktier plan` and `inspect` predict it. Only s and kappa
+come from timed runs, and only from the fit configurations (`Calibration`); every other run is held out and
+scored with plan.fit.fit_quality.
 
-One model, the planner's: this module used to keep its own per-position models (T_first and T_second, each
-a + b_first P_first + b_second P_second), because the planner's first tier form (a + b (P_l + pages ahead) +
-c pages behind) made a table submitted second pay b for every page of the first, which this VM's disk, serving
-the engine's two sources side by side, does not do (held-out R^2 0.903 against 0.961, BENCHMARKS.md, "Step
-timeline: the planner's predictions", 14:30 run). The device model has its own term for pages queued ahead
-(c), so the timeline is now predicted exactly as `slacktier plan` and `inspect` predict it. What that costs on
-today's per-table queues: the per-position models also give the first layer's own pages a higher cost than the
-second's, and predicted held-out reads better (RMSE 6.50 against 7.34 ms and 9.18 against 10.15 ms,
-BENCHMARKS.md, "The planner's read-time model on this disk"); one deadline-ordered queue per device should
-remove that asymmetry.
+The tables of a step share each device's one deadline-ordered queue, so a table submitted second pays for the
+pages queued ahead of it (c) and the first pays only what the pages behind it still cost (c_behind): the
+model's ahead and behind terms, fitted on the same queue.
 
 Injected delays (the paper's Table 3) are an experiment beside its benchmark,
 benchmarks/paper/injected_delays.py: `run_jobs` and `planner_sweep` run a job with delays through the `delayed`
-runner they are given (issue 29).
+runner they are given.
 """
 
 from __future__ import annotations
@@ -45,11 +39,12 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.curves import MissCurve, MissCurves
 from slacktier.plan.exposure import LayerRead
 from slacktier.plan.fit import FitQuality, Run, fit_kappa, fit_quality
+from slacktier.plan.placement import Placement
 from slacktier.plan.planner import predict_fixed_placement
+from slacktier.plan.readfit import TierReadFit
 from slacktier.plan.tiers import TierSpec
-from slacktier.serve.readfit import TierReadFit, read_fit
 from slacktier.plan.types import TableDemand
-from slacktier.serve.tiers import Placement
+from slacktier.probe.readfit import read_fit
 from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, SweepRun, TimelineRunner,
                                       TimelineStep, summarize)
 
@@ -175,7 +170,7 @@ def predict(inputs: PlannerInputs, placement: Placement, batch: int, cal: Calibr
     missing = sorted({placement.tier(l) for l in layers} - set(inputs.tiers))
     if missing:
         raise SlackTierError(ErrorKind.MISSING, f"placement {placement.name} uses tiers {missing} without a "
-                             "read-time model", fix="run the read fit (serve.readfit.read_fit) on every tier of the "
+                             "read-time model", fix="run the read fit (probe.readfit.read_fit) on every tier of the "
                              "sweep")
     s = cal.resolve_ms(batch) if cal else 0.0
     kappa = cal.kappa_ms if cal else 0.0

@@ -1,7 +1,7 @@
-"""What a person reads about served runs: one row per placement (the Table 2 layout), the demo's report.
+"""What a person reads about served runs: one row per placement, the demo's report, the step timeline's table.
 
-The demo prints these tables; the end-to-end harness (benchmarks/e2e/) prints
-the same table for Table 2 and adds its figures and the model's fit.
+The demo prints these tables; the end-to-end harness (benchmarks/e2e/) builds
+its wider Table 2 layout (benchmarks/rig/report.py) from the same rows.
 """
 
 from __future__ import annotations
@@ -143,26 +143,6 @@ def placement_rows(paired: Sequence[RunRecord], alone: Sequence[RunRecord] = (),
             ttft_ms=one.ttft_p50_ms if one else NAN, rss_gib=one.rss_peak_gib if one else NAN,
             layers=layers, mismatch_steps=sum(r.mismatch_steps for r in rs)))
     return rows
-
-
-def format_placement_table(rows: Sequence[PlacementRow], layers: Sequence[int]) -> str:
-    """The placement table: overhead vs the DRAM table (mean, min..max), step times, memory, per-layer hits,
-    pages, read and wait times, TPOT/TTFT, and whether every step's logits matched the DRAM table's."""
-    l1, l2 = layers[:2]
-    lines = [f"{'workload':8} {'placement':16} {'overhead':>8} {'min..max':>14} {'step':>7} {'DRAM':>7} "
-             f"{'(p99)':>8} {'RSS GiB':>7} {f'hit L{l1}':>7} {f'hit L{l2}':>7} {f'pg L{l1}':>6} "
-             f"{f'pg L{l2}':>6} {f'read L{l1}':>7} {f'read L{l2}':>7} {f'wait L{l1}':>7} {f'wait L{l2}':>7} "
-             f"{'TPOT':>6} {'TTFT':>6} {'exact':>5}"]
-    for row in rows:
-        o = row.overhead_pct
-        a, b = row.layers.get(l1, LayerStats()), row.layers.get(l2, LayerStats())
-        lines.append(
-            f"{row.workload:8} {row.placement:16} {o[0]:+7.1f}% {o[1]:+6.1f}..{o[2]:<+6.1f} "
-            f"{row.step_ms:7.1f} {row.base_ms:7.1f} {fmt_ms(row.p99_ms):>8} {fmt_num(row.rss_gib, 2):>7} "
-            f"{fmt_pct(a.hit_rate):>7} {fmt_pct(b.hit_rate):>7} {fmt_num(a.pages, 0):>6} {fmt_num(b.pages, 0):>6} "
-            f"{fmt_ms(a.read_ms):>7} {fmt_ms(b.read_ms):>7} {fmt_ms(a.wait_ms):>7} {fmt_ms(b.wait_ms):>7} "
-            f"{fmt_ms(row.tpot_ms):>6} {fmt_num(row.ttft_ms, 0):>6} {'yes' if row.mismatch_steps == 0 else 'NO':>5}")
-    return "\n".join(lines)
 
 
 def exactness_line(records: Sequence[RunRecord]) -> str:

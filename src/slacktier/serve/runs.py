@@ -13,21 +13,22 @@ harness (benchmarks/e2e/) runs many, with the same rig.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Callable
 
 import numpy as np
 import torch
 
 from slacktier.engine.counters import LayerCounters
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.models.rows import RowProvider
+from slacktier.plan.placement import Placement
 from slacktier.serve.loop import LoopConfig, ReplayResult, StepRecord, replay
-from slacktier.serve.tiers import Placement, TierSet
+from slacktier.serve.tiers import TierSet
 from slacktier.workloads.sessions import TokenSession
 
 NAN = math.nan
@@ -104,19 +105,6 @@ class RunRecord:
     delays_ms: dict[int, float] = field(default_factory=dict)  # layer -> injected hand-out delay (delay runs only)
     digest: str = ""
 
-    def to_json(self) -> dict[str, Any]:
-        """Plain data for JSON (layer keys become strings there)."""
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: dict[str, Any]) -> RunRecord:
-        """The record `to_json` wrote, after a JSON round trip (layer keys back to ints)."""
-        d = dict(doc)
-        d["layers"] = {int(l): LayerStats(**v) for l, v in d.get("layers", {}).items()}
-        d["step_reads_ms"] = [{int(l): float(v) for l, v in st.items()} for st in d.get("step_reads_ms", [])]
-        d["delays_ms"] = {int(l): float(v) for l, v in d.get("delays_ms", {}).items()}
-        return cls(**d)
-
 
 def clip_sessions(sessions, max_tokens: int | None, max_turns: int | None) -> list[TokenSession]:
     """Each session cut to its first turns that end within `max_tokens` (at most `max_turns`); empty ones dropped.
@@ -188,15 +176,16 @@ class ReplayRig:
         return self._sessions[key]
 
     def run(self, workload: str, batch: int, placement: Placement, rep: int = 0, order: int = 0,
-            paired: bool = True) -> RunRecord:
-        """One replay under one placement; paired: side by side with the DRAM table, step by step."""
+            paired: bool = True, wrap: Callable[[RowProvider], RowProvider] | None = None) -> RunRecord:
+        """One replay under one placement; paired: side by side with the DRAM table, step by step. `wrap` wraps
+        the placement's provider (TierSet.provider)."""
         from slacktier.workloads.replay import ReplayConfig, replay_steps
 
         if batch > self.cfg.max_batch:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"batch {batch} above the rig's max_batch {self.cfg.max_batch}",
                                  fix="build the rig with a larger max_batch")
         paired = paired and not placement.stock
-        provider = self.tiers.provider(placement, keep_stock=paired)
+        provider = self.tiers.provider(placement, keep_stock=paired, wrap=wrap)
         arms = [self.tiers.stock_provider(), provider] if paired else None
         self.runner.set_provider(provider)
         sessions = self.sessions_for(workload, batch)
@@ -213,7 +202,7 @@ class ReplayRig:
         res = replay(self.runner, sessions, replay_steps(sessions, self.hasher, rc), rc.decode_tokens,
                      LoopConfig(record_digests=True), step_stats=stats, arms=arms)
         rec = RunRecord(workload, batch, placement.name, rep, order, paired=paired,
-                        wall_s=time.perf_counter() - t0, delays_ms=dict(placement.delays_ms))
+                        wall_s=time.perf_counter() - t0)
         summarize(rec, res, batch, self.layer_ids)
         return rec
 

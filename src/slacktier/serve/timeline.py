@@ -483,7 +483,7 @@ class SweepConfig:
 def timeline_placements(first: int, second: int, cache_rows: int, remote: bool = False) -> list:
     """Short-window layer in DRAM + long on disk; both on disk uncached; cache on the long layer only; split;
     with `remote`, the same shapes with the Redis Cluster tier in place of the disk."""
-    from slacktier.serve.tiers import Placement
+    from slacktier.plan.placement import Placement
 
     out = []
     for tier, name in (("disk", "disk"), *((("redis", "remote"),) if remote else ())):

@@ -45,7 +45,7 @@ import stat
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -82,6 +82,23 @@ def physical_device(fd: int) -> Device:
     except (OSError, ValueError):
         name = f"{major}:{minor}"
     return Device(number, name)
+
+
+class QueueLane(Protocol):
+    """A queue client that compiled code submits to directly, without entering Python (`DeviceQueue.native_lane`).
+
+    `submit_address` is a function with st_eng_submit's C signature (store/csrc); compiled code calls it with
+    `handle()`, taken for each call under the client's source lock. `book` makes a job that call returned a job
+    of the queue, to `wait` on and `release` like one from `submit`.
+    """
+
+    submit_address: int
+
+    def handle(self) -> int:
+        """The word compiled code passes the submit function for its next call."""
+
+    def book(self, job: int, pool: PageBufferPool) -> int:
+        """The queue's job for job `job` that compiled code queued into `pool`."""
 
 
 @dataclass(frozen=True)
@@ -149,6 +166,10 @@ class DeviceQueue(abc.ABC):
     def close(self) -> None:
         """Finish queued jobs and stop the workers (idempotent)."""
 
+    def native_lane(self, client: int) -> QueueLane | None:
+        """Capability: the client's lane for compiled code, or None where every batch goes through `submit`."""
+        return None
+
     # -- capabilities for tests and benchmarks ------------------------------------------------------------
 
     @abc.abstractmethod
@@ -167,6 +188,8 @@ class DeviceQueue(abc.ABC):
 #: the ioprio value of each class, level 0 (linux/ioprio.h: class << 13)
 IO_CLASSES = {"": 0, "rt": 1 << 13, "be": 2 << 13, "idle": 3 << 13}
 
+#: the process's queue per (engine, device): global because the device is, and every table of the process that
+#: reads it must share its one admission order
 _queues: dict[tuple[str, int], DeviceQueue] = {}
 _lock = threading.Lock()
 

@@ -49,7 +49,8 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets, timeout_error
 from slacktier.store._native import probe_io_uring
 from slacktier.store.base import PageBufferPool, PageReads, ReadStats
-from slacktier.store.devqueue import Device, DeviceQueue, acquire_queue, physical_device, release_queue
+from slacktier.store.devqueue import (Device, DeviceQueue, QueueLane, acquire_queue, physical_device,
+                                      release_queue)
 from slacktier.store.pread_queue import PreadQueue
 from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
@@ -84,35 +85,30 @@ class _Ticket:
 
 
 class NativeLane:
-    """A DiskSource's one io_uring client, for compiled code that queues batches on it (`DiskSource.native_lane`).
+    """A DiskSource's one queue client, for compiled code that queues batches on it (`DiskSource.native_lane`).
 
-    Hold `lock` (the source's) around the compiled call: `handle()` is then the client's address, or 0 when
-    batches must go through `submit` (the source is closed, or timed-out jobs wait to be reaped); this keeps a
-    concurrent submit or close from interleaving with the call. `adopt`, under the lock again, books a job the
-    call queued as a ticket of the source; until then the job is the C engine's alone, so a caller books
-    every job before it waits for the step's reads or closes the source (the step engine: at its first gather,
-    end_step or abort). `submit_address` is the function compiled code calls with the handle: st_eng_submit
-    here, a submit of the same C signature on an emulated device (store.emulated.EmulatedLane).
+    Hold `lock` (the source's) around the compiled call: `handle()` is then the word the call passes
+    `submit_address`, or 0 when batches must go through `submit` (the source is closed, or timed-out jobs wait to
+    be reaped); this keeps a concurrent submit or close from interleaving with the call. `adopt`, under the lock
+    again, books a job the call queued as a ticket of the source; until then the job is the queue's alone, so a
+    caller books every job before it waits for the step's reads or closes the source (the step engine: at its
+    first gather, end_step or abort). The queue's lane (store.devqueue.QueueLane) says what the submit is:
+    st_eng_submit on an io_uring client.
     """
 
-    #: whether the caller books the call's jobs before begin_step returns: False for io_uring, whose C engine
-    #: queues and times them on its own; an emulated device (store.emulated) times a TP step's batches once every
-    #: rank's host pass is done, so it needs them booked by then
-    book_in_pass = False
-
-    def __init__(self, source: DiskSource, lock: threading.Lock, submit_address: int, client: int) -> None:
+    def __init__(self, source: DiskSource, lock: threading.Lock, lane: QueueLane) -> None:
         self.source = source
         self.lock = lock
-        self.submit_address = submit_address   # st_eng_submit's, called by address
-        self._client = client
+        self.lane = lane
+        self.submit_address = lane.submit_address   # called by address
 
     def handle(self) -> int:
-        """The client's address, or 0 when the caller must use `submit` (lock held)."""
-        return 0 if self.source.busy_or_closed() else self._client
+        """The word for the next compiled call, or 0 when the caller must use `submit` (lock held)."""
+        return 0 if self.source.busy_or_closed() else self.lane.handle()
 
     def adopt(self, job: int, pages: int, pool: PageBufferPool) -> int:
         """Book a job compiled code queued on this client (lock held); its ticket for `DiskSource.wait`."""
-        return self.source.book_native(job, pages, pool)
+        return self.source.book_native(self.lane.book(job, pool), pages, pool)
 
 
 class DiskSource(RegionSource):
@@ -165,6 +161,7 @@ class DiskSource(RegionSource):
         # one device holds all our regions, in order (its client's region i is ours): a batch goes over as it is
         self._direct = self._attached[0] if len(self._attached) == 1 else None
         self.devices = [att.queue.device.name for att in self._attached]
+        self.engine_name = self._attached[0].queue.engine_name   # what moves the bytes: the queues' engine
         log.info("DiskSource: engine %s, %d regions on device(s) %s, queue depth %d, %d worker(s) per device",
                  self.engine_name, len(self.regions), ", ".join(self.devices), self._attached[0].queue.queue_depth,
                  self._attached[0].queue.io_threads)
@@ -301,11 +298,12 @@ class DiskSource(RegionSource):
                                          ("io_threads", o.io_threads, att.queue.io_threads)) if asked != kept]
 
     def queue_engine(self) -> type[DeviceQueue]:
-        """The device-queue class of the chosen engine (store/emulated.py's tier serves its own)."""
+        """The device-queue class of the chosen engine (a tier built on this one may serve its own)."""
         return _QUEUES[self.engine_name]
 
     def device_of(self, fd: int) -> Device:
-        """The device whose queue serves a region file (its physical device; an emulated tier names its own)."""
+        """The device whose queue serves a region file (its physical device; a tier built on this one may name
+        its own)."""
         return physical_device(fd)
 
     def _detach(self) -> None:
@@ -367,21 +365,19 @@ class DiskSource(RegionSource):
         return self._book.closed or bool(self._abandoned)
 
     def book_native(self, job: int, pages: int, pool: PageBufferPool) -> int:
-        """Book a job that compiled code queued on our one io_uring client (lock held); its ticket."""
-        att = self._direct
-        assert att is not None and isinstance(att.queue, UringQueue)
-        att.queue.book(pool)
-        return self._new_ticket(_Ticket([(att, job, pages)], pool, pages))
+        """Book a queue job that compiled code queued on our one client (lock held); its ticket."""
+        return self._new_ticket(_Ticket([(self._direct, job, pages)], pool, pages))
 
     def native_lane(self) -> NativeLane | None:
-        """Capability: compiled code may queue batches straight on this source's io_uring client
-        (cache.compiled); None when every batch must go through `submit` (the thread engine, regions on
-        several devices, or a subclass that overrides `submit`, such as a test's fault injector, which must
-        see every batch)."""
+        """Capability: compiled code may queue batches straight on this source's one queue client
+        (cache.compiled), where that queue offers a lane (io_uring's does); None when every batch must go
+        through `submit` (the thread engine, regions on several devices, or a subclass that overrides `submit`,
+        such as a test's fault injector, which must see every batch)."""
         att = self._direct
-        if att is None or not isinstance(att.queue, UringQueue) or type(self).submit is not DiskSource.submit:
+        if att is None or type(self).submit is not DiskSource.submit:
             return None
-        return NativeLane(self, self._lock, att.queue.submit_address, att.client)
+        lane = att.queue.native_lane(att.client)
+        return None if lane is None else NativeLane(self, self._lock, lane)
 
     def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
         """Block until the batch landed in the pool (GIL released); raise naming layer/rank/page on a bad read."""

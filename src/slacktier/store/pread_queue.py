@@ -42,7 +42,10 @@ class _Client:
 
 
 @dataclass(eq=False)
-class _Job:
+class PreadJob:
+    """One queued batch, as `read_chunk` gets it: the client's region, page and buffer of each read, the pool it
+    reads into, and `res`, where each read's result goes (bytes, or -errno)."""
+
     client: int
     region: np.ndarray
     page: np.ndarray
@@ -63,7 +66,7 @@ class PreadQueue(DeviceQueue):
     """A device's reads through os.preadv threads, one admission order."""
 
     engine_name: ClassVar[str] = "threads"
-    #: reads a thread takes from the queue at a time (a subclass that copies instead of reading takes more)
+    #: reads a thread takes from the queue at a time (a subclass whose reads are memory copies may take more)
     chunk_reads: ClassVar[int] = CHUNK_READS
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
@@ -71,9 +74,9 @@ class PreadQueue(DeviceQueue):
         lock = threading.Lock()
         self._work = threading.Condition(lock)
         self._done = threading.Condition(lock)
-        self._queue: list[tuple[int, int, _Job]] = []   # heap of (priority, arrival, job)
-        self._active: list[tuple[int, _Job]] = []         # jobs with reads handed out, not all landed
-        self._jobs: dict[int, _Job] = {}
+        self._queue: list[tuple[int, int, PreadJob]] = []   # heap of (priority, arrival, job)
+        self._active: list[tuple[int, PreadJob]] = []         # jobs with reads handed out, not all landed
+        self._jobs: dict[int, PreadJob] = {}
         self._clients: dict[int, _Client] = {}
         self._next = 1
         self._stop = False
@@ -126,13 +129,30 @@ class PreadQueue(DeviceQueue):
                     return -(int(bad[0]) + 1)
             return self._enqueue(client, region, page, buffer, pool, time.perf_counter_ns())
 
+    def new_job(self) -> int:
+        """A job number for a batch to `enqueue` later (a batch checked and timed elsewhere, such as one compiled
+        code recorded); raises CLOSED once the queue is closed."""
+        with self._work:
+            if self._stop:
+                raise SlackTierError(ErrorKind.CLOSED, "the device queue is closed", fix="open a new source")
+            job = self._next
+            self._next += 1
+            return job
+
+    def enqueue(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool: PageBufferPool,
+                submit_ns: int, priority: int, job: int) -> None:
+        """Queue a batch already checked against the client's regions and the pool (arrays the queue may keep),
+        submitted at `submit_ns` (perf_counter_ns), with admission `priority`, as job `job` from `new_job`."""
+        with self._work:
+            self._enqueue(client, region, page, buffer, pool, submit_ns, priority, job)
+
     def _enqueue(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool: PageBufferPool,
                  submit_ns: int, priority: int | None = None, handle: int = 0) -> int:
         """Queue a checked batch (our own copies of its arrays) submitted at `submit_ns`, of `priority` (None: its
         regions'), as job `handle` (0: a new one); its job (lock held)."""
         c = self._clients[client]
         n = region.shape[0]
-        job = _Job(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32), submit_ns)
+        job = PreadJob(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32), submit_ns)
         if not handle:
             handle = self._next
             self._next += 1
@@ -147,6 +167,21 @@ class PreadQueue(DeviceQueue):
             if not self._held:   # a held queue's workers would wake only to wait again (hold(False) wakes them)
                 self._work.notify_all()
         return handle
+
+    def submitted_ns(self, job: int) -> int:
+        """When job `job` was queued (perf_counter_ns)."""
+        with self._work:
+            return self._jobs[job].submit_ns
+
+    @property
+    def held(self) -> bool:
+        """Whether the queue is held (`hold`): it admits no read."""
+        return self._held
+
+    def drain(self) -> None:
+        """Block until no read is queued or in flight (a held queue's reads wait for its release), or it closed."""
+        with self._done:
+            self._done.wait_for(lambda: self._stop or not (self._queue or self._active))
 
     def _worker(self) -> None:
         while True:
@@ -178,7 +213,7 @@ class PreadQueue(DeviceQueue):
                     self._land(job)
                     self._work.notify_all()   # a job held back behind it may start
 
-    def _land(self, job: _Job) -> None:
+    def _land(self, job: PreadJob) -> None:
         """Every read of `job` has its result: mark it done and find its first bad read once, here rather than in
         each wait (lock held)."""
         bad = np.flatnonzero(job.res != PAGE_BYTES)
@@ -188,7 +223,7 @@ class PreadQueue(DeviceQueue):
         self._active = [(p, j) for p, j in self._active if j is not job]
         self._done.notify_all()
 
-    def read_chunk(self, client: int, c: _Client, job: _Job, lo: int, hi: int) -> None:
+    def read_chunk(self, client: int, c: _Client, job: PreadJob, lo: int, hi: int) -> None:
         """Read the job's reads lo..hi-1 into its pool, each result in job.res (bytes or -errno); no lock held."""
         pages = job.pool.pages
         for i in range(lo, hi):
@@ -199,7 +234,7 @@ class PreadQueue(DeviceQueue):
             except OSError as exc:
                 job.res[i] = -(exc.errno or 5)
 
-    def _blocked(self, head: tuple[int, int, _Job]) -> bool:
+    def _blocked(self, head: tuple[int, int, PreadJob]) -> bool:
         """Strict window order, as the io_uring queue keeps it: a job's first read waits while a job of an
         earlier priority has reads in flight (lock held)."""
         priority, _, job = head
@@ -251,8 +286,8 @@ class PreadQueue(DeviceQueue):
         with self._work:
             self._held = on
             # Wake the threads only when a release leaves them reads to take: a waiting thread has nothing to do
-            # with a hold, and each one woken takes the interpreter from whoever runs next (the emulated devices
-            # hold and release their queues around every what-if step, right before a rank's host pass).
+            # with a hold, and each one woken takes the interpreter from whoever runs next (a caller that holds
+            # and releases a queue around every step, right before a host pass, pays for each one).
             if not on and self._queue:
                 self._work.notify_all()
 

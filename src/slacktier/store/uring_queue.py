@@ -72,6 +72,10 @@ class UringQueue(DeviceQueue):
             else:
                 held[1] += 1
 
+    def native_lane(self, client: int) -> _UringLane:
+        """The client's lane: compiled code calls st_eng_submit with the client's handle."""
+        return _UringLane(self, client)
+
     def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray,
                pool: PageBufferPool) -> int:
         job = self.engine.submit(client, region, page, buffer, pool.base, pool.capacity)
@@ -148,3 +152,19 @@ class UringQueue(DeviceQueue):
         with self._lock:
             handles = np.array(self._client_of_id, dtype=np.int64)
         return handles[ids], region, page
+
+
+class _UringLane:
+    """One io_uring client as a QueueLane: the C engine queues each batch itself; booking counts its pool."""
+
+    def __init__(self, queue: UringQueue, client: int) -> None:
+        self.queue = queue
+        self.client = client
+        self.submit_address = queue.submit_address
+
+    def handle(self) -> int:
+        return self.client
+
+    def book(self, job: int, pool: PageBufferPool) -> int:
+        self.queue.book(pool)
+        return job

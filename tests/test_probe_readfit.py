@@ -1,4 +1,5 @@
-"""The read fit (serve.readfit, `slacktier probe --read-fit`) on a real staged table and real page sources.
+"""The read fit (`slacktier probe --read-fit`: probe.reads measures, plan.readfit fits, probe.readfit writes the
+tiers file) on a real staged table and real page sources, and the fit alone on reads made to a known model.
 
 No wall-clock assertions: the tests check what is measured and written (shapes, counts, the model the file
 carries, that plan reads it back), not how fast the reads were.
@@ -14,7 +15,9 @@ import pytest
 from slacktier import cli
 from slacktier.errors import SlackTierError
 from slacktier.plan import TIERS_FORMAT, DeviceReadModel, TierSpec, device_design, load_tiers, write_tiers
-from slacktier.serve.readfit import MIN_READ_FIT_RUNS, describe_fit, read_fit
+from slacktier.plan.readfit import MIN_READ_FIT_RUNS, describe_fit, fit_read_runs
+from slacktier.probe.reads import ReadRuns
+from slacktier.probe.readfit import read_fit
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +47,21 @@ def test_read_fit_on_a_staged_table_gives_the_tiers_device_model(staged, tier):
     assert fit.runs.csv().splitlines()[0] == "run,pages_l1,pages_l14,read_ms_l1,read_ms_l14"
     with pytest.raises(SlackTierError, match=f"at least {MIN_READ_FIT_RUNS} runs"):
         read_fit("dram", staged, (1, 14), runs=5)
+
+
+def test_the_fit_alone_recovers_the_model_the_reads_were_made_with():
+    """The worked example of plan.readfit.fit_read_runs: exact reads of a known model give that model back."""
+    rng = np.random.default_rng(3)
+    pages = rng.integers(1, 500, size=(12, 2)).astype(np.float64)
+    read_ms = np.stack([0.3 + 0.02 * pages[:, 0] + 0.01 * pages[:, 1],
+                        0.3 + 0.02 * pages[:, 1] + 0.015 * pages[:, 0]], axis=1)
+    f = fit_read_runs(ReadRuns("disk", (1, 14), pages, read_ms), measured="by hand")
+    m = f.spec.read
+    assert (m.intercept_ms, m.page_ms, m.ahead_page_ms, m.behind_page_ms) == pytest.approx((0.3, 0.02, 0.015, 0.01))
+    assert not f.spec.holds_table and f.spec.fit.measured == "by hand"
+    assert (f.spec.fit.runs, f.spec.fit.held_out_runs) == (8, 4) and f.fit.held_out.rmse_ms == pytest.approx(0, abs=1e-9)
+    with pytest.raises(SlackTierError, match=f"at least {MIN_READ_FIT_RUNS} runs"):
+        fit_read_runs(ReadRuns("disk", (1, 14), pages[:5], read_ms[:5]))
 
 
 def test_probe_read_fit_writes_a_tiers_file_that_plan_reads(staged, tmp_path, capsys):
@@ -111,7 +129,8 @@ def test_a_read_fit_below_the_trusted_r2_warns_and_its_scatter_is_drawn(staged, 
     import dataclasses
 
     from slacktier.plan.fit import FitQuality
-    from slacktier.serve.readfit import TRUSTED_HELD_OUT_R2, fit_warning, plot_read_fit, predicted_read_ms
+    from slacktier.plan.readfit import TRUSTED_HELD_OUT_R2, fit_warning, predicted_read_ms
+    from slacktier.probe.readfit import plot_read_fit
 
     fit = read_fit("dram", staged, (1, 14), runs=9, max_pages=(200, 200))
     poor = dataclasses.replace(fit, fit=dataclasses.replace(fit.fit, held_out=FitQuality(0.55, 1.0, 6)))

@@ -1,10 +1,10 @@
-"""What-if: a placement's decode cost on devices this machine does not have (issue 31).
+"""What-if: a placement's decode cost on devices this machine does not have.
 
 `slacktier whatif` runs the step timeline (serve.timeline: device compute
 from a profile, host pass and cache real) for every TP rank of a staged
 table at once, with each table's reads served by an emulated device
-(store/emulated.py: real bytes, completions at the times a device model
-gives) or, with one rank, by this machine's disk. Ranks map to emulated disks
+(whatif.tier: real bytes, completions at the times a device model gives) or,
+with one rank, by this machine's disk. Ranks map to emulated disks
 as the paper's configurations do: `shared` (one disk for all ranks, the
 paper's "1 disk") or `per-rank` (one disk per rank, its "4 disks").
 
@@ -13,7 +13,7 @@ One TP step (`WhatIfRun`):
     pull the step's ids (hash), before the step's clock starts (s is begin_step alone, the paper's s)
     every emulated device: begin_step
     for each rank r: device.rank_host_pass(r); begin_step(ids of r's columns)   -> b_r ms  (pre-phase)
-    every emulated device: seal (queue, time and copy into the pools the batches the ranks' lanes booked)
+    every emulated device: seal (queue, time and copy into the pools the batches the ranks' lanes recorded)
     for each rank r: its timeline step; its begin_step is the pre-phase's (its batches land relative to
                      now: device.start_rank(r)), held for b_r ms so s = b_r
     the step's stall is the slowest rank's
@@ -26,11 +26,10 @@ arriving together, as on the node. One rank runs the same way; only a
 placement with a layer on this machine's disk (one rank) runs its
 begin_step inline, on the step's clock, since its reads are real.
 
-The report's first line names both sides: "device reads from model X;
-device compute from profile Y". Beside the measured stall it prints the
-analytic prediction: Eq. 1 (plan.exposure) with each device's read model
-(plan.readmodel, the model's terms scaled to the ranks sharing the device)
-and the run's own mean pages per rank and s.
+Each placement run opens its own emulated devices (whatif.device,
+`device_session`) and closes them with its engines. The report
+(whatif.report) names both sides on its first line and prints Eq. 1's
+prediction beside the measured stall.
 """
 
 from __future__ import annotations
@@ -45,12 +44,14 @@ from typing import Sequence
 
 import numpy as np
 
-import slacktier.store  # noqa: F401 - registers every tier, the emulated one included, before tier_facts reads them
+import slacktier.store  # noqa: F401 - registers the built-in tiers before tier_facts reads them
+import slacktier.whatif.tier  # noqa: F401 - registers the emulated tier
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.plan.report import in_host_memory, save_figure
 from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
                                       TimelineStep, load_profile, sleep_then_spin, sweep_sessions)
+from slacktier.whatif.device import device_session
+from slacktier.whatif.models import DeviceModel, device_model_toml, load_device_model, this_disk_model
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,8 @@ TABLE_TIERS = ("dram", "emulated", "disk")
 
 @dataclass(frozen=True)
 class WhatIfPlacement:
-    """Tier of each lookup layer, the device model of each emulated one, and the row cache split."""
+    """Tier of each lookup layer, the device model of each emulated one, and the row cache split (a what-if's own
+    placement type: it names device models, which a control file's placement does not)."""
 
     name: str
     tiers: tuple[tuple[int, str], ...]            # (layer, one of TABLE_TIERS)
@@ -152,20 +154,6 @@ class WhatIfConfig:
                            max_turns=self.max_turns, prefill_chunk_tokens=self.prefill_chunk_tokens, seed=self.seed)
 
 
-def this_disk_model(tiers_file: str | Path, tier: str = "disk", queue_depth: int = 128):
-    """`this-disk`: the read fit of `tier` in a tiers file from `slacktier probe --read-fit` (one rank)."""
-    from slacktier.plan.tiers import load_tiers
-    from slacktier.store.emulated import DeviceModel
-
-    specs = {t.name: t for t in load_tiers(tiers_file)}
-    if tier not in specs:
-        raise SlackTierError(ErrorKind.MISSING, f"tiers file {tiers_file} has no tier {tier!r}",
-                             fix="fit it first: slacktier probe --read-fit MANIFEST --read-tiers disk")
-    m, fit = specs[tier].read, specs[tier].fit
-    origin = f"read fit in {tiers_file}" + (f", measured {fit.measured}" if fit is not None and fit.measured else "")
-    return DeviceModel("this-disk", m.intercept_ms, m.page_ms * 1e3, m.behind_page_ms * 1e3, queue_depth, 1, origin)
-
-
 def model_file(spec: str, cfg: WhatIfConfig) -> str:
     """What `[table.emulated] model` gets for a model spec: built-in names and files as given; `this-disk`
     written to a TOML file in the workdir from the read fit of `cfg.this_disk`."""
@@ -174,8 +162,6 @@ def model_file(spec: str, cfg: WhatIfConfig) -> str:
     if not cfg.this_disk:
         raise SlackTierError(ErrorKind.MISSING, "device model this-disk needs the disk's read fit",
                              fix="pass --this-disk TIERS (written by slacktier probe --read-fit)")
-    from slacktier.store.emulated import device_model_toml
-
     text = device_model_toml(this_disk_model(cfg.this_disk))   # a bad tiers file is refused before anything is written
     path = Path(cfg.workdir) / "this-disk.toml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -183,10 +169,8 @@ def model_file(spec: str, cfg: WhatIfConfig) -> str:
     return str(path)
 
 
-def resolve_model(spec: str, cfg: WhatIfConfig):
+def resolve_model(spec: str, cfg: WhatIfConfig) -> DeviceModel:
     """The DeviceModel a spec names (for reports and predictions)."""
-    from slacktier.store.emulated import load_device_model
-
     return load_device_model(model_file(spec, cfg))
 
 
@@ -222,7 +206,7 @@ def device_name(placement: WhatIfPlacement, rank: int, model: str) -> str:
 def rank_control(manifest, rank: int, placement: WhatIfPlacement, cfg: WhatIfConfig, max_tokens: int):
     """Rank `rank`'s control file for the placement's engine-served layers (owned_only), and those layers."""
     from slacktier.config import ControlFile, DiskOptions, EngineConfig, TableConfig
-    from slacktier.store.emulated import EmulatedOptions
+    from slacktier.whatif.tier import EmulatedOptions
 
     served = [l for l in manifest.layout.layer_ids if not tier_facts(placement.tier(l)).holds_host_copy]
     models = dict(placement.models)
@@ -329,7 +313,6 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
                   rep: int = 0, progress: bool = False) -> WhatIfRun:
     """One run of `placement` over every rank (module docstring)."""
     from slacktier.engine.step import StepEngine
-    from slacktier.store.emulated import emulated_devices, forget_devices
     from slacktier.workloads.hashing import EngramLookupHasher
 
     real = [l for l, t in placement.tiers if tier_facts(t).device_kind == "file"]
@@ -345,32 +328,31 @@ def run_placement(cfg: WhatIfConfig, placement: WhatIfPlacement, manifest, layou
     times = profile.times(cfg.batch, cfg.workload, layout.layer_ids)
     hasher = EngramLookupHasher(layout)
     max_tokens = max(cfg.prefill_chunk_tokens, cfg.batch)
-    forget_devices()
     engines, runners, wrapped = [], [], []
     served: list[int] = []
-    try:
-        for rank in range(cfg.ranks):
-            control, served = rank_control(manifest, rank, placement, cfg, max_tokens)
-            engines.append(StepEngine.from_config(control, ids_layers=tuple(served), columns=layout.n_columns))
-        devices = emulated_devices()
-        for rank, eng in enumerate(engines):
-            axes = [layout.layer_ids.index(l) for l in served]
-            w = _PrePassed(eng, axes, rank, devices, inline=bool(real),
-                           hold_s=None if cfg.host_pass_ms is None else cfg.host_pass_ms / 1e3)
-            wrapped.append(w)
-            runners.append(TimelineRunner(w, StepTimes(times.workload, times.batch, times.step_ms,
-                                                       {l: times.windows_ms[l] for l in served})))
-        warm = placement.cache_rows > 0
-        replay = iter(_replay(cfg, hasher))
-        measured: list[tuple[float, ...]] = []
-        steps = _tp_steps(runners, wrapped, devices, replay, cfg.batch, cfg.decode_steps, cfg.warmup_steps, warm,
-                          measured)
-        checked, bad = _checked(engines, runners, wrapped, devices, replay, cfg.batch, cfg.check_steps, warm)
-    finally:
-        for eng in engines:
-            eng.close()
-        forget_devices()
-        gc.collect()
+    with device_session() as session:
+        try:
+            for rank in range(cfg.ranks):
+                control, served = rank_control(manifest, rank, placement, cfg, max_tokens)
+                engines.append(StepEngine.from_config(control, ids_layers=tuple(served), columns=layout.n_columns))
+            devices = session.devices()
+            for rank, eng in enumerate(engines):
+                axes = [layout.layer_ids.index(l) for l in served]
+                w = _PrePassed(eng, axes, rank, devices, inline=bool(real),
+                               hold_s=None if cfg.host_pass_ms is None else cfg.host_pass_ms / 1e3)
+                wrapped.append(w)
+                runners.append(TimelineRunner(w, StepTimes(times.workload, times.batch, times.step_ms,
+                                                           {l: times.windows_ms[l] for l in served})))
+            warm = placement.cache_rows > 0
+            replay = iter(_replay(cfg, hasher))
+            measured: list[tuple[float, ...]] = []
+            steps = _tp_steps(runners, wrapped, devices, replay, cfg.batch, cfg.decode_steps, cfg.warmup_steps,
+                              warm, measured)
+            checked, bad = _checked(engines, runners, wrapped, devices, replay, cfg.batch, cfg.check_steps, warm)
+        finally:
+            for eng in engines:
+                eng.close()
+            gc.collect()
     run = WhatIfRun(placement, rep, times, tuple(steps), tuple(served), checked, bad,
                     time.perf_counter() - t_run, tuple(measured))
     if progress:
@@ -394,7 +376,7 @@ def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int
             break
         if st.kind == "decode" and st.num_tokens == batch:
             # The step's clock starts once its ids are hashed: s is begin_step alone, the paper's "CPU time to
-            # resolve the batch's indices" (section 4.1; the timeline's own runs move to this in issue 28).
+            # resolve the batch's indices" (section 4.1).
             if wrapped[0].inline:   # a layer on this machine's disk: its reads run on the step's own clock
                 ranks = [runners[0].step(st.ids)]
             else:
@@ -435,184 +417,6 @@ def _checked(engines, runners, wrapped, devices, replay, batch: int, n: int, war
     for e, c in zip(engines, cfgs):
         e.apply(c)
     return len(steps), sum(c.mismatches for e in engines for c in e.totals.values()) - before
-
-
-# ---- the analytic prediction and the report ------------------------------------------------------------------
-
-def predicted_stall_ms(run: WhatIfRun, cfg: WhatIfConfig) -> float:
-    """Eq. 1 per rank with each device's read model (terms scaled to the ranks sharing it) and the run's mean
-    pages and s of that rank; the slowest rank's."""
-    from slacktier.plan.exposure import LayerRead, exposure
-    from slacktier.plan.readmodel import DeviceReadModel, LayerPages, read_times
-
-    p = run.placement
-    models = dict(p.models)
-    sharing = cfg.ranks if p.disks == "shared" else 1
-    worst = 0.0
-    for k in range(cfg.ranks):
-        loads, dev_models = [], {}
-        for order, l in enumerate(run.served):
-            pages = float(run.rank_mean(lambda s, l=l: s.pages[l])[k])
-            if tier_facts(p.tier(l)).device_kind == "model":
-                m = resolve_model(models[l], cfg)
-                dev = device_name(p, k, models[l])
-                scale = sharing / m.ranks_in_fit
-                dev_models[dev] = DeviceReadModel(m.intercept_ms, scale * m.page_us / 1e3, scale * m.page_us / 1e3,
-                                                  scale * m.behind_page_us / 1e3)
-            else:   # this machine's disk: its read fit
-                m = this_disk_model(cfg.this_disk) if cfg.this_disk else None
-                if m is None:
-                    return float("nan")
-                dev = "this-disk"
-                dev_models[dev] = DeviceReadModel(m.intercept_ms, m.page_us / 1e3, m.page_us / 1e3,
-                                                  m.behind_page_us / 1e3)
-            loads.append(LayerPages(l, dev, pages, order))
-        t = {r.layer: r.read_ms for r in read_times(loads, dev_models)}
-        s = float(run.rank_mean(lambda st: st.s_ms)[k])
-        e = exposure([LayerRead(l, run.windows_ms[l], t[l]) for l in run.served], resolve_ms=s)
-        worst = max(worst, float(sum(e.stall_ms)))
-    return worst
-
-
-def header(placements: Sequence[WhatIfPlacement], profile: ComputeProfile, cfg: WhatIfConfig) -> str:
-    """The report's first line: where device reads and device compute come from."""
-    names = sorted({m for p in placements for _, m in p.models})
-    real = any(tier_facts(t).device_kind == "file" for p in placements for _, t in p.tiers)
-    reads = ", ".join(names) + (" and this machine's disk" if real else "") if names else "this machine's disk"
-    line = f"device reads from model {reads or '-'}; device compute from profile {profile.name}"
-    if cfg.host_pass_ms is not None:
-        line += f"; host pass stated at {cfg.host_pass_ms:g} ms per rank, not measured"
-    return line
-
-
-def placement_words(p: WhatIfPlacement, ranks: int) -> str:
-    """A what-if placement in words: 'keep layer 1 in DRAM, layer 14 on nvme-paper (one disk for 4 ranks)'."""
-    models = dict(p.models)
-    parts = []
-    for layer, tier in sorted(p.tiers):
-        where = ("in DRAM" if in_host_memory(tier) else f"on {models[layer]}" if layer in models else
-                 "on this machine's disk" if tier_facts(tier).device_kind == "file" else f"on {tier}")
-        parts.append(f"layer {layer} {where}")
-    text = ("keep " if any(in_host_memory(t) for _, t in p.tiers) else "put ") + ", ".join(parts)
-    if models:
-        text += (f" (one disk for {ranks} ranks)" if p.disks == "shared" and ranks > 1 else
-                 " (one disk per rank)" if ranks > 1 else "")
-    if p.cache_rows:
-        if len(p.shares) == 1:
-            text += f", {p.cache_rows:,}-row cache on layer {p.shares[0][0]} only"
-        else:
-            shares = "/".join(f"{100 * f:.0f}" for _, f in p.shares) or "no share set"
-            text += f", {p.cache_rows:,}-row cache split {shares}"
-    return text
-
-
-WHATIF_LEGEND = (
-    "overhead: mean stall per TP step (the slowest rank's) as % of the profile's step; min..max over the runs. "
-    "model: the stall the exposure model (Eq. 1 of the paper) predicts from each device model, with terms scaled "
-    "to the ranks sharing a device, and the run's own pages and host pass. hit: decode lookups found in the row "
-    "cache, mean of ranks. pg, read: the slowest rank's mean pages and read ms per step. s: the host pass "
-    "(begin_step) per step in ms, the slowest rank's.")
-
-
-def placement_costs(cfg: WhatIfConfig, runs: Sequence[WhatIfRun]) -> list:
-    """Each placement's overhead over its runs (% of the profile's step; mean, min, max), as the verdict and the
-    table both read it (serve.report.Measured, named in words)."""
-    from slacktier.serve.report import Measured, stat
-
-    out = []
-    for p in dict.fromkeys(r.placement for r in runs):
-        rs = [r for r in runs if r.placement == p]
-        m, lo, hi = stat([100 * r.tp_stalls_ms().mean() / r.step_ms for r in rs])
-        out.append(Measured(placement_words(p, cfg.ranks), m, lo, hi, len(rs)))
-    return out
-
-
-def report(cfg: WhatIfConfig, profile: ComputeProfile, runs: Sequence[WhatIfRun]) -> str:
-    """What a placement would cost: where reads and compute come from, the verdict in words (the cheapest placement,
-    its cost, which others cannot be told apart from it over the runs), then the table: per placement overhead
-    (mean, min..max over runs), the model's prediction, hit, pages and read per layer, host pass; the checker."""
-    from slacktier.serve.report import verdict_lines, wrap
-
-    placements = list(dict.fromkeys(r.placement for r in runs))
-    lines = [header(placements, profile, cfg)]
-    for m in sorted({m for p in placements for _, m in p.models}):
-        lines.append(wrap(resolve_model(m, cfg).describe(), "  "))
-    measured = [max(np.mean([st[k] for st in r.measured_s_ms]) for k in range(cfg.ranks))
-                for r in runs if r.measured_s_ms]
-    own = f"slowest rank's mean {np.mean(measured):.2f} ms" if measured else "not recorded"
-    if cfg.host_pass_ms is not None:
-        lines.append(wrap(f"host pass s: stated, {cfg.host_pass_ms:g} ms per rank; each rank's timeline holds "
-                          f"begin_step that long (this machine's begin_step, measured in the same runs: {own})", "  "))
-    else:
-        lines.append(wrap(f"host pass s: measured, each rank's begin_step on this machine, one rank after another "
-                          f"in this process ({own})", "  "))
-    lines.append(wrap(f"{cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}"
-                      + (f" (ranks 0..{cfg.ranks - 1} run)" if cfg.ranks < cfg.staged_ranks else "")
-                      + f" (step = slowest rank), V4.1 hash over a table of {cfg.engram_vocab:,} rows per head "
-                      f"({24 * cfg.engram_vocab:,} per layer), {len(runs[0].steps)} timed TP steps per run; profile "
-                      f"step {runs[0].step_ms:.2f} ms, windows "
-                      + ", ".join(f"W{l} {w:.2f}" for l, w in runs[0].windows_ms.items()) + " ms", "  "))
-    costs = placement_costs(cfg, runs)
-    lines += verdict_lines(costs, "of the step in stalls")
-    lines.append("")
-    layers = sorted(runs[0].windows_ms)
-    width = max(30, *(len(p.name) for p in placements))   # 35 keeps two layers' columns within 120 characters
-    lines.append(f"{'placement':{width}} {'n':>2} {'overhead':>8} {'min..max %':>12} {'model':>6} "
-                 + " ".join(f"{f'hit L{l}':>6} {f'pg L{l}':>6} {f'read L{l}':>7}" for l in layers) + f" {'s':>5}")
-    for p, cost in sorted(zip(placements, costs), key=lambda pc: pc[1].mean_pct):   # cheapest first, as the verdict
-        rs = [r for r in runs if r.placement == p]
-        step = rs[0].step_ms
-        pred = np.mean([predicted_stall_ms(r, cfg) for r in rs])
-        cells = []
-        for l in layers:
-            if l in rs[0].served:
-                hit = np.mean([np.mean([sum(st[k].hits[l] for st in r.steps) / max(1, sum(st[k].lookups[l]
-                                                                                          for st in r.steps))
-                                        for k in range(cfg.ranks)]) for r in rs])
-                pages = np.mean([r.rank_mean(lambda s, l=l: s.pages[l]).max() for r in rs])
-                read = np.mean([r.rank_mean(lambda s, l=l: s.read_ms[l]).max() for r in rs])
-                cells.append(f"{100 * hit:5.1f}% {pages:{max(6, len(f'pg L{l}'))}.0f} "
-                             f"{read:{max(7, len(f'read L{l}'))}.2f}")
-            else:
-                cells.append(f"{'dram':>6} {'-':>{max(6, len(f'pg L{l}'))}} {'-':>{max(7, len(f'read L{l}'))}}")
-        s_ms = np.mean([r.rank_mean(lambda st: st.s_ms).max() for r in rs])
-        lines.append(f"{p.name:{width}} {len(rs):>2} {cost.mean_pct:+7.1f}% {cost.lo_pct:+5.1f}..{cost.hi_pct:<+5.1f} "
-                     f"{100 * pred / step:+5.1f}% " + " ".join(cells) + f" {s_ms:5.2f}")
-    checked = sum(r.checked_steps for r in runs)
-    lines.append(f"checker: {checked} TP steps after the timed ones, every rank's rows against the table's source: "
-                 f"{sum(r.mismatches for r in runs)} mismatching rows")
-    lines.append(wrap(WHATIF_LEGEND))
-    return "\n".join(lines)
-
-
-def plot_whatif(cfg: WhatIfConfig, runs: Sequence[WhatIfRun], path: str | Path) -> Path:
-    """Overhead per placement (% of the profile's step): each run as a point, the mean as a bar, the exposure
-    model's prediction as a mark; cheapest first, as the verdict reads them."""
-    from slacktier.errors import optional_import
-
-    matplotlib = optional_import("matplotlib", "workloads", "the what-if's PNG plot (or pass --no-plot)")
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    placements = list(dict.fromkeys(r.placement for r in runs))
-    costs = placement_costs(cfg, runs)
-    order = sorted(range(len(placements)), key=lambda i: costs[i].mean_pct)
-    fig, ax = plt.subplots(figsize=(9.0, 1.4 + 0.55 * len(placements)))
-    for y, i in enumerate(order):
-        rs = [r for r in runs if r.placement == placements[i]]
-        per_run = [100 * r.tp_stalls_ms().mean() / r.step_ms for r in rs]
-        pred = np.mean([100 * predicted_stall_ms(r, cfg) / r.step_ms for r in rs])
-        ax.barh(y, costs[i].mean_pct, color="0.8", label="mean over runs" if y == 0 else None)
-        ax.plot(per_run, [y] * len(per_run), "o", color="tab:blue", ms=4, label="one run" if y == 0 else None)
-        if np.isfinite(pred):
-            ax.plot([pred], [y], "|", color="tab:red", ms=14, mew=2, label="model's prediction" if y == 0 else None)
-    ax.set_yticks(range(len(order)), [placements[i].name for i in order], fontsize=8)
-    ax.invert_yaxis()
-    ax.set_xlabel("stall per step, % of the profile's step")
-    ax.set_title(f"what-if: {cfg.workload} traffic, B={cfg.batch}, TP{cfg.staged_ranks}, profile {cfg.profile}",
-                 fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # beside the bars, never over one
-    return save_figure(fig, path)
 
 
 def run_whatif(cfg: WhatIfConfig, placements: Sequence[WhatIfPlacement], runs: int = 1,
