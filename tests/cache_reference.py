@@ -3,7 +3,8 @@
 It keeps its own directory (a dict), slot rows, pins, fill marks and reference
 bits, and resolves a step's lookups one by one in order, the way the module doc
 of `cache.directory` states the policy: hit (pin), reuse of a read this step,
-pad, foreign, lossy zero, miss (page buffer, CLOCK victim or none). The compiled
+pad, an id outside the whole layer, foreign, lossy zero, miss (page buffer,
+CLOCK victim or none). The compiled
 pass defers hits' pins and walks its lookups in waves; the outcome must be the
 same lookup for lookup.
 
@@ -36,8 +37,10 @@ class RefPass:
     idx: list[int]          # slot (hits) or miss index
     miss_rows: list[int]
     miss_slots: list[int]
+    miss_bufs: list[int]    # page buffer of each miss: buf_base + its page's index in `pages`
+    miss_inpage: list[int]  # its row within that page
     pages: list[tuple[int, int]]   # (region, page) in the order first read
-    counts: dict[str, int]
+    counts: dict[str, int]  # every field of cache.PassResult
 
 
 class RefCache:
@@ -95,23 +98,28 @@ class RefCache:
 
     def resolve(self, layer: int, ids: list[int], *, row_start: int, rows: int, rank_starts: list[int],
                 rank_region: list[int], owned_only: bool = False, seen: set[int] | None = None,
-                pad_id: int = 0) -> RefPass:
+                pad_id: int = 0, table_end: int = 0, buf_base: int = 0) -> RefPass:
         lay = self.layers[layer]
-        out = RefPass([KIND_FOREIGN] * len(ids), [-1] * len(ids), [], [], [],
-                      dict(hits=0, reused=0, zero=0, padded=0, foreign=0, bypass=0, evicted=0, bad_index=-1))
+        out = RefPass([KIND_FOREIGN] * len(ids), [-1] * len(ids), [], [], [], [], [],
+                      dict(lookups=len(ids), hits=0, misses=0, pages=0, zero=0, bypass=0, reused=0, foreign=0,
+                           bad_index=-1, padded=0, pending=0, evicted=0, outside=0))
         c = out.counts
         bypassed: dict[int, int] = {}        # row -> miss index, read this step without a slot
         page_buf: dict[tuple[int, int], int] = {}
+        done = len(ids)
         for i, g in enumerate(ids):
             r = g - row_start
             if not 0 <= r < rows:
                 if pad_id < 0 and g == pad_id:
                     out.kinds[i] = KIND_ZERO
                     c["padded"] += 1
+                elif table_end > 0 and not 0 <= g < table_end:
+                    out.kinds[i] = KIND_ZERO
+                    c["outside"] += 1
                 elif owned_only:
                     c["foreign"] += 1
                 else:
-                    c["bad_index"] = i
+                    c["bad_index"] = done = i
                     break
                 continue
             s = lay.directory.get(r, -1)
@@ -140,6 +148,8 @@ class RefCache:
                 out.pages.append(key)
             m = len(out.miss_rows)
             out.miss_rows.append(r)
+            out.miss_bufs.append(buf_base + page_buf[key])
+            out.miss_inpage.append((r - rank_starts[k]) % ROWS_PER_PAGE)
             s = self._victim(lay)
             out.miss_slots.append(s)
             if s >= 0:
@@ -156,4 +166,8 @@ class RefCache:
                 bypassed[r] = m
                 c["bypass"] += 1
             out.kinds[i], out.idx[i] = KIND_MISS, m
+        c["misses"], c["pages"] = len(out.miss_rows), len(out.pages)
+        # The hits' pins stay pending (RowCache.settle applies them) when no lookup needed a victim: the
+        # descriptors [0, done) hold them.
+        c["pending"] = 0 if out.miss_rows else done
         return out

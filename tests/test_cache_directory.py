@@ -258,11 +258,11 @@ def test_one_counter_shape() -> None:
     """The pass's counts (cache.directory.Count) are PassResult's fields in order, the compiled pass's output
     row starts with them, and every count the engine publishes is mapped to LayerCounters (engine.counters)."""
     from slacktier.cache import PassResult
-    from slacktier.cache.compiled import O_JOB
+    from slacktier.cache.views import Row
     from slacktier.cache.directory import N_COUNTS, Count
     from slacktier.engine.counters import FROM_PASS, LayerCounters
 
-    assert PassResult._fields == tuple(m.name.lower() for m in Count) and O_JOB == N_COUNTS == len(Count)
+    assert PassResult._fields == tuple(m.name.lower() for m in Count) and Row.JOB == N_COUNTS == len(Count)
     mapped = {p for parts in FROM_PASS.values() for p in parts}
     assert mapped | {"bad_index", "pending"} == set(PassResult._fields)
     assert set(FROM_PASS) <= set(LayerCounters.__dataclass_fields__)

@@ -2,12 +2,15 @@
 
 Random steps over two layers mix hits, repeats within a step, pad ids, ids
 outside the table (foreign with owned_only, else the pass stops there and the
-step is abandoned), lossy rows outside the seen-set, layers whose slots are all
-pinned (rows read without a slot) and evictions; the cache is resized between
-steps, and some steps end by emptying slots ahead (RowCache.evict_ahead). After every pass the descriptors, misses, slots, pages and counts must
-equal the reference's; after every resize the rows the cache still holds must
-be rows the reference held in the same slots (no row is ever found in a stale
-slot), and the cache's invariants hold.
+step is abandoned), ids outside the whole layer where its end is known (zero
+rows), lossy rows outside the seen-set, layers whose slots are all pinned (rows
+read without a slot) and evictions; the cache is resized between steps, and
+some steps end by emptying slots ahead (RowCache.evict_ahead). After every pass
+every output must equal the reference's: the descriptors, each miss's row, slot,
+page buffer and row in page, the pages and their buffers, and every count of
+PassResult; after every resize the rows the cache still holds must be rows the
+reference held in the same slots (no row is ever found in a stale slot), and the
+cache's invariants hold.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from slacktier.cache.kernels import HAND
 # layer -> (row_start, rows, rank_starts, rank_region)
 LAYERS = {1: (0, 300, [0, 150, 300], [0, 1]), 14: (50, 200, [0, 200], [2])}
 PAD = -1
+TABLE_END = 330   # the whole layer's ids, where the test gives the geometry its end: past both layers' rows
 
 
 def _sync(ref: RefCache, cache: RowCache) -> None:
@@ -57,8 +61,8 @@ step_st = st.tuples(
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(max_slots=st.integers(0, 120), owned_only=st.booleans(), lossy=st.booleans(),
-       steps=st.lists(step_st, min_size=1, max_size=12))
-def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, steps) -> None:
+       steps=st.lists(step_st, min_size=1, max_size=12), end_known=st.booleans(), buf_base=st.integers(0, 1000))
+def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, steps, end_known, buf_base) -> None:
     cache = RowCache(max_slots, slots=max_slots)
     seen_rows = set(range(0, 200, 3)) if lossy else None
     geos = {}
@@ -68,7 +72,8 @@ def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, s
             bits = np.zeros(rows, dtype=np.uint8)
             bits[sorted(seen_rows)] = 1
             seen = np.packbits(bits, bitorder="little")
-        geos[layer] = LayerGeometry(start, rows, np.array(starts), np.array(regions), seen)
+        geos[layer] = LayerGeometry(start, rows, np.array(starts), np.array(regions), seen,
+                                    TABLE_END if end_known else 0)
         cache.add_layer(layer, rows, 0.5)
     ref = RefCache()
     _sync(ref, cache)
@@ -83,26 +88,29 @@ def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, s
                 if kind == 0:
                     ids.append(PAD)
                 elif kind == 1 and owned_only:
-                    ids.append(start + rows + hot)              # another rank's row
+                    ids.append(start + rows + hot)              # another rank's row, or past the layer's end
+                elif kind == 2 and hot >= 38:
+                    ids.append(PAD - 1 - hot)                   # negative: outside the layer, or as an id above
                 elif kind == 1 and hot == 40:
                     ids.append(start + rows + 5)                # outside the table: the pass stops
                 else:
                     ids.append(start + (hot * 7 + kind) % rows)  # a small hot set: hits and repeats
             got = cache.resolve(layer, np.array(ids, dtype=np.int64), geos[layer], scratch, owned_only=owned_only,
-                                lossy=lossy, pad_id=PAD)
+                                lossy=lossy, pad_id=PAD, buf_base=buf_base)
             want = ref.resolve(layer, ids, row_start=start, rows=rows, rank_starts=starts, rank_region=regions,
-                               owned_only=owned_only, seen=seen_rows if lossy else None, pad_id=PAD)
+                               owned_only=owned_only, seen=seen_rows if lossy else None, pad_id=PAD,
+                               table_end=TABLE_END if end_known else 0, buf_base=buf_base)
             n = len(ids)
+            assert got._asdict() == want.counts
             assert scratch.desc_kind[:n].tolist() == want.kinds
             assert scratch.desc_idx[:n].tolist() == want.idx
             assert scratch.miss_row[:got.misses].tolist() == want.miss_rows
             assert scratch.miss_slot[:got.misses].tolist() == want.miss_slots
+            assert scratch.miss_buf[:got.misses].tolist() == want.miss_bufs
+            assert scratch.miss_inpage[:got.misses].tolist() == want.miss_inpage
             assert list(zip(scratch.page_region[:got.pages].tolist(), scratch.page_no[:got.pages].tolist(),
                             strict=True)) == want.pages
-            c = want.counts
-            assert (got.hits, got.reused, got.zero, got.padded, got.foreign, got.bypass, got.evicted,
-                    got.bad_index) == (c["hits"], c["reused"], c["zero"], c["padded"], c["foreign"], c["bypass"],
-                                       c["evicted"], c["bad_index"])
+            assert scratch.page_buf[:got.pages].tolist() == list(range(buf_base, buf_base + got.pages))
             if got.bad_index >= 0:   # the engine abandons the step: this layer's fills are forgotten
                 slots = scratch.miss_slot[:got.misses].copy()
                 cache.forget(layer, slots)

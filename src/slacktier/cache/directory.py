@@ -221,21 +221,27 @@ def _probe(key, htab, stamp, shift, mask):
 
 
 @njit(nogil=True, cache=True)
-def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lossy, seen,
-                  layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, step,
-                  htab, stamp, hbits,
-                  desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                  page_region, page_no, page_buf, own_pos, own_row, buf_base, pad_id, table_end, counts):
+def resolve_layer(ids, geo, cache, step, out):
     """Resolve one layer's lookups `ids` [T, C] int64 (lookup i = ids[i // C, i % C]; any strides, so the
     engine passes its [T, L, 24] step's layer slice as is, with no copy); returns 0, or 1 on a row id
     outside the table.
 
-    owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
-    pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[Count.PADDED].
-    table_end (> 0: the whole layer's ids are [0, table_end); 0: not known): any other id outside it is a zero
+    geo: the layer's rows (`cache.views.GeoView`); cache: the cache's slot arrays and the layer's directory,
+    owned slots and CLOCK state (`CacheView`); step: the step's pin stamp, hash table, stamp and first page
+    buffer, and the pass's settings (`StepView`); out: the scratch and counts it writes (`OutView`).
+
+    step.owned_only: ids outside [row_start, row_start + rows) are foreign (kind 3), not an error.
+    step.pad_id (negative; 0 = no padding): ids equal to it are zero rows (kind 2), counted in counts[Count.PADDED].
+    geo.table_end (> 0: the whole layer's ids are [0, table_end); 0: not known): any other id outside it is a zero
     row (kind 2), counted in counts[Count.OUTSIDE], with or without owned_only.
-    own_pos [N] int32, own_row [N] int64: scratch, where the in-table lookups are listed (position, local row).
+    out.own_pos [N] int32, out.own_row [N] int64: scratch, where the in-table lookups are listed (position,
+    local row).
     """
+    row_start, rows, rank_starts, rank_region, seen, table_end = geo
+    layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss = cache
+    pin_step, htab, stamp, hbits, buf_base, owned_only, lossy, pad_id = step
+    (desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
+     own_pos, own_row, counts) = out
     shift = 64 - hbits
     mask = (np.int64(1) << hbits) - 1
     dmask = directory.shape[0] - 1
@@ -346,12 +352,12 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
-            elif filling(state, s, step):
+            elif filling(state, s, pin_step):
                 desc_kind[i] = KIND_MISS
                 desc_idx[i] = fill_miss[s]
                 n_reuse += 1
             else:
-                pinned += pin(state, ref, s, step)
+                pinned += pin(state, ref, s, pin_step)
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
@@ -392,12 +398,12 @@ def resolve_layer(ids, row_start, rows, owned_only, rank_starts, rank_region, lo
         miss_inpage[m] = shard_row - pg * ROWS_PER_PAGE
         miss_row[m] = r
         if not settled:   # CLOCK must see the pins of this pass's earlier hits
-            pinned += settle_pins(desc_kind, desc_idx, i, state, ref, step)
+            pinned += settle_pins(desc_kind, desc_idx, i, state, ref, pin_step)
             settled = True
-        sl, hand = victim(owned, state, ref, hand, pinned, step)
+        sl, hand = victim(owned, state, ref, hand, pinned, pin_step)
         miss_slot[m] = sl
         if sl >= 0:
-            evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, ref, step)
+            evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, ref, pin_step)
             pinned += 1
             fill_miss[sl] = m
         else:

@@ -21,6 +21,7 @@ from numba import njit
 from slacktier.cache import rowdir as D
 from slacktier.cache.directory import KIND_SLOT, N_COUNTS, Count, resolve_layer
 from slacktier.cache.kernels import evict_ahead as evict_ahead_kernel
+from slacktier.cache.views import CacheView, GeoView, OutView, StepView
 from slacktier.errors import ErrorKind, SlackTierError
 
 HIT = 0            # the row was cached when the step began (served from its slot)
@@ -67,17 +68,19 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
     own_pos = np.empty(longest, dtype=np.int32)
     own_row = np.empty(longest, dtype=np.int64)
     counts = np.zeros(N_COUNTS, dtype=np.int64)
+    geo = GeoView(np.int64(0), np.int64(n_items), rank_starts, rank_region, seen, np.int64(0))
+    cache = CacheView(np.int64(0), directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss)
+    scratch = OutView(desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
+                  own_pos, own_row, counts)
     for s in range(step_starts.shape[0] - 1):
         a = step_starts[s]
         b = step_starts[s + 1]
         if a == b:
             continue
         # one step: stamp s + 1 invalidates the hash table, pins of step s end when step s + 1 begins
-        resolve_layer(ids[a:b].reshape(1, b - a), 0, n_items, False, rank_starts, rank_region, False, seen,
-                      0, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, s,
-                      htab, s + 1, _hash_bits(b - a),
-                      desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row,
-                      page_region, page_no, page_buf, own_pos, own_row, 0, 0, 0, counts)
+        resolve_layer(ids[a:b].reshape(1, b - a), geo, cache,
+                      StepView(np.int64(s), htab, np.int64(s + 1), _hash_bits(b - a), np.int64(0), False, False,
+                               np.int64(0)), scratch)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
             evict_ahead_kernel(counts[Count.MISSES] - counts[Count.BYPASS], directory, owned, lstate, slot_layer,
