@@ -12,6 +12,8 @@ step timeline (device compute from a profile; hashing, faults and reads real, on
     mmap-random         MADV_RANDOM: a fault reads its one page
     mmap-willneed       MADV_RANDOM, and at step start one process_madvise(MADV_WILLNEED) over the pages of the
                         step's rows, so the kernel reads them during the layer's window: the better variant
+    mmap-willneed-async the same call made by a helper thread, so the step's start does not wait for the kernel
+                        to queue the reads (the call blocks while the disk's queue is full)
 
 Only the layer with the long window (layer 14) is served; layer 1 is in host DRAM, the stock path (not on the
 host's begin_step path), as in the timeline's `l1-dram-l14-disk` placement.
@@ -19,8 +21,8 @@ host's begin_step path), as in the timeline's `l1-dram-l14-disk` placement.
 Same host memory. SlackTier's memory for the layer's cache is its row cache (rows x 264 B) plus its
 directory (the planner's `directory_bytes`). The page cache is what a mapping uses instead, so each run's
 process runs in a child of this process's cgroup-v1 memory cgroup; for a mapping, when the timed window starts,
-its limit is set to the process's anonymous memory at that moment (its headroom: interpreter, traffic,
-hasher, replay) plus that budget. Page-cache pages count against the limit, so the kernel evicts the mapping's
+its limit is set before every step to the process's anonymous memory at that moment (its headroom:
+interpreter, traffic, hasher, replay) plus that budget. Page-cache pages count against the limit, so the kernel evicts the mapping's
 pages to stay under it. SlackTier's runs get a cgroup without a limit, only to read their memory. Every run
 starts with the file's pages dropped from the page cache (posix_fadvise DONTNEED after a sync). Where no cgroup v1 memory
 controller is writable the cap cannot be set: the script says so and refuses to time (the mmap figures would
@@ -55,8 +57,10 @@ from benchmarks._harness import command_line, format_table, interleaved, machine
 from slacktier.errors import ErrorKind, SlackTierError  # noqa: E402
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE  # noqa: E402
 
-VARIANTS = ("slacktier", "slacktier-nocache", "mmap", "mmap-random", "mmap-willneed")
-MMAP_VARIANTS = {"mmap": ("default", False), "mmap-random": ("random", False), "mmap-willneed": ("random", True)}
+VARIANTS = ("slacktier", "slacktier-nocache", "mmap", "mmap-random", "mmap-willneed", "mmap-willneed-async")
+# variant -> (advice, WILLNEED at step start: "" none, "call" on the step's thread, "thread" by a helper thread)
+MMAP_VARIANTS = {"mmap": ("default", ""), "mmap-random": ("random", ""), "mmap-willneed": ("random", "call"),
+                 "mmap-willneed-async": ("random", "thread")}
 LAYER = 14
 
 _SYS_PROCESS_MADVISE = 440   # x86_64 and aarch64 (the generic syscall table)
@@ -93,13 +97,16 @@ class MmapLayerReader:
     after dequant for them; `dequantized` applies that convention).
 
     `advice`: "default" (the kernel's readahead around each fault) or "random" (MADV_RANDOM, one page per
-    fault). `willneed`: at `begin_step`, one process_madvise(MADV_WILLNEED) call over the step's pages, so
-    their reads start at step start instead of at the layer.
+    fault). `willneed`: at `begin_step`, process_madvise(MADV_WILLNEED) over the step's pages, so their reads
+    start at step start instead of at the layer: "call" makes it on the step's thread (it returns once the
+    kernel queued the reads), "thread" hands it to a helper thread (the gather then faults on pages whose
+    advice is not yet through, as a patch with a prefetch thread would), "" not at all.
     """
 
-    def __init__(self, region, axis: int, advice: str = "default", willneed: bool = False) -> None:
-        if advice not in ("default", "random"):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"advice {advice!r}", fix="use 'default' or 'random'")
+    def __init__(self, region, axis: int, advice: str = "default", willneed: str = "") -> None:
+        if advice not in ("default", "random") or willneed not in ("", "call", "thread"):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"advice {advice!r}, willneed {willneed!r}",
+                                 fix="advice 'default' or 'random'; willneed '', 'call' or 'thread'")
         self.layer = region.layer
         self.axis = axis
         self.row_start = region.row_start
@@ -123,10 +130,18 @@ class MmapLayerReader:
         self._libc.syscall.restype = ctypes.c_long
         self._ids: np.ndarray | None = None
         self._counters = LayerCounters()
+        self._pool = None
+        self._advised = None
+        if willneed == "thread":
+            from concurrent.futures import ThreadPoolExecutor
+
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="willneed")   # ctypes drops the GIL in the call
 
     def close(self) -> None:
         """Unmap and close (the views into the mapping must be gone)."""
         self._rows = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
         self._map.close()
         os.close(self._fd)
         if self._pidfd >= 0:
@@ -175,8 +190,10 @@ class MmapLayerReader:
         self._ids = ids
         local, _ = self._local(ids)
         c = LayerCounters(lookups=int(local.shape[0]), zero_rows=int(ids.size - local.shape[0]))
-        if self.willneed:
+        if self.willneed == "call":
             c.pages_wanted = self.advise(local)
+        elif self.willneed == "thread":
+            self._advised = self._pool.submit(self.advise, local)
         self._counters = c
 
     def gather(self, layer: int) -> np.ndarray:
@@ -193,6 +210,9 @@ class MmapLayerReader:
 
     def end_step(self) -> StepCounters:
         c = self._counters
+        if self._advised is not None:   # its errors surface here; the step's rows are already gathered
+            c.pages_wanted = self._advised.result()
+            self._advised = None
         if not c.pages_wanted and self._ids is not None:
             local, _ = self._local(self._ids)
             c.pages_wanted = int(np.unique(local // ROWS_PER_PAGE).shape[0])
@@ -348,8 +368,9 @@ def serve_run(cfg: RunConfig, variant: str, cgroup: Path | None, budget: int) ->
     window's `warmup_steps` fill a page cache of the budget's size many times over, so a mapping enters the
     timed steps with its page cache full too (the report gives the table's resident pages at the end).
 
-    The cap: at the first step on the timeline the cgroup's limit is set to the process's anonymous memory then
-    plus the budget (`headroom` = that anonymous memory), so the page cache may hold about the budget."""
+    The cap: before each step on the timeline (off its clock) the cgroup's limit is set to the process's
+    anonymous memory then plus the budget, so the page cache may hold the budget however the process's own
+    memory moves (it grows by megabytes over a window: the replay, numpy's temporaries)."""
     from benchmarks.paper.full_rank import _checked, _replay, rank_control, stage_rank_shard
     from slacktier.serve.timeline import (LayerSubset, StepTimes, TimelineRunner, load_profile, run_replay,
                                           summarize)
@@ -379,21 +400,23 @@ def serve_run(cfg: RunConfig, variant: str, cgroup: Path | None, budget: int) ->
     runner = TimelineRunner(target, times)
     at_window: dict[str, int] = {}
 
-    def window_starts() -> None:   # before every step on the timeline; acts on the first
-        if at_window or cgroup is None:
+    def before_step() -> None:   # before every step on the timeline, off its clock
+        if cgroup is None:
             return
         stat = _memory_stat(cgroup)
-        at_window.update(anon=stat["total_rss"], cache=stat["total_cache"])
-        if mapped:
-            at_window["limit"] = stat["total_rss"] + budget
-            (cgroup / "memory.limit_in_bytes").write_text(str(at_window["limit"]))
-        (cgroup / "memory.max_usage_in_bytes").write_text("0")
+        if not at_window:
+            at_window.update(anon=stat["total_rss"], cache=stat["total_cache"])
+            (cgroup / "memory.max_usage_in_bytes").write_text("0")
+        if mapped:   # the cap follows the process's own anonymous memory: the page cache may hold the budget
+            limit = stat["total_rss"] + budget
+            at_window["limit"] = max(at_window.get("limit", 0), limit)
+            (cgroup / "memory.limit_in_bytes").write_text(str(limit))
 
     t0 = time.perf_counter()
     f0 = resource.getrusage(resource.RUSAGE_SELF).ru_majflt
     try:
         steps = run_replay(runner, replay, cfg.batch, cfg.decode_steps, warm=not mapped,
-                           warmup_steps=cfg.warmup_steps, before_step=window_starts,
+                           warmup_steps=cfg.warmup_steps, before_step=before_step,
                            start_decode_steps=cfg.start_decode_steps)
         peak = read_int(cgroup / "memory.max_usage_in_bytes") if cgroup else 0
         end = _memory_stat(cgroup) if cgroup else {}
@@ -541,13 +564,14 @@ def report(cfg: RunConfig, runs: list[dict], budget: int, rows: tuple[int, int] 
     lines.append(f"SlackTier's checker: {sum(r['checked_steps'] for r in checked)} decode steps after the timed ones, "
                  f"{sum(r['mismatches'] for r in checked)} mismatching rows")
     if rows is not None:
-        lines.append(f"mapping vs SlackTier's gather: {rows[0]:,} rows compared (3 advice variants), {rows[1]} differ")
+        lines.append(f"mapping vs SlackTier's gather: {rows[0]:,} rows compared ({len(MMAP_VARIANTS)} variants), "
+                     f"{rows[1]} differ")
     lines.append("stall = rows ready past layer 14's scheduled start (the timeline's measure); read = SlackTier's "
                  "submit-to-completion, a mapping's gather (its faults happen there; after WILLNEED the kernel's "
                  "reads are not seen); s = the step's start (begin_step; the WILLNEED call for that variant); "
                  "flt = major faults in the gather (one may bring readahead pages); anon = the process's "
                  "anonymous memory when the window started (SlackTier's includes its cache and page buffers); "
-                 "limit = the mapping's cgroup cap (anon + budget); table in page cache = the region's resident "
+                 "limit = the mapping's cgroup cap (anon + budget, reset before each step; the largest shown); table in page cache = the region's resident "
                  "pages at the end (mincore)")
     return "\n".join(lines)
 
@@ -564,8 +588,8 @@ def regime(cfg: RunConfig, manifest, budget: int, capped: bool, reason: str) -> 
             f"{cfg.decode_steps} timed steps per run; device compute from profile {cfg.profile}; layer 1 in "
             f"host DRAM (stock path). Host budget {budget / 1e6:.1f} MB = SlackTier's {cfg.cache_rows:,}-row "
             f"cache on layer {LAYER} (rows x 264 B) plus its directory; "
-            + ("each mapping's process capped to its anonymous memory at the window's start plus that budget by "
-               "a cgroup-v1 memory limit (page cache counted), every run starting with the file's pages dropped"
+            + ("each mapping's process capped by a cgroup-v1 memory limit (page cache counted) to its anonymous "
+               "memory plus that budget, reset before every step; every run starts with the file's pages dropped"
                if capped else f"NOT capped: {reason}")
             + ". Shared 2-core VM and shared virtio disk: the figures are noisy; compare within this run.")
 
