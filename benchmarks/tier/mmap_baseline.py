@@ -21,8 +21,9 @@ host's begin_step path), as in the timeline's `l1-dram-l14-disk` placement.
 Same host memory. SlackTier's memory for the layer's cache is its row cache (rows x 264 B) plus its
 directory (the planner's `directory_bytes`). The page cache is what a mapping uses instead, so each run's
 process runs in a child of this process's cgroup-v1 memory cgroup; for a mapping, when the timed window starts,
-its limit is set before every step to the process's anonymous memory at that moment (its headroom:
-interpreter, traffic, hasher, replay) plus that budget. Page-cache pages count against the limit, so the kernel evicts the mapping's
+its limit is set before every step to what the cgroup holds other than page cache at that moment (its
+headroom: interpreter, traffic, hasher, replay, and the kernel memory the cgroup charges: the mapping's page
+tables) plus that budget. Page-cache pages count against the limit, so the kernel evicts the mapping's
 pages to stay under it. SlackTier's runs get a cgroup without a limit, only to read their memory. Every run
 starts with the file's pages dropped from the page cache (posix_fadvise DONTNEED after a sync). Where no cgroup v1 memory
 controller is writable the cap cannot be set: the script says so and refuses to time (the mmap figures would
@@ -368,9 +369,10 @@ def serve_run(cfg: RunConfig, variant: str, cgroup: Path | None, budget: int) ->
     window's `warmup_steps` fill a page cache of the budget's size many times over, so a mapping enters the
     timed steps with its page cache full too (the report gives the table's resident pages at the end).
 
-    The cap: before each step on the timeline (off its clock) the cgroup's limit is set to the process's
-    anonymous memory then plus the budget, so the page cache may hold the budget however the process's own
-    memory moves (it grows by megabytes over a window: the replay, numpy's temporaries)."""
+    The cap: before each step on the timeline (off its clock) the cgroup's limit is set to what the cgroup
+    holds other than page cache (anonymous memory, and the kernel memory v1 charges with it: the mapping's page
+    tables, the page cache's index) plus the budget, so the page cache itself may hold the budget however the
+    rest moves."""
     from benchmarks.paper.full_rank import _checked, _replay, rank_control, stage_rank_shard
     from slacktier.serve.timeline import (LayerSubset, StepTimes, TimelineRunner, load_profile, run_replay,
                                           summarize)
@@ -404,11 +406,12 @@ def serve_run(cfg: RunConfig, variant: str, cgroup: Path | None, budget: int) ->
         if cgroup is None:
             return
         stat = _memory_stat(cgroup)
+        other = read_int(cgroup / "memory.usage_in_bytes") - stat["total_cache"]   # anon + kernel memory
         if not at_window:
-            at_window.update(anon=stat["total_rss"], cache=stat["total_cache"])
+            at_window.update(anon=stat["total_rss"], cache=stat["total_cache"], other=other)
             (cgroup / "memory.max_usage_in_bytes").write_text("0")
-        if mapped:   # the cap follows the process's own anonymous memory: the page cache may hold the budget
-            limit = stat["total_rss"] + budget
+        if mapped:   # the cap follows the process's own memory: the page cache may hold the budget
+            limit = other + budget
             at_window["limit"] = max(at_window.get("limit", 0), limit)
             (cgroup / "memory.limit_in_bytes").write_text(str(limit))
 
@@ -436,7 +439,7 @@ def serve_run(cfg: RunConfig, variant: str, cgroup: Path | None, budget: int) ->
             "s_ms": s.s_ms, "pages": s.pages[LAYER], "hit_rate": None if mapped else s.hit_rate[LAYER],
             "stalls_ms": [x.stall_ms[LAYER] for x in steps], "reads_ms": [x.read_ms[LAYER] for x in steps],
             "checked_steps": checked, "mismatches": bad, "wall_s": wall,
-            "anon_at_window_bytes": at_window.get("anon", 0), "limit_bytes": at_window.get("limit", 0),
+            "anon_at_window_bytes": at_window.get("anon", 0), "other_at_window_bytes": at_window.get("other", 0), "limit_bytes": at_window.get("limit", 0),
             "peak_bytes": peak, "anon_at_end_bytes": end.get("total_rss", 0),
             "cache_at_end_bytes": end.get("total_cache", 0), "table_resident_bytes": resident * PAGE_BYTES,
             "majflt": resource.getrusage(resource.RUSAGE_SELF).ru_majflt - f0,
@@ -536,7 +539,7 @@ def report(cfg: RunConfig, runs: list[dict], budget: int, rows: tuple[int, int] 
     """The table: per variant, median (min..max over rounds) of each run's mean over its timed steps."""
     mb = 1e6
     header = ["variant", "runs", "stall L14 ms/step", "read L14 ms/step", "p99 stall ms", "s ms",
-              "pages read or major faults /step", "hit", "anon MB at window", "limit MB", "table in page cache MB"]
+              "pages read or major faults /step", "hit", "anon MB at window", "anon+kernel MB", "limit MB", "table in page cache MB"]
     table = []
     by = {v: [r for r in runs if r["variant"] == v] for v in VARIANTS}
     for v, rs in by.items():
@@ -549,7 +552,8 @@ def report(cfg: RunConfig, runs: list[dict], budget: int, rows: tuple[int, int] 
         limit = f"{_stat([r['limit_bytes'] for r in rs])[1] / mb:.0f}" if mapped and rs[0]["limit_bytes"] else "-"
         table.append([v, len(rs), _fmt(_stat([r["stall_ms"] for r in rs])), _fmt(_stat([r["read_ms"] for r in rs])),
                       _fmt(_stat([r["p99_stall_ms"] for r in rs])), _fmt(_stat([r["s_ms"] for r in rs])), pages, hit,
-                      f"{_stat([r['anon_at_window_bytes'] for r in rs])[1] / mb:.0f}", limit,
+                      f"{_stat([r['anon_at_window_bytes'] for r in rs])[1] / mb:.0f}",
+                      f"{_stat([r.get('other_at_window_bytes', 0) for r in rs])[1] / mb:.0f}", limit,
                       f"{_stat([r['table_resident_bytes'] for r in rs])[1] / mb:.1f}"])
     lines = [format_table(header, table)]
     base = by.get("slacktier")
@@ -570,8 +574,8 @@ def report(cfg: RunConfig, runs: list[dict], budget: int, rows: tuple[int, int] 
                  "submit-to-completion, a mapping's gather (its faults happen there; after WILLNEED the kernel's "
                  "reads are not seen); s = the step's start (begin_step; the WILLNEED call for that variant); "
                  "flt = major faults in the gather (one may bring readahead pages); anon = the process's "
-                 "anonymous memory when the window started (SlackTier's includes its cache and page buffers); "
-                 "limit = the mapping's cgroup cap (anon + budget, reset before each step; the largest shown); table in page cache = the region's resident "
+                 "anonymous memory when the window started (SlackTier's includes its cache and page buffers), anon+kernel = all the cgroup held then but page cache; "
+                 "limit = the mapping's cgroup cap (all but page cache + budget, reset before each step; the largest shown); table in page cache = the region's resident "
                  "pages at the end (mincore)")
     return "\n".join(lines)
 
@@ -588,8 +592,9 @@ def regime(cfg: RunConfig, manifest, budget: int, capped: bool, reason: str) -> 
             f"{cfg.decode_steps} timed steps per run; device compute from profile {cfg.profile}; layer 1 in "
             f"host DRAM (stock path). Host budget {budget / 1e6:.1f} MB = SlackTier's {cfg.cache_rows:,}-row "
             f"cache on layer {LAYER} (rows x 264 B) plus its directory; "
-            + ("each mapping's process capped by a cgroup-v1 memory limit (page cache counted) to its anonymous "
-               "memory plus that budget, reset before every step; every run starts with the file's pages dropped"
+            + ("each mapping's process capped by a cgroup-v1 memory limit (page cache counted) to what it holds "
+               "other than page cache plus that budget, reset before every step; every run starts with the "
+               "file's pages dropped"
                if capped else f"NOT capped: {reason}")
             + ". Shared 2-core VM and shared virtio disk: the figures are noisy; compare within this run.")
 
