@@ -39,28 +39,36 @@ def _arrays(trace):
     return seq, ids, dec, order
 
 
-def _reference(seq, dec, order, cap, rule):
+def _reference(seq, dec, order, cap, rule, allow=None):
     return R.ref_clock_admit(seq, dec.tolist(), order.tolist(), cap, rule.prefill_max_order, rule.decode_max_order,
                              A.probation_slots(rule, cap), rule.prefill_insert == "cold", rule.sketch,
-                             A.sketch_bits(rule, cap), A.sketch_reset_lookups(rule, cap))
+                             A.sketch_bits(rule, cap), A.sketch_reset_lookups(rule, cap), allow)
 
 
 @settings(max_examples=400, deadline=None)
-@given(traces, rules)
-def test_compiled_admission_matches_reference(trace, rule):
+@given(traces, rules, st.booleans())
+def test_compiled_admission_matches_reference(trace, rule, oracle):
     (lookups, cap) = trace
     seq, ids, dec, order = _arrays(lookups)
-    got = A.replay_admission(ids, dec, order, 31, cap, rule)
-    assert got.tolist() == _reference(seq, dec, order, cap, rule)
+    allow = A.oracle_allow(ids, dec) if oracle else None
+    if oracle:
+        assert allow.tolist() == R.ref_oracle_allow(seq, dec.tolist())
+    got = A.replay_admission(ids, dec, order, 31, cap, rule, allow)
+    assert got.tolist() == _reference(seq, dec, order, cap, rule, None if allow is None else allow.tolist())
 
 
 @settings(max_examples=200, deadline=None)
-@given(traces, rules)
-def test_no_rule_beats_belady_with_bypass(trace, rule):
+@given(traces, rules, st.booleans())
+def test_no_rule_beats_belady_with_bypass(trace, rule, oracle):
     (lookups, cap) = trace
     _, ids, dec, order = _arrays(lookups)
-    got = A.replay_admission(ids, dec, order, 31, cap, rule)
+    got = A.replay_admission(ids, dec, order, 31, cap, rule, A.oracle_allow(ids, dec) if oracle else None)
     assert int(got[dec].sum()) <= int(P.belady(ids, dec, 31, cap).sum())
+
+
+def test_oracle_allow_worked_example():
+    ids = np.array([4, 6, 4, 6], dtype=np.int32)
+    assert A.oracle_allow(ids, np.array([0, 0, 1, 0], bool)).tolist() == [True, False, False, False]
 
 
 @settings(max_examples=200, deadline=None)

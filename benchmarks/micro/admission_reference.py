@@ -78,14 +78,15 @@ def order_admits(order: int, decode: bool, prefill_max_order: int, decode_max_or
 def ref_clock_admit(seq: Sequence[int], is_decode: Sequence[bool], orders: Sequence[int], capacity: int,
                     prefill_max_order: int = 4, decode_max_order: int = 4, probation: int = 0,
                     prefill_cold: bool = False, sketch: str = "off", sketch_bits: int = 4,
-                    sketch_reset_every: int = 1) -> list[int]:
+                    sketch_reset_every: int = 1, allow: Sequence[bool] | None = None) -> list[int]:
     """CLOCK of capacity - probation slots, a probationary FIFO of `probation` slots, and the admission rules."""
     clock = Clock(capacity - probation)
     fifo: deque[int] = deque()
     hit_on_probation: set[int] = set()
     cms = CountMinSketch(sketch_bits, sketch_reset_every) if sketch != "off" else None
+    allow = [True] * len(seq) if allow is None else allow
     out = []
-    for x, dec, order in zip(seq, is_decode, orders):
+    for x, dec, order, allowed in zip(seq, is_decode, orders, allow):
         if cms is not None:
             cms.add(x)
         if x in clock:
@@ -97,7 +98,7 @@ def ref_clock_admit(seq: Sequence[int], is_decode: Sequence[bool], orders: Seque
             out.append(1)
             continue
         out.append(0)
-        if capacity == 0 or not order_admits(order, dec, prefill_max_order, decode_max_order):
+        if capacity == 0 or not allowed or not order_admits(order, dec, prefill_max_order, decode_max_order):
             continue
         filtered = cms is not None and (sketch == "all" or not dec)
         if not dec and probation > 0:
@@ -113,4 +114,13 @@ def ref_clock_admit(seq: Sequence[int], is_decode: Sequence[bool], orders: Seque
         refbit = 0 if (prefill_cold and not dec and probation == 0) else 1
         admit_over = (lambda victim, x=x: cms.estimate(x) > cms.estimate(victim)) if filtered else None
         clock.insert(x, refbit, admit_over)
+    return out
+
+
+def ref_oracle_allow(seq: Sequence[int], is_decode: Sequence[bool]) -> list[bool]:
+    """Per lookup: the row is looked up again and that next lookup is a decode one."""
+    out = []
+    for i, x in enumerate(seq):
+        nxt = next((j for j in range(i + 1, len(seq)) if seq[j] == x), None)
+        out.append(nxt is not None and bool(is_decode[nxt]))
     return out

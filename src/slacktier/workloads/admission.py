@@ -140,9 +140,9 @@ def _estimate(sketch, x, shift, mult):
 
 
 @numba.njit(nogil=True, cache=True)
-def _admit_kernel(ids, decode, order, n_items, capacity, pmax, dmax, prob_cap, cold, scope, bits, reset_every,
+def _admit_kernel(ids, decode, order, allow, n_items, capacity, pmax, dmax, prob_cap, cold, scope, bits, reset_every,
                   mult, hit):
-    # ids: [M] int32 dense rows; decode: [M] uint8; order: [M] int8 n-gram order; hit: [M] uint8 out
+    # ids: [M] int32 dense rows; decode, allow: [M] uint8; order: [M] int8 n-gram order; hit: [M] uint8 out
     main_cap = capacity - prob_cap
     where = np.zeros(n_items, dtype=np.uint8)         # 0 absent, 1 in CLOCK, 2 on probation
     slot_of = np.full(n_items, -1, dtype=np.int32)
@@ -183,7 +183,7 @@ def _admit_kernel(ids, decode, order, n_items, capacity, pmax, dmax, prob_cap, c
         hit[i] = 0
         if capacity == 0:
             continue
-        if order[i] > (dmax if dec else pmax):
+        if allow[i] == 0 or order[i] > (dmax if dec else pmax):
             continue
         # the row to put into CLOCK, with its reference bit and whether the sketch filters it
         y = x
@@ -234,11 +234,12 @@ def _admit_kernel(ids, decode, order, n_items, capacity, pmax, dmax, prob_cap, c
 
 
 def replay_admission(ids: np.ndarray, is_decode: np.ndarray, order: np.ndarray, n_items: int, capacity: int,
-                     rule: AdmissionRule = AdmissionRule()) -> np.ndarray:
+                     rule: AdmissionRule = AdmissionRule(), allow: np.ndarray | None = None) -> np.ndarray:
     """Hit mask [M] uint8 of CLOCK with `rule`'s admission at `capacity` rows.
 
     ids: [M] dense rows 0..n_items-1 (`policies.densify`); is_decode: [M] bool; order: [M] n-gram order of
-    each lookup (2..4 for Engram: column // heads_per_order + 2).
+    each lookup (2..4 for Engram: column // heads_per_order + 2). allow: [M] bool, a miss with False is
+    bypassed before any rule runs (None: all True); `oracle_allow` gives the admission that knows the future.
     """
     if capacity < 0:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"capacity {capacity} < 0", fix="pass a capacity >= 0 rows")
@@ -246,17 +247,35 @@ def replay_admission(ids: np.ndarray, is_decode: np.ndarray, order: np.ndarray, 
     m = ids.shape[0]
     dec = np.ascontiguousarray(is_decode, dtype=np.uint8)
     ords = np.ascontiguousarray(order, dtype=np.int8)
-    if dec.shape != ids.shape or ords.shape != ids.shape:
+    allow_u8 = np.ones(m, dtype=np.uint8) if allow is None else np.ascontiguousarray(allow, dtype=np.uint8)
+    if dec.shape != ids.shape or ords.shape != ids.shape or allow_u8.shape != ids.shape:
         raise SlackTierError(ErrorKind.BAD_INPUT, "is_decode and order need one entry per lookup",
                              fix="pass LookupTrace.lookup_decode() and lookup_orders()")
     if m and (ids.min() < 0 or ids.max() >= n_items):
         raise SlackTierError(ErrorKind.BAD_INPUT, "dense ids outside 0..n_items-1", fix="build ids with densify()")
     hit = np.empty(m, dtype=np.uint8)
     capacity = int(capacity)
-    _admit_kernel(ids, dec, ords, int(n_items), capacity, int(rule.prefill_max_order), int(rule.decode_max_order),
+    _admit_kernel(ids, dec, ords, allow_u8, int(n_items), capacity, int(rule.prefill_max_order), int(rule.decode_max_order),
                   probation_slots(rule, capacity), int(rule.prefill_insert == "cold"), SKETCHES.index(rule.sketch),
                   sketch_bits(rule, capacity), sketch_reset_lookups(rule, capacity), SKETCH_MULTIPLIERS, hit)
     return hit
+
+
+def oracle_allow(ids: np.ndarray, is_decode: np.ndarray) -> np.ndarray:
+    """[M] bool: the lookup's row is looked up again and that next lookup is a decode one.
+
+    Admission that knows the future (not realizable): as `allow` it shows how much of CLOCK's gap to Belady
+    admission alone can close, with CLOCK's eviction order kept. Worked example: rows [4, 6, 4, 6] with
+    decode flags [0, 0, 1, 0] -> [True, False, False, False].
+    """
+    ids = np.asarray(ids)
+    dec = np.asarray(is_decode, dtype=bool)
+    uniq, inv = np.unique(ids, return_inverse=True)
+    nxt = np.full(ids.shape[0], -1, dtype=np.int64)
+    order = np.lexsort((np.arange(ids.shape[0]), inv.reshape(-1)))    # by row, then lookup index
+    same = inv.reshape(-1)[order[1:]] == inv.reshape(-1)[order[:-1]]
+    nxt[order[:-1][same]] = order[1:][same]
+    return (nxt >= 0) & dec[np.maximum(nxt, 0)]
 
 
 def lookup_orders(column: np.ndarray, heads_per_order: int, min_order: int = MIN_ORDER) -> np.ndarray:
