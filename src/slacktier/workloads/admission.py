@@ -283,17 +283,16 @@ def lookup_orders(column: np.ndarray, heads_per_order: int, min_order: int = MIN
     return (np.asarray(column) // heads_per_order + min_order).astype(np.int8)
 
 
-#: the rules tried on the fit split, one family per rule (and the combinations of the fit's best)
 def candidate_rules() -> dict[str, list[AdmissionRule]]:
     """Per family, the parameter grid searched on the fit split."""
     base = AdmissionRule()
     return {
         "order": [replace(base, prefill_max_order=p, decode_max_order=d)
                   for p in (1, 2, 3, 4) for d in (3, 4) if (p, d) != (4, 4)],
-        "probation": [replace(base, probation_share=s) for s in (0.01, 0.02, 0.05, 0.1, 0.2, 0.4)],
+        "probation": [replace(base, probation_share=s) for s in (0.01, 0.05, 0.2)],
         "cold": [replace(base, prefill_insert="cold")],
-        "sketch": [replace(base, sketch=sc, sketch_width=w, sketch_reset=r)
-                   for sc in ("prefill", "all") for w in (1.0, 4.0) for r in (2.0, 10.0, 40.0)],
+        "sketch": [replace(base, sketch=sc, sketch_reset=r) for sc in ("prefill", "all")
+                   for r in (2.0, 10.0, 40.0, 160.0)],
     }
 
 
