@@ -11,7 +11,9 @@ Per policy: decode hit rate, by n-gram order, and missed pages per decode step
 capacity limit (the compulsory-miss limit), LRU (its decode hits are the decode
 lookups whose reuse distance fits the cache), and CLOCK with oracle admission
 (a miss is cached only when its row's next lookup is a decode one): how much of
-CLOCK's gap to Belady admission alone could close.
+CLOCK's gap to Belady admission alone could close; then the same oracle on prefill misses only (every decode
+miss admitted), no prefill miss admitted, and prefill misses admitted only when their row had a decode lookup
+before: how much of the gap is in predicting which prefill rows the model reads again.
 
     nice -n 5 .venv/bin/python benchmarks/paper/bench_admission.py [--batch 64,128] [--workloads agent,chat]
         [--capacity 1e6] [--out runs/bench_admission] [--log]
@@ -114,6 +116,14 @@ def reuse_facts(prep: PreparedLayer) -> dict:
             "next_read_at_decode_share_of_all_lookups": float(allow.mean())}
 
 
+def seen_at_decode(prep: PreparedLayer) -> np.ndarray:
+    """[M] bool: the lookup's row had a decode lookup earlier in the trace (causal: only the past is used)."""
+    first = np.full(prep.n_items, np.iinfo(np.int64).max, dtype=np.int64)
+    dec_at = np.flatnonzero(prep.decode)
+    np.minimum.at(first, prep.ids[dec_at], dec_at)
+    return first[prep.ids] < np.arange(prep.ids.shape[0])
+
+
 def evaluate_holdout(hold: PreparedLayer, capacity: int, best: dict[str, A.AdmissionRule], progress) -> list[Row]:
     """Every policy on the held-out half."""
     order = A.lookup_orders(hold.column, hold.trace.heads_per_order, hold.trace.min_order)
@@ -133,8 +143,16 @@ def evaluate_holdout(hold: PreparedLayer, capacity: int, best: dict[str, A.Admis
     for family in ("order", "probation", "cold", "sketch", "best"):
         rule = best[family]
         timed(f"{family}: {rule.label()}", lambda rule=rule: run_rule(hold, order, capacity, rule)[0])
+    oracle = A.oracle_allow(hold.ids, hold.decode)
     timed("CLOCK + oracle admission (not realizable)",
-          lambda: run_rule(hold, order, capacity, A.AdmissionRule(), A.oracle_allow(hold.ids, hold.decode))[0])
+          lambda: run_rule(hold, order, capacity, A.AdmissionRule(), oracle)[0])
+    # where the gap lies: oracle on prefill misses only, no prefill row at all, and one causal prefill signal
+    timed("CLOCK + oracle admission of prefill misses, all decode misses (not realizable)",
+          lambda: run_rule(hold, order, capacity, A.AdmissionRule(), oracle | hold.decode)[0])
+    timed("CLOCK, no prefill miss admitted",
+          lambda: run_rule(hold, order, capacity, A.AdmissionRule(prefill_max_order=A.MIN_ORDER - 1))[0])
+    timed("CLOCK, a prefill miss admitted only if its row had a decode lookup before",
+          lambda: run_rule(hold, order, capacity, A.AdmissionRule(), hold.decode | seen_at_decode(hold))[0])
     timed("Belady with bypass", lambda: run_policy(hold, "belady", capacity), pages=False)
     timed("Belady, no capacity limit (compulsory misses only)",
           lambda: pol.belady(hold.ids, hold.decode, hold.n_items, hold.n_items), pages=False)
