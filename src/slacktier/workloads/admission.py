@@ -270,7 +270,7 @@ def oracle_allow(ids: np.ndarray, is_decode: np.ndarray) -> np.ndarray:
     """
     ids = np.asarray(ids)
     dec = np.asarray(is_decode, dtype=bool)
-    uniq, inv = np.unique(ids, return_inverse=True)
+    _, inv = np.unique(ids, return_inverse=True)
     nxt = np.full(ids.shape[0], -1, dtype=np.int64)
     order = np.lexsort((np.arange(ids.shape[0]), inv.reshape(-1)))    # by row, then lookup index
     same = inv.reshape(-1)[order[1:]] == inv.reshape(-1)[order[:-1]]
@@ -284,7 +284,7 @@ def lookup_orders(column: np.ndarray, heads_per_order: int, min_order: int = MIN
 
 
 def candidate_rules() -> dict[str, list[AdmissionRule]]:
-    """Per family, the parameter grid searched on the fit split."""
+    """Per family, the parameter grid searched on the fit split (Engram's n-gram orders 2..4)."""
     base = AdmissionRule()
     return {
         "order": [replace(base, prefill_max_order=p, decode_max_order=d)
@@ -297,8 +297,9 @@ def candidate_rules() -> dict[str, list[AdmissionRule]]:
 
 
 def combinations(best: dict[str, AdmissionRule]) -> list[AdmissionRule]:
-    """The fit's best rule of each family combined: sketch + cold, sketch + order, sketch + order + cold, and
-    probation + order (probation and cold both decide where prefill rows go, so they are not combined)."""
+    """The fit's best rule of each family combined: sketch + cold, sketch + order, sketch + order + cold,
+    probation + order and probation + sketch (probation and cold both decide where prefill rows go, so they are
+    not combined)."""
     s, o, p = best["sketch"], best["order"], best["probation"]
     orders = dict(prefill_max_order=o.prefill_max_order, decode_max_order=o.decode_max_order)
     return [replace(s, prefill_insert="cold"), replace(s, **orders), replace(s, prefill_insert="cold", **orders),
