@@ -13,8 +13,10 @@ One role per module:
   table hashes.
 - `replay`: interleaved replay as Step records (`replay_steps`), flattened to a LookupTrace.
 - `policies`: compiled cache policies (LRU, CLOCK, S3-FIFO-style, static, static head + LRU, Belady).
+- `admission`: admission rules in front of CLOCK (n-gram order, prefill probation, cold insert, TinyLFU sketch),
+  compiled, for weighing against the served CLOCK and Belady; not served.
 - `characterize`: hit rates per policy/capacity/order, batch reuse, miss-page curves P_l(c) for the planner.
 
 The slow plain-Python simulators the kernels are tested against live beside their benchmark,
-benchmarks/micro/policy_reference.py, outside the package.
+benchmarks/micro/policy_reference.py and benchmarks/micro/admission_reference.py, outside the package.
 """
