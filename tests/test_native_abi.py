@@ -117,5 +117,14 @@ def test_the_submit_signature_in_its_three_forms_agrees():
     llvm = native.submit_llvm_type()
     assert [a.width for a in llvm.args] == [8 * ctypes.sizeof(t) for t in argtypes]
     assert llvm.return_type.width == 8 * ctypes.sizeof(restype)
-    sig = native.submit_numba_signature()
-    assert [np.dtype(str(a)).itemsize for a in sig.args] == [ctypes.sizeof(t) for t in argtypes]
+    from numba import types
+    sig = native.submit_numba_signature(types.int64)
+    assert [8 if isinstance(a, types.CPointer) else np.dtype(str(a)).itemsize for a in sig.args] == \
+        [ctypes.sizeof(t) for t in argtypes]
+    assert np.dtype(str(sig.return_type)).itemsize == ctypes.sizeof(restype)
+    text = re.sub(r"\s+", " ", native.HEADER.read_text(encoding="utf-8"))
+    params = re.search(r"struct st_job \*st_eng_submit\(([^)]*)\);", text).group(1).split(", ")
+    pointees = {"int32_t": types.int32, "int64_t": types.int64}
+    for a, p in zip(sig.args[1:], params[1:]):   # every typed array pointer points at the header's element type
+        if "*" in p:
+            assert a.dtype == pointees[p.replace("const ", "").split()[0]], p

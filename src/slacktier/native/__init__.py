@@ -82,10 +82,14 @@ def _numba_type(t: type):
     return {_u64: types.uint64, _i64: types.int64, _i32: types.int32}[t]
 
 
-def submit_numba_signature():
-    """`SUBMIT` as a numba signature, for a lane whose submit is a numba cfunc."""
-    restype, argtypes = SUBMIT
-    return _numba_type(restype)(*[_numba_type(t) for t in argtypes])
+def submit_numba_signature(handle):
+    """`SUBMIT` as a numba signature with typed pointers, for a lane whose submit is a numba cfunc: the client
+    handle points at `handle` words (the lane's own table; opaque to the caller), the arrays at their element
+    types, `err` at one int64."""
+    from numba import types
+    p = types.CPointer
+    return types.uint64(p(handle), types.int32, p(types.int32), p(types.int64), p(types.int32), types.uint64,
+                        types.int64, p(types.int64))
 
 
 def submit_llvm_type():

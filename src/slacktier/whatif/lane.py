@@ -28,6 +28,7 @@ import numpy as np
 from numba import carray, cfunc, types
 
 from slacktier.errors import ErrorKind, SlackTierError
+from slacktier.native import submit_numba_signature
 from slacktier.tables.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -63,9 +64,7 @@ _CLOCK_MONOTONIC = 1   # perf_counter_ns's clock on Linux
 _ENOSPC = errno.ENOSPC
 _NO_PRIORITY = 2**31 - 1
 
-_LANE_SIG = types.int64(types.CPointer(types.int64), types.int32, types.CPointer(types.int32),
-                        types.CPointer(types.int64), types.CPointer(types.int32), types.int64, types.int64,
-                        types.CPointer(types.int64))
+_LANE_SIG = submit_numba_signature(types.int64)   # the C submit's, the client handle being the lane's table
 
 
 def _lane_submit(table, n, region, page, buffer, pool_addr, pool_buffers, err):
