@@ -46,10 +46,13 @@ def test_ctrl_c_writes_the_layers_measured_so_far(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", "")}
     # a grid long enough that the sweep is still running when the signal comes
     cmd = [sys.executable, "-m", "slacktier", "probe", "--model", str(tmp_path / "tiny"), "--layers", "all",
-           "--clock", "thread_cpu", "--threads", "1", "--config", str(out / "probe.json"), "--repeats", "8",
+           "--clock", "thread_cpu", "--threads", "1", "--config", str(out / "probe.json"), "--repeats", "2",
            "--baseline-steps", "5", "--points-per-step", "20", "--max-delay-frac", "4", "--prompt-tokens", "3",
            "--max-new-tokens", "4", "--json", str(out / "w.json"), "--no-plot"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    # A shell's background job (`cmd &`) starts with SIGINT ignored, and a Python started so keeps ignoring it:
+    # give the probe the default disposition, as a terminal's Ctrl-C finds it.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     err_lines = []
     try:
         deadline = time.monotonic() + 240
