@@ -18,13 +18,12 @@ MAY_USE: dict[str, set[str]] = {
     "errors": set(),
     "config": set(),
     "_kernel_cache": set(),
-    "native": set(),   # the C helper's boundary (store/csrc/st_io.h), mirrored once for the store and the cache
     "tables": {"config"},
-    "cache": {"tables", "native"},
-    "store": {"tables", "config", "native"},
+    "cache": {"tables"},
+    "store": {"tables", "config"},
     "engine": {"tables", "store", "cache", "config"},
     "plan": {"config"},
-    "probe": {"store", "plan"},   # the window probe needs torch alone; the read fit measures a tier's reads
+    "probe": set(),   # the window probe needs torch alone
     "workloads": {"tables", "cache"},
     "models": {"engine"},
     "testing": {"tables", "store", "engine"},   # stand-ins for tests and benchmarks (testing/__init__.py); no room uses it

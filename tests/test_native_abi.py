@@ -1,4 +1,4 @@
-"""The Python mirror of the C helper's boundary (`slacktier.native`) agrees with its header (`st_io.h`).
+"""The Python mirror of the C helper's boundary (`slacktier.tables.native`) agrees with its header (`st_io.h`).
 
 The header is read for its prototypes and compared with `PROTOTYPES` type by
 type; a small C probe compiled against the header prints the wait record's
@@ -17,7 +17,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from slacktier import native
+from slacktier.tables import native
 
 #: C parameter/return types in the header -> the ctypes type the mirror must use
 _C_TO_CTYPES = {

@@ -1,4 +1,4 @@
-"""The read fit (`slacktier probe --read-fit`: probe.reads measures, plan.readfit fits, probe.readfit writes the
+"""The read fit (`slacktier probe --read-fit`: store.measure measures, plan.readfit fits, serve.readfit writes the
 tiers file) on a real staged table and real page sources, and the fit alone on reads made to a known model.
 
 No wall-clock assertions: the tests check what is measured and written (shapes, counts, the model the file
@@ -16,8 +16,8 @@ from slacktier import cli
 from slacktier.errors import SlackTierError
 from slacktier.plan import TIERS_FORMAT, DeviceReadModel, TierSpec, device_design, load_tiers, write_tiers
 from slacktier.plan.readfit import MIN_READ_FIT_RUNS, describe_fit, fit_read_runs
-from slacktier.probe.reads import ReadRuns
-from slacktier.probe.readfit import read_fit
+from slacktier.store.measure import ReadRuns
+from slacktier.serve.readfit import read_fit
 
 
 @pytest.fixture(scope="module")
@@ -130,7 +130,7 @@ def test_a_read_fit_below_the_trusted_r2_warns_and_its_scatter_is_drawn(staged, 
 
     from slacktier.plan.fit import FitQuality
     from slacktier.plan.readfit import TRUSTED_HELD_OUT_R2, fit_warning, predicted_read_ms
-    from slacktier.probe.readfit import plot_read_fit
+    from slacktier.serve.readfit import plot_read_fit
 
     fit = read_fit("dram", staged, (1, 14), runs=9, max_pages=(200, 200))
     poor = dataclasses.replace(fit, fit=dataclasses.replace(fit.fit, held_out=FitQuality(0.55, 1.0, 6)))

@@ -120,7 +120,7 @@ def _mean_by_placement(rs) -> dict[str, dict]:
 
 
 def section_fit(args, out: Path) -> None:
-    from slacktier.probe.readfit import fit_tiers_file
+    from slacktier.serve.readfit import fit_tiers_file
 
     cfg = _base(args, "agent", 128)
     from slacktier.whatif.run import stage_table

@@ -71,7 +71,7 @@ from slacktier.cache.views import (HEADER_WORD, LAYER_WORD, LAYER_WORDS, ROW_WOR
                                    geo_view, header, layer_records, out_view, p_i64, same_length, slot_arrays,
                                    step_view)
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.native import submit_llvm_type
+from slacktier.tables.native import submit_llvm_type
 
 _INT64 = np.dtype(np.int64)
 
@@ -102,7 +102,7 @@ def _clock_ns(typingctx, fn, ts):
 
 @intrinsic
 def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_buffers, err):
-    """The submit at address `fn` (`slacktier.native.SUBMIT`'s signature); the job handle, 0 when refused (see err)."""
+    """The submit at address `fn` (`slacktier.tables.native.SUBMIT`'s signature); the job handle, 0 when refused (see err)."""
     sig = types.int64(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):

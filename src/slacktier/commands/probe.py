@@ -105,10 +105,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _read_fit(args: argparse.Namespace) -> int:
-    """--read-fit: probe.readfit.fit_tiers_file with the flags."""
+    """--read-fit: serve.readfit.fit_tiers_file with the flags."""
     from slacktier.config import DiskOptions
     from slacktier.errors import ErrorKind, SlackTierError, optional_import
-    from slacktier.probe.readfit import fit_tiers_file
+    from slacktier.serve.readfit import fit_tiers_file
 
     try:
         layers = [int(x) for x in args.read_layers.split(",")] if args.read_layers else None

@@ -1,6 +1,6 @@
 """A tier's device read-time model fitted to its measured reads of two layers (what `probe --read-fit` writes).
 
-The reads come from probe.reads: per run, P_first pages of the first layer and
+The reads come from store.measure: per run, P_first pages of the first layer and
 P_second of the second, submitted in that order to the tier's page sources as
 the engine opens them, each layer timed from the first submit to its last
 completion. The model (plan.readmodel) is fitted by least squares on the first
@@ -34,7 +34,7 @@ TRUSTED_HELD_OUT_R2 = 0.8
 
 
 class MeasuredReads(Protocol):
-    """One tier's measured runs (probe.reads.ReadRuns): per run each layer's pages and read time."""
+    """One tier's measured runs (store.measure.ReadRuns): per run each layer's pages and read time."""
 
     tier: str
     layers: tuple[int, ...]   # submission order

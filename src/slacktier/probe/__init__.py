@@ -1,8 +1,8 @@
 """probe room: the prefetch-window probe for any torch decoder (paper section 6.3, appendix B).
 
-hf.py (transformers) is not imported here; import slacktier.probe.hf to load real models. Nor is the read fit
-(`slacktier probe --read-fit`): probe.reads measures a tier's reads, plan.readfit fits its model to them, and
-probe.readfit runs both and writes the tiers file.
+hf.py (transformers) is not imported here; import slacktier.probe.hf to load real models. The read fit that
+`slacktier probe --read-fit` also runs lives above the tiers it measures: store.measure times a tier's reads,
+plan.readfit fits its model to them, and serve.readfit runs both and writes the tiers file.
 """
 
 from slacktier.probe.config import (NO_TARGET, ConfigWatcher, ProbeTarget, read_probe_config,

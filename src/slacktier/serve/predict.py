@@ -5,7 +5,7 @@ Prediction of one (placement, B) on a profile, from inputs fixed before any time
     windows W_l        the profile at B (serve.timeline.ComputeProfile.times)
     read-time model    per tier, the device read model (plan.readmodel: T_l = a + b P_l + c P_ahead +
                        c_behind P_behind) fitted to the tier's reads of the staged table's own regions
-                       (probe.readfit.read_fit, what `slacktier probe --read-fit` runs), through the tier's page
+                       (serve.readfit.read_fit, what `slacktier probe --read-fit` runs), through the tier's page
                        sources as the engine opens them
     pages P_l          miss-page curves P_l(rows) of the FIT half of the traffic (`fit_miss_curves`), replayed
                        with the timeline's protocol (same B, same turns; the served cache's CLOCK); the timed runs
@@ -44,7 +44,7 @@ from slacktier.plan.planner import predict_fixed_placement
 from slacktier.plan.readfit import TierReadFit
 from slacktier.plan.tiers import TierSpec
 from slacktier.plan.types import TableDemand
-from slacktier.probe.readfit import read_fit
+from slacktier.serve.readfit import read_fit
 from slacktier.serve.timeline import (ComputeProfile, StepTimes, SweepConfig, SweepRun, TimelineRunner,
                                       TimelineStep, summarize)
 
@@ -170,7 +170,7 @@ def predict(inputs: PlannerInputs, placement: Placement, batch: int, cal: Calibr
     missing = sorted({placement.tier(l) for l in layers} - set(inputs.tiers))
     if missing:
         raise SlackTierError(ErrorKind.MISSING, f"placement {placement.name} uses tiers {missing} without a "
-                             "read-time model", fix="run the read fit (probe.readfit.read_fit) on every tier of the "
+                             "read-time model", fix="run the read fit (serve.readfit.read_fit) on every tier of the "
                              "sweep")
     s = cal.resolve_ms(batch) if cal else 0.0
     kappa = cal.kappa_ms if cal else 0.0

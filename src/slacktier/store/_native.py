@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.native import HEADER, WaitInfo, declare, submit_prototype
+from slacktier.tables.native import HEADER, WaitInfo, declare, submit_prototype
 
 log = logging.getLogger(__name__)
 

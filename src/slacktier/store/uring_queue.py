@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.native import WaitInfo
+from slacktier.tables.native import WaitInfo
 from slacktier.store._native import IoEngine, submit_address
 from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import IO_CLASSES, Device, DeviceQueue, Landed

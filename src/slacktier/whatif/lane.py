@@ -28,7 +28,7 @@ import numpy as np
 from numba import carray, cfunc, types
 
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.native import submit_numba_signature
+from slacktier.tables.native import submit_numba_signature
 from slacktier.tables.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)

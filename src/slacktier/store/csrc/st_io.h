@@ -2,7 +2,7 @@
  * crosses it (what st_eng_wait reports of a done job).
  *
  * This header is the single statement of that boundary on the C side; uring_read.c includes it, so the
- * compiler refuses a definition that drifts from it. On the Python side `slacktier.native` mirrors it (ctypes
+ * compiler refuses a definition that drifts from it. On the Python side `slacktier.tables.native` mirrors it (ctypes
  * prototypes, the record's structured layout, and the submit signature compiled code calls by address), and
  * tests/test_native_abi.py checks the mirror against this file. Change both together.
  *

@@ -1,4 +1,4 @@
-"""`slacktier probe --read-fit`: measure each tier's reads on a staged table (probe.reads), fit its device
+"""`slacktier probe --read-fit`: measure each tier's reads on a staged table (store.measure), fit its device
 read-time model (plan.readfit), and write the tiers file `plan` and `inspect` read, with each fit's runs and plot.
 """
 
@@ -12,13 +12,13 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.fit import MIN_FIT_RUNS
 from slacktier.plan.readfit import (MIN_READ_FIT_RUNS, TRUSTED_HELD_OUT_R2, TierReadFit, describe_fit, fit_read_runs,
                                     fit_warning, predicted_read_ms)
-from slacktier.probe.reads import measure_reads
+from slacktier.store.measure import measure_reads
 
 
 def read_fit(tier: str, manifest, layers: Sequence[int], *, runs: int = 45,
              max_pages: Sequence[int] = (3000, 3000), options=None, seed: int = 0, holds_table: bool | None = None,
              measured: str = "", rank: int = 0) -> TierReadFit:
-    """Measure `tier` on `manifest`'s regions of `layers` (probe.reads.measure_reads) and fit its device read
+    """Measure `tier` on `manifest`'s regions of `layers` (store.measure.measure_reads) and fit its device read
     model (plan.readfit.fit_read_runs); too few runs are refused before anything is read."""
     if runs < MIN_READ_FIT_RUNS:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"runs: {runs} read-fit runs",
