@@ -181,6 +181,17 @@ def interleaved(variants: Sequence[T], rounds: int, seed: int = 0) -> Iterator[t
             yield r, v
 
 
+def drop_file_cache(path: str | Path) -> None:
+    """Write back and drop `path`'s pages from the OS page cache (posix_fadvise DONTNEED), so what reads it next
+    starts with none of them resident."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def format_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A markdown table a person can read (and paste into a bench-log file)."""
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

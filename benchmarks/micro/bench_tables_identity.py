@@ -21,10 +21,10 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import random
 import statistics
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -33,6 +33,9 @@ import torch
 
 from slacktier.tables.checkpoint_source import CheckpointSource
 from slacktier.tables.identity import IdentityCheck, Recorded, source_identity
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+from benchmarks._harness import drop_file_cache  # noqa: E402
 
 ROW = 264
 FULL_GB = 203.0
@@ -54,15 +57,6 @@ def write_table(path: Path, rows: int) -> None:
             n = min(left, len(block))
             f.write(block[:n])
             left -= n
-
-
-def evict(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 def main() -> None:
@@ -95,7 +89,7 @@ def main() -> None:
                 if what == "check-mem" or what == "sha-full":
                     w, s = w.clone(), s.clone()   # in memory, as the engine's loader holds them
                 else:
-                    evict(path)
+                    drop_file_cache(path)
                 t0 = time.perf_counter()
                 if what.startswith("check"):
                     check = IdentityCheck(rec, "bench", str(path))

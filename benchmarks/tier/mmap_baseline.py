@@ -53,7 +53,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
-from benchmarks._harness import command_line, format_table, interleaved, machine, utc_stamp, write_result  # noqa: E402
+from benchmarks._harness import command_line, drop_file_cache, format_table, interleaved, machine, utc_stamp, write_result  # noqa: E402
 
 from slacktier.errors import ErrorKind, SlackTierError  # noqa: E402
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE  # noqa: E402
@@ -276,16 +276,6 @@ def remove_cgroup(d: Path) -> None:
 
 def read_int(p: Path) -> int:
     return int(p.read_text().strip())
-
-
-def drop_file_cache(path: str) -> None:
-    """Write back and drop the file's pages from the page cache, so a run starts with none of them resident."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
 
 
 # ---- one timed run (a child process, inside its cgroup) ---------------------------------------------------
