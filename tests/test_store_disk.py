@@ -239,10 +239,10 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
     pool = PageBufferPool(2)
     try:
-        lane = src.native_lane()   # compiled code's way in: C checks the reads itself
+        lane = src.lane()   # compiled code's way in: C checks the reads itself
         bad = _reads([(0, 1), (0, staged.specs[0].pages)])
         [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
-        assert queue.submit(lane.handle(), bad.region, bad.page, bad.buffer, pool) == -2
+        assert queue.submit(lane.arm(), bad.region, bad.page, bad.buffer, pool) == -2
         with pytest.raises(SlackTierError) as info:
             src.submit(bad, pool)
         assert info.value.kind is ErrorKind.BAD_INPUT and info.value.page == staged.specs[0].pages
