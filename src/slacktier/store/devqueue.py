@@ -45,7 +45,7 @@ import stat
 import threading
 from collections import Counter
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Protocol
 
 import numpy as np
 
@@ -100,9 +100,10 @@ class DeviceQueue(abc.ABC):
 
     A client (one table's regions on this device) is attached once; a batch of
     a client's reads is a job. Region indices in a job are the client's own.
-    Seven methods and one capability (`lane`). Both engines' queues also take
-    `hold`, `trace` and `traced`, for tests and benchmarks: each declares them
-    (PreadQueue, UringQueue), as each does what only it needs.
+    Seven methods and one capability (`lane`); what tests and benchmarks ask
+    of a queue is apart, in `QueueProbe`, and what only one engine needs stays
+    in it (the io_uring queue's pool registrations and strict order, the
+    thread queue's hooks for the emulated queue built on it).
     """
 
     #: what moves the bytes ("io_uring" or "threads")
@@ -153,6 +154,19 @@ class DeviceQueue(abc.ABC):
         """Capability: `source`'s lane over its client `client` (store.base.Lane), or None where every batch goes
         through `submit`."""
         return None
+
+
+class QueueProbe(Protocol):
+    """What tests and benchmarks ask of a device queue beyond its interface; both engines' queues answer it."""
+
+    def hold(self, on: bool) -> None:
+        """Admit no read while held, so a batch can land late for real (tests)."""
+
+    def trace(self, reads: int) -> None:
+        """Record the next `reads` reads in the order the queue hands them to the device (0: stop)."""
+
+    def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reads handed to the device since `trace`, in that order: client id, region, page."""
 
 
 #: the ioprio value of each class, level 0 (linux/ioprio.h: class << 13)

@@ -401,7 +401,7 @@ class DiskSource(RegionSource):
         """Capability for tests: hold (admit no read) or release the queues of this source's devices, which
         holds every table on those devices, as a stalled device would."""
         for att in self._attached:
-            att.queue.hold(on)
+            att.queue.hold(on)   # both engines' queues answer store.devqueue.QueueProbe
 
     def close(self) -> None:
         """Let queued batches land, leave the device queues (the last user closes one), close the files; later

@@ -271,7 +271,7 @@ class PreadQueue(DeviceQueue):
         for t in self._threads:
             t.join()
 
-    # -- capabilities for tests and benchmarks (the emulated device holds its rank queues too) -------------
+    # -- store.devqueue.QueueProbe: for tests and benchmarks (the emulated device holds its rank queues too)
 
     def hold(self, on: bool) -> None:
         """Admit no read while held, so a batch can land late for real (tests)."""

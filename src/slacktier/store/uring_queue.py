@@ -63,7 +63,7 @@ class UringQueue(DeviceQueue):
             raise SlackTierError(ErrorKind.BAD_INPUT, "a client with jobs not yet released cannot detach",
                                  fix="wait for and release every job first")
 
-    def keep_mapped(self, pool: PageBufferPool) -> None:
+    def _keep_mapped(self, pool: PageBufferPool) -> None:
         """Count a job queued into `pool` (by `submit`, or by compiled code through `st_eng_submit`): the pool stays
         referenced, so mapped, until its last job is released and no ring has it registered."""
         with self._lock:
@@ -83,7 +83,7 @@ class UringQueue(DeviceQueue):
                pool: PageBufferPool) -> int:
         job = self.engine.submit(client, region, page, buffer, pool.base, pool.capacity)
         if job > 0:
-            self.keep_mapped(pool)
+            self._keep_mapped(pool)
         return job
 
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
@@ -136,7 +136,7 @@ class UringQueue(DeviceQueue):
         with self._lock:
             self._pools.clear()
 
-    # -- capabilities for tests and benchmarks ------------------------------------------------------------
+    # -- store.devqueue.QueueProbe: for tests and benchmarks ---------------------------------------------
 
     def hold(self, on: bool) -> None:
         """Admit no read while held, so a batch can land late for real (tests)."""
@@ -171,5 +171,5 @@ class UringLane(Lane):
         return self.client
 
     def _claim(self, job: int, pool: PageBufferPool) -> int:
-        self.queue.keep_mapped(pool)
+        self.queue._keep_mapped(pool)
         return job
