@@ -239,10 +239,10 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
     pool = PageBufferPool(2)
     try:
-        lane = src.native_lane()   # compiled code's way in: C checks the reads itself
+        lane = src.lane()   # compiled code's way in: C checks the reads itself
         bad = _reads([(0, 1), (0, staged.specs[0].pages)])
         [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
-        assert queue.submit(lane.handle(), bad.region, bad.page, bad.buffer, pool) == -2
+        assert queue.submit(lane.arm(), bad.region, bad.page, bad.buffer, pool) == -2
         with pytest.raises(SlackTierError) as info:
             src.submit(bad, pool)
         assert info.value.kind is ErrorKind.BAD_INPUT and info.value.page == staged.specs[0].pages
@@ -255,6 +255,33 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
         assert np.array_equal(pool.pages[0], staged.pages[0][5])
     finally:
         src.close()
+
+
+@pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable: {_URING_MISSING}")
+def test_a_job_queued_through_the_lane_is_booked_as_a_ticket_of_the_source(o_direct_dir):
+    # What the step's compiled pass does, from Python: arm the lane, queue a batch with the C submit on the client
+    # word it gives (C checks and copies it), book the job; the source waits for that ticket like one from submit.
+    staged = stage_synthetic(o_direct_dir, layers=(1,), ranks=2)
+    src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
+    [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
+    pool = PageBufferPool(2)
+    try:
+        lane = src.lane()
+        assert lane is src.lane() and lane.source is src and lane.lock is src.lock
+        reads = _reads([(1, 4), (0, 2)])
+        with lane.lock:
+            job = queue.engine.submit(lane.arm(), reads.region, reads.page, reads.buffer, pool.base, pool.capacity)
+            assert job > 0 and not queue.holds(pool)  # the C engine's alone until booked
+            ticket = lane.book(job, len(reads), pool)
+        assert queue.holds(pool)                      # booked: the queue keeps the pool mapped until release
+        stats = src.wait(ticket)
+        assert stats.pages == 2
+        assert np.array_equal(pool.pages[0], staged.pages[1][4]) and np.array_equal(pool.pages[1], staged.pages[0][2])
+        with pytest.raises(SlackTierError, match="no ticket"):
+            src.wait(ticket)
+    finally:
+        src.close()
+    assert lane.arm() == 0                           # closed: every batch must go through submit, which refuses
 
 
 def _worker_threads() -> dict[int, int]:

@@ -142,6 +142,24 @@ def test_a_ticket_is_waited_once(source, staged):
         source.wait(ticket)
 
 
+def test_tickets_of_every_tier_come_from_one_counter(staged, redis_server):
+    """Sources of different tiers in one process never hand out the same ticket: one component mints them all."""
+    sources = [_open(kind, staged, lambda: redis_server) for kind in AVAILABLE]
+    try:
+        pool = PageBufferPool(4)
+        rng = np.random.default_rng(11)
+        tickets = []
+        for _ in range(3):
+            for src in sources:
+                ticket = src.submit(_random_reads(staged, rng, 4), pool)
+                src.wait(ticket)
+                tickets.append(ticket)
+        assert len(set(tickets)) == len(tickets)
+    finally:
+        for src in sources:
+            src.close()
+
+
 def test_a_closed_source_refuses_work(source, staged):
     pool = PageBufferPool(8)
     reads = _random_reads(staged, np.random.default_rng(6), 8)

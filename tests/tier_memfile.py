@@ -21,7 +21,7 @@ import numpy as np
 from slacktier.config import Options
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
-from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
+from slacktier.store.queued import Part, QueuedSource, Worker, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TableIdentity
@@ -35,7 +35,7 @@ class MemfileOptions(Options, frozen=True):
 
 
 class MemfileSource(QueuedSource[None]):
-    """Buffered page reads through the page cache: one lane, one os.preadv per page."""
+    """Buffered page reads through the page cache: one worker, one os.preadv per page."""
 
     read_what = "memfile read"
     engine_name = "preadv"
@@ -60,7 +60,7 @@ class MemfileSource(QueuedSource[None]):
             raise SlackTierError(ErrorKind.MISSING, f"region file {exc.filename} does not exist",
                                  fix="stage the table first") from exc
         self._region_fd = [self._fds[r.path] for r in self.regions]
-        self._start_lanes(1)
+        self._start_workers(1)
 
     @classmethod
     def verify_identity(cls, regions: Sequence[Region], options: MemfileOptions | None,
@@ -69,7 +69,7 @@ class MemfileSource(QueuedSource[None]):
         typed_options(options, MemfileOptions)
         check_file_targets(regions, identity)
 
-    def _read(self, lane: Lane[None], part: Part) -> SlackTierError | None:
+    def _read(self, worker: Worker[None], part: Part) -> SlackTierError | None:
         res = np.empty(part.region.shape[0], dtype=np.int32)  # bytes read, or -errno
         pages = part.pool.pages
         for i, (r, p, b) in enumerate(zip(part.region.tolist(), part.page.tolist(), part.buffer.tolist(),
@@ -81,7 +81,7 @@ class MemfileSource(QueuedSource[None]):
         return self._results_error(res, part)
 
     def close(self) -> None:
-        """Finish queued batches, stop the lane, close the files; later calls raise CLOSED."""
+        """Finish queued batches, stop the worker, close the files; later calls raise CLOSED."""
         super().close()
         self._close_files()
 

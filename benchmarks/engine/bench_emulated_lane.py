@@ -7,7 +7,7 @@ placement run twice per round, interleaved and shuffled:
              queue's lane table (whatif.lane, `_lane_submit`), and begin_step is one compiled call
     python   every batch through `EmulatedSource.submit` (the thread queue's checks and copies, the device's
              timing record): the path before the lane, and the one a refused batch still takes. The benchmark
-             turns the lane off by having `native_lane` answer None, as a source without one does.
+             turns the lane off by having `lane` answer None, as a source without one does.
 
 Per variant: s per rank (begin_step, from the what-if's own timeline: mean over the run's steps, then the mean
 and the slowest of the four ranks), the overhead it gives, and the checker's mismatching rows (0 expected).
@@ -41,12 +41,12 @@ def variant(name: str):
     if name == "lane":
         yield
         return
-    had = EmulatedSource.native_lane
-    EmulatedSource.native_lane = lambda self: None
+    had = EmulatedSource.lane
+    EmulatedSource.lane = lambda self: None
     try:
         yield
     finally:
-        EmulatedSource.native_lane = had
+        EmulatedSource.lane = had
 
 
 def measure(args) -> dict[tuple[str, str], list[dict]]:

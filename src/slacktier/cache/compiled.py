@@ -5,18 +5,17 @@ This is the only way a step's lookups are resolved: the step engine's
 `RowCache.compiled_pass(layers, ...)` builds a `CompiledPass` for a list of
 layers in window order; one call, `run_layers(ids, arr)`, then runs their
 passes (`cache.directory.resolve_layer`) and, right after each pass, hands
-that layer's pages to the C engine client of its device queue
-(`st_eng_submit`, called by address, see `store.uring_queue`; another
-queue's lane may give a submit of the same signature, store.devqueue.QueueLane,
-named per layer), so layer 1's reads are in flight while layer 14 is resolved, with no
-Python in between.
+that layer's pages to its source's lane (store.base.Lane: a submit of
+`slacktier.tables.native.SUBMIT`'s signature, named per layer and called by
+address, such as io_uring's `st_eng_submit`), so layer 1's reads are in
+flight while layer 14 is resolved, with no Python in between.
 
 The pass's array (`CompiledPass.arr`, int64) describes the step once, in the
 layout `cache.views` declares: the header (`PASS_HEADER`) holds the cache's
 slot arrays, the step hash table and what changes per step (cache step, stamp,
 page pool); each layer's record (`PASS_LAYER`) holds the addresses and lengths
-of its directory, owned slots, CLOCK state, geometry and scratch, and its C
-engine handle. The compiled code rebuilds the pass's structs from those
+of its directory, owned slots, CLOCK state, geometry and scratch, and its
+lane's client word. The compiled code rebuilds the pass's structs from those
 addresses (`views.geo_view`, `cache_view`, `step_view`, `out_view`), so the
 call unboxes two arrays instead of 33 per layer. Each pass writes its counts
 (PassResult's fields), its C job and three clock readings into its row of
@@ -39,10 +38,10 @@ every array it names and checks, once, every length the compiled code trusts;
 slots, rebuilds a directory, or adds or drops a layer (`RowCache.generation`);
 its owner builds a new one then, and whenever its own layers, scratch, pool or
 settings change. A larger step than any before grows the step hash table, and
-`start` names the new one. The C engine handles are set per
-step under the client's lock (`store.disk.NativeLane`), held around the call,
+`start` names the new one. The lanes' client words are set per
+step under each lane's lock (store.base.Lane, `arm`), held around the call,
 so a concurrent submit or close cannot interleave with it. The jobs the call
-queued are in the C engine's own list from then on; the step engine books
+queued are the medium's from then on; the step engine books
 them as tickets of their sources later (at the step's first gather, each
 under its client's lock again), off the step's critical path.
 
@@ -102,7 +101,7 @@ def _clock_ns(typingctx, fn, ts):
 
 @intrinsic
 def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_buffers, err):
-    """The submit at address `fn` (`slacktier.tables.native.SUBMIT`'s signature); the job handle, 0 when refused (see err)."""
+    """The submit at address `fn` (`slacktier.tables.native.SUBMIT`'s signature); the job, 0 when refused (see err)."""
     sig = types.int64(*([types.int64] * 9))
 
     def codegen(context, builder, signature, args):
@@ -211,9 +210,9 @@ class CompiledPass:
     """begin_step's passes over a fixed list of layers (window order), as one compiled call: built by
     `RowCache.compiled_pass`, valid while `stale()` is False (module doc).
 
-    A step: `start(tokens)`, then `run(ids)` and, for each stop, `results(...)`; `set_engine(i, handle)`
-    names the C engine client that takes layer i's pages (0: the caller submits them), per step, under
-    that client's lock.
+    A step: `start(tokens)`, then `run(ids)` and, for each stop, `results(...)`; `set_engine(i, word)`
+    names the client word of the lane that takes layer i's pages (0: the caller submits them), per step,
+    under that lane's lock.
     """
 
     def __init__(self, cache: _Cache, layers: Sequence[PassLayer], *, columns: int, owned_only: bool,
@@ -289,13 +288,13 @@ class CompiledPass:
             if state.pending is not None:
                 cache.settle(state)
 
-    def set_engine(self, i: int, handle: int) -> None:
-        """The C engine client taking layer i's pages this step (0: the caller submits them)."""
-        self._layer_words[i * LAYER_WORDS + _ENGINE] = handle
+    def set_engine(self, i: int, word: int) -> None:
+        """The client word (an armed lane's) that layer i's submit takes this step (0: the caller submits them)."""
+        self._layer_words[i * LAYER_WORDS + _ENGINE] = word
 
     def set_submit_fn(self, i: int, address: int) -> None:
-        """The submit (st_eng_submit's signature) that takes layer i's pages: its NativeLane's `submit_address`
-        (st_eng_submit, or another queue lane's of that signature); 0, the default, leaves them to Python."""
+        """The submit (st_eng_submit's signature) that takes layer i's pages: its lane's `address` (st_eng_submit,
+        or another lane's of that signature); 0, the default, leaves them to Python."""
         self.plan.records[i]["submit_fn"] = address
 
     def run(self, ids: np.ndarray, start: int = 0) -> tuple[int, int]:

@@ -62,8 +62,8 @@ class LayerReads:
         ticket = _named(layer, lambda: source.submit(reads, pool))
         entry.tickets.append((source, ticket, len(reads)))
 
-    def adopt(self, layer: int, source: PageSource, ticket: int, pages: int) -> None:
-        """Record a ticket of `layer` that was submitted to `source` elsewhere (the step's compiled entry)."""
+    def track(self, layer: int, source: PageSource, ticket: int, pages: int) -> None:
+        """Wait for a ticket of `layer` that `source` gave elsewhere (a lane's book, after the compiled pass)."""
         entry = self._layers.get(layer)
         if entry is None:   # once per layer and step: no throwaway _Layer per call, as setdefault would make
             entry = self._layers[layer] = _Layer()

@@ -117,6 +117,7 @@ from slacktier.tables.layout import ROW_BYTES, ROW_VALUES
 
 if TYPE_CHECKING:
     from slacktier.engine.metrics import EngineMetrics
+    from slacktier.store.base import Lane
 
 log = logging.getLogger(__name__)
 
@@ -424,7 +425,7 @@ class StepEngine:
         """begin_step's passes and submissions, on the step's critical path (Eq. 1's s): the cache's compiled
         pass over every layer in window order (cache.compiled). It stops early at a layer whose pages go to a
         source without a C engine (Python submits them, and the pass resumes at the next layer) or at a bad
-        id (refused). The passes' results and the booking of their C jobs wait for the step's first gather
+        id (refused). The passes' results and the booking of their lanes' jobs wait for the step's first gather
         (`_take_results`): the reads are in flight once the call returns, and what is left is bookkeeping."""
         plan = self._plan
         if plan is None or plan.cp.stale() or plan.pool is not self._pool:
@@ -457,7 +458,7 @@ class StepEngine:
 
     def _take_results(self) -> None:
         """Take the compiled pass's results of the layers it resolved since the last take, and book the jobs
-        it queued on C engine clients as tickets of their sources (each under its client's lock): the one
+        it queued through lanes as tickets of their sources (each under its lane's lock): the one
         place results are read. Called where the pass stops, and before any wait for a layer's reads (gather,
         end_step, an abort), so no result is used and no read waited for before it is taken."""
         lo, hi = self._taken, self._unread
@@ -474,8 +475,8 @@ class StepEngine:
             if job:
                 lane = lanes[i]
                 with lane.lock:
-                    ticket = lane.adopt(job, res.pages, pool)
-                reads.adopt(run.spec.layer, lane.source, ticket, res.pages)
+                    ticket = lane.book(job, res.pages, pool)
+                reads.track(run.spec.layer, lane.source, ticket, res.pages)
 
     def _wait(self, run: LayerRun) -> None:
         """Wait for `run`'s reads (results taken first); on failure forget the slots they would have filled."""
@@ -536,21 +537,21 @@ class StepEngine:
 
 
 class _HeldLanes:
-    """The locks of a plan's C engine clients (store.disk.NativeLane), held around the compiled call so a
-    concurrent submit or close cannot interleave with it; under them each lane's handle names its layers' C
-    engine for this call (0: Python submits them). One reusable object per plan, entered with `with`: a
+    """The locks of a plan's lanes (store.base.Lane), held around the compiled call so a concurrent submit or
+    close cannot interleave with it; under them each lane is armed, and its word names its layers' client for
+    this call (0: Python submits them). One reusable object per plan, entered with `with`: a
     `with` per lock does not fit a set of locks that varies per plan, and ExitStack costs microseconds here."""
 
     __slots__ = ("_cp", "_natives", "of_layer")
 
-    def __init__(self, cp: CompiledPass, of_layer: list[object | None]) -> None:
+    def __init__(self, cp: CompiledPass, of_layer: list[Lane | None]) -> None:
         self._cp = cp
-        self.of_layer = of_layer   # per layer in window order: its source's NativeLane, None: Python submits
-        by_lane: dict[int, tuple[object, list[int]]] = {}
+        self.of_layer = of_layer   # per layer in window order: its source's Lane, None: Python submits
+        by_lane: dict[int, tuple[Lane, list[int]]] = {}
         for i, lane in enumerate(of_layer):
             if lane is not None:
                 by_lane.setdefault(id(lane), (lane, []))[1].append(i)
-        self._natives = list(by_lane.values())   # (NativeLane, the indices of its layers), one per client
+        self._natives = list(by_lane.values())   # (Lane, the indices of its layers), one per lane
 
     def __enter__(self) -> None:
         held = 0
@@ -558,9 +559,9 @@ class _HeldLanes:
             for lane, layers in self._natives:
                 lane.lock.acquire()
                 held += 1
-                handle = lane.handle()
+                word = lane.arm()
                 for i in layers:
-                    self._cp.set_engine(i, handle)
+                    self._cp.set_engine(i, word)
         except BaseException:
             for lane, _ in self._natives[:held]:
                 lane.lock.release()
@@ -578,20 +579,19 @@ class _Plan:
     cp: CompiledPass
     pool: PageBufferPool            # the page pool it names; a new pool needs a new plan
     runs: list[LayerRun]            # the engine's layer runs, in window order
-    lanes: _HeldLanes               # their sources' NativeLanes (a queue's lane, store.disk) and their locks
+    lanes: _HeldLanes               # their sources' lanes (store.base.Lane) and their locks
 
 
 def _build_plan(engine: StepEngine) -> _Plan:
     """The cache's compiled pass over the engine's layers, cache and scratch as they are now, with the
     device queue client each layer's pages go to."""
     runs = [engine._layers[layer] for layer in engine._order]
-    lane_of: dict[int, object | None] = {}   # per source: its NativeLane, None: Python submits its pages
-    lanes: list[object | None] = []
+    lane_of: dict[int, Lane | None] = {}   # per source: its lane, None: Python submits its pages
+    lanes: list[Lane | None] = []
     for run in runs:
         source = run.spec.source
-        if id(source) not in lane_of:   # native_lane: a capability of sources whose queue has a lane
-            make = getattr(source, "native_lane", None)
-            lane_of[id(source)] = make() if callable(make) else None
+        if id(source) not in lane_of:
+            lane_of[id(source)] = source.lane()
         lanes.append(lane_of[id(source)])
     pool = engine._pool
     cp = engine.cache.compiled_pass(
@@ -600,7 +600,7 @@ def _build_plan(engine: StepEngine) -> _Plan:
         pool_base=pool.base, pool_buffers=pool.capacity)
     for i, lane in enumerate(lanes):   # each lane's own submit: st_eng_submit, or another of its signature
         if lane is not None:
-            cp.set_submit_fn(i, lane.submit_address)
+            cp.set_submit_fn(i, lane.address)
     return _Plan(cp, pool, runs, _HeldLanes(cp, lanes))
 
 

@@ -91,7 +91,7 @@ def _submit_kernel():
     Python's ctypes takes microseconds per array (`arr.ctypes.data`) on this path that runs every step."""
     from numba import njit
 
-    fn = submit_prototype(ctypes.CDLL(str(build_helper())).st_eng_submit)   # a handle of its own for numba
+    fn = submit_prototype(ctypes.CDLL(str(build_helper())).st_eng_submit)   # a CDLL of its own for numba
 
     @njit(nogil=True)
     def submit(client, region, page, buffer, pool_addr, pool_buffers, err):   # pragma: no cover - compiled
@@ -123,34 +123,34 @@ class IoEngine:
     Clients attach their regions (`attach`: region i is region_pages[i] pages of `page_bytes` at byte
     region_offset[i] of file region_fd[i], admitted in region_prio[i] order). A batch of one client goes
     over in one call: `submit` passes the addresses of the region, page and buffer arrays; C checks every
-    read against the client's regions and copies the batch, and returns a job handle at once. `wait`
+    read against the client's regions and copies the batch, and returns the job at once. `wait`
     blocks with the GIL released. No Python runs on the I/O side.
     """
 
     def __init__(self, entries: int, depth: int, wait_batch: int, page_bytes: int, threads: int) -> None:
         self._lib = load_helper()
         err = ctypes.c_int(0)
-        handle = self._lib.st_eng_create(entries, depth, wait_batch, page_bytes, threads, ctypes.byref(err))
-        if not handle:
+        engine = self._lib.st_eng_create(entries, depth, wait_batch, page_bytes, threads, ctypes.byref(err))
+        if not engine:
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot start the io_uring I/O engine: "
                                  f"{os.strerror(err.value)}",
                                  fix="use a kernel with io_uring enabled (sysctl kernel.io_uring_disabled=0) "
                                      "or choose engine='threads'")
-        self._handle: int | None = handle
+        self._engine: int | None = engine   # the C engine's address
         self.threads = threads
         self._err = np.zeros(1, dtype=np.int64)
         self._submit = _submit_kernel()
 
     def attach(self, region_fd: np.ndarray, region_offset: np.ndarray, region_pages: np.ndarray,
                region_prio: np.ndarray, region_ioprio: np.ndarray) -> int:
-        """Attach a client's regions; its handle (what `submit` and compiled code take)."""
-        if self._handle is None:
+        """Attach a client's regions; its id (what `submit` and compiled code take)."""
+        if self._engine is None:
             raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is closed", fix="open a new source")
         arrays = [np.ascontiguousarray(region_fd, dtype=np.int32), np.ascontiguousarray(region_offset, np.int64),
                   np.ascontiguousarray(region_pages, np.int64), np.ascontiguousarray(region_prio, np.int32),
                   np.ascontiguousarray(region_ioprio, np.int32)]
         err = ctypes.c_int(0)
-        client = self._lib.st_eng_attach(self._handle, arrays[0].shape[0], *(a.ctypes.data for a in arrays),
+        client = self._lib.st_eng_attach(self._engine, arrays[0].shape[0], *(a.ctypes.data for a in arrays),
                                          ctypes.byref(err))
         if not client:
             raise SlackTierError(ErrorKind.IO, f"cannot attach regions: {os.strerror(err.value)}", fix="free memory")
@@ -161,13 +161,13 @@ class IoEngine:
 
     def detach(self, client: int) -> bool:
         """Forget a client whose every job was released; False while one is not."""
-        return self._handle is None or self._lib.st_eng_detach(self._handle, client) == 0
+        return self._engine is None or self._lib.st_eng_detach(self._engine, client) == 0
 
     def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool_addr: int,
                pool_buffers: int) -> int:
-        """Queue reads (int32, int64, int32 C-contiguous arrays of one length); the job handle (> 0), or
+        """Queue reads (int32, int64, int32 C-contiguous arrays of one length); the job (> 0), or
         -(i + 1) for read i naming a region, page or buffer out of range (nothing queued). CLOSED once closed."""
-        if self._handle is None:
+        if self._engine is None:
             raise SlackTierError(ErrorKind.CLOSED, "the io_uring I/O engine is closed", fix="open a new source")
         job = self._submit(client, region, page, buffer, pool_addr, pool_buffers, self._err)
         if job:
@@ -181,7 +181,7 @@ class IoEngine:
 
     def wait(self, job: int, timeout_ns: int, info: WaitInfo) -> bool:
         """Block until `job` is done, at most `timeout_ns` (< 0: no limit); True and `info` filled when done."""
-        return self._lib.st_eng_wait(self._handle, job, timeout_ns, ctypes.byref(info)) == 0
+        return self._lib.st_eng_wait(self._engine, job, timeout_ns, ctypes.byref(info)) == 0
 
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """A done job's n reads as submitted, and its results: region, page, buffer, and bytes read or -errno."""
@@ -192,45 +192,45 @@ class IoEngine:
 
     def hold(self, on: bool) -> None:
         """Admit no read while held (tests: a batch that lands late for real); close releases it."""
-        self._lib.st_eng_hold(self._handle, int(on))
+        self._lib.st_eng_hold(self._engine, int(on))
 
     def cancel(self, job: int) -> int:
         """Cancel the job's reads not yet handed to the kernel (they land as -ECANCELED); how many."""
-        return self._lib.st_eng_cancel(self._handle, job) if self._handle is not None else 0
+        return self._lib.st_eng_cancel(self._engine, job) if self._engine is not None else 0
 
     def strict(self, on: bool) -> None:
         """Strict order (the default): a batch's first read waits until no earlier-priority read is in flight
         (off: a later batch fills the depth an earlier one leaves)."""
-        self._lib.st_eng_strict(self._handle, int(on))
+        self._lib.st_eng_strict(self._engine, int(on))
 
     def release(self, job: int) -> None:
         """Free a done job."""
-        if self._handle is not None:
-            self._lib.st_eng_release(self._handle, job)
+        if self._engine is not None:
+            self._lib.st_eng_release(self._engine, job)
 
     def registered(self) -> set[int]:
         """Addresses of the pools the rings have registered now (they must stay mapped)."""
         out = np.zeros(64, dtype=np.uint64)
-        n = self._lib.st_eng_registered(self._handle, out.ctypes.data)
+        n = self._lib.st_eng_registered(self._engine, out.ctypes.data)
         return {int(a) for a in out[:n] if a}
 
     def trace(self, cap: int) -> None:
         """Record the next `cap` admitted reads (0: stop and forget)."""
-        if self._lib.st_eng_trace(self._handle, cap) != 0:
+        if self._lib.st_eng_trace(self._engine, cap) != 0:
             raise SlackTierError(ErrorKind.IO, "cannot allocate the admission trace", fix="ask for fewer reads")
 
     def traced(self, cap: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """The reads admitted since `trace`, in admission order: client id, region, page."""
         client, region, page = np.empty(cap, np.int32), np.empty(cap, np.int32), np.empty(cap, np.int64)
-        n = self._lib.st_eng_trace_read(self._handle, client.ctypes.data, region.ctypes.data, page.ctypes.data,
+        n = self._lib.st_eng_trace_read(self._engine, client.ctypes.data, region.ctypes.data, page.ctypes.data,
                                         cap)
         return client[:n], region[:n], page[:n]
 
     def close(self) -> None:
         """Finish queued batches, stop the threads, free the rings and every job (idempotent)."""
-        if self._handle is not None:
-            self._lib.st_eng_destroy(self._handle)
-            self._handle = None
+        if self._engine is not None:
+            self._lib.st_eng_destroy(self._engine)
+            self._engine = None
 
 
 def probe_io_uring() -> str | None:

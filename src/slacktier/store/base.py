@@ -1,4 +1,4 @@
-"""The page-source interface every tier implements: submit, wait, close.
+"""The page-source interface every tier implements: submit, wait, close, and the lane capability.
 
 Control plane (which pages, into which buffers) lives in the engine; a source
 only moves bytes. A source is built over a list of runtime regions
@@ -35,7 +35,8 @@ import abc
 import mmap
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+import threading
+from typing import TYPE_CHECKING, ClassVar, Protocol
 
 import numpy as np
 
@@ -95,7 +96,7 @@ class ReadStats:
 
 
 class PageSource(abc.ABC):
-    """A tier that reads pages: three methods; everything else is built on top."""
+    """A tier that reads pages: three methods and one capability (`lane`); everything else is built on top."""
 
     #: check reads against the manifest's CRC32Cs under `verify_reads = "auto"`; a tier that says nothing
     #: is taken to have no end-to-end checksum of its own, so on
@@ -130,3 +131,83 @@ class PageSource(abc.ABC):
     @abc.abstractmethod
     def close(self) -> None:
         """Release files, threads and rings; later submits raise SlackTierError(CLOSED)."""
+
+    def lane(self) -> Lane | None:
+        """Capability: the way compiled code hands this source batches without Python (`Lane`), or None where
+        every batch goes through `submit` (the default)."""
+        return None
+
+
+# -- the lane ----------------------------------------------------------------------------------------------------
+
+
+class LaneOwner(Protocol):
+    """What a lane needs of the source it belongs to (the disk tier, store/disk.py)."""
+
+    lock: threading.Lock
+
+    def busy_or_closed(self) -> bool:
+        """Whether batches must go through `submit` now (lock held)."""
+
+    def book(self, job: int, pages: int, pool: PageBufferPool) -> int:
+        """A ticket for a job of its queue client that compiled code queued (lock held)."""
+
+
+class Lane(abc.ABC):
+    """How compiled code hands a source's batches to its medium without entering Python.
+
+    A source whose medium can take a batch from compiled code offers a lane
+    (`PageSource.lane()`; every other source answers None and takes each
+    batch through `submit`). The protocol is three members:
+
+    - `address`: a function of `slacktier.tables.native.SUBMIT`'s signature, which
+      the step's compiled pass (cache/compiled.py) calls by address;
+    - `arm()`: the word that call passes it as its client, or 0 when batches
+      must go through the source's `submit` now (the source is closed, or
+      batches it gave up on still wait to be reaped);
+    - `book(job, pages, pool)`: a ticket of `source` (store/tickets.py) for a
+      job the call returned, waited for with `source.wait` like one from
+      `submit`.
+
+    Hold `lock` (the source's) around `arm`, the compiled call and `book`, so
+    a concurrent submit or close cannot interleave with them. Until it is
+    booked a job is the medium's alone, so a caller books every job a call
+    returned before it arms the lane again, waits for the step's reads, or
+    closes the source (the step engine: at its first gather, end_step or
+    abort).
+
+    One class per medium, each in its medium's file: `UringLane` (the io_uring
+    engine, store/uring_queue.py: C checks, copies and queues each batch
+    itself) and `EmulatedLane` (whatif/tier.py: a numba function records each
+    batch in a table the emulated queue takes them from). A medium writes
+    two methods: `_client_word`, and `_claim`, which makes a job the call
+    returned a job of its queue.
+
+    Worked example: a disk source on one io_uring device queue, a step of two
+    layers -> arm() gives the client, the call returns two jobs, book gives
+    tickets 41 and 42, gather waits for them.
+    """
+
+    def __init__(self, source: LaneOwner, client: int, address: int) -> None:
+        self.source = source
+        self.lock: threading.Lock = source.lock
+        self.client = client
+        self.address = address   # called by address: slacktier.tables.native.SUBMIT
+
+    def arm(self) -> int:
+        """The word for the next compiled call, or 0 when the caller must use the source's `submit` (lock held)."""
+        return 0 if self.source.busy_or_closed() else self._client_word()
+
+    def book(self, job: int, pages: int, pool: PageBufferPool) -> int:
+        """A ticket of `source` for job `job` of `pages` reads into `pool` that the last armed call returned
+        (lock held)."""
+        return self.source.book(self._claim(job, pool), pages, pool)
+
+    @abc.abstractmethod
+    def _client_word(self) -> int:
+        """The word `address` takes as its client for the next call."""
+
+    @abc.abstractmethod
+    def _claim(self, job: int, pool: PageBufferPool) -> int:
+        """The queue's job for job `job` the last call returned into `pool` (from then on the queue's to wait on
+        and release like one from its `submit`)."""

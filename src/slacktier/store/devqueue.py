@@ -49,7 +49,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from slacktier.store.base import PageBufferPool
+from slacktier.store.base import Lane, LaneOwner, PageBufferPool
 
 log = logging.getLogger(__name__)
 
@@ -84,23 +84,6 @@ def physical_device(fd: int) -> Device:
     return Device(number, name)
 
 
-class QueueLane(Protocol):
-    """A queue client that compiled code submits to directly, without entering Python (`DeviceQueue.native_lane`).
-
-    `submit_address` is a function with st_eng_submit's C signature (store/csrc); compiled code calls it with
-    `handle()`, taken for each call under the client's source lock. `book` makes a job that call returned a job
-    of the queue, to `wait` on and `release` like one from `submit`.
-    """
-
-    submit_address: int
-
-    def handle(self) -> int:
-        """The word compiled code passes the submit function for its next call."""
-
-    def book(self, job: int, pool: PageBufferPool) -> int:
-        """The queue's job for job `job` that compiled code queued into `pool`."""
-
-
 @dataclass(frozen=True)
 class Landed:
     """A finished batch: clock readings (CLOCK_MONOTONIC ns, perf_counter_ns's clock) and CPU spent."""
@@ -117,6 +100,10 @@ class DeviceQueue(abc.ABC):
 
     A client (one table's regions on this device) is attached once; a batch of
     a client's reads is a job. Region indices in a job are the client's own.
+    Seven methods and one capability (`lane`); what tests and benchmarks ask
+    of a queue is apart, in `QueueProbe`, and what only one engine needs stays
+    in it (the io_uring queue's pool registrations and strict order, the
+    thread queue's hooks for the emulated queue built on it).
     """
 
     #: what moves the bytes ("io_uring" or "threads")
@@ -133,7 +120,7 @@ class DeviceQueue(abc.ABC):
                io_class: str = "") -> int:
         """Attach a client's regions (file, byte offset, page count and admission priority of each), their reads
         in block-layer I/O priority class `io_class` ("" the process's own: what the disk tier uses, since a
-        class measured no gain, see slacktier.config.DiskOptions); its handle."""
+        class measured no gain, see slacktier.config.DiskOptions); the client's id."""
 
     @abc.abstractmethod
     def detach(self, client: int) -> None:
@@ -147,12 +134,9 @@ class DeviceQueue(abc.ABC):
 
     @abc.abstractmethod
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
-        """Block until the job's reads landed (None when `timeout_s` passed first; the job stays queued)."""
-
-    @abc.abstractmethod
-    def cancel(self, job: int) -> int:
-        """Drop the job's reads not yet handed to the device (nobody will wait for them: a timeout); they land
-        at once as -ECANCELED, and the job is done when its reads in flight land. How many were dropped."""
+        """Block until the job's reads landed. When `timeout_s` passes first the job is given up (nobody will
+        wait for it): its reads not yet handed to the device land at once as -ECANCELED, the job is done when
+        its reads in flight land, and None is returned (a later wait polls it: None until then)."""
 
     @abc.abstractmethod
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -166,23 +150,23 @@ class DeviceQueue(abc.ABC):
     def close(self) -> None:
         """Finish queued jobs and stop the workers (idempotent)."""
 
-    def native_lane(self, client: int) -> QueueLane | None:
-        """Capability: the client's lane for compiled code, or None where every batch goes through `submit`."""
+    def lane(self, client: int, source: LaneOwner) -> Lane | None:
+        """Capability: `source`'s lane over its client `client` (store.base.Lane), or None where every batch goes
+        through `submit`."""
         return None
 
-    # -- capabilities for tests and benchmarks ------------------------------------------------------------
 
-    @abc.abstractmethod
+class QueueProbe(Protocol):
+    """What tests and benchmarks ask of a device queue beyond its interface; both engines' queues answer it."""
+
     def hold(self, on: bool) -> None:
         """Admit no read while held, so a batch can land late for real (tests)."""
 
-    @abc.abstractmethod
     def trace(self, reads: int) -> None:
         """Record the next `reads` reads in the order the queue hands them to the device (0: stop)."""
 
-    @abc.abstractmethod
     def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The reads handed to the device since `trace`, in that order: client handle, region, page."""
+        """The reads handed to the device since `trace`, in that order: client id, region, page."""
 
 
 #: the ioprio value of each class, level 0 (linux/ioprio.h: class << 13)

@@ -18,6 +18,10 @@ earlier layer's leave. Two engines drive a queue:
   io_uring). Choosing it under ``engine="auto"`` is logged at WARNING and
   counted in `ENGINE_FALLBACKS`.
 
+Compiled code queues batches through the source's lane (`lane()`, store.base.Lane:
+the io_uring medium's `UringLane`, or a queue of a tier built on this one),
+booked as tickets of the source (store/tickets.py, which mints every ticket).
+
 A batch whose wait times out is given up: its reads not yet handed to the
 device are dropped from the queue (nobody will wait for them; the step engine
 retires the pool), its ticket is set aside and released once the reads
@@ -46,14 +50,14 @@ import numpy as np
 
 from slacktier.config import DiskOptions
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store._common import check_file_targets, timeout_error
+from slacktier.store._common import check_file_targets
 from slacktier.store._native import probe_io_uring
-from slacktier.store.base import PageBufferPool, PageReads, ReadStats
-from slacktier.store.devqueue import (Device, DeviceQueue, QueueLane, acquire_queue, physical_device,
-                                      release_queue)
+from slacktier.store.base import Lane, PageBufferPool, PageReads, ReadStats
+from slacktier.store.devqueue import Device, DeviceQueue, acquire_queue, physical_device, release_queue
 from slacktier.store.pread_queue import PreadQueue
 from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
+from slacktier.store.tickets import Ticket, timeout_error
 from slacktier.store.uring_queue import REGISTRATION_SKIPS, UringQueue  # noqa: F401 (counted there, read here)
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, TableIdentity, parse_header
@@ -75,40 +79,6 @@ class _Attached:
     queue: DeviceQueue
     client: int
     regions: np.ndarray   # [k] int32, our region indices on this device, in client order
-
-
-@dataclass(eq=False, slots=True)
-class _Ticket:
-    jobs: list            # [(attached, job, reads)]
-    pool: PageBufferPool  # kept referenced until the reads land
-    pages: int
-
-
-class NativeLane:
-    """A DiskSource's one queue client, for compiled code that queues batches on it (`DiskSource.native_lane`).
-
-    Hold `lock` (the source's) around the compiled call: `handle()` is then the word the call passes
-    `submit_address`, or 0 when batches must go through `submit` (the source is closed, or timed-out jobs wait to
-    be reaped); this keeps a concurrent submit or close from interleaving with the call. `adopt`, under the lock
-    again, books a job the call queued as a ticket of the source; until then the job is the queue's alone, so a
-    caller books every job before it waits for the step's reads or closes the source (the step engine: at its
-    first gather, end_step or abort). The queue's lane (store.devqueue.QueueLane) says what the submit is:
-    st_eng_submit on an io_uring client.
-    """
-
-    def __init__(self, source: DiskSource, lock: threading.Lock, lane: QueueLane) -> None:
-        self.source = source
-        self.lock = lock
-        self.lane = lane
-        self.submit_address = lane.submit_address   # called by address
-
-    def handle(self) -> int:
-        """The word for the next compiled call, or 0 when the caller must use `submit` (lock held)."""
-        return 0 if self.source.busy_or_closed() else self.lane.handle()
-
-    def adopt(self, job: int, pages: int, pool: PageBufferPool) -> int:
-        """Book a job compiled code queued on this client (lock held); its ticket for `DiskSource.wait`."""
-        return self.source.book_native(self.lane.book(job, pool), pages, pool)
 
 
 class DiskSource(RegionSource):
@@ -136,10 +106,10 @@ class DiskSource(RegionSource):
         self._head_fds: dict[str, int] = {}              # per target: a buffered fd holding its shared lock
         self._heads: list[tuple[str, int, bytes]] = []   # per target: path, that fd, its header page at open
         self._attached: list[_Attached] = []
-        self._lock = threading.Lock()
-        self._tickets: dict[int, _Ticket] = {}
-        self._next_ticket = 1
-        self._abandoned: list[_Ticket] = []   # timed out: their jobs are released once they land
+        #: held around a submit, a close, and a lane's arm, compiled call and book (store.base.Lane)
+        self.lock = threading.Lock()
+        self._abandoned: list[Ticket] = []   # timed out: their jobs are released once they land
+        self._lane: Lane | None = None
         try:
             self._open_files()
             if identity is not None:   # under the targets' shared locks: no stage changes them from here on
@@ -320,7 +290,7 @@ class DiskSource(RegionSource):
         """Queue the batch on its devices' queues; a ticket at once. The queue checks every read against the
         regions and the pool and copies the batch, so the caller may reuse its arrays at once and no read is
         queued from a bad batch."""
-        with self._lock:
+        with self.lock:
             self._book.refuse_if_closed()
             if self._abandoned:
                 self._reap_abandoned()
@@ -347,46 +317,36 @@ class DiskSource(RegionSource):
                 job = att.queue.submit(att.client, r, p, b, pool)
                 if job < 0:   # a read out of range: nothing of this part was queued
                     if jobs:
-                        self._abandoned.append(_Ticket(jobs, pool, 0))
+                        self._abandoned.append(Ticket(0, pool, jobs=jobs))
                     self._check_reads(PageReads(att.regions[r], p, b), pool)   # raises, naming the read
                     raise SlackTierError(ErrorKind.BAD_INPUT, f"read {-job - 1} is out of range",
                                          fix="ask only for pages the regions hold, into buffers of the pool")
                 jobs.append((att, job, r.shape[0]))
-            return self._new_ticket(_Ticket(jobs, pool, n))
-
-    def _new_ticket(self, t: _Ticket) -> int:
-        ticket = self._next_ticket
-        self._next_ticket += 1
-        self._tickets[ticket] = t
-        return ticket
+            return self._book.add(Ticket(n, pool, jobs=jobs))
 
     def busy_or_closed(self) -> bool:
         """Whether batches must go through `submit` now: closed, or timed-out jobs wait to be reaped (lock held)."""
         return self._book.closed or bool(self._abandoned)
 
-    def book_native(self, job: int, pages: int, pool: PageBufferPool) -> int:
-        """Book a queue job that compiled code queued on our one client (lock held); its ticket."""
-        return self._new_ticket(_Ticket([(self._direct, job, pages)], pool, pages))
+    def book(self, job: int, pages: int, pool: PageBufferPool) -> int:
+        """A ticket for a queue job that compiled code queued on our one client through our lane (lock held)."""
+        return self._book.add(Ticket(pages, pool, jobs=[(self._direct, job, pages)]))
 
-    def native_lane(self) -> NativeLane | None:
+    def lane(self) -> Lane | None:
         """Capability: compiled code may queue batches straight on this source's one queue client
-        (cache.compiled), where that queue offers a lane (io_uring's does); None when every batch must go
-        through `submit` (the thread engine, regions on several devices, or a subclass that overrides `submit`,
-        such as a test's fault injector, which must see every batch)."""
+        (cache.compiled), where that queue offers a lane (io_uring's does, store.base.Lane); None when every batch
+        must go through `submit` (the thread engine, regions on several devices, or a subclass that overrides
+        `submit`, such as a test's fault injector, which must see every batch)."""
         att = self._direct
         if att is None or type(self).submit is not DiskSource.submit:
             return None
-        lane = att.queue.native_lane(att.client)
-        return None if lane is None else NativeLane(self, self._lock, lane)
+        if self._lane is None:
+            self._lane = att.queue.lane(att.client, self)
+        return self._lane
 
     def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
         """Block until the batch landed in the pool (GIL released); raise naming layer/rank/page on a bad read."""
-        with self._lock:
-            self._book.refuse_if_closed()
-            t = self._tickets.get(ticket)
-        if t is None:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"{type(self).__name__} has no ticket {ticket}",
-                                 fix="wait once on a ticket that submit returned")
+        t = self._book.get(ticket)
         deadline = None if timeout_s is None else time.perf_counter_ns() + int(timeout_s * 1e9)
         first_ns = end_ns = None
         cpu_ns = 0
@@ -395,14 +355,15 @@ class DiskSource(RegionSource):
             left = None if deadline is None else max(0, deadline - time.perf_counter_ns()) / 1e9
             landed = att.queue.wait(job, left)
             if landed is None:
-                with self._lock:
-                    self._tickets.pop(ticket, None)
+                with self.lock:
+                    self._book.forget(ticket)
                     self._abandoned.append(t)
-                # Nobody waits for this batch any more (the step engine retires its pool): the reads not yet
-                # handed to the device are dropped, so a device that fell behind catches up and the pool and
-                # its memory go back once the reads in flight land (otherwise retired pools pile up while the device lags).
+                # Nobody waits for this batch any more (the step engine retires its pool): the queue gave this
+                # job up, dropping its reads not yet handed to the device, and a wait of no time gives up the
+                # others, so a device that fell behind catches up and the pool and its memory go back once the
+                # reads in flight land (otherwise retired pools pile up while the device lags).
                 for a, j, _ in t.jobs:
-                    a.queue.cancel(j)
+                    a.queue.wait(j, 0)
                 raise timeout_error(type(self).__name__, ticket, t.pages, timeout_s)
             first_ns = landed.submit_ns if first_ns is None else min(first_ns, landed.submit_ns)
             end_ns = landed.end_ns if end_ns is None else max(end_ns, landed.end_ns)
@@ -413,8 +374,8 @@ class DiskSource(RegionSource):
                 part = Part(t.pool, att.regions[local], page, buffer)
                 error = self._results_error(res, part) if landed.first_bad >= 0 else self._checksum_error(part)
                 cpu_ns += time.thread_time_ns() - c0
-        with self._lock:
-            self._tickets.pop(ticket, None)
+        with self.lock:
+            self._book.forget(ticket)
             for att, job, _ in t.jobs:
                 att.queue.release(job, t.pool)
         changed = self._header_changed()
@@ -440,16 +401,14 @@ class DiskSource(RegionSource):
         """Capability for tests: hold (admit no read) or release the queues of this source's devices, which
         holds every table on those devices, as a stalled device would."""
         for att in self._attached:
-            att.queue.hold(on)
+            att.queue.hold(on)   # both engines' queues answer store.devqueue.QueueProbe
 
     def close(self) -> None:
         """Let queued batches land, leave the device queues (the last user closes one), close the files; later
         calls raise CLOSED. Idempotent."""
-        with self._lock:
+        with self.lock:
             first = not self._book.closed
-            self._book.close()
-            pending = list(self._tickets.values()) + self._abandoned
-            self._tickets.clear()
+            pending = self._book.close() + self._abandoned
             self._abandoned = []
         if first:
             for t in pending:   # our jobs must land before our files close and our client leaves

@@ -30,7 +30,7 @@ from numba import njit
 from slacktier.config import DramOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
-from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
+from slacktier.store.queued import Part, QueuedSource, Worker, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TableIdentity
@@ -108,7 +108,7 @@ class DramSource(QueuedSource[None]):
         self._verify_loaded_pages()
         self._check_each_read = False  # checked once above; host memory does not change underneath
         self.nbytes = self._pages.nbytes
-        self._start_lanes(1)
+        self._start_workers(1)
         log.info("DramSource: engine %s, %d regions, %.1f MiB in host memory", self.engine_name,
                  len(self.regions), self.nbytes / 2**20)
 
@@ -140,7 +140,7 @@ class DramSource(QueuedSource[None]):
         one = np.zeros((1, PAGE_BYTES), np.uint8)
         copy_pages(one, np.zeros(1, np.int64), one.copy(), np.zeros(1, np.int32))
 
-    def _read(self, lane: Lane[None], part: Part) -> SlackTierError | None:
+    def _read(self, worker: Worker[None], part: Part) -> SlackTierError | None:
         copy_pages(self._pages, self._region_base[part.region] + part.page, part.pool.pages, part.buffer)
         return None
 

@@ -24,6 +24,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import NOT_DONE
 from slacktier.store.base import PageBufferPool
 from slacktier.store.devqueue import Device, DeviceQueue, Landed
+from slacktier.store.tickets import mint
 from slacktier.tables.layout import PAGE_BYTES
 
 #: most threads per io_thread: measured, 128 threads spent more CPU per page than 32 for no more IOPS
@@ -44,7 +45,8 @@ class _Client:
 @dataclass(eq=False)
 class PreadJob:
     """One queued batch, as `read_chunk` gets it: the client's region, page and buffer of each read, the pool it
-    reads into, and `res`, where each read's result goes (bytes, or -errno)."""
+    reads into (anything with its `pages` [capacity, 4096] uint8), and `res`, where each read's result goes
+    (bytes, or -errno)."""
 
     client: int
     region: np.ndarray
@@ -78,7 +80,6 @@ class PreadQueue(DeviceQueue):
         self._active: list[tuple[int, PreadJob]] = []         # jobs with reads handed out, not all landed
         self._jobs: dict[int, PreadJob] = {}
         self._clients: dict[int, _Client] = {}
-        self._next = 1
         self._stop = False
         self._held = False
         self._trace_cap = 0
@@ -98,9 +99,8 @@ class PreadQueue(DeviceQueue):
             # the threads read for every client: a per-read class would need ioprio_set around each read
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_class {io_class!r} on the threads engine",
                                  fix="use the io_uring engine, which sets the class per read")
+        client = mint()
         with self._work:
-            client = self._next
-            self._next += 1
             self._clients[client] = _Client(np.array(fd, np.int32), np.array(offset_bytes, np.int64),
                                             np.array(pages, np.int64), np.array(priority, np.int32))
         return client
@@ -127,46 +127,31 @@ class PreadQueue(DeviceQueue):
                                          (buffer >= pool.capacity))
                 if bad.size:
                     return -(int(bad[0]) + 1)
-            return self._enqueue(client, region, page, buffer, pool, time.perf_counter_ns())
+            job = mint()
+            self._queue_job(job, PreadJob(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32),
+                                          time.perf_counter_ns()), int(c.priority[region].min()) if n else 0)
+            return job
 
-    def new_job(self) -> int:
-        """A job number for a batch to `enqueue` later (a batch checked and timed elsewhere, such as one compiled
-        code recorded); raises CLOSED once the queue is closed."""
+    def enqueue(self, job: int, batch: PreadJob, priority: int) -> None:
+        """Queue a batch already checked against its client's regions and its pool (arrays the queue may keep),
+        with admission `priority`, as job `job` (a number from store.tickets.mint): a batch checked and timed
+        elsewhere, such as one compiled code recorded. Raises CLOSED once the queue is closed."""
         with self._work:
             if self._stop:
                 raise SlackTierError(ErrorKind.CLOSED, "the device queue is closed", fix="open a new source")
-            job = self._next
-            self._next += 1
-            return job
+            self._queue_job(job, batch, priority)
 
-    def enqueue(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool: PageBufferPool,
-                submit_ns: int, priority: int, job: int) -> None:
-        """Queue a batch already checked against the client's regions and the pool (arrays the queue may keep),
-        submitted at `submit_ns` (perf_counter_ns), with admission `priority`, as job `job` from `new_job`."""
-        with self._work:
-            self._enqueue(client, region, page, buffer, pool, submit_ns, priority, job)
-
-    def _enqueue(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray, pool: PageBufferPool,
-                 submit_ns: int, priority: int | None = None, handle: int = 0) -> int:
-        """Queue a checked batch (our own copies of its arrays) submitted at `submit_ns`, of `priority` (None: its
-        regions'), as job `handle` (0: a new one); its job (lock held)."""
-        c = self._clients[client]
-        n = region.shape[0]
-        job = PreadJob(client, region, page, buffer, pool, np.full(n, NOT_DONE, np.int32), submit_ns)
-        if not handle:
-            handle = self._next
-            self._next += 1
-        self._jobs[handle] = job
-        c.live += 1
-        if n == 0:
-            job.done = True
-            job.first_ns = job.end_ns = job.submit_ns
+    def _queue_job(self, job: int, j: PreadJob, priority: int) -> None:
+        """Queue batch `j` as job `job` at admission `priority` (lock held)."""
+        self._jobs[job] = j
+        self._clients[j.client].live += 1
+        if j.region.shape[0] == 0:
+            j.done = True
+            j.first_ns = j.end_ns = j.submit_ns
         else:
-            heapq.heappush(self._queue, (int(c.priority[region].min()) if priority is None else priority, handle,
-                                         job))
+            heapq.heappush(self._queue, (priority, job, j))
             if not self._held:   # a held queue's workers would wake only to wait again (hold(False) wakes them)
                 self._work.notify_all()
-        return handle
 
     def submitted_ns(self, job: int) -> int:
         """When job `job` was queued (perf_counter_ns)."""
@@ -245,11 +230,15 @@ class PreadQueue(DeviceQueue):
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
         with self._done:
             j = self._jobs[job]
-            if not self._done.wait_for(lambda: j.done, timeout_s):
-                return None
+            landed = self._done.wait_for(lambda: j.done, timeout_s)
+        if not landed:
+            self._give_up(job)
+            return None
         return Landed(j.submit_ns, j.first_ns, j.end_ns, j.cpu_ns, j.first_bad)
 
-    def cancel(self, job: int) -> int:
+    def _give_up(self, job: int) -> int:
+        """Drop the job's reads not yet handed out (nobody will wait for them); they land at once as -ECANCELED,
+        and the job is done when its reads in flight land. How many were dropped."""
         with self._work:
             j = self._jobs[job]
             n = j.region.shape[0] - j.admitted
@@ -282,7 +271,10 @@ class PreadQueue(DeviceQueue):
         for t in self._threads:
             t.join()
 
+    # -- store.devqueue.QueueProbe: for tests and benchmarks (the emulated device holds its rank queues too)
+
     def hold(self, on: bool) -> None:
+        """Admit no read while held, so a batch can land late for real (tests)."""
         with self._work:
             self._held = on
             # Wake the threads only when a release leaves them reads to take: a waiting thread has nothing to do
@@ -292,11 +284,13 @@ class PreadQueue(DeviceQueue):
                 self._work.notify_all()
 
     def trace(self, reads: int) -> None:
+        """Record the next `reads` reads in the order the queue hands them to the device (0: stop)."""
         with self._work:
             self._trace_cap = reads
             self._trace = []
 
     def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reads handed to the device since `trace`, in that order: client id, region, page."""
         with self._work:
             t = list(self._trace)
         arr = np.array(t, dtype=np.int64).reshape(-1, 3)

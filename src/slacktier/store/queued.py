@@ -1,24 +1,25 @@
 """The queued-source base: workers, queues, tickets, checks, checksums and close, so a tier writes only its read.
 
-A `QueuedSource` runs one or more lanes; a lane is one worker thread with its
-own queue. `submit` checks and copies the batch, splits it over the lanes
-(by the regions' device when the tier asks for per-device lanes, then evenly
-over that device's lanes), queues one `Part` per lane and returns a ticket.
-Each lane calls the tier's `_read(lane, part)`, then (when the source was
+A `QueuedSource` runs one or more workers; a worker is one thread with its
+own queue. `submit` checks and copies the batch, splits it over the workers
+(by the regions' device when the tier asks for per-device workers, then
+evenly over that device's workers), queues one `Part` per worker and returns
+a ticket (store/tickets.py). Each worker calls the tier's
+`_read(worker, part)`, then (when the source was
 given the manifest's checksums) checks every read page's CRC32C in one
 compiled pass over the part (`_common.pool_page_crcs`). `wait`
 raises the first failed part's error, never returning buffers of a failed
-batch. `close` queues a stop marker behind each lane's batches and joins the
-workers, so a batch is either finished or refused with CLOSED.
+batch. `close` queues a stop marker behind each worker's batches and joins
+them, so a batch is either finished or refused with CLOSED.
 
 A tier implements:
 
-- ``_read(lane, part) -> SlackTierError | None``: fill ``part.pool`` for the
-  part's reads; return (or raise) the error of the first bad read.
-- optionally ``_open_lane(lane)`` / ``_close_lane(lane)``: per-worker setup
-  and teardown, run on the lane's own thread (the disk tier's io_uring ring
-  may only be driven by the thread that created it). ``lane.state`` holds
-  what setup made.
+- ``_read(worker, part) -> SlackTierError | None``: fill ``part.pool`` for
+  the part's reads; return (or raise) the error of the first bad read.
+- optionally ``_open_worker(worker)`` / ``_close_worker(worker)``: setup and
+  teardown, run on the worker's own thread (a connection, a ring: state that
+  only the thread that made it may drive). ``worker.state`` holds what setup
+  made.
 
 Worked example: regions of 10 and 20 pages -> page 3 of region 1 is page
 10 + 3 = 13 of the concatenation, where its CRC32C sits in the checksums.
@@ -39,33 +40,34 @@ import numpy as np
 
 from slacktier.config import Options
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store._common import NOT_DONE, TicketBook, _Pending, pool_page_crcs
+from slacktier.store._common import NOT_DONE, pool_page_crcs
 from slacktier.store.base import PageBufferPool, PageReads, PageSource, ReadStats
+from slacktier.store.tickets import Ticket, TicketBook
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 
 S = TypeVar("S")
 O = TypeVar("O", bound=Options)
 
-#: lanes of a source whose lanes are not tied to a device (DRAM, Redis)
+#: the workers of a source whose workers are not tied to a device (DRAM, Redis)
 ANY_DEVICE = -1
 
 
 @dataclass(eq=False)
 class Part:
-    """The reads of one batch that one lane performs."""
+    """The reads of one batch that one worker performs."""
 
     pool: PageBufferPool  # kept referenced until the reads land
     region: np.ndarray    # [n] int32, index into the source's regions
     page: np.ndarray      # [n] int64, page inside that region
     buffer: np.ndarray    # [n] int32, destination buffer in the pool
-    pending: _Pending | None = None  # set under the submit lock, before the part is queued
+    ticket: Ticket | None = None  # set under the submit lock, before the part is queued
     cpu_ns: int = 0       # CPU the tier spent on other threads (a thread pool); added to the batch's cpu_us
 
 
 @dataclass(eq=False)
-class Lane(Generic[S]):
-    """One worker thread and its queue; `state` is what the tier's `_open_lane` made (e.g. an io_uring ring)."""
+class Worker(Generic[S]):
+    """One worker thread and its queue; `state` is what the tier's `_open_worker` made (e.g. a connection)."""
 
     index: int
     device: int           # the device whose reads it serves, or ANY_DEVICE
@@ -85,7 +87,7 @@ def typed_options(options: Options | None, kind: type[O]) -> O:
 
 class RegionSource(PageSource):
     """What every source over staged regions shares: the regions checked, the manifest's checksums, the ticket
-    book, and the checks and errors that name layer, rank and page. `QueuedSource` adds worker lanes; the
+    book, and the checks and errors that name layer, rank and page. `QueuedSource` adds workers; the
     disk tier (store/disk.py) submits to device queues instead."""
 
     #: names the tier's reads in error messages ("disk read: short read, ...")
@@ -140,7 +142,7 @@ class RegionSource(PageSource):
     # -- helpers --------------------------------------------------------------------------------
 
     def _warm(self) -> None:
-        """Compile the kernels the lanes will call; the checksum pass by default (a tier adds its own)."""
+        """Compile the kernels the workers will call; the checksum pass by default (a tier adds its own)."""
         if self._check_each_read:
             pool_page_crcs(np.zeros((1, PAGE_BYTES), np.uint8), np.zeros(1, np.int32))
 
@@ -210,36 +212,36 @@ class RegionSource(PageSource):
 
 
 class QueuedSource(RegionSource, Generic[S]):
-    """A page source whose reads run on worker lanes; subclasses implement `_read` (see the module docstring)."""
+    """A page source whose reads run on workers; subclasses implement `_read` (see the module docstring)."""
 
     def __init__(self, regions: Sequence[Region], *, page_crc32c: Sequence[np.ndarray] | None = None,
                  verify_pages: bool = True) -> None:
         super().__init__(regions, page_crc32c=page_crc32c, verify_pages=verify_pages)
         self._submit_lock = threading.Lock()  # a batch is queued before close's stop markers, or refused
-        self._lanes: dict[int, list[Lane[S]]] = {}  # device (or ANY_DEVICE) -> its lanes
+        self._workers: dict[int, list[Worker[S]]] = {}  # device (or ANY_DEVICE) -> its workers
         self._threads: list[threading.Thread] = []
 
-    # -- lanes ----------------------------------------------------------------------------------
+    # -- workers --------------------------------------------------------------------------------
 
-    def _start_lanes(self, lanes: int = 1, *, per_device: bool = False) -> None:
-        """Start `lanes` workers (for each device of the regions when `per_device`); raise the first setup error.
+    def _start_workers(self, workers: int = 1, *, per_device: bool = False) -> None:
+        """Start `workers` threads (for each device of the regions when `per_device`); raise the first setup error.
 
-        Compiled kernels the lanes use are compiled (or loaded from numba's cache) first, by `_warm`, so that
+        Compiled kernels the workers use are compiled (or loaded from numba's cache) first, by `_warm`, so that
         no first read pays a compile inside a caller's bounded wait."""
         self._warm()
         devices = sorted({int(d) for d in self._region_device}) if per_device else [ANY_DEVICE]
         name = type(self).__name__.removesuffix("Source").lower()
         ready: list[tuple[threading.Event, list[BaseException]]] = []
         for device in devices:
-            self._lanes[device] = []
-            for w in range(lanes):
-                lane: Lane[S] = Lane(sum(len(v) for v in self._lanes.values()), device, queue.SimpleQueue())
+            self._workers[device] = []
+            for w in range(workers):
+                worker: Worker[S] = Worker(sum(len(v) for v in self._workers.values()), device, queue.SimpleQueue())
                 started: tuple[threading.Event, list[BaseException]] = (threading.Event(), [])
                 label = f"d{device}-w{w}" if per_device else f"w{w}"
-                thread = threading.Thread(target=self._lane_main, args=(lane, started), daemon=True,
+                thread = threading.Thread(target=self._worker_main, args=(worker, started), daemon=True,
                                           name=f"slacktier-{name}-{label}")
                 thread.start()
-                self._lanes[device].append(lane)
+                self._workers[device].append(worker)
                 self._threads.append(thread)
                 ready.append(started)
         failures = []
@@ -250,51 +252,51 @@ class QueuedSource(RegionSource, Generic[S]):
             self.close()
             raise failures[0]
 
-    def _lane_main(self, lane: Lane[S], started: tuple[threading.Event, list[BaseException]]) -> None:
+    def _worker_main(self, worker: Worker[S], started: tuple[threading.Event, list[BaseException]]) -> None:
         try:
-            self._open_lane(lane)
-        except BaseException as exc:  # reported to _start_lanes, which raises it
+            self._open_worker(worker)
+        except BaseException as exc:  # reported to _start_workers, which raises it
             started[1].append(exc)
             started[0].set()
             return
         started[0].set()
         try:
             while True:
-                part = lane.queue.get()
+                part = worker.queue.get()
                 if part is None:
                     return
-                self._run_part(lane, part)
+                self._run_part(worker, part)
         finally:
-            self._close_lane(lane)
+            self._close_worker(worker)
 
-    def _run_part(self, lane: Lane[S], part: Part) -> None:
+    def _run_part(self, worker: Worker[S], part: Part) -> None:
         t0 = time.thread_time_ns()
         error: BaseException | None
         try:
-            error = self._read(lane, part)
+            error = self._read(worker, part)
             if error is None and self._check_each_read:
                 error = self._checksum_error(part)
         except BaseException as exc:  # never leave a ticket hanging; wait() re-raises it
             error = exc
-        assert part.pending is not None
-        self._book.finish_part(part.pending, time.thread_time_ns() - t0 + part.cpu_ns, error)
+        assert part.ticket is not None
+        self._book.finish_part(part.ticket, time.thread_time_ns() - t0 + part.cpu_ns, error)
 
     # -- what a tier implements -----------------------------------------------------------------
 
-    def _open_lane(self, lane: Lane[S]) -> None:
-        """Per-worker setup, on the lane's thread (set `lane.state`); nothing by default."""
+    def _open_worker(self, worker: Worker[S]) -> None:
+        """Per-worker setup, on the worker's thread (set `worker.state`); nothing by default."""
 
-    def _close_lane(self, lane: Lane[S]) -> None:
-        """Per-worker teardown, on the lane's thread, after its last batch; nothing by default."""
+    def _close_worker(self, worker: Worker[S]) -> None:
+        """Per-worker teardown, on the worker's thread, after its last batch; nothing by default."""
 
     @abc.abstractmethod
-    def _read(self, lane: Lane[S], part: Part) -> SlackTierError | None:
+    def _read(self, worker: Worker[S], part: Part) -> SlackTierError | None:
         """Read the part's pages into `part.pool`; the first bad read's error, else None."""
 
     # -- the interface --------------------------------------------------------------------------
 
     def submit(self, reads: PageReads, pool: PageBufferPool) -> int:
-        """Check and copy the batch, queue it on the lanes; returns a ticket at once."""
+        """Check and copy the batch, queue it on the workers; returns a ticket at once."""
         self._book.refuse_if_closed()
         reads = PageReads(np.array(reads.region, dtype=np.int32), np.array(reads.page, dtype=np.int64),
                           np.array(reads.buffer, dtype=np.int32))  # ours: callers may reuse theirs at once
@@ -302,10 +304,10 @@ class QueuedSource(RegionSource, Generic[S]):
         n = len(reads)
         parts = self._split(reads, pool) if n else []
         with self._submit_lock:
-            ticket, pending = self._book.open(len(parts), n)
-            for lane, part in parts:
-                part.pending = pending
-                lane.queue.put(part)
+            ticket, t = self._book.open(len(parts), n, pool)
+            for worker, part in parts:
+                part.ticket = t
+                worker.queue.put(part)
         return ticket
 
     def wait(self, ticket: int, timeout_s: float | None = None) -> ReadStats:
@@ -313,34 +315,34 @@ class QueuedSource(RegionSource, Generic[S]):
         return self._book.wait(ticket, timeout_s)
 
     def close(self) -> None:
-        """Finish queued batches, stop the lanes (running their teardown); later calls raise CLOSED. Idempotent."""
+        """Finish queued batches, stop the workers (running their teardown); later calls raise CLOSED. Idempotent."""
         with self._submit_lock:
             first = not self._book.closed
             self._book.close()
             if first:
-                for lanes in self._lanes.values():
-                    for lane in lanes:
-                        lane.queue.put(None)
+                for workers in self._workers.values():
+                    for worker in workers:
+                        worker.queue.put(None)
         for thread in self._threads:
             thread.join()
 
-    def _split(self, reads: PageReads, pool: PageBufferPool) -> list[tuple[Lane[S], Part]]:
-        """One part per lane that gets reads: by device (per-device lanes), then evenly over its lanes."""
+    def _split(self, reads: PageReads, pool: PageBufferPool) -> list[tuple[Worker[S], Part]]:
+        """One part per worker that gets reads: by device (per-device workers), then evenly over its workers."""
         region, page, buffer = reads.region, reads.page, reads.buffer
-        if len(self._lanes) == 1:
-            groups: list[tuple[list[Lane[S]], np.ndarray | None]] = [(next(iter(self._lanes.values())), None)]
+        if len(self._workers) == 1:
+            groups: list[tuple[list[Worker[S]], np.ndarray | None]] = [(next(iter(self._workers.values())), None)]
         else:
             device = self._region_device[region]
-            groups = [(lanes, np.flatnonzero(device == d)) for d, lanes in self._lanes.items()]
-            groups = [(lanes, idx) for lanes, idx in groups if idx is not None and idx.size]
+            groups = [(workers, np.flatnonzero(device == d)) for d, workers in self._workers.items()]
+            groups = [(workers, idx) for workers, idx in groups if idx is not None and idx.size]
         out = []
-        for lanes, idx in groups:
+        for workers, idx in groups:
             n = region.shape[0] if idx is None else idx.shape[0]
-            k = min(len(lanes), n)
+            k = min(len(workers), n)
             if k <= 1 and idx is None:
-                out.append((lanes[0], Part(pool, region, page, buffer)))
+                out.append((workers[0], Part(pool, region, page, buffer)))
                 continue
             whole = np.arange(n) if idx is None else idx
             chunks = [whole] if k <= 1 else np.array_split(whole, k)
-            out.extend((lanes[w], Part(pool, region[c], page[c], buffer[c])) for w, c in enumerate(chunks))
+            out.extend((workers[w], Part(pool, region[c], page[c], buffer[c])) for w, c in enumerate(chunks))
         return out

@@ -1,13 +1,15 @@
 """The io_uring device queue: C worker threads with a ring each, fed from one (priority, arrival) queue.
 
 The C side (csrc/uring_read.c, `st_eng_*`) keeps the queue, the rings and
-the jobs; Python attaches clients, books jobs and keeps page pools mapped
-while a ring may have them registered: the kernel pins a registered pool's
-pages, and a new pool mapped at a freed pool's address would otherwise be
-written through the old registration.
+the jobs; Python attaches clients, counts each job's page pool and keeps
+pools mapped while a ring may have them registered: the kernel pins a
+registered pool's pages, and a new pool mapped at a freed pool's address
+would otherwise be written through the old registration.
 
-Compiled code (cache/compiled.py) queues a batch straight on a client with
-`st_eng_submit`, by address: `submit_address()` and the client handle.
+The io_uring medium's lane (`UringLane`, store.base.Lane): compiled code
+(cache/compiled.py) queues a batch straight on a client with `st_eng_submit`,
+by address, passing the client's id; the C engine checks, copies and queues
+it, and claiming the job only counts its pool.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import numpy as np
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.native import WaitInfo
 from slacktier.store._native import IoEngine, submit_address
-from slacktier.store.base import PageBufferPool
+from slacktier.store.base import Lane, LaneOwner, PageBufferPool
 from slacktier.store.devqueue import IO_CLASSES, Device, DeviceQueue, Landed
 from slacktier.tables.layout import PAGE_BYTES
 
@@ -61,8 +63,9 @@ class UringQueue(DeviceQueue):
             raise SlackTierError(ErrorKind.BAD_INPUT, "a client with jobs not yet released cannot detach",
                                  fix="wait for and release every job first")
 
-    def book(self, pool: PageBufferPool) -> None:
-        """Count a job queued into `pool` (by `submit`, or by compiled code through `st_eng_submit`)."""
+    def _keep_mapped(self, pool: PageBufferPool) -> None:
+        """Count a job queued into `pool` (by `submit`, or by compiled code through `st_eng_submit`): the pool stays
+        referenced, so mapped, until its last job is released and no ring has it registered."""
         with self._lock:
             held = self._pools.get(pool.base)
             if held is None or held[0] is not pool:
@@ -72,21 +75,22 @@ class UringQueue(DeviceQueue):
             else:
                 held[1] += 1
 
-    def native_lane(self, client: int) -> _UringLane:
-        """The client's lane: compiled code calls st_eng_submit with the client's handle."""
-        return _UringLane(self, client)
+    def lane(self, client: int, source: LaneOwner) -> UringLane:
+        """`source`'s lane over client `client`: compiled code calls st_eng_submit with the client's id."""
+        return UringLane(source, client, self)
 
     def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray,
                pool: PageBufferPool) -> int:
         job = self.engine.submit(client, region, page, buffer, pool.base, pool.capacity)
         if job > 0:
-            self.book(pool)
+            self._keep_mapped(pool)
         return job
 
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
         info = WaitInfo()
         timeout_ns = -1 if timeout_s is None else max(0, int(timeout_s * 1e9))
         if not self.engine.wait(job, timeout_ns, info):
+            self.engine.cancel(job)   # given up: its reads not yet handed to the kernel land as -ECANCELED
             return None
         now = (info.buffers_refused, info.files_refused)
         if now != self.refusals:
@@ -96,9 +100,6 @@ class UringQueue(DeviceQueue):
                      "the page buffer pool" if now[0] != self.refusals[0] else "the region files")
             self.refusals = now
         return Landed(info.submit_ns, info.first_ns, info.end_ns, info.cpu_ns, info.first_bad)
-
-    def cancel(self, job: int) -> int:
-        return self.engine.cancel(job)
 
     def reads(self, job: int, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         return self.engine.reads(job, n)
@@ -135,7 +136,10 @@ class UringQueue(DeviceQueue):
         with self._lock:
             self._pools.clear()
 
+    # -- store.devqueue.QueueProbe: for tests and benchmarks ---------------------------------------------
+
     def hold(self, on: bool) -> None:
+        """Admit no read while held, so a batch can land late for real (tests)."""
         self.engine.hold(on)
 
     def strict_order(self, on: bool) -> None:
@@ -144,27 +148,28 @@ class UringQueue(DeviceQueue):
         self.engine.strict(on)
 
     def trace(self, reads: int) -> None:
+        """Record the next `reads` reads in the order the queue hands them to the device (0: stop)."""
         self.engine.trace(reads)
         self._traced = reads
 
     def traced(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The reads handed to the device since `trace`, in that order: client id, region, page."""
         ids, region, page = self.engine.traced(self._traced)
         with self._lock:
-            handles = np.array(self._client_of_id, dtype=np.int64)
-        return handles[ids], region, page
+            clients = np.array(self._client_of_id, dtype=np.int64)
+        return clients[ids], region, page
 
 
-class _UringLane:
-    """One io_uring client as a QueueLane: the C engine queues each batch itself; booking counts its pool."""
+class UringLane(Lane):
+    """The io_uring medium's lane: the C engine checks, copies and queues each batch itself (st_eng_submit)."""
 
-    def __init__(self, queue: UringQueue, client: int) -> None:
+    def __init__(self, source: LaneOwner, client: int, queue: UringQueue) -> None:
+        super().__init__(source, client, queue.submit_address)
         self.queue = queue
-        self.client = client
-        self.submit_address = queue.submit_address
 
-    def handle(self) -> int:
+    def _client_word(self) -> int:
         return self.client
 
-    def book(self, job: int, pool: PageBufferPool) -> int:
-        self.queue.book(pool)
+    def _claim(self, job: int, pool: PageBufferPool) -> int:
+        self.queue._keep_mapped(pool)
         return job

@@ -22,7 +22,6 @@ opens such a source has no session to hand it.
 from __future__ import annotations
 
 import contextlib
-import itertools
 import threading
 import time
 from collections.abc import Iterator
@@ -31,6 +30,7 @@ from typing import Protocol
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.devqueue import Device
+from slacktier.store.tickets import mint
 from slacktier.whatif.fluid import SimJob, alone_ms, completions_ms
 from slacktier.whatif.models import DeviceModel
 
@@ -217,8 +217,6 @@ _SPIN_NS = 100_000   # sleep until this close to a landing, then spin (sleep ove
 class DeviceSession:
     """The emulated devices of one what-if run (or one test), by name, and the rank queues' devqueue devices."""
 
-    _numbers = itertools.count(1)   # one per rank queue device, process-wide: devqueue keys its queues by them
-
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._devices: dict[str, EmulatedDevice] = {}
@@ -248,7 +246,7 @@ class DeviceSession:
         with self._lock:
             key = (dev.name, rank)
             if key not in self._numbered or self._rank_queues[self._numbered[key]][0] is not dev:
-                self._numbered[key] = -next(DeviceSession._numbers)
+                self._numbered[key] = -mint()   # process-wide: devqueue keys its queues by device number
             number = self._numbered[key]
             self._rank_queues[number] = (dev, rank)
         return Device(number, f"emulated:{dev.name}/rank{rank}")

@@ -2,8 +2,8 @@
 
 The disk tier's io_uring client is called by address from the cache's
 compiled pass (cache.compiled, `st_eng_submit`), so a disk rank's begin_step
-is one compiled call. The emulated queue offers the same through the device
-queues' lane capability (store.devqueue.QueueLane): `_lane_submit`, a numba
+is one compiled call. The emulated queue offers the same through its lane
+(store.base.Lane, whatif.tier.EmulatedLane): `_lane_submit`, a numba
 cfunc with st_eng_submit's C signature and error word, checks a batch against
 the client's regions and the pool and copies its page lists, priority, submit
 time and pool into a `LaneTable` the queue owns. The queue then takes each
@@ -22,13 +22,14 @@ import errno
 import functools
 import logging
 from collections import Counter
-from dataclasses import dataclass
 
 import numpy as np
 from numba import carray, cfunc, types
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.native import submit_numba_signature
+from slacktier.store._common import NOT_DONE
+from slacktier.store.pread_queue import PreadJob
 from slacktier.tables.layout import PAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -49,7 +50,7 @@ L_TS = 1           # two words
 L_REGIONS = 3
 L_JOBS = 4         # job records it holds
 L_WORDS = 5        # read words it holds (3 per read), all jobs together
-L_USED_JOBS = 6    # recorded since the lane's handle() (every one is taken before it asks again)
+L_USED_JOBS = 6    # recorded since the lane was armed (every one is taken before it is armed again)
 L_USED_WORDS = 7
 L_NEED_JOBS = 8    # the room a refused batch needed (rearm grows the table to twice that)
 L_NEED_WORDS = 9
@@ -64,7 +65,7 @@ _CLOCK_MONOTONIC = 1   # perf_counter_ns's clock on Linux
 _ENOSPC = errno.ENOSPC
 _NO_PRIORITY = 2**31 - 1
 
-_LANE_SIG = submit_numba_signature(types.int64)   # the C submit's, the client handle being the lane's table
+_LANE_SIG = submit_numba_signature(types.int64)   # the C submit's, the client word being the lane table
 
 
 def _lane_submit(table, n, region, page, buffer, pool_addr, pool_buffers, err):
@@ -136,29 +137,6 @@ class PoolPages:
         self.pages = np.frombuffer(buf, np.uint8).reshape(capacity, PAGE_BYTES)
 
 
-@dataclass(frozen=True, slots=True)
-class LaneJob:
-    """A batch compiled code recorded: its reads as one block [page n | region n | buffer n] int64, when, into."""
-
-    block: np.ndarray
-    n: int
-    submit_ns: int
-    priority: int
-    pool: PoolPages
-
-    @property
-    def page(self) -> np.ndarray:
-        return self.block[:self.n]
-
-    @property
-    def region(self) -> np.ndarray:
-        return self.block[self.n:2 * self.n]
-
-    @property
-    def buffer(self) -> np.ndarray:
-        return self.block[2 * self.n:]
-
-
 class LaneTable:
     """One client's batches as compiled code recorded them (`_lane_submit`), until its queue takes them.
 
@@ -167,7 +145,8 @@ class LaneTable:
     reads then one of 2 -> jobs 1 and 2; job 2's reads are the 6 words after job 1's 9.
     """
 
-    def __init__(self, region_pages: np.ndarray, region_priority: np.ndarray) -> None:
+    def __init__(self, client: int, region_pages: np.ndarray, region_priority: np.ndarray) -> None:
+        self.client = client
         self.regions = np.concatenate([np.asarray(region_pages, np.int64), np.asarray(region_priority, np.int64)])
         self._pool: PoolPages | None = None
         self._alloc(LANE_JOBS, 3 * LANE_PAGES)
@@ -185,7 +164,7 @@ class LaneTable:
 
     def rearm(self) -> int:
         """Empty the table for the next compiled call (every job of the last one was taken), grown first when a
-        batch was refused for room; its address, the handle compiled code passes `_lane_submit`."""
+        batch was refused for room; its address, the client word compiled code passes `_lane_submit`."""
         m = self._m
         if m[L_NEED_JOBS] or m[L_NEED_WORDS]:
             jobs, words = max(2 * m[L_NEED_JOBS], m[L_JOBS]), max(2 * m[L_NEED_WORDS], m[L_WORDS])
@@ -201,14 +180,15 @@ class LaneTable:
         self._taken = 0
         return m[L_SELF]
 
-    def take_new(self) -> list[LaneJob]:
-        """The jobs recorded since the last take (their reads copied out of the table), in recording order."""
+    def take_new(self) -> list[tuple[PreadJob, int]]:
+        """The jobs recorded since the last take, in recording order: each as a batch of the thread queue (its reads
+        copied out of the table as one block [page n | region n | buffer n] int64) and its admission priority."""
         m = self._m
         used, first = m[L_USED_JOBS], self._taken
         self._taken = used
         return [self._job(k) for k in range(first, used)]
 
-    def _job(self, k: int) -> LaneJob:
+    def _job(self, k: int) -> tuple[PreadJob, int]:
         m = self._m
         j = self._jobs_at + J_WORDS * k
         at, n = m[j + J_AT], m[j + J_N]
@@ -216,7 +196,10 @@ class LaneTable:
         if self._pool is None or self._pool.base != base or self._pool.capacity != buffers:
             self._pool = PoolPages(base, buffers)
         lo = self._reads_at + at
-        return LaneJob(self.words[lo:lo + 3 * n].copy(), n, m[j + J_SUBMIT_NS], m[j + J_PRIORITY], self._pool)
+        block = self.words[lo:lo + 3 * n].copy()
+        batch = PreadJob(self.client, block[n:2 * n], block[:n], block[2 * n:], self._pool,
+                         np.full(n, NOT_DONE, np.int32), m[j + J_SUBMIT_NS])
+        return batch, m[j + J_PRIORITY]
 
     def recorded(self) -> int:
         """Jobs recorded since the last `rearm` (job numbers 1..this)."""

@@ -9,11 +9,12 @@ each read from a DRAM copy of the pages (made from the files at attach, so
 rows stay bit-exact and the checker runs) and hands the batch back only at
 the completion time its emulated device gives (whatif.device, whatif.fluid).
 
-Compiled code records begin_step's batches in the queue's lane table
-(whatif.lane), as it hands a disk's to io_uring. The queue takes them out of
-the table when its device seals a TP step, so the device times every rank's
-batches together before any rank's step starts, or when the engine books
-them, whichever comes first. While a TP step's host passes run the queue is
+The emulated medium's lane (`EmulatedLane`, store.base.Lane): compiled code
+records begin_step's batches in the queue's lane table (whatif.lane), as it
+hands a disk's to io_uring. The queue takes them out of the table when its
+device seals a TP step, so the device times every rank's batches together
+before any rank's step starts, or when the engine books them, whichever
+comes first. While a TP step's host passes run the queue is
 held: what it queues then is timed and copied at the seal, off the ranks'
 clocks, as a disk's C engine works on its own threads.
 
@@ -34,16 +35,17 @@ import numpy as np
 from slacktier.config import DiskOptions, Options
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
-from slacktier.store.base import PageBufferPool
+from slacktier.store.base import Lane, PageBufferPool
 from slacktier.store.devqueue import Device, DeviceQueue, Landed
 from slacktier.store.disk import DiskSource
 from slacktier.store.dram import copy_pages, load_region_pages
 from slacktier.store.pread_queue import PreadJob, PreadQueue
 from slacktier.store.registry import register_tier
+from slacktier.store.tickets import mint
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 from slacktier.whatif.device import EmulatedDevice, Timing, current_session
-from slacktier.whatif.lane import LaneJob, LaneTable, lane_submit_address
+from slacktier.whatif.lane import LaneTable, lane_submit_address
 from slacktier.whatif.models import load_device_model
 
 
@@ -58,10 +60,11 @@ class EmulatedQueue(PreadQueue):
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         self.emulated, self.rank = current_session().rank_of(device)
         self._held_pages: dict[int, tuple[np.ndarray, np.ndarray]] = {}   # client -> ([pages, 4096], [R] base)
+        self._region_pages: dict[int, np.ndarray] = {}                    # client -> [R] page counts
         self._priority: dict[int, np.ndarray] = {}                        # client -> [R] admission priority
         self._timing: dict[int, Timing] = {}
-        self._lanes: dict[int, _EmulatedLane] = {}
-        self._deferred: list[tuple[int, int, LaneJob]] = []   # (job, client, batch) taken, not yet queued
+        self._lanes: dict[int, EmulatedLane] = {}   # client -> its source's lane, once asked for
+        self._deferred: list[tuple[int, PreadJob, int]] = []   # (job, batch, priority) taken, not yet queued
         self._lock = threading.Lock()          # our own state: lanes, deferred batches, counters
         self._flushing = threading.Lock()      # a wait() whose job another thread is flushing waits for it
         #: batches queued through the native lane ("lane") and through `submit` ("submit")
@@ -86,20 +89,27 @@ class EmulatedQueue(PreadQueue):
             held[base[i]:base[i] + pages[i]] = load_region_pages(region)
         with self._lock:
             self._held_pages[client] = (held, base)
+            self._region_pages[client] = pages
             self._priority[client] = np.array(priority, np.int32)
-            self._lanes[client] = _EmulatedLane(self, client, LaneTable(pages, priority))
         return client
 
     def detach(self, client: int) -> None:
         super().detach(client)
         with self._lock:
             self._held_pages.pop(client, None)
+            self._region_pages.pop(client, None)
             self._priority.pop(client, None)
             self._lanes.pop(client, None)
 
-    def native_lane(self, client: int) -> _EmulatedLane:
-        """The client's lane: compiled code records its batches in the client's lane table (whatif.lane)."""
-        return self._lanes[client]
+    def lane(self, client: int, source: DiskSource) -> EmulatedLane:
+        """`source`'s lane over client `client`: compiled code records its batches in the client's lane table
+        (whatif.lane). One per client: its table holds what the last call recorded until the queue takes it."""
+        with self._lock:
+            lane = self._lanes.get(client)
+            if lane is None:
+                table = LaneTable(client, self._region_pages[client], self._priority[client])
+                lane = self._lanes[client] = EmulatedLane(source, client, self, table)
+            return lane
 
     def _take_recorded(self) -> None:
         """Take the batches compiled code recorded in our lane tables since the last take, each as a job to queue
@@ -108,14 +118,14 @@ class EmulatedQueue(PreadQueue):
         with self._lock:
             lanes = list(self._lanes.values())
         for lane in lanes:
-            for batch in lane.table.take_new():
-                job = self.new_job()
+            for batch, priority in lane.table.take_new():
+                job = mint()
                 with self._lock:
                     lane.jobs.append(job)
                     self.batches["lane"] += 1
-                    self._deferred.append((job, lane.client, batch))
+                    self._deferred.append((job, batch, priority))
 
-    def book_lane_job(self, lane: _EmulatedLane, job: int) -> int:
+    def claim(self, lane: EmulatedLane, job: int) -> int:
         """Our job for lane job `job` (taken from the table now if not yet), queued and timed now unless the
         queue is held (its device's step pre-phase: then at the seal)."""
         lane.table.check_job(job)
@@ -132,9 +142,9 @@ class EmulatedQueue(PreadQueue):
             self._take_recorded()
             with self._lock:
                 deferred, self._deferred = self._deferred, []
-            for job, client, b in deferred:
-                self.enqueue(client, b.region, b.page, b.buffer, b.pool, b.submit_ns, b.priority, job)
-                t = self._timing[job] = Timing(self, b.priority, b.n, b.submit_ns)
+            for job, b, priority in deferred:
+                self.enqueue(job, b, priority)
+                t = self._timing[job] = Timing(self, priority, b.region.shape[0], b.submit_ns)
                 self.emulated.add(t)
 
     def hold(self, on: bool) -> None:
@@ -160,31 +170,32 @@ class EmulatedQueue(PreadQueue):
 
     def submit(self, client: int, region: np.ndarray, page: np.ndarray, buffer: np.ndarray,
                pool: PageBufferPool) -> int:
-        handle = super().submit(client, region, page, buffer, pool)
-        if handle > 0:
+        job = super().submit(client, region, page, buffer, pool)
+        if job > 0:
             region = np.asarray(region)
             n = int(region.shape[0])
             with self._lock:
                 self.batches["submit"] += 1
                 priority = int(self._priority[client][region].min()) if n else 0
-            t = self._timing[handle] = Timing(self, priority, n, self.submitted_ns(handle))
+            t = self._timing[job] = Timing(self, priority, n, self.submitted_ns(job))
             self.emulated.add(t)
-        return handle
+        return job
 
     def wait(self, job: int, timeout_s: float | None) -> Landed | None:
         self.flush()
         deadline = None if timeout_s is None else time.perf_counter_ns() + int(timeout_s * 1e9)
-        landed = super().wait(job, timeout_s)   # the bytes are in the pool
+        landed = super().wait(job, timeout_s)   # the bytes are in the pool (given up: see _give_up)
         if landed is None:
             return None
         t = self._timing[job]
         if not self.emulated.wait_landing(t, deadline):
+            self._give_up(job)
             return None
         return Landed(t.start_ns, t.start_ns, max(t.land_ns, t.start_ns), landed.cpu_ns, landed.first_bad)
 
-    def cancel(self, job: int) -> int:
+    def _give_up(self, job: int) -> int:
         self.flush()
-        n = super().cancel(job)
+        n = super()._give_up(job)
         self.emulated.cancel(self._timing[job])
         return n
 
@@ -193,24 +204,23 @@ class EmulatedQueue(PreadQueue):
         self._timing.pop(job, None)
 
 
-class _EmulatedLane:
-    """A client's lane (store.devqueue.QueueLane): compiled code calls `_lane_submit` on its lane table; each job
-    it records becomes a job of the queue once taken (`EmulatedQueue.book_lane_job`)."""
+class EmulatedLane(Lane):
+    """The emulated medium's lane: compiled code calls `_lane_submit` on the client's lane table (whatif.lane);
+    each job it records becomes a job of the queue once taken (`EmulatedQueue.claim`)."""
 
-    def __init__(self, queue: EmulatedQueue, client: int, table: LaneTable) -> None:
+    def __init__(self, source: DiskSource, client: int, queue: EmulatedQueue, table: LaneTable) -> None:
+        super().__init__(source, client, lane_submit_address())
         self.queue = queue
-        self.client = client
         self.table = table
         self.jobs: list[int] = []            # the queue's job for each lane job since the last rearm
-        self.submit_address = lane_submit_address()
 
-    def handle(self) -> int:
+    def _client_word(self) -> int:
         """The lane table's address, emptied for this call (every job of the last call was booked)."""
         self.jobs = []
         return self.table.rearm()
 
-    def book(self, job: int, pool: PageBufferPool) -> int:
-        return self.queue.book_lane_job(self, job)
+    def _claim(self, job: int, pool: PageBufferPool) -> int:
+        return self.queue.claim(self, job)
 
 
 class EmulatedOptions(Options, frozen=True):

@@ -1,9 +1,9 @@
 """The Redis tier's page source: `RedisSource`, registered as tier "redis", standalone or cluster.
 
-Reads. One lane per source. A batch's pages are grouped by (region, page
+Reads. One worker per source. A batch's pages are grouped by (region, page
 group), one MGET per group (at most `KEYS_PER_MGET` keys; keys.py), and the
 MGETs are sorted by the node that serves their slot (client.py: the one
-server, or the cluster's topology from redis-py's cluster client). The lane
+server, or the cluster's topology from redis-py's cluster client). The worker
 writes every node's pipeline on its own socket and lands the replies with a
 compiled scan (`_wire.read_round`; why our own client and not a library: the
 top of _wire.py). A MOVED, ASK, CLUSTERDOWN or lost connection refreshes the
@@ -52,7 +52,7 @@ from redis.crc import key_slot
 
 from slacktier.config import RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
-from slacktier.store.queued import Lane, Part, QueuedSource, typed_options
+from slacktier.store.queued import Part, QueuedSource, Worker, typed_options
 from slacktier.store.redis import _resp
 from slacktier.store.redis._wire import Command, Got, Heads, put_value, read_round
 from slacktier.store.redis.client import CLIENT_ERRORS, Control, Node, mask
@@ -99,7 +99,7 @@ class RedisSource(QueuedSource[dict]):
         self._group_head = [b"{%s}:" % t for t in tags]
         self._heads = Heads.of(self._group_head)
         self._slot_node: dict[int, Node] = {}   # slot -> master, until the slow path refreshes the map
-        self._start_lanes(1)
+        self._start_workers(1)
         log.info("RedisSource: %d regions at %s (%s, %d nodes, %d page groups per region%s)", len(self.regions),
                  self.url, self.options.mode, self._control.nodes(), T,
                  ", replicas read" if self.options.read_from_replicas else "")
@@ -149,22 +149,22 @@ class RedisSource(QueuedSource[dict]):
         super()._warm()
         _resp.warm()   # the reply scan
 
-    def _open_lane(self, lane: Lane[dict]) -> None:
-        lane.state = {}   # node name -> NodeLink, opened on first use, on this lane's thread
+    def _open_worker(self, worker: Worker[dict]) -> None:
+        worker.state = {}   # node name -> NodeLink, opened on first use, on this worker's thread
 
-    def _close_lane(self, lane: Lane[dict]) -> None:
-        for link in (lane.state or {}).values():
+    def _close_worker(self, worker: Worker[dict]) -> None:
+        for link in (worker.state or {}).values():
             link.close()
         self._control.close()
 
-    def _round(self, lane: Lane[dict], by_node, part: Part, got: Got, deadline: float,
+    def _round(self, worker: Worker[dict], by_node, part: Part, got: Got, deadline: float,
                timeout_s: float) -> tuple[list[Command], Exception | None]:
-        left, stalled, hard = read_round(lane.state, self.options, self._heads, by_node, part, got, deadline,
+        left, stalled, hard = read_round(worker.state, self.options, self._heads, by_node, part, got, deadline,
                                          STALL_FRACTION * timeout_s)
         self._count_stalls(stalled)
         return left, hard
 
-    def _read(self, lane: Lane[dict], part: Part) -> SlackTierError | None:
+    def _read(self, worker: Worker[dict], part: Part) -> SlackTierError | None:
         n = part.region.shape[0]
         got = Got(np.zeros(n, np.uint32), np.zeros(n, np.bool_), [])
         timeout_s = self.options.socket_timeout_ms / 1e3
@@ -175,7 +175,7 @@ class RedisSource(QueuedSource[dict]):
         except CLIENT_ERRORS:  # a slot with no known node: the slow path refreshes the topology
             by_node = None
         if by_node is not None:
-            pending, hard = self._round(lane, by_node, part, got, deadline, timeout_s)
+            pending, hard = self._round(worker, by_node, part, got, deadline, timeout_s)
             if hard is not None:
                 return self._io_error(part, pending, hard)
         moved = [c.redirect for c in pending if c.redirect in (b"MOVED", b"ASK")]
@@ -222,7 +222,7 @@ class RedisSource(QueuedSource[dict]):
                 if by_node is not None:
                     for c in again:
                         c.redirect = b""
-                    left, hard = self._round(lane, by_node, part, got, deadline, timeout_s)
+                    left, hard = self._round(worker, by_node, part, got, deadline, timeout_s)
                     if hard is not None:
                         return self._io_error(part, left, hard)
                     still.extend(left)
