@@ -154,7 +154,8 @@ def families(dec: np.ndarray, seen: np.ndarray) -> dict[str, list[tuple[str, dic
                       dict(maxc=m, ins_d=d, inc_d=h, ins_p=0, inc_p=0)) for m in (1, 3) for d in (1, 2) for h in (1, 2)
                      if d <= m and h <= m],
         "counters+sketch": [(f"counters<=3, decode 2 / +2, prefill 0 / +0 + TinyLFU(prefill, r{r:g}, decode x{wd}"
-                             f"{', >=' if ge else ''})", dict(cnt, ins_d=2, inc_d=2, sketch=True, reset=r, wd=wd, ge=ge))
+                             f"{', >=' if ge else ''})",
+                             dict(cnt, ins_d=2, inc_d=2, sketch=True, reset=r, wd=wd, ge=ge))
                             for r in (10.0, 40.0) for wd in (1, 2) for ge in (0, 1)],
         "prefill segment": [(f"prefill FIFO {p:g}, promoted on a decode hit", dict(pshare=p))
                             for p in (0.05, 0.1, 0.2, 0.4)],

@@ -65,8 +65,9 @@ class Change:
     on another device; `cache_rows`: the cache's slot budget; `owned_sources`: the sources the engine closes
     on `close` from now on; `owned_only`: per-rank mode (ids outside a table's rows are foreign, not errors);
     `pad_id`: the id padded lookups carry (negative); `evict_ahead`: whether end_step empties the next step's
-    victim slots; `admission`: the cache's admission rule (`cache.ADMISSIONS`); `wait_timeout_s`, `metrics` (None: off) and `control` (engine.build's record of the control
-    file served, None: none) replace the engine's unless left at KEEP.
+    victim slots; `admission`: the cache's admission rule (`cache.ADMISSIONS`); `wait_timeout_s`, `metrics`
+    (None: off) and `control` (engine.build's record of the control file served, None: none) replace the
+    engine's unless left at KEEP.
     """
 
     tables: Sequence[TableSpec] | None = None
