@@ -29,7 +29,7 @@ from slacktier.workloads import policies as P
 SEED = 5
 LAYOUT = EngramLayout.scaled(2000)
 CACHE_ROWS = 3000
-TOKENS = 3000
+TOKENS = 1500
 
 
 def _steps(n_tokens: int) -> list[tuple[int, int, bool]]:
