@@ -98,7 +98,7 @@ class RefCache:
 
     def resolve(self, layer: int, ids: list[int], *, row_start: int, rows: int, rank_starts: list[int],
                 rank_region: list[int], owned_only: bool = False, seen: set[int] | None = None,
-                pad_id: int = 0, table_end: int = 0, buf_base: int = 0) -> RefPass:
+                pad_id: int = 0, table_end: int = 0, buf_base: int = 0, cold: list[int] | None = None) -> RefPass:
         lay = self.layers[layer]
         out = RefPass([KIND_FOREIGN] * len(ids), [-1] * len(ids), [], [], [], [], [],
                       dict(lookups=len(ids), hits=0, misses=0, pages=0, zero=0, bypass=0, reused=0, foreign=0,
@@ -160,7 +160,7 @@ class RefCache:
                 self.slot_row[s] = r
                 lay.directory[r] = s
                 self.pinned[s] = self.step
-                self.ref[s] = 1
+                self.ref[s] = 0 if cold is not None and cold[i] else 1   # admission: a cold lookup's row
                 self.filling[s] = m
             else:
                 bypassed[r] = m

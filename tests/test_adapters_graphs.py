@@ -44,11 +44,11 @@ def trapped(capturing: Callable[[], bool], monkeypatch: pytest.MonkeyPatch) -> I
     for name in ("begin_step", "gather", "end_step"):
         real = getattr(StepEngine, name)
 
-        def trap(self: StepEngine, *args: Any, _real: Callable = real, _name: str = name) -> Any:
+        def trap(self: StepEngine, *args: Any, _real: Callable = real, _name: str = name, **kwargs: Any) -> Any:
             if capturing():
                 raise AssertionError(f"StepEngine.{_name} called from captured code")
             calls.append(_name if _name != "gather" else f"gather {args[0]}")
-            return _real(self, *args)
+            return _real(self, *args, **kwargs)
 
         monkeypatch.setattr(StepEngine, name, trap)
     yield calls

@@ -235,6 +235,38 @@ def test_tp1_rows_equal_stock_forward_bit_for_bit(sg, world, tp, monkeypatch, tm
                 _assert_same_rows(g, w)
 
 
+def test_decode_flags_follow_the_forward_batch(sg):
+    modes = sg.ForwardMode
+
+    def flags(mode, lens=None, tokens=5):
+        got = plug.decode_flags(SimpleNamespace(forward_mode=mode, extend_seq_lens_cpu=lens), tokens)
+        return None if got is None else got.tolist()
+
+    assert flags(modes.DECODE) == [True] * 5
+    assert flags(modes.EXTEND, [5]) == [False] * 5
+    assert flags(modes.MIXED, [3, 1, 1]) == [False, False, False, True, True]   # the module doc's example
+    assert flags(modes.MIXED, [3, 1]) is None       # lengths that do not add up: unknown (all decode)
+    assert flags(modes.IDLE) is None
+
+
+def test_the_hasher_forward_gives_begin_step_its_batch_flags(sg, world, tp, monkeypatch, tmp_path):
+    from slacktier.engine import StepEngine
+
+    seen = []
+    real = StepEngine.begin_step
+
+    def spy(self, ids, decode=None):
+        seen.append(None if decode is None else decode.tolist())
+        return real(self, ids, decode)
+
+    monkeypatch.setattr(StepEngine, "begin_step", spy)
+    with tp(1, 0):
+        monkeypatch.setenv(plug.CONTROL_ENV, str(_control(tmp_path / "flags.toml", world.manifests['tp1'])))
+        served = {layer: _served(sg, world, layer) for layer in LAYERS}
+        _step(sg, world, served)   # a one-request EXTEND batch: every token a prefill token
+    assert seen == [[False] * len(world.tokens)]
+
+
 def test_tp2_rank_rows_and_their_sum_equal_stock(sg, world, tp, monkeypatch, tmp_path):
     stock_rank, served_rank = [], []
     for rank in range(2):

@@ -155,6 +155,22 @@ def test_served_table_skips_the_checkpoints_rows():
         table(torch.zeros(3, 24, dtype=torch.int64))
 
 
+def test_decode_flags_come_from_the_forward_contexts_attention_metadata(engram, monkeypatch):
+    from slacktier.adapters.vllm_binding import decode_flags
+
+    fc = import_vllm("vllm.forward_context")
+    context = SimpleNamespace(attn_metadata=None)
+    monkeypatch.setattr(fc, "is_forward_context_available", lambda: True)
+    monkeypatch.setattr(fc, "get_forward_context", lambda: context)
+    assert decode_flags(5) is None                              # no metadata: unknown (all decode)
+    context.attn_metadata = {"layers.0.attn": SimpleNamespace(), "layers.0.swa": SimpleNamespace(num_decode_tokens=2)}
+    assert decode_flags(5).tolist() == [True, True, False, False, False]   # decode tokens first, as vLLM orders
+    context.attn_metadata = {"layers.0.swa": SimpleNamespace(num_decode_tokens=7)}
+    assert decode_flags(5) is None                              # more than the step's tokens: not this batch's
+    monkeypatch.setattr(fc, "is_forward_context_available", lambda: False)
+    assert decode_flags(5) is None
+
+
 def test_unchecked_version_is_refused_with_the_fix():
     plug.check_version(VLLM_VERSION)
     with pytest.raises(SlackTierError) as err:

@@ -7,7 +7,9 @@ families and their combinations), and every figure printed is taken on the
 HELD-OUT half, which no choice looked at. Layer 14, one rank, `--capacity` rows.
 
 Per policy: decode hit rate, by n-gram order, and missed pages per decode step
-(mean and median, one rank). Beside them: Belady at the capacity and with no
+(mean and median, one rank). The served cache's admission rule (`admission =
+"prefill-cold"` in the control file) is replayed by the served pass itself
+(`cache.simulate`), beside the served CLOCK without it. Beside them: Belady at the capacity and with no
 capacity limit (the compulsory-miss limit), LRU (its decode hits are the decode
 lookups whose reuse distance fits the cache), and CLOCK with oracle admission
 (a miss is cached only when its row's next lookup is a decode one): how much of
@@ -136,6 +138,8 @@ def evaluate_holdout(hold: PreparedLayer, capacity: int, best: dict[str, A.Admis
         progress(f"held-out {name}: {100 * rows[-1].decode_hit_rate:.2f}%")
 
     timed("CLOCK (served: step pins, evict-ahead)", lambda: run_policy(hold, "clock", capacity))
+    timed('served CLOCK + admission = "prefill-cold" (the served pass, as the engine runs it)',
+          lambda: run_policy(hold, "clock", capacity, admission="prefill-cold"))
     timed("CLOCK, textbook (one lookup at a time, no rule)",
           lambda: run_rule(hold, order, capacity, A.AdmissionRule())[0])
     timed("S3-FIFO-style", lambda: run_policy(hold, "s3fifo", capacity))

@@ -89,7 +89,7 @@ import torch
 
 from slacktier.adapters import checking_loader, ending_on_error, finish_step, identity_check
 from slacktier.adapters.sglang_binding import BREAKABLE_PLE_PREFILL, CHECKED_VERSION, CONTROL_ENV, UNVERIFIED_ENV, \
-    Binding, SglangServing, bind, check_scope, check_version, close, current, eager_break, end_step, \
+    Binding, SglangServing, bind, check_scope, check_version, close, current, decode_flags, eager_break, end_step, \
     installed_version, loaded_from, read_serving, record_layer_order, step, unverified_allowed
 from slacktier.config import tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
@@ -228,8 +228,12 @@ def _served_rows(module: torch.nn.Module, indices: torch.Tensor, out: torch.Tens
 
 
 def _after_hash(hash_ids: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """EngramHasher.forward: begin_step as soon as the step's hash ids exist (an eager break)."""
-    if current() is not None:
+    """EngramHasher.forward(input_ids, forward_batch): begin_step as soon as the step's hash ids exist (an eager
+    break), with the batch's per-token decode flags for the cache's admission rule."""
+    binding = current()
+    if binding is not None:
+        batch = kwargs.get("forward_batch", args[2] if len(args) > 2 else None)
+        binding.decode = decode_flags(batch, hash_ids.shape[0]) if batch is not None else None
         _BREAKS["begin"](hash_ids)
 
 

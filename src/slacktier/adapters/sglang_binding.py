@@ -178,6 +178,7 @@ class Binding:
     engine: StepEngine | None
     layer_ids: tuple[int, ...] | None          # the hash ids' layer axis (SGLang's layout order)
     axis: list[int] | None = None               # positions of the engine's layers in that axis
+    decode: np.ndarray | None = None            # the next begin's per-token decode flags (decode_flags), or None
     adopted: set[int] = field(default_factory=set)
     ple: dict[int, Any] = field(default_factory=dict)   # PLE layer -> its Qwen4ExpNGramEmbedding (adapters.sglang_ple)
 
@@ -203,7 +204,12 @@ class Binding:
         ids = hash_ids.detach().to("cpu").numpy()
         if len(self.axis) != ids.shape[1]:
             ids = ids[:, self.axis, :]
-        engine.begin_step(np.ascontiguousarray(ids, dtype=np.int64))
+        # The flags the hasher's forward left for this step, once: a graph replay runs this break without
+        # that forward, so its step (a decode graph's) finds none and counts as decode.
+        decode, self.decode = self.decode, None
+        if decode is not None and decode.shape[0] != ids.shape[0]:
+            decode = None
+        engine.begin_step(np.ascontiguousarray(ids, dtype=np.int64), decode=decode)
 
 
 _BINDINGS: dict[Path, Binding] = {}
@@ -342,3 +348,27 @@ __all__ = ["BREAKABLE_PLE_PREFILL", "CHECKED_VERSION", "CONTROL_ENV", "OVERLAP_R
            "SglangServing", "bind", "check_scope", "check_version", "close", "current", "eager_break", "end_step",
            "installed_version", "loaded_from", "read_serving", "record_layer_order", "skip_rows", "step",
            "unverified_allowed"]
+
+
+def decode_flags(forward_batch: Any, tokens: int) -> np.ndarray | None:
+    """Per token of SGLang's forward batch, whether it is a decode token: [tokens] bool, or None (unknown).
+
+    DECODE and TARGET_VERIFY batches are decode tokens, EXTEND batches prefill tokens; a MIXED batch (chunked
+    prefill with the running requests mixed in) holds both: a request extended by one token is a running
+    request's decode token. A batch whose lengths do not add up to `tokens` says None, which the engine
+    takes as all decode (its admission rule then leaves the step as it is).
+    Worked example: MIXED, extend_seq_lens_cpu [3, 1, 1] -> [False, False, False, True, True]."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    if mode is None:
+        return None
+    if mode.is_decode() or mode.is_target_verify():
+        return np.ones(tokens, dtype=bool)
+    if mode.is_mixed():
+        lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+        if lens is None or sum(lens) != tokens:
+            return None
+        lens = np.asarray(lens, dtype=np.int64)
+        return np.repeat(lens == 1, lens)
+    if mode.is_extend():
+        return np.zeros(tokens, dtype=bool)
+    return None

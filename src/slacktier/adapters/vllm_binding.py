@@ -200,7 +200,8 @@ class Binding:
             return
         ids = torch.stack([self.pending[layer] for layer in engine.ids_layers], dim=1)   # [T, L, 24 / TP]
         self.pending.clear()
-        engine.begin_step(np.ascontiguousarray(ids.detach().to("cpu").numpy(), dtype=np.int64))
+        engine.begin_step(np.ascontiguousarray(ids.detach().to("cpu").numpy(), dtype=np.int64),
+                          decode=decode_flags(ids.shape[0]))
 
 
 _BINDINGS: dict[Path, Binding] = {}
@@ -305,3 +306,29 @@ def close() -> None:
 __all__ = ["BREAKABLE_MODES", "CHECKED_VERSION", "CONTROL_ENV", "Binding", "VllmServing", "bind", "check_scope",
            "check_version", "close", "current", "eager_break", "end_break", "graph_refusals", "installed_version",
            "read_serving", "step", "wrap"]
+
+
+def decode_flags(tokens: int) -> np.ndarray | None:
+    """Per token of vLLM's batch in flight, whether it is a decode token: [tokens] bool, or None (unknown).
+
+    vLLM puts a batch's decode tokens first, and the DeepSeek-V4.1 attention's metadata counts them
+    (`num_decode_tokens`, which its kernels slice the batch by); read from the forward context, as set for
+    this forward (also at a graph replay's breaks). No forward context, or no metadata that counts them:
+    None, which the engine takes as all decode (its admission rule then leaves the step as it is).
+    Worked example: 5 tokens, num_decode_tokens 2 -> [True, True, False, False, False]."""
+    try:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+    except ImportError:
+        return None
+    if not is_forward_context_available():
+        return None
+    meta = get_forward_context().attn_metadata
+    if not isinstance(meta, dict):   # none, or a list per micro-batch
+        return None
+    for m in meta.values():
+        n = getattr(m, "num_decode_tokens", None)
+        if isinstance(n, int) and not isinstance(n, bool) and 0 <= n <= tokens:
+            flags = np.zeros(tokens, dtype=bool)
+            flags[:n] = True
+            return flags
+    return None

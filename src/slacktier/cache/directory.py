@@ -19,7 +19,11 @@ For each lookup (global row id g, local row r = g - row_start):
 4. miss: r's rank by shard bounds, its page; a page buffer for that page unless
    the page is already being read this step; a slot to fill (`kernels.victim`,
    CLOCK, never a pinned slot; -1 when all the layer's slots are pinned: the row
-   is served from its page buffer and not cached).
+   is served from its page buffer and not cached). Admission: a row missed by a
+   token flagged in `cold` (the engine flags prefill tokens when the control
+   file's `admission = "prefill-cold"`) enters its slot with the reference bit
+   clear, so CLOCK's next pass takes it unless a later step hits it: rows of a
+   prompt that is never read again do not push out rows decode keeps reading.
 
 Hits before the pass's first CLOCK victim search read no slot state: each stores
 its slot's reference bit (`ref`, a byte) and leaves its pin (the step stamp)
@@ -89,6 +93,10 @@ N_COUNTS = len(Count)
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
+NO_COLD = np.zeros(0, dtype=np.uint8)   # the cold argument of a pass with no admission rule: every miss enters hot
+#: The cache's admission rules (the control file's `admission`): "off", every miss enters as CLOCK has it;
+#: "prefill-cold", a prefill token's misses enter cold (step 4 of the module doc).
+ADMISSIONS = ("off", "prefill-cold")
 
 _PAGE_TAG = np.int64(1) << np.int64(62)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -221,7 +229,7 @@ def _probe(key, htab, stamp, shift, mask):
 
 
 @njit(nogil=True, cache=True)
-def resolve_layer(ids, geo, cache, step, out):
+def resolve_layer(ids, geo, cache, step, out, cold):
     """Resolve one layer's lookups `ids` [T, C] int64 (lookup i = ids[i // C, i % C]; any strides, so the
     engine passes its [T, L, 24] step's layer slice as is, with no copy); returns 0, or 1 on a row id
     outside the table.
@@ -236,6 +244,8 @@ def resolve_layer(ids, geo, cache, step, out):
     row (kind 2), counted in counts[Count.OUTSIDE], with or without owned_only.
     out.own_pos [N] int32, out.own_row [N] int64: scratch, where the in-table lookups are listed (position,
     local row).
+    cold: [T] uint8 per token, or empty (no admission rule): a row a flagged token misses takes its slot with
+    the reference bit clear (step 4 of the module doc).
     """
     row_start, rows, rank_starts, rank_region, seen, table_end = geo
     layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss = cache
@@ -259,6 +269,7 @@ def resolve_layer(ids, geo, cache, step, out):
     evictions_before = evictions
     n_t, n_c = ids.shape
     n = n_t * n_c
+    n_cold = cold.shape[0]
     counts[Count.LOOKUPS] = n
     counts[Count.BAD_INDEX] = -1
     status = 0
@@ -406,6 +417,8 @@ def resolve_layer(ids, geo, cache, step, out):
             evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, ref, pin_step)
             pinned += 1
             fill_miss[sl] = m
+            if n_cold and cold[i // n_c]:   # admitted cold: pinned for this step, CLOCK's next pass takes it
+                ref[sl] = 0
         else:
             # The page probe may have moved the row's empty entry: probe again.
             h = _probe(r, htab, stamp, shift, mask)

@@ -247,7 +247,8 @@ def build_engine(cls: Any, cfg: ControlFile, **overrides: object) -> Any:
         specs = [table_spec(resolved[t.layer], sources[t.layer], eng.check) for t in cfg.tables]
         kwargs: dict[str, object] = {"max_tokens": eng.max_tokens, "lossy": eng.lossy, "check": eng.check,
                                      "owned_only": eng.owned_only, "wait_timeout_s": eng.wait_timeout_ms / 1e3,
-                                     "pad_id": eng.pad_id, "evict_ahead": eng.evict_ahead}
+                                     "pad_id": eng.pad_id, "evict_ahead": eng.evict_ahead,
+                                     "admission": eng.admission}
         kwargs |= overrides
         if kwargs.get("metrics") is None and eng.metrics:
             from slacktier.engine.metrics import EngineMetrics

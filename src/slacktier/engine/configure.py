@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from slacktier.cache import PassScratch, RowCache
+from slacktier.cache import ADMISSIONS, PassScratch, RowCache
 from slacktier.cache.rowcache import available_bytes, split_slots
 from slacktier.cache.rowdir import ROW_LIMIT
 from slacktier.config import ControlFile, load_control, named_by
@@ -65,8 +65,9 @@ class Change:
     on another device; `cache_rows`: the cache's slot budget; `owned_sources`: the sources the engine closes
     on `close` from now on; `owned_only`: per-rank mode (ids outside a table's rows are foreign, not errors);
     `pad_id`: the id padded lookups carry (negative); `evict_ahead`: whether end_step empties the next step's
-    victim slots; `wait_timeout_s`, `metrics` (None: off) and `control` (engine.build's record of the control
-    file served, None: none) replace the engine's unless left at KEEP.
+    victim slots; `admission`: the cache's admission rule (`cache.ADMISSIONS`); `wait_timeout_s`, `metrics`
+    (None: off) and `control` (engine.build's record of the control file served, None: none) replace the
+    engine's unless left at KEEP.
     """
 
     tables: Sequence[TableSpec] | None = None
@@ -80,6 +81,7 @@ class Change:
     owned_only: bool | None = None
     pad_id: int | None = None
     evict_ahead: bool | None = None
+    admission: str | None = None
     wait_timeout_s: float | None = KEEP
     metrics: EngineMetrics | None = KEEP
     control: B.Applied | None = KEEP
@@ -158,6 +160,7 @@ def _apply_control(engine: Any, cfg: ControlFile) -> None:
         _switch(engine, Change(tables=specs, cache_rows=eng.cache_rows, invalidate=invalidate,
                                owned_sources=list(sources.values()), lossy=eng.lossy, check=eng.check,
                                owned_only=eng.owned_only, pad_id=eng.pad_id, evict_ahead=eng.evict_ahead,
+                               admission=eng.admission,
                                cache=cache, wait_timeout_s=eng.wait_timeout_ms / 1e3, metrics=metrics,
                                control=B.Applied(cfg, resolved, sources)))
     except BaseException:
@@ -175,6 +178,8 @@ def _switch(engine: Any, ch: Change) -> None:
     """Apply `ch`: every check first, then `commit`, then the plain settings (none of which can be refused)."""
     if ch.pad_id is not None:
         checked_pad_id(ch.pad_id)
+    if ch.admission is not None:
+        checked_admission(ch.admission)
     timeout = ch.wait_timeout_s if ch.wait_timeout_s is KEEP else checked_timeout(ch.wait_timeout_s)
     if ch.cache is not None and ch.cache.device.type == "cuda" and not torch.cuda.is_available():
         raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -197,6 +202,8 @@ def _switch(engine: Any, ch: Change) -> None:
         engine.pad_id = int(ch.pad_id)
     if ch.evict_ahead is not None:
         engine.evict_ahead = bool(ch.evict_ahead)
+    if ch.admission is not None:
+        engine.admission = ch.admission
     if timeout is not KEEP:
         engine.wait_timeout_s = timeout
         engine._reads = LayerReads(timeout)
@@ -376,3 +383,26 @@ def checked_pad_id(pad_id: int) -> int:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"pad_id {pad_id} is a row id",
                              fix="pad with a negative id (-1, as vLLM does)")
     return int(pad_id)
+
+
+def checked_admission(admission: str) -> str:
+    """`admission` when it names one of the cache's rules (`cache.ADMISSIONS`); refused otherwise."""
+    if admission not in ADMISSIONS:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"admission {admission!r}", fix=f"use one of {ADMISSIONS}")
+    return admission
+
+
+def cold_flags(decode: Any, tokens: int) -> np.ndarray:
+    """begin_step's decode flags as the pass's cold flags: [T] uint8, 1 for a prefill token (decode False).
+
+    None: every token is a decode token (nothing cold). Flags must be bool, one per token: 0/1 integers or
+    another length are refused, so a swapped argument cannot silently turn admission off."""
+    if decode is None:
+        return np.zeros(tokens, dtype=np.uint8)
+    if isinstance(decode, torch.Tensor):
+        decode = decode.detach().cpu().numpy()
+    flags = np.asarray(decode)
+    if flags.dtype != np.bool_ or flags.shape != (tokens,):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"decode flags are {flags.dtype} {flags.shape}, want [{tokens}] "
+                             "bool", fix="pass one bool per token of the step: True for decode, False for prefill")
+    return np.logical_not(flags).view(np.uint8)

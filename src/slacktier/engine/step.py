@@ -98,7 +98,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from slacktier.cache import KIND_FOREIGN, PassLayer, RowCache, fill_foreign
+from slacktier.cache import KIND_FOREIGN, NO_COLD, PassLayer, RowCache, fill_foreign
 from slacktier.cache.compiled import WHY_BAD, CompiledPass
 from slacktier.config import ControlFile
 from slacktier.engine import build as B
@@ -133,7 +133,8 @@ class StepEngine:
                  lossy: bool = False, check: bool = False, check_raise: bool = True, gather_impl: str = "auto",
                  wait_timeout_s: float | None = 5.0, owned_sources: Sequence[PageSource] = (),
                  owned_only: bool = False, pad_id: int = -1, metrics: EngineMetrics | None = None,
-                 evict_ahead: bool = True, control: B.Applied | None = None, convention: str = "torch") -> None:
+                 evict_ahead: bool = True, control: B.Applied | None = None, convention: str = "torch",
+                 admission: str = "off") -> None:
         self.device = torch.device(device)
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise SlackTierError(ErrorKind.UNAVAILABLE, "device cuda asked but torch sees no CUDA device",
@@ -165,6 +166,10 @@ class StepEngine:
         # end_step empties as many slots per layer as the step claimed, for the next step's misses
         # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
         self.evict_ahead = bool(evict_ahead)
+        # "prefill-cold": rows a prefill token misses enter the cache with CLOCK's reference bit clear, so a
+        # prompt's rows that are never read again leave before the rows decode keeps reading (begin_step's
+        # decode flags say which tokens are prefill; without them every token counts as decode).
+        self.admission = C.checked_admission(admission)
         self._wait_timeout_s = C.checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)   # changed in place: the finalizer holds it
         # An engine garbage-collected without close() still releases what its sources hold (descriptors,
@@ -252,16 +257,23 @@ class StepEngine:
         return self._run(layer).spec
 
     # ---- the step -----------------------------------------------------------------------------
-    def begin_step(self, ids: np.ndarray) -> None:
+    def begin_step(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order).
 
-        int32 ids are taken too (widened exactly); every other dtype is refused, unsigned ones included."""
+        int32 ids are taken too (widened exactly); every other dtype is refused, unsigned ones included.
+        decode: [T] bool, True for a decode token, False for a prefill token (None: all decode). Only the
+        cache's admission rule reads it (`admission = "prefill-cold"`); rows served are the same either way."""
         ids = self._step_ids(ids)   # [T, L, 24] int64, C-contiguous; stored rows under a rank partition
+        cold = NO_COLD
+        if decode is not None or self.admission != "off":   # flags checked whenever given
+            flags = C.cold_flags(decode, ids.shape[0])
+            if self.admission == "prefill-cold":
+                cold = flags
         self._in_step = True
         self._step += 1
         self._tokens = ids.shape[0]
         try:
-            self._resolve_and_submit(ids)
+            self._resolve_and_submit(ids, cold)
         except BaseException as exc:
             self._abort_step()
             if self.metrics is not None:
@@ -421,7 +433,7 @@ class StepEngine:
             row_map.to_stored(ids[:, axis, :], out[:, axis, :])
         return out
 
-    def _resolve_and_submit(self, ids: np.ndarray) -> None:
+    def _resolve_and_submit(self, ids: np.ndarray, cold: np.ndarray = NO_COLD) -> None:
         """begin_step's passes and submissions, on the step's critical path (Eq. 1's s): the cache's compiled
         pass over every layer in window order (cache.compiled). It stops early at a layer whose pages go to a
         source without a C engine (Python submits them, and the pass resumes at the next layer) or at a bad
@@ -435,7 +447,7 @@ class StepEngine:
         self._taken = self._unread = start = 0
         while True:
             with plan.lanes:   # the C engine clients' locks, around the call (_HeldLanes)
-                stop, why = cp.run(ids, start)   # layers start..stop resolved, C-engine pages submitted
+                stop, why = cp.run(ids, start, cold)   # layers start..stop resolved, C-engine pages submitted
             self._unread = min(stop + 1, n_layers)   # layers before this one have results to take
             # Taken now where layer `stop` stopped the call: an id outside its table, or pages for Python to submit.
             if stop < n_layers:

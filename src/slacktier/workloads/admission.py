@@ -4,7 +4,9 @@ Replacement order alone leaves a gap to Belady's ceiling; the paper finds that
 admission, not eviction, is what moves the hit rate. This module replays CLOCK
 with one or more admission rules in front of it, so the characterizer can weigh
 each rule against the served CLOCK (`policies.clock`), S3-FIFO and Belady on the
-same trace. It is an evaluation tool: the served cache does not run these rules.
+same trace. It is an evaluation tool: of these rules the served cache runs only
+"prefill cold" (the control file's `admission = "prefill-cold"`), which the
+characterizer replays with the served pass itself (`cache.simulate`), not here.
 
 The cache (`capacity` rows) is a CLOCK over `capacity - probation` main slots,
 plus an optional probationary FIFO of `probation` slots. A lookup whose row is

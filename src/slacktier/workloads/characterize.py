@@ -101,12 +101,17 @@ def step_starts(trace: LookupTrace) -> np.ndarray:
     return np.concatenate([[0], tokens * trace.n_columns, [trace.num_tokens * trace.n_columns]]).astype(np.int64)
 
 
-def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_share: float = 0.5) -> np.ndarray:
-    """Hit mask [M] uint8 of `policy` at `capacity` rows on a prepared layer."""
+def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_share: float = 0.5,
+               admission: str = "off") -> np.ndarray:
+    """Hit mask [M] uint8 of `policy` at `capacity` rows on a prepared layer; admission ("off" or
+    "prefill-cold", the engine's control-file option) applies to "clock", the served cache."""
     if policy == "lru":
         return pol.lru(prep.ids, prep.n_items, capacity)
     if policy == "clock":
-        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace))
+        cold = None if admission == "off" else ~prep.decode
+        if admission not in ("off", "prefill-cold"):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"admission {admission!r}", fix='use "off" or "prefill-cold"')
+        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace), cold=cold)
     if policy == "s3fifo":
         return pol.s3fifo(prep.ids, prep.n_items, capacity)
     if policy == "belady":

@@ -1,0 +1,133 @@
+"""The cache's admission rule served: `admission = "prefill-cold"` with begin_step's per-token decode flags.
+
+One staged table (scaled V4.1 layout), both layers on disk behind a small cache
+that evicts in every step, traffic of real text as prefill chunks and decode
+steps. Checked: rows stay bit-exact (the engine's checker and the generator's
+rows), the served cache's hits, reuses and reads per step are exactly what the
+characterizer's replay (`policies.clock` with the same cold flags) says for
+that layer's slots, and the rule changes which rows end up cached.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
+from slacktier.engine.step import StepEngine
+from slacktier.errors import SlackTierError
+from slacktier.tables.codec import dequantize_bits
+from slacktier.tables.engram_hash import EngramLayout
+from slacktier.tables.manifest import Manifest
+from slacktier.tables.stage import SyntheticSource, stage_synthetic
+from slacktier.testing.engine import real_token_ids
+from slacktier.workloads import policies as P
+
+SEED = 5
+LAYOUT = EngramLayout.scaled(2000)
+CACHE_ROWS = 3000
+TOKENS = 1500
+
+
+def _steps(n_tokens: int) -> list[tuple[int, int, bool]]:
+    """(start, end, decode) of each step: a 200-token prefill chunk, then 10 decode steps of 8 tokens."""
+    out, at, k = [], 0, 0
+    while at < n_tokens:
+        t, dec = (200, False) if k % 11 == 0 else (8, True)
+        out.append((at, min(at + t, n_tokens), dec))
+        at += t
+        k += 1
+    return out
+
+
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("admission")
+    return Path(stage_synthetic([d / "t.bin"], LAYOUT, 1, SEED, progress=False).path)
+
+
+def _control(path: Path, manifest: Path, admission: str) -> Path:
+    tables = "".join(f"""
+[[table]]
+layer = {layer}
+source = "disk"
+manifest = "{manifest}"
+cache_share = 0.5
+order = {order}
+""" for order, layer in enumerate((1, 14)))
+    path.write_text(f"""
+[engine]
+device = "cpu"
+cache_rows = {CACHE_ROWS}
+check = true
+max_tokens = 256
+admission = "{admission}"
+{tables}""")
+    return path
+
+
+def _serve(manifest: Path, tmp_path: Path, admission: str, ids: np.ndarray):
+    """Per step the layer-14 counters, the layer's slot count and its cached rows at the end; every row checked."""
+    rows_of = SyntheticSource(Manifest.load(manifest).layout, SEED)
+    engine = StepEngine.from_control(str(_control(tmp_path / f"{admission}.toml", manifest, admission)))
+    per_step = []
+    with engine:
+        for a, b, dec in _steps(ids.shape[0]):
+            batch = ids[a:b]
+            engine.begin_step(batch, decode=np.full(b - a, dec))
+            for j, layer in enumerate((1, 14)):
+                out = engine.gather(layer)
+                want = dequantize_bits(rows_of.rows(layer, batch[:, j, :].reshape(-1)))
+                assert np.array_equal(out.reshape(-1, 256).view(torch.int16).numpy(), want.view(np.int16))
+            per_step.append(engine.end_step().layers[14])
+        totals = engine.totals
+        slots = engine.cache.owned_slots(14)
+        cached = set(engine.cache.cached(14)[0].tolist())
+    assert sum(c.mismatches for c in totals.values()) == 0
+    assert sum(c.checked_rows for c in totals.values()) == ids.shape[0] * 48
+    return per_step, slots, cached
+
+
+@pytest.fixture(scope="module")
+def token_ids() -> np.ndarray:
+    return real_token_ids(TOKENS, LAYOUT)
+
+
+@pytest.mark.parametrize("admission", ["off", "prefill-cold"])
+def test_served_admission_is_the_characterizers(admission, staged, token_ids, tmp_path) -> None:
+    per_step, slots, _ = _serve(staged, tmp_path, admission, token_ids)
+    steps = _steps(TOKENS)
+    rows = token_ids[:, 1, :].reshape(-1)   # layer 14's lookups in step order
+    ids, n = P.densify(rows)
+    starts = np.array([a * 24 for a, _, _ in steps] + [TOKENS * 24], dtype=np.int64)
+    prefill = np.concatenate([np.full(b - a, not dec) for a, b, dec in steps])
+    cold = np.repeat(prefill, 24) if admission == "prefill-cold" else None
+    outcome = replay_clock(ids, starts, n, slots, evict_ahead=True, cold=cold)
+    for (a, b, _), c in zip(steps, per_step, strict=True):
+        o = outcome[a * 24:b * 24]
+        assert (c.hits, c.reused, c.rows_read) == (int((o == HIT).sum()),
+                                                   int(((o == REUSE_FILLED) | (o == REUSE_BYPASS)).sum()),
+                                                   int((o == READ).sum()))
+    assert sum(c.evictions for c in per_step) > 0   # the cache was under pressure
+
+
+def test_admission_changes_which_rows_are_cached(staged, token_ids, tmp_path) -> None:
+    off, _, cached_off = _serve(staged, tmp_path, "off", token_ids)
+    on, _, cached_on = _serve(staged, tmp_path, "prefill-cold", token_ids)
+    assert cached_on != cached_off
+    assert [c.hits for c in on] != [c.hits for c in off]
+
+
+def test_decode_flags_are_checked(staged, tmp_path) -> None:
+    ids = real_token_ids(4, LAYOUT)
+    with StepEngine.from_control(str(_control(tmp_path / "c.toml", staged, "prefill-cold"))) as engine:
+        for bad in (np.ones(3, dtype=bool), np.ones(4, dtype=np.int64), [True] * 5):
+            with pytest.raises(SlackTierError, match="decode flags"):
+                engine.begin_step(ids, decode=bad)
+        engine.begin_step(ids, decode=np.array([False, False, True, True]))
+        engine.gather(1)
+        engine.gather(14)
+        engine.end_step()
