@@ -290,3 +290,18 @@ def test_stage_and_inspect_on_the_command_line(tmp_path: Path, capsys) -> None:
     assert cli.main(["inspect", ctl, "--json"]) == 0
     tables = json.loads(capsys.readouterr().out)["control_report"]["tables"]
     assert all(t["index_bytes"] > 0 and t["packed_bytes"] == PACKED * 4096 for t in tables)
+
+
+def test_verify_checks_packed_regions(tmp_path: Path) -> None:
+    """`verify_table` checks packed pages' CRC32Cs and their rows; swapped packed pages are found both ways."""
+    if not supports_o_direct(tmp_path):
+        pytest.skip("tmp_path does not support O_DIRECT")
+    from slacktier.tables.verify import verify_table
+
+    m = _copy_staged(None, tmp_path, "verify")
+    report = verify_table(m, rows_per_region=30, progress=False)
+    assert report.ok and report.pages_checked == m.total_pages
+    last = PACKED - 1   # the first and last pages are always among the sampled ones
+    _swap_packed_pages(m, 2, LAYOUT.layer_ids[1], 0, last)
+    kinds = {(x.kind, x.rank, x.page) for x in verify_table(m, rows_per_region=30, progress=False).mismatches}
+    assert {("checksum", 2, 0), ("checksum", 2, last), ("packed", 2, 0), ("packed", 2, last)} <= kinds
