@@ -305,3 +305,20 @@ def test_verify_checks_packed_regions(tmp_path: Path) -> None:
     _swap_packed_pages(m, 2, LAYOUT.layer_ids[1], 0, last)
     kinds = {(x.kind, x.rank, x.page) for x in verify_table(m, rows_per_region=30, progress=False).mismatches}
     assert {("checksum", 2, 0), ("checksum", 2, last), ("packed", 2, 0), ("packed", 2, last)} <= kinds
+
+
+def test_a_balanced_rank_serves_packed_contexts_bit_exact(tmp_path: Path) -> None:
+    """Under the balanced partition a rank packs its own heads of each order (stored rows in the index's key,
+    global ids in the pages): the checker finds 0 mismatches and packed pages are read."""
+    if not supports_o_direct(tmp_path):
+        pytest.skip("tmp_path does not support O_DIRECT")
+    pl = read_pack_list(write_list(tmp_path / "l.npz"))
+    m = stage_synthetic([tmp_path / "b.bin"], LAYOUT, 4, 5, progress=False, partition="balanced",
+                        heads_per_order=8, pack=PackRequest(pl, 1 << 30, 1 << 20))
+    assert m.packing.rank_columns[1] == (2, 3, 10, 11, 18, 19)
+    for rank in (1, 3):
+        doc = {"engine": {"cache_rows": 300, "check": True, "owned_only": True},
+               "table": [{"layer": layer, "manifest": str(m.path), "cache_share": 0.5, "order": i, "rank": rank,
+                          "partition": "balanced"} for i, layer in enumerate(LAYOUT.layer_ids)]}
+        c = _run(str(write_control(from_dict(doc), tmp_path / f"b{rank}.toml")), rank=rank)
+        assert c["mismatches"] == 0 and c["checked_rows"] > 0 and c["packed_pages"] > 0, c

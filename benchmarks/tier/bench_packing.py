@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import tempfile
 import time
 from collections import Counter
@@ -101,7 +102,8 @@ def main() -> None:
     ap.add_argument("--dir", default="/var/tmp", help="a directory on a disk that takes O_DIRECT")
     ap.add_argument("--vocab", type=int, default=40_000, help="scaled Engram vocab (rows per layer ~24x)")
     ap.add_argument("--fit-tokens", type=int, default=120_000)
-    ap.add_argument("--heldout-file", type=int, default=3000, help="first file of the held-out half")
+    ap.add_argument("--heldout-file", type=int, default=1500,
+                    help="first file of the held-out half (numpy's 487 files, then torch's: 1500 is torch's)")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--steps", type=int, default=200)
     ap.add_argument("--warmup", type=int, default=50)
@@ -110,11 +112,12 @@ def main() -> None:
     ap.add_argument("--pack-disk-gb", type=float, default=0.25, help="extra disk per rank")
     ap.add_argument("--pack-index-mb", type=float, default=16.0, help="index host memory per rank")
     args = ap.parse_args()
+    sys.stdout.reconfigure(line_buffering=True)
     layout = EngramLayout.scaled(args.vocab)
     layers = layout.layer_ids
     t0 = time.perf_counter()
     fit = real_token_ids(args.fit_tokens, layout, start_file=0)
-    held = real_token_ids(args.batch * args.steps + args.batch, layout, start_file=args.heldout_file)
+    held = real_token_ids(args.batch * (args.warmup + args.steps + 1), layout, start_file=args.heldout_file)
     print(f"traffic: fit {fit.shape[0]:,} tokens (files from 0), held-out {held.shape[0]:,} tokens (files from "
           f"{args.heldout_file}), hashed in {time.perf_counter() - t0:.0f} s")
     steps = steps_of(held, args.batch, args.warmup + args.steps)
@@ -123,7 +126,7 @@ def main() -> None:
         found = pack_list(d / "list.npz", fit, layers, {"workload": "real-text", "seed": 0, "batch": args.batch,
                                                         "cache_rows": args.cache_rows, "ranks": 4,
                                                         "partition": "columns", "tokens": int(fit.shape[0])})
-        print(f"pack list: contexts seen twice or more in the fit half: {found}")
+        print(f"pack list: contexts seen twice or more in the fit half: {found}", flush=True)
         request = PackRequest(read_pack_list(d / "list.npz"), int(args.pack_disk_gb * 1e9),
                               int(args.pack_index_mb * 1e6))
         rows = []
@@ -156,7 +159,7 @@ def main() -> None:
           f"on the first {args.checked} steps of every engine")
     print("| process | cache rows | pages/step plain (min/med/max) | pages/step packed | change (median) "
           "| packed pages/step (median) | begin_step us plain | begin_step us packed |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|", flush=True)
     for what, got, cache in rows:
         p, q = got["plain"], got["packed"]
         change = statistics.median(q["pages"]) / max(statistics.median(p["pages"]), 1) - 1
