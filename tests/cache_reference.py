@@ -34,11 +34,13 @@ def _mix(x: int) -> int:
 
 
 def ref_context_key(ids: list[int]) -> int:
-    """tables.packing.context_key, in plain Python: a splitmix64 fold of the ids, as a signed 64-bit int, never 0."""
-    h = 0x243F6A8885A308D3
-    for g in ids:
-        h = (_mix(h ^ (g & _M64)) + 0x9E3779B97F4A7C15) & _M64
-    k = _mix(h)
+    """tables.packing.context_key, in plain Python: per column a scrambled term, summed, then a splitmix64
+    finalizer, as a signed 64-bit int, never 0."""
+    acc = 0x243F6A8885A308D3
+    for c, g in enumerate(ids):
+        x = (((g & _M64) + (c + 1) * 0x9E3779B97F4A7C15) * 0xBF58476D1CE4E5B9) & _M64
+        acc = (acc + (x ^ (x >> 29))) & _M64
+    k = _mix(acc)
     k = k - (1 << 64) if k >= 1 << 63 else k
     return k if k != 0 else 1
 

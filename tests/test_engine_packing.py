@@ -54,7 +54,7 @@ def _traffic(rng: np.random.Generator, tokens: int) -> np.ndarray:
 
 
 def write_list(path: Path, n: int = PACKED, **meta_changes: object) -> Path:
-    """A pack list of the pool's first `n` contexts (the most frequent), as notes/packlist.md gives it."""
+    """A pack list of the pool's first `n` contexts (the most frequent), in the pack list format (tables.packing)."""
     pool = _pool()
     meta = {"format": PACK_LIST_FORMAT, "version": 1, "workload": "synthetic", "split": "fit", "seed": 11,
             "batch": 16, "cache_rows": 200, "ranks": 4, "partition": "columns", "tokens": 1000} | meta_changes

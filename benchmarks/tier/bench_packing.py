@@ -12,6 +12,11 @@ cache and are not counted. The plain and packed engines step in turn on the same
 with the checker on for the first steps (0 mismatches required) and off for the timed ones.
 
     .venv/bin/python benchmarks/tier/bench_packing.py --dir /var/tmp --vocab 40000 --steps 200
+
+`--plain-cost` instead times begin_step of a table without packing only (TP4 rank 3, random in-column ids, a
+cache too small to hit: every lookup a miss, the path packing added a branch to), importing nothing that
+packing added, so the same file runs against the source before packing (PYTHONPATH=<that tree>/src) and
+after it, one process after the other, to show the unpacked path's cost is unchanged.
 """
 
 from __future__ import annotations
@@ -30,13 +35,13 @@ import numpy as np
 from slacktier.config import from_dict, write_control
 from slacktier.engine.step import StepEngine
 from slacktier.tables.engram_hash import EngramLayout
-from slacktier.tables.packing import PACK_LIST_FORMAT, PackRequest, read_pack_list
 from slacktier.tables.stage import stage_synthetic
-from slacktier.testing.engine import real_token_ids
+
+PACK_LIST_FORMAT = "slacktier-pack-list"
 
 
 def pack_list(path: Path, fit_ids: np.ndarray, layers: tuple[int, ...], meta: dict) -> dict[int, int]:
-    """Write a pack list (notes/packlist.md) of the fit half's contexts seen twice or more, most frequent first."""
+    """Write a pack list (the format: tables.packing) of the fit half's contexts seen twice or more, most frequent first."""
     arrays = {"layers": np.array(layers, dtype=np.int64),
               "meta": np.array(json.dumps({"format": PACK_LIST_FORMAT, "version": 1, "split": "fit", **meta}))}
     counts = {}
@@ -97,6 +102,31 @@ def mmm(xs: list[float]) -> str:
     return f"{min(xs):,.0f} / {statistics.median(xs):,.0f} / {max(xs):,.0f}"
 
 
+def plain_cost(args: argparse.Namespace) -> None:
+    """begin_step of an unpacked TP4 rank-3 table, all misses: min / median / max over `--steps` steps."""
+    layout = EngramLayout.scaled(args.vocab)
+    layers = layout.layer_ids
+    rng = np.random.default_rng(0)
+    bounds = {layer: np.asarray(layout.layer_column_bounds(layer)) for layer in layers}
+    steps = [np.ascontiguousarray(np.stack([b[:-1] + rng.integers(0, b[1:] - b[:-1], size=(args.batch, 24))
+                                            for b in bounds.values()], axis=1)) for _ in range(args.steps)]
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        d = Path(tmp)
+        m = stage_synthetic([d / "t.bin"], layout, 4, 0, progress=False)
+        times = []
+        with StepEngine.from_control(control(d, "c.toml", m.path, layers, 3, 1_000, args.batch)) as e:
+            for ids in steps:
+                t0 = time.perf_counter_ns()
+                e.begin_step(ids)
+                times.append((time.perf_counter_ns() - t0) / 1e3)
+                for layer in e.layers:
+                    e.gather(layer)
+                c = e.end_step()
+        hits = sum(x.hits for x in c.layers.values())
+        print(f"plain begin_step us (min / median / max of {args.steps - 20} steps after 20): "
+              f"{mmm(times[20:])}; last step's hits {hits}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", default="/var/tmp", help="a directory on a disk that takes O_DIRECT")
@@ -111,8 +141,15 @@ def main() -> None:
     ap.add_argument("--cache-rows", type=int, default=20_000, help="cache rows per process (split by layer)")
     ap.add_argument("--pack-disk-gb", type=float, default=0.25, help="extra disk per rank")
     ap.add_argument("--pack-index-mb", type=float, default=16.0, help="index host memory per rank")
+    ap.add_argument("--plain-cost", action="store_true", help="time the unpacked path only (module doc)")
     args = ap.parse_args()
     sys.stdout.reconfigure(line_buffering=True)
+    if args.plain_cost:
+        plain_cost(args)
+        return
+    from slacktier.tables.packing import PackRequest, read_pack_list
+    from slacktier.testing.engine import real_token_ids
+
     layout = EngramLayout.scaled(args.vocab)
     layers = layout.layer_ids
     t0 = time.perf_counter()

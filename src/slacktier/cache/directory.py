@@ -313,6 +313,7 @@ def resolve_layer(ids, geo, cache, step, out):
     has_pack = pk_keys.shape[0] > 0
     pk_token = -1   # the token whose context was looked up last, and its ordinal (-1: not packed)
     pk_ord = np.int64(-1)
+    pk_shift = np.uint64(64 - pk_bits)
     hand = lstate[HAND]
     pinned = lstate[PINNED]
     evictions = lstate[EVICTIONS]
@@ -384,6 +385,14 @@ def resolve_layer(ids, geo, cache, step, out):
                     | ((r - rank_starts[k]) // ROWS_PER_PAGE))
             prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
             n_absent += 1
+            if has_pack:   # the token's index entry (a random line of the index), once per token with a miss
+                t = own_pos[j] // n_c
+                if t != pk_token:
+                    pk_token = t
+                    ph = np.int64((np.uint64(context_key(ids, t)) * _GOLDEN) >> pk_shift)
+                    prefetch(pk_keys, ph)
+                    prefetch(pk_ordinals, ph)
+    pk_token = -1
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # prefetch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     # Prefetches, not loads, of the entry's line and the next (the eviction's backward shift reads on until an

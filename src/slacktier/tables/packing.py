@@ -8,6 +8,12 @@ them in file order, within its budgets, and writes per (layer, staged rank) one 
 region*, on the target of that rank's row region: the same header page, stage id, manifest record and
 per-page CRC32C as any region, so open-time identity checks and checked reads apply to it unchanged.
 
+The pack list file (`.npz`, plain arrays): `layers` int64 [L], the table layer ids; per layer `ids_<layer>`
+int64 [n, 24], one context per row, best first (most page reads saved on the fit half of the traffic first),
+and `saved_<layer>` float64 [n], those savings (reports only); `meta`, a 0-d str array of JSON {"format":
+"slacktier-pack-list", "version": 1, "workload", "split" (always "fit": the held-out half measures the
+list), "seed", "batch", "cache_rows", "ranks", "partition", "tokens"}.
+
 Packed page layout. Context p of a rank with `n_owned` owned columns takes `pages_per_context` =
 ceil(n_owned / 15) pages from page p * pages_per_context of the rank's packed region; owned column j (the j-th
 of the rank's columns, ascending) sits at page j // 15, row slot j % 15, at byte (j % 15) * 264: the row
@@ -61,8 +67,9 @@ MIN_INDEX_ENTRIES = 16
 INDEX_ENTRY_BYTES = 8 + 4          # a key (int64) and an ordinal (int32)
 _META_KEYS = ("format", "version", "workload", "split", "seed", "batch", "cache_rows", "ranks", "partition",
               "tokens")
-_FIX_LIST = ("write the pack list with slacktier.workloads.packing.write_pack_list (the format is "
-             "notes/packlist.md's: layers, ids_<layer> [n, 24] int64, saved_<layer> [n] float64, meta JSON)")
+_FIX_LIST = ("write the pack list with slacktier.workloads.packing.write_pack_list (the format, in "
+             "slacktier.tables.packing's module doc: layers, ids_<layer> [n, 24] int64, saved_<layer> [n] float64, "
+             "meta JSON)")
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _MIX1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -84,7 +91,7 @@ class PackList:
 
 
 def read_pack_list(path: str | Path) -> PackList:
-    """The pack list at `path` (notes/packlist.md); anything else is refused naming the file and what is wrong."""
+    """The pack list at `path` (module doc); anything else is refused naming the file and what is wrong."""
     p = Path(path)
     if not p.is_file():
         raise SlackTierError(ErrorKind.MISSING, f"pack list {p} does not exist", fix=_FIX_LIST)
@@ -163,11 +170,14 @@ def _mix(x):
 def context_key(ids, t):
     """The 64-bit key of token t's context: ids [T, C] int64 (any strides) -> int64, never 0 (the empty entry).
 
-    A splitmix64 finalizer over an order-dependent fold of the C ids: column c's id enters at step c."""
-    h = _SEED
+    Each column's id, offset by its column (so the key is order-dependent), is scrambled on its own (one
+    multiply, one xor-shift) and the terms are summed, then the sum gets a full splitmix64 finalizer: the
+    terms do not wait on each other, so the begin_step pass pays a fraction of a chained hash's latency."""
+    acc = _SEED
     for c in range(ids.shape[1]):
-        h = _mix(h ^ np.uint64(ids[t, c])) + _GOLDEN
-    k = np.int64(_mix(h))
+        x = (np.uint64(ids[t, c]) + np.uint64(c + 1) * _GOLDEN) * _MIX1
+        acc += x ^ (x >> np.uint64(29))
+    k = np.int64(_mix(acc))
     return k if k != 0 else np.int64(1)
 
 
