@@ -320,6 +320,8 @@ def resolve_layer(ids, geo, cache, step, out):
     evictions_before = evictions
     n_t, n_c = ids.shape
     n = n_t * n_c
+    tok = 0            # the token of the lookup at hand, and where its positions end
+    tok_end = np.int64(n_c)
     counts[Count.LOOKUPS] = n
     counts[Count.BAD_INDEX] = -1
     status = 0
@@ -386,13 +388,18 @@ def resolve_layer(ids, geo, cache, step, out):
             prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
             n_absent += 1
             if has_pack:   # the token's index entry (a random line of the index), once per token with a miss
-                t = own_pos[j] // n_c
+                while own_pos[j] >= tok_end:   # positions rise: the token advances without a division
+                    tok += 1
+                    tok_end += n_c
+                t = tok
                 if t != pk_token:
                     pk_token = t
                     ph = np.int64((np.uint64(context_key(ids, t)) * _GOLDEN) >> pk_shift)
                     prefetch(pk_keys, ph)
                     prefetch(pk_ordinals, ph)
     pk_token = -1
+    tok = 0
+    tok_end = np.int64(n_c)
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # prefetch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     # Prefetches, not loads, of the entry's line and the next (the eviction's backward shift reads on until an
@@ -451,12 +458,15 @@ def resolve_layer(ids, geo, cache, step, out):
         region = np.int64(rank_region[k])
         packed = False
         if has_pack:   # the token's context: looked up at its first row to read, packed page if it is packed
-            t = i // n_c
+            while i >= tok_end:
+                tok += 1
+                tok_end += n_c
+            t = tok
             if t != pk_token:
                 pk_token = t
                 pk_ord = probe_index(pk_keys, pk_ordinals, pk_bits, context_key(ids, t))
             if pk_ord >= 0 and pk_region[k] >= 0:
-                j = np.int64(pk_slot[i - t * n_c])
+                j = np.int64(pk_slot[i - (tok_end - n_c)])
                 region = np.int64(pk_region[k])
                 pg = pk_ord * pk_ppc + j // ROWS_PER_PAGE
                 inpage = j - (j // ROWS_PER_PAGE) * ROWS_PER_PAGE
