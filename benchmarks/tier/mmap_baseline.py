@@ -765,7 +765,9 @@ def report(cfg: RunConfig, runs: list[dict], budget: int, rows: dict[int, tuple[
         mapped = v in MMAP_VARIANTS
         if mapped:
             pages = f"{_fmt(_stat([r['faults_per_step'] for r in rs]), 0)} flt"
-        else:
+        elif len(layers) == 1:
+            pages = f"{_fmt(_stat([r['pages_layer'][str(layers[0])] for r in rs]), 0)} pg"
+        else:   # medians, per layer
             pages = "+".join(f"{_stat([r['pages_layer'][str(x)] for r in rs])[1]:.0f}" for x in layers) + " pg"
         hit = "-" if mapped else "/".join(f"{100 * _stat([r['hit_layer'][str(x)] for r in rs])[1]:.1f}%"
                                           for x in layers)
