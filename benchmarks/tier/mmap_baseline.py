@@ -826,8 +826,9 @@ def regime(cfg: RunConfig, manifest, budget: int, capped: bool, reason: str, spl
             f"to engram_vocab {cfg.engram_vocab:,} ("
             + ", ".join(f"layer {r.layer}: {r.rows:,} rows, {r.nbytes / 1e9:.2f} GB of pages" for r in regions)
             + f"; {total / budget:.0f}x the host budget), synthetic rows, V4.1 hash; {cfg.workload} traffic, "
-            f"held-out sessions first (sweep_sessions; all {cfg.batch} from the held-out half at B={cfg.batch} "
-            f"agent), B={cfg.batch}, decode steps only (prefills not read by any reader), the window after "
+            f"held-out sessions first (sweep_sessions: the first batch held-out at B={cfg.batch} agent; the "
+            f"sessions refilling it by the window come from the fit half too), B={cfg.batch}, decode steps only "
+            f"(prefills not read by any reader), the window after "
             f"{cfg.start_decode_steps} decode steps (read untimed by SlackTier to fill its cache, skipped by the "
             f"mappings, whose page cache fills in the window's {cfg.warmup_steps} untimed steps), then "
             f"{cfg.decode_steps} timed steps per run; device compute from profile {cfg.profile}"
