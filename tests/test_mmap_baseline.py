@@ -14,10 +14,11 @@ import numpy as np
 import pytest
 
 from benchmarks.paper.full_rank import FullRankConfig, rank_control, stage_rank_shard
-from benchmarks.tier.mmap_baseline import (LAYER, MMAP_VARIANTS, MmapLayerReader, budget_bytes, dequantized,
-                                           make_cgroup, remove_cgroup, resident_pages)
+from benchmarks.tier.mmap_baseline import (LAYER, MMAP_VARIANTS, MmapLayerReader, MmapReaders, RunConfig,
+                                           budget_bytes, dequantized, make_cgroup, remove_cgroup, resident_pages)
 from slacktier.engine.checker import mismatching_rows
 from slacktier.engine.step import StepEngine
+from slacktier.errors import SlackTierError
 from slacktier.serve.tiers import Placement
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,3 +135,109 @@ def test_cap_keeps_the_mapped_file_under_the_limit(tmp_path: Path) -> None:
         remove_cgroup(cgroup)
     assert resident <= cap, f"{resident} bytes of the file resident under a cap of {cap}"
     assert resident < size // 2
+
+
+# ---- both layers on disk (placement "disk") ------------------------------------------------------------------
+
+def _ids_both(manifest, rng: np.random.Generator, tokens: int) -> np.ndarray:
+    """[T, 2, 24] global row ids of layers 1 and 14 over every rank's rows, each region's first and last rows in."""
+    out = []
+    for layer in (1, LAYER):
+        region = manifest.region(layer, 3)
+        end = region.row_start + region.rows
+        ids = rng.integers(0, end + region.rows, size=(tokens, 24), dtype=np.int64)
+        ids[0, :3] = [region.row_start, region.row_start + 15, end - 1]
+        ids[1, :1] = [region.row_start - 1]
+        out.append(np.minimum(ids, end - 1))
+    return np.stack(out, axis=1)
+
+
+def _served_both(cfg, manifest, ids: np.ndarray) -> dict:
+    """SlackTier's gather of layers 1 and 14, both on the disk tier (owned_only, uncached): layer -> bf16 rows."""
+    placement = Placement("disk", ((1, "disk"), (LAYER, "disk")))
+    control, served = rank_control(manifest, cfg.rank, placement, cfg, ids.shape[0])
+    assert served == [1, LAYER]
+    engine = StepEngine.from_config(control, ids_layers=tuple(served), columns=24)
+    try:
+        engine.begin_step(ids)
+        out = {layer: engine.gather(layer).reshape(-1, 256).clone() for layer in served}
+        engine.end_step()
+    finally:
+        engine.close()
+    return out
+
+
+def _mapped_both(manifest, ids: np.ndarray, regions: dict, variant: str = "mmap-random") -> dict:
+    """Every layer's rows through MmapReaders over `regions` (layer -> region), dequantized: layer -> bf16 rows,
+    and the step's counters."""
+    readers = MmapReaders(((regions[layer], axis) for axis, layer in enumerate((1, LAYER))), *MMAP_VARIANTS[variant])
+    try:
+        readers.begin_step(readers.prepare(ids))
+        raw = {layer: readers.gather(layer) for layer in (1, LAYER)}
+        counters = readers.end_step()
+        mine = {r.layer: r._local(ids[:, i, :])[1] for i, r in enumerate(readers.readers)}
+    finally:
+        readers.close()
+    return {layer: dequantized(raw[layer], ~mine[layer]) for layer in raw}, counters, mine
+
+
+@pytest.mark.parametrize("variant", ["mmap-random", "mmap-willneed", "mmap-willneed-async"])
+def test_both_layers_mapped_equal_slacktier_gather(shard, variant: str) -> None:
+    cfg, manifest = shard
+    ids = _ids_both(manifest, np.random.default_rng(9), 48)
+    ours = _served_both(cfg, manifest, ids)
+    regions = {layer: manifest.region(layer, cfg.rank) for layer in (1, LAYER)}
+    theirs, counters, mine = _mapped_both(manifest, ids, regions, variant)
+    assert sorted(counters.layers) == [1, LAYER]
+    for layer in (1, LAYER):
+        assert 0 < mine[layer].sum() < mine[layer].size
+        assert counters.layers[layer].lookups == mine[layer].sum()
+        assert int(mismatching_rows(ours[layer], theirs[layer]).sum()) == 0, f"layer {layer}"
+
+
+def test_both_layers_check_sees_a_shifted_layer_1(shard) -> None:
+    """The per-layer check can fail: layer 1's region off by one row differs on layer 1 only."""
+    cfg, manifest = shard
+    ids = _ids_both(manifest, np.random.default_rng(10), 16)
+    ours = _served_both(cfg, manifest, ids)
+    region = manifest.region(1, cfg.rank)
+    regions = {1: dataclasses.replace(region, row_start=region.row_start - 1),
+               LAYER: manifest.region(LAYER, cfg.rank)}
+    theirs, _, _ = _mapped_both(manifest, ids, regions)
+    assert int(mismatching_rows(ours[1], theirs[1]).sum()) > 0
+    assert int(mismatching_rows(ours[LAYER], theirs[LAYER]).sum()) == 0
+
+
+def test_both_layers_on_the_timeline(shard) -> None:
+    """The runner times each mapped layer at its own window and the step's stall sums them."""
+    from slacktier.serve.timeline import StepTimes, TimelineRunner
+
+    cfg, manifest = shard
+    ids = _ids_both(manifest, np.random.default_rng(11), 8)
+    readers = MmapReaders(((manifest.region(layer, cfg.rank), axis) for axis, layer in enumerate((1, LAYER))),
+                          "random")
+    try:
+        runner = TimelineRunner(readers, StepTimes("agent", 8, 2.0, {1: 0.05, LAYER: 1.0}))
+        step = runner.step(runner.prepare(ids))
+        with pytest.raises(SlackTierError):
+            readers.gather(7)
+    finally:
+        readers.close()
+    assert sorted(step.stall_ms) == [1, LAYER] and step.stall_total_ms == sum(step.stall_ms.values())
+    assert step.lookups[1] > 0 and step.lookups[LAYER] > 0
+
+
+def test_split_placement_budget_and_slots() -> None:
+    cfg = RunConfig(placement="disk", split_cache_rows=200_000, split_l1=0.6)
+    assert cfg.disk_layers == (1, LAYER)
+    assert cfg.cache_slots() == {1: 120_000, LAYER: 80_000}
+    assert budget_bytes(cfg.cache_slots()) == 200_000 * 264 + 8 * 2 ** 18 + 8 * 2 ** 18
+    assert RunConfig().cache_slots() == {LAYER: 100_000}   # the default placement: the old budget
+    assert budget_bytes(RunConfig().cache_slots()) == budget_bytes(100_000)
+    assert RunConfig(placement="l1-disk-l14-dram").cache_slots() == {1: 100_000}
+    with pytest.raises(SlackTierError):
+        RunConfig(placement="disk").cache_slots()   # no split: refused, not guessed
+    with pytest.raises(SlackTierError):
+        RunConfig(placement="both")
+    with pytest.raises(SlackTierError):
+        RunConfig(placement="disk", split_l1=1.5)
