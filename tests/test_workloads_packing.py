@@ -1,0 +1,199 @@
+"""Context packing, the traffic side: pages per step against a plain-Python reference, choosing on the fit half
+only, budgets, and the pack list file field by field as notes/packlist.md states it."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import numpy as np
+import pytest
+
+from slacktier.errors import SlackTierError
+from slacktier.tables.engram_hash import EngramLayout
+from slacktier.workloads import packing as P
+from slacktier.workloads.hashing import EngramLookupHasher
+from slacktier.workloads.replay import LookupTrace, ReplayConfig
+from slacktier.workloads.sessions import render_session, truncate_turns
+from slacktier.workloads.sharegpt import iter_chat_sessions
+from slacktier.workloads.split import split_by_source
+
+
+def _trace(rows_by_token, steps, decode, columns=6, table_rows=1000) -> LookupTrace:
+    rows = np.asarray(rows_by_token, dtype=np.int64).reshape(1, -1)
+    return LookupTrace("hand", 2, (14,), (table_rows,), columns, 2, 2, rows, np.asarray(steps, dtype=np.int32),
+                       np.asarray(decode, dtype=bool), np.zeros(len(steps), dtype=np.int32))
+
+
+def test_worked_example_of_the_module_docstring():
+    # one decode step, tokens A and B on one rank owning all 6 columns (one packed page per context)
+    tr = _trace([[0, 30, 60, 200, 201, 202], [14, 90, 300, 301, 302, 303]], [0, 0], [True, True])
+    lk = P.rank_lookups(tr, 14, 0, 1)
+    hit = np.array([0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1, 1], dtype=np.uint8)
+    assert P.step_pages(lk, hit).tolist() == [4]                                     # pages 0, 2, 4, 6
+    assert P.step_pages(lk, hit, np.array([0, -1])).tolist() == [3]                 # A's packed page, 0, 6
+    assert P.step_pages(lk, hit, np.array([0, 1])).tolist() == [2]                  # two packed pages
+    assert P.token_savings(lk, hit).tolist() == [1.0, 0.0]                           # A: {2, 4} - 1; B: {6} - 1
+    assert P.packed_pages_per_context(6) == 1 and P.packed_pages_per_context(24) == 2
+
+
+def _ref_pages(rows, hit, token_step, decode, pack, n_columns, shard_start, pack_pages):
+    """Plain Python: per decode step, the first miss of each row is a read; packed tokens read their context's
+    page(s) instead; distinct pages counted. Also each token's saving packed alone."""
+    pages, saved = [], [0.0] * len(token_step)
+    for s in sorted(set(token_step)):
+        toks = [t for t in range(len(token_step)) if token_step[t] == s]
+        if not decode[toks[0]]:
+            continue
+        seen_rows, keys, reads = set(), set(), []
+        for t in toks:
+            for c in range(n_columns):
+                x = t * n_columns + c
+                if hit[x] or rows[x] in seen_rows:
+                    continue
+                seen_rows.add(rows[x])
+                page = (rows[x] - shard_start) // 15
+                keys.add(("packed", pack[t]) if pack[t] >= 0 else ("row", page))
+                reads.append((t, page))
+        pages.append(sum(pack_pages if k[0] == "packed" else 1 for k in keys))
+        readers: dict[int, set] = {}
+        for t, page in reads:
+            readers.setdefault(page, set()).add(t)
+        for t in {t for t, _ in reads}:
+            saved[t] += sum(1 for page, who in readers.items() if who == {t}) - pack_pages
+    return pages, saved
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pages_match_the_plain_python_reference(seed):
+    rng = np.random.default_rng(seed)
+    n_tok, cols = int(rng.integers(1, 40)), int(rng.choice([2, 6, 24]))
+    steps = np.sort(rng.integers(0, 6, n_tok)).astype(np.int32)
+    decode = np.array([bool(s % 3) for s in steps])     # steps are all-decode or all-prefill
+    rows = rng.integers(0, 200, (n_tok, cols))          # a small row space: rows and pages collide
+    hit = (rng.random(n_tok * cols) < 0.3).astype(np.uint8)
+    pack = np.where(rng.random(n_tok) < 0.5, rng.integers(0, 4, n_tok), -1)
+    tr = _trace(rows, steps, decode, columns=cols, table_rows=200)
+    lk = P.rank_lookups(tr, 14, 0, 1)
+    pp = P.packed_pages_per_context(cols)
+    want_pages, want_saved = _ref_pages(rows.reshape(-1).tolist(), hit.tolist(), steps.tolist(), decode.tolist(),
+                                        pack.tolist(), cols, 0, pp)
+    assert P.step_pages(lk, hit, pack).tolist() == want_pages
+    assert P.token_savings(lk, hit).tolist() == pytest.approx(want_saved)
+
+
+@pytest.fixture(scope="module")
+def chat():
+    hasher = EngramLookupHasher(EngramLayout.scaled(2000))
+    sessions = [render_session(truncate_turns(s, 6)) for s in itertools.islice(iter_chat_sessions(min_replies=2), 16)]
+    split = split_by_source(sessions, seed=0)
+    return hasher, split, ReplayConfig(batch=4, decode_tokens=24)
+
+
+def _contexts(trace, layer) -> set:
+    return set(map(tuple, P.token_contexts(trace, layer).tolist()))
+
+
+def test_served_clock_pages_with_a_pack_list_match_the_reference(chat):
+    hasher, split, replay = chat
+    caps = {1: 300, 14: 300}
+    choice = P.choose_for_split(split, hasher, replay, "chat", (1, 14), caps, ranks=4)
+    hold = P.fit_trace(split.__class__(split.holdout, split.fit, split.holdout_sources, split.fit_sources),
+                       hasher, replay, "chat")
+    for layer in (1, 14):
+        assert choice.count(layer) > 0
+        packed = {tuple(r): i for i, r in enumerate(choice.ids[layer].tolist())}   # exact keys, no digests
+        ctx = P.token_contexts(hold, layer).tolist()
+        pack = np.array([packed.get(tuple(r), -1) for r in ctx])
+        assert P.lookup_contexts(choice.ids[layer], P.token_contexts(hold, layer)).tolist() == pack.tolist()
+        for rank in range(4):
+            lk = P.rank_lookups(hold, layer, rank, 4)
+            hit = P.hit_mask(lk, caps[layer])
+            want, _ = _ref_pages(lk.trace.rows[0].tolist(), hit.tolist(), hold.token_step.tolist(),
+                                 hold.token_decode.tolist(), pack.tolist(), 6, lk.shard_start, 1)
+            got = P.step_pages(lk, hit, pack)
+            assert got.tolist() == want
+            assert got.sum() <= P.step_pages(lk, hit).sum()
+
+
+def test_choosing_sees_only_the_fit_half(chat):
+    hasher, split, replay = chat
+    caps = {14: 300}
+    assert not (split.fit_sources & split.holdout_sources)
+    choice = P.choose_for_split(split, hasher, replay, "chat", (14,), caps, ranks=4)
+    fit = P.fit_trace(split, hasher, replay, "chat")
+    swapped = split.__class__(split.holdout, split.fit, split.holdout_sources, split.fit_sources)
+    hold = P.fit_trace(swapped, hasher, replay, "chat")
+    held_only = _contexts(hold, 14) - _contexts(fit, 14)
+    listed = set(map(tuple, choice.ids[14].tolist()))
+    assert listed and listed <= _contexts(fit, 14)
+    assert not (listed & held_only), "a context only the held-out half holds was chosen"
+    # the held-out half has contexts worth packing: had it been replayed, some would be listed
+    leaked = P.choose_for_split(swapped, hasher, replay, "chat", (14,), caps, ranks=4)
+    assert set(map(tuple, leaked.ids[14].tolist())) & held_only
+    assert choice.meta["split"] == "fit"
+
+
+def test_contexts_are_grouped_exactly_and_looked_up_by_their_ids():
+    ids = np.array([[1, 2, 3], [4, 5, 6], [1, 2, 3], [7, 8, 9], [4, 5, 6]], dtype=np.int64)
+    ctx, of = P.context_index(ids)
+    assert ctx.tolist() == [[1, 2, 3], [4, 5, 6], [7, 8, 9]] and of.tolist() == [0, 1, 0, 2, 1]
+    assert P.lookup_contexts(ctx[[2, 0]], ids).tolist() == [1, -1, 1, 0, -1]
+    assert P.lookup_contexts(ctx[:0], ids).tolist() == [-1] * 5
+    with pytest.raises(SlackTierError, match="listed twice"):
+        P.lookup_contexts(ctx[[0, 0]], ids)
+
+
+def _choice(n1=3, n14=2) -> P.PackChoice:
+    rng = np.random.default_rng(0)
+    meta = P.pack_meta("agent", 0, 128, 1_000_000, 4, "columns", "deepseek")
+    return P.PackChoice((1, 14), {1: rng.integers(0, 10**8, (n1, 24)), 14: rng.integers(0, 10**8, (n14, 24))},
+                        {1: np.array([9.0, 5.0, 1.0])[:n1], 14: np.array([7.0, 2.0])[:n14]}, 1, meta)
+
+
+def test_budget_keeps_the_best_contexts_over_both_layers():
+    c = _choice()
+    assert c.extra_disk_bytes() == 5 * 4096 and c.index_bytes() == 5 * P.INDEX_BYTES_PER_CONTEXT
+    b = c.within(disk_bytes=3 * 4096 + 100)        # saved 9 (L1), 7 (L14), 5 (L1)
+    assert (b.count(1), b.count(14)) == (2, 1) and b.ids[1].tolist() == c.ids[1][:2].tolist()
+    assert c.within(index_bytes=P.INDEX_BYTES_PER_CONTEXT).count(14) == 0
+    with pytest.raises(SlackTierError):
+        c.within(disk_bytes=-1)
+
+
+def test_pack_list_file_field_by_field(tmp_path):
+    c = _choice()
+    path = P.write_pack_list(tmp_path / "pack.npz", c)
+    assert path == tmp_path / "pack.npz" and not (tmp_path / "pack.npz.tmp").exists()
+    with np.load(path, allow_pickle=False) as z:
+        assert set(z.files) == {"layers", "ids_1", "saved_1", "ids_14", "saved_14", "meta"}
+        assert z["layers"].dtype == np.int64 and z["layers"].tolist() == [1, 14]
+        for layer in (1, 14):
+            ids, saved = z[f"ids_{layer}"], z[f"saved_{layer}"]
+            assert ids.dtype == np.int64 and ids.shape == (c.count(layer), 24)
+            assert ids.tolist() == c.ids[layer].tolist()                   # file order = best first
+            assert saved.dtype == np.float64 and saved.tolist() == c.saved[layer].tolist()
+            assert all(a >= b for a, b in zip(saved, saved[1:]))
+        meta = z["meta"]
+        assert meta.shape == () and meta.dtype.kind == "U"
+        doc = json.loads(str(meta))
+    assert set(doc) == {"format", "version", "workload", "split", "seed", "batch", "cache_rows", "ranks",
+                        "partition", "tokens"}
+    assert doc == {"format": "slacktier-pack-list", "version": 1, "workload": "agent", "split": "fit", "seed": 0,
+                   "batch": 128, "cache_rows": 1_000_000, "ranks": 4, "partition": "columns", "tokens": "deepseek"}
+
+
+def test_pack_list_reads_back_through_the_staging_reader(tmp_path):
+    reader = pytest.importorskip("slacktier.tables.packing").read_pack_list
+    c = _choice()
+    got = reader(P.write_pack_list(tmp_path / "pack.npz", c))
+    assert got is not None
+
+
+def test_pack_list_without_fit_meta_is_refused(tmp_path):
+    c = _choice()
+    bad = P.PackChoice(c.layers, c.ids, c.saved, 1, dict(c.meta, split="holdout"))
+    with pytest.raises(SlackTierError, match="fit"):
+        P.write_pack_list(tmp_path / "p.npz", bad)
+    with pytest.raises(SlackTierError, match="admission"):
+        P.named_rule("sometimes")
