@@ -197,3 +197,64 @@ def test_pack_list_without_fit_meta_is_refused(tmp_path):
         P.write_pack_list(tmp_path / "p.npz", bad)
     with pytest.raises(SlackTierError, match="admission"):
         P.named_rule("sometimes")
+
+
+def test_characterize_writes_a_pack_list_and_rank_curves_that_plan_reads(tmp_path, capsys):
+    from slacktier.cli import main
+    from slacktier.plan import load_miss_curves
+
+    out = tmp_path / "out"
+    rc = main(["characterize", "--workloads", "agent", "--agent-source", "template", "--agent-sources",
+               "idna,packaging", "--agent-per-source", "1", "--batch", "2", "--decode-tokens", "16", "--capacities",
+               "0,1000", "--miss-points", "4", "--policies", "clock", "--no-plots", "--no-progress", "--cache-dir",
+               str(tmp_path / "cache"), "--out", str(out), "--pack-list", str(tmp_path / "pack.npz"),
+               "--pack-cache-rows", "1000"])
+    assert rc == 0
+    assert "agent packing (chosen on the fit half)" in capsys.readouterr().out
+    with np.load(tmp_path / "pack.npz") as z:
+        meta = json.loads(str(z["meta"]))
+        assert z["layers"].tolist() == [1, 14] and z["ids_14"].shape[1] == 24
+        assert meta["split"] == "fit" and meta["ranks"] == 4 and meta["batch"] == 2 and meta["cache_rows"] == 2000
+    plain = load_miss_curves(out / "miss_curve_agent_B2_rank3.json")
+    packed = load_miss_curves(out / "miss_curve_agent_B2_rank3_packed.json")
+    assert "no context packing" in plain.describe() and "rank 3 of TP4" in plain.describe()
+    assert "context packing: L1" in packed.describe() and packed.packing["chosen_on"] == "fit"
+    for layer in (1, 14):
+        a, b = plain.curve(layer), packed.curve(layer)
+        assert a.capacity_rows == b.capacity_rows
+        assert all(y <= x for x, y in zip(a.pages_per_step, b.pages_per_step))
+    # packing and admission flags without a list are refused, not ignored
+    assert main(["characterize", "--workloads", "agent", "--pack-disk-gb", "5"]) == 2
+
+
+def test_plan_says_which_curve_it_used_and_predicts_fewer_pages_with_packing(tmp_path, o_direct_dir, capsys):
+    from slacktier import cli
+    from slacktier.tables.stage import stage_synthetic
+
+    l1 = stage_synthetic([o_direct_dir / "l1.bin"], {1: 150}, 1, 0, progress=False).path
+    l14 = stage_synthetic([o_direct_dir / "l14.bin"], {14: 150}, 1, 0, progress=False).path
+    tiers = tmp_path / "tiers.toml"
+    tiers.write_text('[[tier]]\nname = "disk"\nintercept_ms = 0.30\npage_ms = 0.00305\ncontention_page_ms = 0.00037\n'
+                     'buffer_bytes = 1048576\n')
+    caps = [0, 250_000, 500_000, 1_000_000]
+    plans = {}
+    for name, scale, packing in (("today", 1.0, None), ("packed", 0.8, {
+            "pack_list": "pack.npz", "chosen_on": "fit", "contexts": {"1": 10, "14": 20},
+            "extra_disk_bytes_per_rank": 30 * 4096, "index_bytes_per_rank": 30 * 16})):
+        curves = tmp_path / f"{name}.json"
+        curves.write_text(json.dumps({"workload": "agent", "batch": 128, "policy": "clock", "ranks": 4, "rank": 3,
+                                      "partition": "columns", "packing": packing, "layers": {
+            "1": {"capacity_rows": caps, "pages_per_step": [scale * p for p in (3000, 250, 40, 10)]},
+            "14": {"capacity_rows": caps, "pages_per_step": [scale * p for p in (2500, 300, 60, 20)]}}}))
+        rc = cli.main(["plan", "--table", f"1={l1}:1000000", "--table", f"14={l14}:1000000", "--window", "1=0.5",
+                       "--window", "14=9", "--tiers", str(tiers), "--curves", str(curves), "--cache-rows", "1000000",
+                       "--target-ms", "5", "--out", str(tmp_path / f"{name}.toml"), "--json",
+                       str(tmp_path / f"{name}_plan.json"), "--no-plot"])
+        assert rc == 0
+        text = capsys.readouterr().out
+        assert f"miss-page curves: {curves}: agent traffic, B=128, clock, rank 3 of TP4 (columns)" in text
+        plans[name] = json.loads((tmp_path / f"{name}_plan.json").read_text())
+    assert "context packing: L1 10, L14 20 contexts" in plans["packed"]["miss_curves"]["described"]
+    assert plans["today"]["miss_curves"]["packing"] is None
+    pages = {k: sum(t["pages_per_step"] for t in v["tables"]) for k, v in plans.items()}
+    assert pages["packed"] < pages["today"]

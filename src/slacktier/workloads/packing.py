@@ -496,28 +496,91 @@ def packing_summary(choice: PackChoice | None, path: str | Path | None = None) -
             "index_bytes_per_rank": choice.index_bytes(), "index_bytes_per_context": INDEX_BYTES_PER_CONTEXT}
 
 
-def rank_miss_curve(trace: LookupTrace, layers: Sequence[int], capacities_rows: Sequence[int], rank: int, ranks: int,
-                    partition: str = "columns", choice: PackChoice | None = None,
-                    rule: A.AdmissionRule | None = None, pack_path: str | Path | None = None) -> dict:
-    """P_l(c) of one rank, with packing (`choice`) and admission (`rule`) where given, in the characterizer's
-    miss-curve format (mean pages per decode step and decode hit rate at each capacity), plus what it used."""
+def rank_miss_curves(trace: LookupTrace, layers: Sequence[int], capacities_rows: Sequence[int], rank: int,
+                     ranks: int, partition: str = "columns", choice: PackChoice | None = None,
+                     rule: A.AdmissionRule | None = None, pack_path: str | Path | None = None) -> tuple[dict, dict]:
+    """P_l(c) of one rank without and with packing (`choice`; None: both without), admission `rule` where given,
+    in the characterizer's miss-curve format (mean pages per decode step and decode hit rate at each capacity),
+    each saying what it was computed with. One cache replay per (layer, capacity) serves both curves."""
     if not layers:
         raise SlackTierError(ErrorKind.BAD_INPUT, "no layers to draw a miss curve for", fix="pass layers")
     caps = sorted({int(c) for c in capacities_rows})
-    out: dict = {"workload": trace.workload, "batch": trace.batch, "policy": "clock",
-                 "admission": rule.label() if rule is not None else "none", "rows_per_page": ROWS_PER_PAGE,
-                 "ranks": ranks, "rank": rank, "partition": partition, "packing": packing_summary(choice, pack_path),
-                 "decode_steps": int(decode_step_numbers(trace).shape[0]), "layers": {}}
+
+    def head(packing: dict | None) -> dict:
+        return {"workload": trace.workload, "batch": trace.batch, "policy": "clock",
+                "admission": rule.label() if rule is not None else "none", "rows_per_page": ROWS_PER_PAGE,
+                "ranks": ranks, "rank": rank, "partition": partition, "packing": packing,
+                "decode_steps": int(decode_step_numbers(trace).shape[0]), "layers": {}}
+
+    plain, packed = head(None), head(packing_summary(choice, pack_path))
     for layer in layers:
         lk = rank_lookups(trace, layer, rank, ranks, partition)
         pack = lookup_contexts(choice.ids[layer], token_contexts(trace, layer)) if choice is not None else None
         dec = lk.trace.lookup_decode()
-        d = out["layers"].setdefault(str(layer), {"capacity_rows": [], "pages_per_step": [], "hit_rate": [],
-                                                   "table_rows": int(lk.trace.table_rows[0])})
+        for doc in (plain, packed):
+            doc["layers"][str(layer)] = {"capacity_rows": [], "pages_per_step": [], "hit_rate": [],
+                                         "table_rows": int(lk.trace.table_rows[0])}
         for c in caps:
             hit = hit_mask(lk, c, rule)
-            pages = step_pages(lk, hit, pack)
-            d["capacity_rows"].append(c)
-            d["pages_per_step"].append(float(pages.mean()) if pages.size else 0.0)
-            d["hit_rate"].append(float(hit[dec].mean()) if dec.any() else float("nan"))
-    return out
+            rate = float(hit[dec].mean()) if dec.any() else float("nan")
+            for doc, tp in ((plain, None), (packed, pack)):
+                pages = step_pages(lk, hit, tp)
+                d = doc["layers"][str(layer)]
+                d["capacity_rows"].append(c)
+                d["pages_per_step"].append(float(pages.mean()) if pages.size else 0.0)
+                d["hit_rate"].append(rate)
+    return plain, packed
+
+
+@dataclass(frozen=True)
+class PackConfig:
+    """`characterize --pack-list`: choose contexts on the fit half, write the list and one rank's miss curves."""
+
+    out: Path                                   # the pack list (.npz)
+    cache_rows: tuple[int, ...] = (500_000,)    # rows per layer of one rank's cache (one value: every layer)
+    disk_gb: float | None = None                # extra disk per rank (1e9 bytes); None: every useful context
+    ranks: int = 4
+    partition: str = "columns"
+    rank: int | None = None                     # the rank whose curves are written (None: the last one)
+    admission: str = "none"                     # a NAMED_RULES entry
+
+    def __post_init__(self) -> None:
+        named_rule(self.admission)
+        if self.ranks < 1 or any(c < 0 for c in self.cache_rows) or not self.cache_rows or (
+                self.disk_gb is not None and self.disk_gb < 0) or (
+                self.rank is not None and not 0 <= self.rank < self.ranks):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"pack config {self}",
+                                 fix="ranks >= 1, cache rows >= 0, a disk budget >= 0 and a rank below ranks")
+
+    def rows_of(self, layers: Sequence[int]) -> dict[int, int]:
+        """Cache rows per layer: one value for every layer, or one per layer in `layers` order."""
+        if len(self.cache_rows) == 1:
+            return {int(l): int(self.cache_rows[0]) for l in layers}
+        if len(self.cache_rows) != len(layers):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"{len(self.cache_rows)} cache sizes for layers {tuple(layers)}",
+                                 fix="give one size for every layer, or one per layer in --layers order")
+        return {int(l): int(c) for l, c in zip(layers, self.cache_rows)}
+
+
+def characterize_packing(split, trace: LookupTrace, hasher, replay, layers: Sequence[int], config: PackConfig,
+                         capacities_rows: Sequence[int], out_dir: Path, tokens: str, seed: int) -> dict:
+    """Choose on `split`'s fit half, write the pack list, and write the rank's miss curves on the held-out `trace`
+    without and with it: miss_curve_<wl>_B<b>_rank<r>.json and ..._rank<r>_packed.json. Returns their paths."""
+    from slacktier.workloads.characterize import write_json
+
+    rule = named_rule(config.admission)
+    rows = config.rows_of(layers)
+    choice = choose_for_split(split, hasher, replay, trace.workload, layers, rows, config.ranks, None,
+                              config.partition, rule, tokens, seed)
+    if config.disk_gb is not None:
+        choice = choice.within(disk_bytes=config.disk_gb * 1e9)
+    path = write_pack_list(config.out, choice)
+    rank = config.ranks - 1 if config.rank is None else config.rank
+    plain, packed = rank_miss_curves(trace, layers, capacities_rows, rank, config.ranks, config.partition, choice,
+                                     rule, path)
+    stem = f"miss_curve_{trace.workload}_B{trace.batch}_rank{rank}"
+    paths = {"pack_list": str(path), "curve": str(out_dir / f"{stem}.json"),
+             "packed_curve": str(out_dir / f"{stem}_packed.json"), "packing": packing_summary(choice, path)}
+    write_json(Path(paths["curve"]), plain)
+    write_json(Path(paths["packed_curve"]), packed)
+    return paths
