@@ -1,5 +1,5 @@
 """Context packing, the traffic side: pages per step against a plain-Python reference, choosing on the fit half
-only, budgets, and the pack list file field by field as notes/packlist.md states it."""
+only, budgets, and the pack list file field by field as the format states it (workloads.packing's docstring)."""
 
 from __future__ import annotations
 

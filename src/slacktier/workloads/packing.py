@@ -6,9 +6,12 @@ packed context is keyed exactly by them. Staging stores, per rank, each packed
 context's owned rows side by side in one extra page (`packed_pages_per_context`:
 ceil(owned columns / 15), one page at TP4 where a rank owns 6 of the 24); a
 token whose context is packed and that misses a row reads that page instead of
-its missing rows' own pages. The pack list (`write_pack_list`, format in the
-module docstring of `slacktier.tables.packing` and notes/packlist.md) is the
-one interface with staging: contexts best first, staging keeps a prefix.
+its missing rows' own pages. The pack list is the one interface with staging
+(written by `write_pack_list`, read by `slacktier.tables.packing.read_pack_list`;
+tables/ may not import workloads/): an `.npz` of `layers` [L] int64, per layer
+`ids_<layer>` [n, C] int64 (contexts best first) and `saved_<layer>` [n] float64
+(the pages each saved on the fit half), and `meta`, a 0-d str array of JSON
+(`pack_meta`). Staging takes contexts in file order until its budget is met.
 
 Packing does not change what the cache holds (the rows read are filled into it
 the same way), so one replay of the cache (the served CLOCK of `cache.simulate`,
