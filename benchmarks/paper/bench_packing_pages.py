@@ -6,9 +6,9 @@ replayed with B interleaved sessions. Everything is chosen on the FIT half:
 
 - the cache split: the planner's `best_split` of `--cache-rows` rows per rank over
   layers 1 and 14, from the fit half's served-CLOCK miss curves of the slowest
-  rank, both tables on one disk (layer 1 pays the paper's 3.05 us per page,
-  layer 14, queued behind it, 0.37 us: plan.constants); every configuration and
-  rank uses that split;
+  rank (the most pages at an even split), both tables on one disk (layer 1
+  pays the paper's 3.05 us per page, layer 14, queued behind it, 0.37 us:
+  plan.constants); every configuration and rank uses that split;
 - the pack list: `workloads.packing.choose_contexts` on the fit half, every
   rank's savings summed (one list is staged on every rank), replayed with the
   cache each configuration serves (the served CLOCK, or the admission rule);
@@ -73,6 +73,7 @@ class Row:
     step_pages: np.ndarray          # [S] the slowest rank's pages per counted decode step (L1 + L14)
     rank_means: list[float]         # each rank's mean pages per counted decode step (L1 + L14)
     fit_saved: float                # pages the listed contexts saved on the fit half (their scores' sum)
+    full_mean: float                # the slowest rank's mean over the full-batch steps among them (nan: none)
 
 
 def full_batch(trace: LookupTrace) -> np.ndarray:
@@ -82,28 +83,35 @@ def full_batch(trace: LookupTrace) -> np.ndarray:
     return tokens == trace.batch
 
 
+def full_mean(steps: np.ndarray, full: np.ndarray) -> float:
+    """Mean pages over the full-batch steps among the counted ones (nan where there are none)."""
+    return float(steps[full].mean()) if full.any() else float("nan")
+
+
 def planner_split(fit: LookupTrace, cache_rows: int, ranks: int, partition: str) -> tuple[dict[int, int], dict]:
     """Rows per layer of the planner's split, from the fit half's served-CLOCK curves of the slowest rank."""
     grid = sorted({int(c * cache_rows / SPLIT_GRID[-1]) for c in SPLIT_GRID})
-    slowest, curves = None, {}
-    for rank in range(ranks):
-        pts = {}
-        for layer in LAYERS:
-            lk = P.rank_lookups(fit, layer, rank, ranks, partition)
-            pts[layer] = [float(P.step_pages(lk, P.hit_mask(lk, c)).mean()) for c in grid]
-        load = sum(pts[l][len(grid) // 2] for l in LAYERS)
-        if slowest is None or load > slowest[0]:
-            slowest, curves = (load, rank), pts
+    even = cache_rows // len(LAYERS)
+    load = {rank: sum(float(P.step_pages(lk, P.hit_mask(lk, even)).mean())
+                      for lk in (P.rank_lookups(fit, l, rank, ranks, partition) for l in LAYERS))
+            for rank in range(ranks)}
+    slowest = (max(load.values()), max(load, key=lambda r: load[r]))   # the slowest rank at an even split
+    curves = {}
+    for layer in LAYERS:
+        lk = P.rank_lookups(fit, layer, slowest[1], ranks, partition)
+        curves[layer] = [float(P.step_pages(lk, P.hit_mask(lk, c)).mean()) for c in grid]
     split = best_split(LAYERS, [MissCurve(tuple(map(float, grid)), tuple(curves[l])) for l in LAYERS],
                        [PAPER_NVME_PAGE_MS, PAPER_NVME_BEHIND_PAGE_MS], cache_rows)
     rows = {l: int(round(split.rows_of(l))) for l in LAYERS}
-    return rows, {"rank": slowest[1], "grid": grid, "curves": {str(l): curves[l] for l in LAYERS},
+    return rows, {"rank": slowest[1], "even_split_load": {str(r): v for r, v in load.items()}, "grid": grid,
+                  "curves": {str(l): curves[l] for l in LAYERS},
                   "shares": list(split.shares), "rows": {str(l): rows[l] for l in LAYERS}}
 
 
 def measure(hold: LookupTrace, hits: dict, lookups: dict, pack_pos: dict | None, counts: dict[int, int] | None,
             ranks: int, full: np.ndarray) -> tuple[np.ndarray, list[float]]:
-    """Per counted decode step (`full`) the slowest rank's pages (L1 + L14), and each rank's mean."""
+    """Per counted decode step (`full`) the slowest rank's pages (L1 + L14), and each rank's mean (the caller
+    passes every decode step, or the full-batch ones)."""
     per_rank = []
     for rank in range(ranks):
         total = None
@@ -126,7 +134,9 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
     replay = ReplayConfig(batch=args.batch, decode_tokens=args.decode_tokens, seed=args.seed)
     fit = P.fit_trace(split, hasher, replay, wl)
     hold = collect_trace(replay_steps(list(split.holdout), hasher, replay), hasher, wl, args.batch)
-    full = full_batch(hold) if args.steps == "full" else np.ones(P.decode_step_numbers(hold).shape[0], dtype=bool)
+    full_only = full_batch(hold)
+    full = full_only if args.steps == "full" else np.ones(full_only.shape[0], dtype=bool)
+    in_counted = full_only[full]     # which counted steps have a full batch
     progress(f"{wl}: fit {fit.num_tokens:,} tokens, held-out {hold.num_tokens:,} tokens, "
              f"{int(full.sum())} decode steps counted ({time.perf_counter() - t0:.0f} s)")
     rows_of, split_info = planner_split(fit, args.cache_rows, args.ranks, args.partition)
@@ -137,8 +147,9 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
     out: list[Row] = []
     info = {"workload": wl, "fit_sessions": len(split.fit), "holdout_sessions": len(split.holdout),
             "fit_tokens": fit.num_tokens, "holdout_tokens": hold.num_tokens, "steps_counted": int(full.sum()),
+            "full_batch_steps": int(full_only.sum()),
             "split": split_info, "admission": rule.label() if rule else "none", "configs": {}}
-    sat_bytes = None
+    sat_bytes, every = None, None
     for policy, rl in (("CLOCK", None), ("admission", rule)):
         t1 = time.perf_counter()
         choice = P.choose_contexts(fit, LAYERS, rows_of, args.ranks, None, args.partition, rl, meta)
@@ -151,7 +162,7 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
         pos = {l: P.lookup_contexts(choice.ids[l], P.token_contexts(hold, l)) for l in LAYERS}
         base_name = "today (served CLOCK)" if rl is None else f"admission: {rule.label()}"
         steps, means = measure(hold, hits, lookups, None, None, args.ranks, full)
-        out.append(Row(wl, base_name, {l: 0 for l in LAYERS}, 0, 0, steps, means, 0.0))
+        out.append(Row(wl, base_name, {l: 0 for l in LAYERS}, 0, 0, steps, means, 0.0, full_mean(steps, in_counted)))
         if sat_bytes is None:
             sat_bytes = choice.extra_disk_bytes()
         for frac in args.fractions:
@@ -159,19 +170,20 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
             steps, means = measure(hold, hits, lookups, pos, {l: b.count(l) for l in LAYERS}, args.ranks, full)
             name = ("packing" if rl is None else "packing + admission") + f" ({frac:g} of the fit half's fill)"
             out.append(Row(wl, name, {l: b.count(l) for l in LAYERS}, b.extra_disk_bytes(), b.index_bytes(), steps,
-                           means, float(sum(b.saved[l].sum() for l in LAYERS))))
-        if rl is None:   # the ceiling of this split: every context the fit half holds, packed
+                           means, float(sum(b.saved[l].sum() for l in LAYERS)), full_mean(steps, in_counted)))
+        # the ceiling of this split: every context the fit half holds, packed
+        if every is None:
             every = {}
             for l in LAYERS:
                 ctx, _ = P.context_index(P.token_contexts(fit, l))
                 every[l] = P.lookup_contexts(ctx, P.token_contexts(hold, l))
                 every[l, "n"] = ctx.shape[0]
-            counts = {l: every[l, "n"] for l in LAYERS}
-            steps, means = measure(hold, hits, lookups, {l: every[l] for l in LAYERS}, counts, args.ranks, full)
-            n = sum(counts.values())
-            out.append(Row(wl, "packing, every fit-half context (ceiling)", counts,
-                           n * choice.pages_per_context * PAGE_BYTES, n * P.INDEX_BYTES_PER_CONTEXT, steps, means,
-                           float("nan")))
+        counts = {l: every[l, "n"] for l in LAYERS}
+        steps, means = measure(hold, hits, lookups, {l: every[l] for l in LAYERS}, counts, args.ranks, full)
+        n = sum(counts.values())
+        out.append(Row(wl, ("packing" if rl is None else "packing + admission") + ", every fit-half context "
+                       "(ceiling)", counts, n * choice.pages_per_context * PAGE_BYTES, n * P.INDEX_BYTES_PER_CONTEXT,
+                       steps, means, float("nan"), full_mean(steps, in_counted)))
         progress(f"{wl} {policy}: measured ({time.perf_counter() - t1:.0f} s)")
     info["seconds"] = time.perf_counter() - t0
     return out, info
@@ -180,17 +192,20 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
 def table(rows: list[Row]) -> str:
     """Markdown table of the rows, each against its workload's today."""
     lines = ["| workload | configuration | contexts L1 / L14 | extra disk / rank | index / rank | slowest rank's "
-             "pages / step: min / median / max | mean | vs today (mean) | rank 0 / 1 / 2 / 3 mean | fit-half "
-             "saving |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    today = {}
+             "pages / step: min / median / max | mean | vs today (mean) | full-batch steps: mean (vs today) | "
+             "rank 0 / 1 / 2 / 3 mean | fit-half saving |", "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    today, today_full = {}, {}
     for r in rows:
         today.setdefault(r.workload, r.step_pages.mean())
+        today_full.setdefault(r.workload, r.full_mean)
+        fm = "-" if not np.isfinite(r.full_mean) else \
+            f"{r.full_mean:.1f} ({100 * (r.full_mean / today_full[r.workload] - 1):+.1f}%)"
         s = r.step_pages
         ctx = " / ".join(f"{r.contexts[l]:,}" for l in LAYERS)
         saved = "-" if not np.isfinite(r.fit_saved) or r.fit_saved == 0 else f"{r.fit_saved:,.0f}"
         lines.append(f"| {r.workload} | {r.config} | {ctx} | {r.disk_bytes / 2**30:.2f} GiB | "
                      f"{r.index_bytes / 2**20:.1f} MiB | {s.min():.0f} / {np.median(s):.0f} / {s.max():.0f} | "
-                     f"{s.mean():.1f} | {100 * (s.mean() / today[r.workload] - 1):+.1f}% | "
+                     f"{s.mean():.1f} | {100 * (s.mean() / today[r.workload] - 1):+.1f}% | {fm} | "
                      + " / ".join(f"{m:.0f}" for m in r.rank_means) + f" | {saved} |")
     return "\n".join(lines)
 
@@ -233,8 +248,9 @@ def main() -> None:
     head = (f"{utc_stamp()}; `{command_line(__file__)}`; {machine()}; {time.perf_counter() - t0:.0f} s. "
             f"B={args.batch}, TP{args.ranks} `{args.partition}`, {args.cache_rows:,} cache rows per rank split "
             + "; ".join(f"{i['workload']} L1 {i['split']['rows']['1']:,} / L14 {i['split']['rows']['14']:,} "
-                        f"({i['fit_sessions']} / {i['holdout_sessions']} sessions fit / held-out, {i['steps_counted']} held-out "
-                        f"decode steps ({args.steps}), admission {i['admission']})"
+                        f"({i['fit_sessions']} / {i['holdout_sessions']} sessions fit / held-out, "
+                        f"{i['steps_counted']} held-out decode steps ({args.steps}; {i['full_batch_steps']} with a full batch), admission "
+                        f"{i['admission']})"
                         for i in infos) + ".")
     print(head + "\n\n" + text)
     write_json(args.out / "packing_pages.json", {
@@ -243,7 +259,8 @@ def main() -> None:
                   "extra_disk_bytes_per_rank": r.disk_bytes, "index_bytes_per_rank": r.index_bytes,
                   "slowest_rank_pages": {"min": int(r.step_pages.min()), "median": float(np.median(r.step_pages)),
                                          "max": int(r.step_pages.max()), "mean": float(r.step_pages.mean())},
-                  "rank_means": r.rank_means, "fit_saved": r.fit_saved} for r in rows]})
+                  "full_batch_mean": r.full_mean, "rank_means": r.rank_means, "fit_saved": r.fit_saved}
+                 for r in rows]})
 
 
 if __name__ == "__main__":
