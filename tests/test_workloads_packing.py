@@ -258,3 +258,16 @@ def test_plan_says_which_curve_it_used_and_predicts_fewer_pages_with_packing(tmp
     assert plans["today"]["miss_curves"]["packing"] is None
     pages = {k: sum(t["pages_per_step"] for t in v["tables"]) for k, v in plans.items()}
     assert pages["packed"] < pages["today"]
+
+
+def test_ordering_by_sources_puts_a_context_useful_in_more_sources_first():
+    # 6 columns, one rank, no cache: every token misses its 6 rows on 6 pages -> it saves 6 - 1 = 5 pages alone.
+    # context A: 3 tokens, all in source 0 (15 pages); context B: 2 tokens, sources 0 and 1 (10 pages)
+    a, b = [0, 15, 30, 45, 60, 75], [90, 105, 120, 135, 150, 165]
+    tr = _trace([a, a, a, b, b], [0, 1, 2, 3, 4], [True] * 5)
+    by_pages = P.choose_contexts(tr, (14,), {14: 0}, ranks=1)
+    assert by_pages.ids[14].tolist() == [a, b] and by_pages.saved[14].tolist() == [15.0, 10.0]
+    by_src = P.choose_contexts(tr, (14,), {14: 0}, ranks=1, token_groups=np.array([0, 0, 0, 0, 1]))
+    assert by_src.ids[14].tolist() == [b, a] and by_src.saved[14].tolist() == [10.0, 15.0]
+    assert by_src.within(disk_bytes=4096).ids[14].tolist() == [b]
+    assert by_pages.within(disk_bytes=4096).ids[14].tolist() == [a]

@@ -28,7 +28,7 @@ per rank (packing.INDEX_BYTES_PER_CONTEXT each).
 
     nice -n 5 .venv/bin/python benchmarks/paper/bench_packing_pages.py [--workloads agent,chat] [--batch 128]
         [--cache-rows 1e6] [--fractions 0.125,0.25,0.5,1] [--steps all|full] [--chat-sessions 192]
-        [--out runs/bench_packing_pages]
+        [--order pages|sources] [--out runs/bench_packing_pages]
 
 Counts only, no timing: the shared machine does not move them.
 """
@@ -152,7 +152,8 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
     sat_bytes, every = None, None
     for policy, rl in (("CLOCK", None), ("admission", rule)):
         t1 = time.perf_counter()
-        choice = P.choose_contexts(fit, LAYERS, rows_of, args.ranks, None, args.partition, rl, meta)
+        choice = P.choose_contexts(fit, LAYERS, rows_of, args.ranks, None, args.partition, rl, meta,
+                                   P.fit_sources(split, fit) if args.order == "sources" else None)
         path = P.write_pack_list(args.out / f"pack_{wl}_{policy.lower()}.npz", choice)
         progress(f"{wl} {policy}: chose {[choice.count(l) for l in LAYERS]} contexts on the fit half "
                  f"({time.perf_counter() - t1:.0f} s) -> {path}")
@@ -226,6 +227,9 @@ def main() -> None:
     ap.add_argument("--steps", choices=("all", "full"), default="all",
                     help="decode steps counted: every one, or those with B tokens decoding")
     ap.add_argument("--chat-sessions", type=int, default=192, help="ShareGPT conversations (both halves)")
+    ap.add_argument("--order", choices=("pages", "sources"), default="pages",
+                    help="the list's order: pages saved on the fit half, or first the fit sources a context saves "
+                         "pages in")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", type=Path, default=Path("runs/bench_packing_pages"))
     ap.add_argument("--quiet", action="store_true")
@@ -246,7 +250,8 @@ def main() -> None:
         infos.append(info)
     text = table(rows)
     head = (f"{utc_stamp()}; `{command_line(__file__)}`; {machine()}; {time.perf_counter() - t0:.0f} s. "
-            f"B={args.batch}, TP{args.ranks} `{args.partition}`, {args.cache_rows:,} cache rows per rank split "
+            f"B={args.batch}, TP{args.ranks} `{args.partition}`, lists ordered by {args.order}, "
+            f"{args.cache_rows:,} cache rows per rank split "
             + "; ".join(f"{i['workload']} L1 {i['split']['rows']['1']:,} / L14 {i['split']['rows']['14']:,} "
                         f"({i['fit_sessions']} / {i['holdout_sessions']} sessions fit / held-out, "
                         f"{i['steps_counted']} held-out decode steps ({args.steps}; {i['full_batch_steps']} with a full batch), admission "

@@ -366,6 +366,7 @@ class PackChoice:
     saved: dict[int, np.ndarray]    # layer -> [n] float64, decreasing
     pages_per_context: int          # packed pages per context and rank
     meta: dict
+    priority: dict[int, np.ndarray] | None = None   # layer -> [n] decreasing merge key (None: saved)
 
     def count(self, layer: int) -> int:
         """Contexts listed for `layer`."""
@@ -391,25 +392,31 @@ class PackChoice:
         if index_bytes is not None:
             n_max = min(n_max, int(index_bytes // INDEX_BYTES_PER_CONTEXT))
         which = np.concatenate([np.full(self.count(l), i, dtype=np.int64) for i, l in enumerate(self.layers)])
-        saved = np.concatenate([self.saved[l] for l in self.layers])
-        keep = np.argsort(-saved, kind="stable")[:n_max]
+        key = self.priority or self.saved
+        keep = np.argsort(-np.concatenate([key[l] for l in self.layers]), kind="stable")[:n_max]
         counts = np.bincount(which[keep], minlength=len(self.layers))
-        return replace(self, ids={l: self.ids[l][:counts[i]] for i, l in enumerate(self.layers)},
-                       saved={l: self.saved[l][:counts[i]] for i, l in enumerate(self.layers)})
+        cut = {l: counts[i] for i, l in enumerate(self.layers)}
+        return replace(self, ids={l: self.ids[l][:cut[l]] for l in self.layers},
+                       saved={l: self.saved[l][:cut[l]] for l in self.layers},
+                       priority=None if self.priority is None else {l: self.priority[l][:cut[l]]
+                                                                    for l in self.layers})
 
 
 def choose_contexts(fit: LookupTrace, layers: Sequence[int], cache_rows: Mapping[int, int], ranks: int = 4,
                     measured_ranks: Sequence[int] | None = None, partition: str = "columns",
-                    rule: A.AdmissionRule | None = None, meta: Mapping | None = None) -> PackChoice:
+                    rule: A.AdmissionRule | None = None, meta: Mapping | None = None,
+                    token_groups: np.ndarray | None = None) -> PackChoice:
     """Contexts of the FIT half's trace worth packing, per layer, best first.
 
     Each rank in `measured_ranks` (None: all) replays its cache of `cache_rows[layer]` rows (the served CLOCK, or
     `rule`'s admission) over its own lookups; a context's score is the decode-step pages packing it alone saves
-    there (`token_savings`), summed over its occurrences and the ranks. Contexts scoring above 0 are kept.
+    there (`token_savings`), summed over its occurrences and the ranks. Contexts scoring above 0 are kept, most
+    pages first; with `token_groups` ([T] int, e.g. each token's fit source), first by the number of groups in
+    which the context saves pages, then by pages (a context useful across sources may carry to unseen ones).
     Pass the held-out half to nothing here: the measurement is `step_pages` on the other half.
     """
     measured = tuple(range(ranks)) if measured_ranks is None else tuple(int(r) for r in measured_ranks)
-    ids, saved = {}, {}
+    ids, saved, priority = {}, {}, {}
     per_ctx_pages = packed_pages_per_context(fit.n_columns // ranks) if ranks >= 1 and fit.n_columns % ranks == 0 \
         else packed_pages_per_context(1)
     for layer in layers:
@@ -417,16 +424,30 @@ def choose_contexts(fit: LookupTrace, layers: Sequence[int], cache_rows: Mapping
             raise SlackTierError(ErrorKind.MISSING, f"no cache size for layer {layer}",
                                  fix="pass cache_rows for every layer chosen", layer=layer)
         ctx, of_token = context_index(token_contexts(fit, layer))
-        score = np.zeros(ctx.shape[0], dtype=np.float64)
+        per_token = np.zeros(fit.num_tokens, dtype=np.float64)
         for rank in measured:
             lk = rank_lookups(fit, layer, rank, ranks, partition)
-            ts = token_savings(lk, hit_mask(lk, cache_rows[layer], rule))
-            score += np.bincount(of_token, weights=ts, minlength=ctx.shape[0])
+            per_token += token_savings(lk, hit_mask(lk, cache_rows[layer], rule))
+        score = np.bincount(of_token, weights=per_token, minlength=ctx.shape[0])
         keep = np.flatnonzero(score > 0)
-        order = keep[np.argsort(-score[keep], kind="stable")]
+        if token_groups is None:
+            order = keep[np.argsort(-score[keep], kind="stable")]
+        else:
+            groups = np.asarray(token_groups, dtype=np.int64)
+            if groups.shape != (fit.num_tokens,) or (groups.size and groups.min() < 0):
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"token groups of shape {groups.shape}",
+                                     fix=f"give one group id >= 0 per token ({fit.num_tokens})")
+            g = int(groups.max()) + 1 if groups.size else 1
+            pair, inv = np.unique(of_token * g + groups, return_inverse=True)
+            useful = np.bincount(inv.reshape(-1), weights=per_token, minlength=pair.shape[0]) > 0
+            n_groups = np.bincount(pair[useful] // g, minlength=ctx.shape[0])
+            order = keep[np.lexsort((-score[keep], -n_groups[keep]))]
+            # the merge key over layers: the group count, then the pages as a fraction below the next count
+            priority[int(layer)] = (n_groups + score / (score.max() + 1.0))[order]
         ids[int(layer)] = ctx[order]
         saved[int(layer)] = score[order]
-    return PackChoice(tuple(int(l) for l in layers), ids, saved, per_ctx_pages, dict(meta or {}))
+    return PackChoice(tuple(int(l) for l in layers), ids, saved, per_ctx_pages, dict(meta or {}),
+                      priority if token_groups is not None else None)
 
 
 def fit_trace(split, hasher, replay, workload: str) -> LookupTrace:
@@ -441,11 +462,21 @@ def fit_trace(split, hasher, replay, workload: str) -> LookupTrace:
 
 def choose_for_split(split, hasher, replay, workload: str, layers: Sequence[int], cache_rows: Mapping[int, int],
                      ranks: int = 4, measured_ranks: Sequence[int] | None = None, partition: str = "columns",
-                     rule: A.AdmissionRule | None = None, tokens: str = "deepseek", seed: int = 0) -> PackChoice:
-    """`choose_contexts` on the fit half of `split` (replayed with `replay`), with the pack list's meta."""
+                     rule: A.AdmissionRule | None = None, tokens: str = "deepseek", seed: int = 0,
+                     by_sources: bool = False) -> PackChoice:
+    """`choose_contexts` on the fit half of `split` (replayed with `replay`), with the pack list's meta;
+    `by_sources`: ordered first by the fit sources a context saves pages in (`fit_sources`)."""
     meta = pack_meta(workload, seed, replay.batch, sum(int(cache_rows[l]) for l in layers), ranks, partition, tokens)
-    return choose_contexts(fit_trace(split, hasher, replay, workload), layers, cache_rows, ranks, measured_ranks,
-                           partition, rule, meta)
+    fit = fit_trace(split, hasher, replay, workload)
+    return choose_contexts(fit, layers, cache_rows, ranks, measured_ranks, partition, rule, meta,
+                           fit_sources(split, fit) if by_sources else None)
+
+
+def fit_sources(split, fit: LookupTrace) -> np.ndarray:
+    """[T] int64: the source (repository, conversation) of each token of the fit half's replay, numbered."""
+    names = sorted({s.source for s in split.fit})
+    of_session = np.array([names.index(s.source) for s in split.fit], dtype=np.int64)
+    return of_session[fit.token_session]
 
 
 # ---- the pack list file --------------------------------------------------------------------------------------
