@@ -197,6 +197,10 @@ def test_pack_list_without_fit_meta_is_refused(tmp_path):
         P.write_pack_list(tmp_path / "p.npz", bad)
     with pytest.raises(SlackTierError, match="admission"):
         P.named_rule("sometimes")
+    with pytest.raises(SlackTierError, match="order"):
+        P.PackConfig(out=tmp_path / "p.npz", order="alphabetical")
+    with pytest.raises(SlackTierError, match="one size for every layer"):
+        P.PackConfig(out=tmp_path / "p.npz", cache_rows=(1, 2, 3)).rows_of((1, 14))
 
 
 def test_characterize_writes_a_pack_list_and_rank_curves_that_plan_reads(tmp_path, capsys):

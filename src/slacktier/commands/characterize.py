@@ -64,6 +64,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--pack-rank", type=int, default=None,
                    help="the rank whose miss curves are written (default: the last, which holds the 4-gram heads "
                         "under columns and reads the most pages)")
+    g.add_argument("--pack-order", default="pages", choices=("pages", "sources"),
+                   help="the list's order: pages saved on the fit half, or first the number of fit sources "
+                        "(repositories, conversations) a context saves pages in (better at small budgets)")
     g.add_argument("--admission", default="none",
                    help="admission rule in front of CLOCK while choosing and in the rank curves: none, cold, "
                         "cold+tinylfu (evaluated on the characterizer; the served cache runs CLOCK)")
@@ -109,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     if args.pack_list is not None:
         pack = PackConfig(out=args.pack_list, cache_rows=_items(args.pack_cache_rows, "--pack-cache-rows", _rows),
                           disk_gb=args.pack_disk_gb, ranks=args.pack_ranks, partition=args.pack_partition,
-                          rank=args.pack_rank, admission=args.admission)
+                          rank=args.pack_rank, admission=args.admission, order=args.pack_order)
     elif args.pack_disk_gb is not None or args.admission != "none":
         raise SlackTierError(ErrorKind.BAD_INPUT, "--pack-disk-gb and --admission apply to a pack list",
                              fix="pass --pack-list OUT too")

@@ -577,9 +577,12 @@ class PackConfig:
     partition: str = "columns"
     rank: int | None = None                     # the rank whose curves are written (None: the last one)
     admission: str = "none"                     # a NAMED_RULES entry
+    order: str = "pages"                        # "pages" saved on the fit half, or "sources" first (choose_contexts)
 
     def __post_init__(self) -> None:
         named_rule(self.admission)
+        if self.order not in ("pages", "sources"):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"pack list order {self.order!r}", fix="use pages or sources")
         if self.ranks < 1 or any(c < 0 for c in self.cache_rows) or not self.cache_rows or (
                 self.disk_gb is not None and self.disk_gb < 0) or (
                 self.rank is not None and not 0 <= self.rank < self.ranks):
@@ -605,7 +608,7 @@ def characterize_packing(split, trace: LookupTrace, hasher, replay, layers: Sequ
     rule = named_rule(config.admission)
     rows = config.rows_of(layers)
     choice = choose_for_split(split, hasher, replay, trace.workload, layers, rows, config.ranks, None,
-                              config.partition, rule, tokens, seed)
+                              config.partition, rule, tokens, seed, by_sources=config.order == "sources")
     if config.disk_gb is not None:
         choice = choice.within(disk_bytes=config.disk_gb * 1e9)
     path = write_pack_list(config.out, choice)
