@@ -187,7 +187,10 @@ def test_pack_list_reads_back_through_the_staging_reader(tmp_path):
     reader = pytest.importorskip("slacktier.tables.packing").read_pack_list
     c = _choice()
     got = reader(P.write_pack_list(tmp_path / "pack.npz", c))
-    assert got is not None
+    assert got.layers == c.layers and got.meta == c.meta
+    for layer in c.layers:
+        assert got.ids[layer].tolist() == c.ids[layer].tolist()
+        assert got.saved[layer].tolist() == c.saved[layer].tolist()
 
 
 def test_pack_list_without_fit_meta_is_refused(tmp_path):
