@@ -21,10 +21,13 @@ per rank = layer 1's + layer 14's (packing.step_pages: new reads deduplicated
 per step; a packed token reads its one packed page). The step's pages are its
 slowest rank's (a TP step waits for it); min/median/max/mean over every
 decode step of the held-out replay (`--steps full`: only those with B tokens
-decoding; chat's held-out half has fewer than 128 sessions, so none at B=128). Budgets: fractions of what the fit
-half can fill (every context whose packing saves pages there), as extra disk
-per rank (one 4 KiB page per context, rank and layer) and index host memory
-per rank (packing.INDEX_BYTES_PER_CONTEXT each).
+decoding; chat's held-out half has fewer than 128 sessions, so none at B=128).
+Budgets: fractions of the extra disk per rank under which staging keeps the
+whole served-CLOCK list (every context whose packing saves pages on the fit
+half; `PackChoice.disk_to_hold_all`), each taken as staging takes it: every
+layer an equal share, a prefix of its list (`PackChoice.within`). Extra disk:
+one 4 KiB page per context, rank and layer; index host memory per rank at
+`packing.INDEX_BYTES_PER_CONTEXT` each.
 
     nice -n 5 .venv/bin/python benchmarks/paper/bench_packing_pages.py [--workloads agent,chat] [--batch 128]
         [--cache-rows 1e6] [--fractions 0.125,0.25,0.5,1] [--steps all|full] [--chat-sessions 192]
@@ -164,8 +167,8 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
         base_name = "today (served CLOCK)" if rl is None else f"admission: {rule.label()}"
         steps, means = measure(hold, hits, lookups, None, None, args.ranks, full)
         out.append(Row(wl, base_name, {l: 0 for l in LAYERS}, 0, 0, steps, means, 0.0, full_mean(steps, in_counted)))
-        if sat_bytes is None:
-            sat_bytes = choice.extra_disk_bytes()
+        if sat_bytes is None:   # the budget under which staging keeps the whole served-CLOCK list
+            sat_bytes = choice.disk_to_hold_all()
         for frac in args.fractions:
             b = choice.within(disk_bytes=frac * sat_bytes)
             steps, means = measure(hold, hits, lookups, pos, {l: b.count(l) for l in LAYERS}, args.ranks, full)

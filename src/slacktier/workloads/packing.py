@@ -366,7 +366,6 @@ class PackChoice:
     saved: dict[int, np.ndarray]    # layer -> [n] float64, decreasing
     pages_per_context: int          # packed pages per context and rank
     meta: dict
-    priority: dict[int, np.ndarray] | None = None   # layer -> [n] decreasing merge key (None: saved)
 
     def count(self, layer: int) -> int:
         """Contexts listed for `layer`."""
@@ -381,25 +380,23 @@ class PackChoice:
         return sum(self.count(l) for l in self.layers) * INDEX_BYTES_PER_CONTEXT
 
     def within(self, disk_bytes: float | None = None, index_bytes: float | None = None) -> PackChoice:
-        """The best contexts over all layers (merged by saved pages) whose extra disk and index per rank fit."""
+        """The contexts staging keeps within per-rank budgets: as `stage --pack-list` takes them, every layer
+        gets an equal share of each budget and keeps the longest prefix of its list (file order) that fits."""
         if disk_bytes is not None and disk_bytes < 0 or index_bytes is not None and index_bytes < 0:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"budget {disk_bytes} disk / {index_bytes} index bytes",
                                  fix="pass budgets >= 0")
-        per = self.pages_per_context * PAGE_BYTES
-        n_max = sum(self.count(l) for l in self.layers)
+        n_max = max([self.count(l) for l in self.layers] + [0])
         if disk_bytes is not None:
-            n_max = min(n_max, int(disk_bytes // per))
+            n_max = min(n_max, int(disk_bytes // len(self.layers)) // (self.pages_per_context * PAGE_BYTES))
         if index_bytes is not None:
-            n_max = min(n_max, int(index_bytes // INDEX_BYTES_PER_CONTEXT))
-        which = np.concatenate([np.full(self.count(l), i, dtype=np.int64) for i, l in enumerate(self.layers)])
-        key = self.priority or self.saved
-        keep = np.argsort(-np.concatenate([key[l] for l in self.layers]), kind="stable")[:n_max]
-        counts = np.bincount(which[keep], minlength=len(self.layers))
-        cut = {l: counts[i] for i, l in enumerate(self.layers)}
-        return replace(self, ids={l: self.ids[l][:cut[l]] for l in self.layers},
-                       saved={l: self.saved[l][:cut[l]] for l in self.layers},
-                       priority=None if self.priority is None else {l: self.priority[l][:cut[l]]
-                                                                    for l in self.layers})
+            n_max = min(n_max, int(index_bytes // len(self.layers)) // INDEX_BYTES_PER_CONTEXT)
+        return replace(self, ids={l: self.ids[l][:n_max] for l in self.layers},
+                       saved={l: self.saved[l][:n_max] for l in self.layers})
+
+    def disk_to_hold_all(self) -> int:
+        """The smallest extra-disk budget per rank under which staging keeps every listed context (equal shares)."""
+        return len(self.layers) * max([self.count(l) for l in self.layers] + [0]) * self.pages_per_context * \
+            PAGE_BYTES
 
 
 def choose_contexts(fit: LookupTrace, layers: Sequence[int], cache_rows: Mapping[int, int], ranks: int = 4,
@@ -416,7 +413,7 @@ def choose_contexts(fit: LookupTrace, layers: Sequence[int], cache_rows: Mapping
     Pass the held-out half to nothing here: the measurement is `step_pages` on the other half.
     """
     measured = tuple(range(ranks)) if measured_ranks is None else tuple(int(r) for r in measured_ranks)
-    ids, saved, priority = {}, {}, {}
+    ids, saved = {}, {}
     per_ctx_pages = packed_pages_per_context(fit.n_columns // ranks) if ranks >= 1 and fit.n_columns % ranks == 0 \
         else packed_pages_per_context(1)
     for layer in layers:
@@ -442,12 +439,9 @@ def choose_contexts(fit: LookupTrace, layers: Sequence[int], cache_rows: Mapping
             useful = np.bincount(inv.reshape(-1), weights=per_token, minlength=pair.shape[0]) > 0
             n_groups = np.bincount(pair[useful] // g, minlength=ctx.shape[0])
             order = keep[np.lexsort((-score[keep], -n_groups[keep]))]
-            # the merge key over layers: the group count, then the pages as a fraction below the next count
-            priority[int(layer)] = (n_groups + score / (score.max() + 1.0))[order]
         ids[int(layer)] = ctx[order]
         saved[int(layer)] = score[order]
-    return PackChoice(tuple(int(l) for l in layers), ids, saved, per_ctx_pages, dict(meta or {}),
-                      priority if token_groups is not None else None)
+    return PackChoice(tuple(int(l) for l in layers), ids, saved, per_ctx_pages, dict(meta or {}))
 
 
 def fit_trace(split, hasher, replay, workload: str) -> LookupTrace:
