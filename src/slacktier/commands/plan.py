@@ -179,7 +179,8 @@ def run(args: argparse.Namespace) -> int:
 
     specs = _parse_tables(args.table)
     windows = windows_from_args(args, {layer for layer, _, _ in specs})
-    tiers, curves = load_tiers(args.tiers), load_miss_curves(args.curves).by_layer   # bad inputs before manifests
+    tiers, loaded = load_tiers(args.tiers), load_miss_curves(args.curves)   # bad inputs before manifests
+    curves = loaded.by_layer
     tables = []
     for layer, manifest, rows in specs:
         if layer not in windows:
@@ -201,6 +202,7 @@ def run(args: argparse.Namespace) -> int:
     plan = make_plan(tables, tiers, curves, args.cache_rows, args.target_ms, resolve_ms=args.resolve_ms,
                      kappa_ms=args.kappa_ms, grid=args.grid, refine=args.refine)
     print(format_plan(plan))
+    print(f"miss-page curves: {args.curves}: {loaded.describe()}")
     # The engine opens what plan writes: each table served with the rank partition its manifest was staged
     # with, checked as the engine checks at open (one function), validated by the schema as it is written.
     cfg = control_file(plan, engine, (disk,))
@@ -215,7 +217,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"wrote {args.out}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(plan_to_dict(plan), indent=1))
+        doc = plan_to_dict(plan) | {"miss_curves": {"path": str(args.curves), "described": loaded.describe(),
+                                                    "admission": loaded.admission, "packing": loaded.packing}}
+        args.json.write_text(json.dumps(doc, indent=1))
         print(f"wrote {args.json}")
     import importlib.util
 

@@ -9,6 +9,13 @@ They come from the access characterization (slacktier characterize), as JSON:
 Between measured points the curve is linear; below the first and above the last
 point it is held flat (a cache larger than any measured one is not assumed to
 help further).
+
+A curve may say what its pages were counted with: `policy`, `admission` (a rule
+in front of CLOCK, "none" by default), one rank of a TP partition (`ranks`,
+`rank`, `partition`; a whole table is one rank), and `packing` (contexts packed
+per layer, the extra disk and index bytes per rank they take; null: none).
+A curve counted with packing or admission predicts fewer pages; `describe()`
+says which curve the plan used.
 """
 
 from __future__ import annotations
@@ -71,6 +78,27 @@ class MissCurves:
     workload: str
     batch: int
     by_layer: dict[int, MissCurve]
+    policy: str = ""
+    admission: str = "none"
+    ranks: int = 1
+    rank: int | None = None
+    partition: str = ""
+    packing: dict | None = None     # contexts, extra_disk_bytes_per_rank, index_bytes_per_rank, pack_list
+
+    def describe(self) -> str:
+        """One line: whose traffic, which cache policy and admission, which rank, and the packing counted."""
+        who = f"{self.workload or 'unnamed'} traffic, B={self.batch}, {self.policy or 'policy unstated'}"
+        if self.admission != "none":
+            who += f", admission {self.admission}"
+        who += f", rank {self.rank} of TP{self.ranks} ({self.partition})" if self.rank is not None else \
+            ", one rank holding the whole table"
+        if not self.packing:
+            return who + ", no context packing"
+        pk = self.packing
+        contexts = ", ".join(f"L{k} {v:,}" for k, v in sorted(pk.get("contexts", {}).items(), key=lambda x: int(x[0])))
+        return (who + f", context packing: {contexts} contexts, {pk.get('extra_disk_bytes_per_rank', 0) / 1e9:.3f} GB "
+                f"extra disk and {pk.get('index_bytes_per_rank', 0) / 2**20:.1f} MiB index memory per rank "
+                f"(list {pk.get('pack_list')})")
 
     def curve(self, layer: int) -> MissCurve:
         """The curve of `layer`."""
@@ -106,7 +134,15 @@ def miss_curves_from_dict(doc: dict) -> MissCurves:
         if type(batch) is not int or batch < 0:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"miss curves' batch is {batch!r}, want a whole number",
                                  fix="pass the JSON the characterization wrote")
-        return MissCurves(workload=str(doc.get("workload", "")), batch=batch, by_layer=layers)
+        packing = doc.get("packing")
+        if packing is not None and not isinstance(packing, dict):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"miss curves' packing is {packing!r}, want an object or null",
+                                 fix="pass the JSON the characterization wrote")
+        rank = doc.get("rank")
+        return MissCurves(workload=str(doc.get("workload", "")), batch=batch, by_layer=layers,
+                          policy=str(doc.get("policy", "")), admission=str(doc.get("admission", "none")),
+                          ranks=int(doc.get("ranks", 1)), rank=None if rank is None else int(rank),
+                          partition=str(doc.get("partition", "")), packing=packing)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"miss-curve document is malformed: {exc!r}",
                              fix=f"write {fix}") from exc

@@ -10,6 +10,8 @@ BENCHMARKS.md and the planner rely on:
     batch_reuse.csv / .json      one row per (workload, layer)
     summary.json                 trace sizes and timings per workload
     miss_curve_<wl>_B<batch>.json  P_l(c) for `slacktier plan`
+    with `pack` (PackConfig): the pack list chosen on the fit half, and one TP rank's P_l(c) on the held-out
+    half without and with it: miss_curve_<wl>_B<batch>_rank<r>.json, ..._rank<r>_packed.json
     hit_rate_<wl>_L<layer>.png, miss_pages.png  (unless plots are off)
 
 The driver lives here rather than in `characterize.py` so that the verb makes
@@ -33,6 +35,7 @@ from slacktier.workloads.characterize import (BatchReuse, Capacity, HitResult, P
                                               capacities_for, hit_table, miss_page_curve, prepare_workload,
                                               trace_summary, write_json)
 from slacktier.workloads.corpus import WORKLOADS, CorpusConfig
+from slacktier.workloads.packing import PackConfig, characterize_packing
 from slacktier.workloads.hashing import TABLE_TOKENS, TABLES, lookup_hasher, table_layer_ids
 from slacktier.workloads.policies import POLICIES
 from slacktier.workloads.replay import ReplayConfig
@@ -57,6 +60,7 @@ class CharacterizeConfig:
     miss_policy: str = "clock"             # policy behind the miss-page curve (the engine serves CLOCK)
     miss_points: int = 12                  # capacities on the miss-page curve
     out: Path = Path("runs/characterize")
+    pack: PackConfig | None = None         # context packing: choose on the fit half, curves with the list
     plots: bool = True
     progress: bool = True
 
@@ -77,6 +81,11 @@ class CharacterizeConfig:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{self.table} layers {self.layers}, static head share "
                                  f"{self.static_head_share}, capacities {self.capacities_rows}",
                                  fix=f"name layers among {own}, a share in [0, 1] and capacities >= 0 rows")
+        if self.pack is not None and len(self.workloads) != 1:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"a pack list for {len(self.workloads)} workloads",
+                                 fix="pass one workload with --pack-list (one list per workload's traffic)")
+        if self.pack is not None:
+            self.pack.rows_of(self.layers)
         if self.corpus.tokens != TABLE_TOKENS[self.table]:
             if self.table == "engram":
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"the Engram table hashes DeepSeek-V4 ids, not "
@@ -134,10 +143,19 @@ def characterize(config: CharacterizeConfig) -> Characterization:
         curve_path = out / f"miss_curve_{wl}_B{batch}.json"
         write_json(curve_path, curve)
         res.curve_paths.append(curve_path)
+        packing = None
+        if config.pack is not None:
+            phases.start(f"{wl}: replaying the fit split, choosing contexts to pack, rank miss curves")
+            packing = characterize_packing(
+                pw.split, pw.trace, hasher, config.replay, list(config.layers), config.pack, grid, out,
+                config.corpus.tokens, config.corpus.seed)
+            phases.end()
         res.summary[wl] = trace_summary(pw) | {"table": config.table, "tokens": config.corpus.tokens,
                                                "characterize_s": time.perf_counter() - t1,
                                                "lru_lookups_per_s": lru_lookups_per_s(results),
                                                "miss_curve": str(curve_path)}
+        if packing is not None:
+            res.summary[wl]["packing"] = packing
     write_tables(res, out)
     if config.plots:
         phases.start("drawing the plots")
@@ -210,6 +228,12 @@ def format_characterization(results: Sequence[HitResult], reuse_rows: Sequence[d
         text.append(f"{wl}{ids}: {s['holdout_sessions']} holdout sessions ({s['holdout_sources']} sources), fit "
                     f"{s['fit_sessions']} ({s['fit_sources']} sources), {s['trace_tokens']:,} trace tokens, "
                     f"{s['decode_tokens']:,} decode tokens, LRU {s['lru_lookups_per_s'] or 0:,.0f} lookups/s")
+        if s.get("packing"):
+            pk = s["packing"]
+            text.append(f"{wl} packing (chosen on the fit half): {pk['packing']['contexts']} contexts per layer, "
+                        f"{pk['packing']['extra_disk_bytes_per_rank'] / 1e9:.3f} GB extra disk and "
+                        f"{pk['packing']['index_bytes_per_rank'] / 2**20:.1f} MiB index per rank -> "
+                        f"{pk['pack_list']}; curves {pk['curve']}, {pk['packed_curve']}")
     return "\n".join(text)
 
 
