@@ -8,6 +8,10 @@ CLOCK victim or none). The compiled
 pass defers hits' pins and walks its lookups in waves; the outcome must be the
 same lookup for lookup.
 
+Context packing (`packed`, a `RefPacked`): a token whose context (its `columns` ids) is in the index reads
+the rows it misses from its packed page instead of their row pages; the key is recomputed here in plain
+Python (`ref_context_key`), so the compiled key and index are checked too.
+
 Worked example: 2 slots, lookups [5, 7, 5, 9] on an empty layer -> 5 and 7 claim
 slots 0 and 1, 5 reuses its own fill (miss 0), 9 finds both slots pinned and is
 read without a slot (bypass).
@@ -20,6 +24,35 @@ from dataclasses import dataclass, field
 from slacktier.cache import KIND_FOREIGN, KIND_MISS, KIND_SLOT, KIND_ZERO
 
 ROWS_PER_PAGE = 15
+_M64 = (1 << 64) - 1
+
+
+def _mix(x: int) -> int:
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+def ref_context_key(ids: list[int]) -> int:
+    """tables.packing.context_key, in plain Python: per column a scrambled term, summed, then a splitmix64
+    finalizer, as a signed 64-bit int, never 0."""
+    acc = 0x243F6A8885A308D3
+    for c, g in enumerate(ids):
+        x = (((g & _M64) + (c + 1) * 0x9E3779B97F4A7C15) * 0xBF58476D1CE4E5B9) & _M64
+        acc = (acc + (x ^ (x >> 29))) & _M64
+    k = _mix(acc)
+    k = k - (1 << 64) if k >= 1 << 63 else k
+    return k if k != 0 else 1
+
+
+@dataclass
+class RefPacked:
+    """A layer's packing as the reference reads it: context key -> ordinal, and where packed pages live."""
+
+    index: dict[int, int]        # ref_context_key(ids) -> context ordinal
+    region: list[int]            # per rank: its packed region (-1 none)
+    slots: list[int]             # per column: its place among its owner's packed columns
+    pages_per_context: int
 
 
 @dataclass
@@ -98,11 +131,12 @@ class RefCache:
 
     def resolve(self, layer: int, ids: list[int], *, row_start: int, rows: int, rank_starts: list[int],
                 rank_region: list[int], owned_only: bool = False, seen: set[int] | None = None,
-                pad_id: int = 0, table_end: int = 0, buf_base: int = 0) -> RefPass:
+                pad_id: int = 0, table_end: int = 0, buf_base: int = 0, columns: int = 0,
+                packed: RefPacked | None = None) -> RefPass:
         lay = self.layers[layer]
         out = RefPass([KIND_FOREIGN] * len(ids), [-1] * len(ids), [], [], [], [], [],
                       dict(lookups=len(ids), hits=0, misses=0, pages=0, zero=0, bypass=0, reused=0, foreign=0,
-                           bad_index=-1, padded=0, pending=0, evicted=0, outside=0))
+                           bad_index=-1, padded=0, pending=0, evicted=0, outside=0, packed=0))
         c = out.counts
         bypassed: dict[int, int] = {}        # row -> miss index, read this step without a slot
         page_buf: dict[tuple[int, int], int] = {}
@@ -143,13 +177,24 @@ class RefCache:
                 continue
             k = max(j for j in range(len(rank_region)) if rank_starts[j] <= r)
             key = (rank_region[k], (r - rank_starts[k]) // ROWS_PER_PAGE)
+            inpage = (r - rank_starts[k]) % ROWS_PER_PAGE
+            is_packed = False
+            if packed is not None:
+                t, col = divmod(i, columns)
+                ordinal = packed.index.get(ref_context_key(ids[t * columns:(t + 1) * columns]), -1)
+                if ordinal >= 0 and packed.region[k] >= 0:
+                    slot = packed.slots[col]
+                    key = (packed.region[k], ordinal * packed.pages_per_context + slot // ROWS_PER_PAGE)
+                    inpage = slot % ROWS_PER_PAGE
+                    is_packed = True
             if key not in page_buf:
                 page_buf[key] = len(out.pages)
                 out.pages.append(key)
+                c["packed"] += is_packed
             m = len(out.miss_rows)
             out.miss_rows.append(r)
             out.miss_bufs.append(buf_base + page_buf[key])
-            out.miss_inpage.append((r - rank_starts[k]) % ROWS_PER_PAGE)
+            out.miss_inpage.append(inpage)
             s = self._victim(lay)
             out.miss_slots.append(s)
             if s >= 0:

@@ -262,6 +262,10 @@ class CompiledPass:
             if lossy and geo.seen is None:
                 raise SlackTierError(ErrorKind.BAD_INPUT, "lossy pass without a seen-set", layer=pl.layer,
                                      fix="give the layer's geometry a seen bitmap, or turn lossy off")
+            if geo.packed is not None and geo.packed.slots.shape[0] != self.columns:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"context packing gives {geo.packed.slots.shape[0]} column "
+                                     f"slots, the steps have {self.columns} columns", layer=pl.layer,
+                                     fix="build the layer's PackedGeometry for the table's hash columns")
             if not 0 <= pl.axis < n:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"layer axis {pl.axis} outside 0..{n - 1}", layer=pl.layer,
                                      fix="give each layer its index in the ids' layer axis")

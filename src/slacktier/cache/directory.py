@@ -20,6 +20,13 @@ For each lookup (global row id g, local row r = g - row_start):
    the page is already being read this step; a slot to fill (`kernels.victim`,
    CLOCK, never a pinned slot; -1 when all the layer's slots are pinned: the row
    is served from its page buffer and not cached).
+   Context packing (tables.packing; a layer whose geometry has a `PackedGeometry`): the missed row's
+   token's context is looked up once per token (its 24 ids' key in the layer's index); a packed context's
+   missed rows are read from its packed page (page ordinal * pages_per_context + slot // 15 of its rank's
+   packed region, row slot % 15) instead of their row pages. Hits and rows already requested this step are
+   served as before, so only rows that would have been read come from the packed page, and the packed page
+   takes a page buffer once per step however many rows and tokens need it. A layer without an index takes
+   the path above unchanged.
 
 Hits before the pass's first CLOCK victim search read no slot state: each stores
 its slot's reference bit (`ref`, a byte) and leaves its pin (the step stamp)
@@ -60,6 +67,7 @@ from slacktier.cache import rowdir as D
 from slacktier.cache.kernels import EVICTIONS, HAND, PINNED, claim, filling, pin, prefetch, victim
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
+from slacktier.tables.packing import context_key, probe_index
 
 KIND_SLOT = 0      # a cache hit: idx is the slot
 KIND_MISS = 1      # a row read this step: idx is the miss index
@@ -83,12 +91,55 @@ class Count(IntEnum):
     PENDING = 10     # descriptors [0, pending) hold hits whose pins wait for settle_pins
     EVICTED = 11     # rows this pass evicted from the layer's slots
     OUTSIDE = 12     # lookups of ids outside the whole layer [0, table_end): zero rows, nothing read or cached
+    PACKED = 13      # unique packed pages read (context packing; included in PAGES)
 
 
 N_COUNTS = len(Count)
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
+NO_INDEX_KEYS = np.zeros(0, dtype=np.int64)   # a layer without context packing: an empty index
+NO_INDEX_ORDINALS = np.zeros(0, dtype=np.int32)
+NO_PACKED = np.zeros(1, dtype=np.int32)
+
+
+@dataclass(frozen=True)
+class PackedGeometry:
+    """A layer's context packing as its pass reads it (tables.packing): the index and where packed pages live.
+
+    Worked example: TP4 columns, rank 1 served alone (its row region is source region 0, its packed region
+    source region 1), 24 columns -> region [1], slots [0..5] * 4 (each column's place among its owner's
+    columns), pages_per_context 1; context ordinal 7, column 9 -> page 7 of region 1, row slot 3.
+    """
+
+    keys: np.ndarray            # [H] int64 the index's keys (0 = empty), H a power of two
+    ordinals: np.ndarray        # [H] int32 each key's context ordinal
+    region: np.ndarray          # [R] int32 per rank of the geometry: its packed region's source index, -1 none
+    slots: np.ndarray           # [C] int32 per column: its place among its owner's packed columns
+    pages_per_context: int
+
+    def __post_init__(self) -> None:
+        keys = np.ascontiguousarray(self.keys, dtype=np.int64)
+        ordinals = np.ascontiguousarray(self.ordinals, dtype=np.int32)
+        region = np.ascontiguousarray(self.region, dtype=np.int32)
+        slots = np.ascontiguousarray(self.slots, dtype=np.int32)
+        h = keys.shape[0]
+        # The compiled pass trusts these (no bounds checks), so they are checked here, once.
+        if (keys.ndim != 1 or h < 2 or h & (h - 1) or ordinals.shape != keys.shape or self.pages_per_context < 1
+                or slots.ndim != 1 or slots.shape[0] < 1 or slots.min() < 0
+                or slots.max() >= self.pages_per_context * ROWS_PER_PAGE):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"a pack index of {keys.shape} keys, {ordinals.shape} "
+                                 f"ordinals, column slots {slots.tolist()}, {self.pages_per_context} pages per "
+                                 "context", fix="build it with tables.packing (PackIndex, column_slots)")
+        object.__setattr__(self, "keys", keys)
+        object.__setattr__(self, "ordinals", ordinals)
+        object.__setattr__(self, "region", region)
+        object.__setattr__(self, "slots", slots)
+
+    @property
+    def bits(self) -> int:
+        """log2 of the index's entries."""
+        return int(self.keys.shape[0]).bit_length() - 1
 
 _PAGE_TAG = np.int64(1) << np.int64(62)
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -108,6 +159,7 @@ class LayerGeometry:
     rank_region: np.ndarray      # [R] int32 source region index of each rank's shard
     seen: np.ndarray | None = None   # lossy mode: packed bitmap [ceil(rows / 8)] uint8 over local rows
     table_end: int = 0           # the whole layer's ids are [0, table_end) (all ranks); 0: not known
+    packed: PackedGeometry | None = None   # context packing (tables.packing); None: none
 
     def __post_init__(self) -> None:
         starts = np.ascontiguousarray(self.rank_starts, dtype=np.int64)
@@ -133,6 +185,9 @@ class LayerGeometry:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"seen bitmap of {seen.shape} bytes for {self.rows} rows",
                                      fix="pack one bit per local row (np.packbits(..., bitorder='little'))")
             object.__setattr__(self, "seen", seen)
+        if self.packed is not None and self.packed.region.shape[0] != region.shape[0]:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"packed regions for {self.packed.region.shape[0]} ranks, "
+                                 f"the layer has {region.shape[0]}", fix="give one packed region (or -1) per rank")
 
     @classmethod
     def one_rank(cls, rows: int, row_start: int = 0, seen: np.ndarray | None = None) -> LayerGeometry:
@@ -176,8 +231,8 @@ class PassScratch:
 
 #: What one layer's pass did, one field per Count member (lower case), in its order: counts[] read with one
 #: tolist(). The first `misses` entries of the scratch's miss arrays and `pages` of its page arrays are filled,
-#: and the first `lookups` descriptors. The last four default to 0.
-PassResult = namedtuple("PassResult", [m.name.lower() for m in Count], defaults=(0, 0, 0, 0))
+#: and the first `lookups` descriptors. The last five default to 0.
+PassResult = namedtuple("PassResult", [m.name.lower() for m in Count], defaults=(0, 0, 0, 0, 0))
 
 
 class StepTable:
@@ -237,7 +292,8 @@ def resolve_layer(ids, geo, cache, step, out):
     out.own_pos [N] int32, out.own_row [N] int64: scratch, where the in-table lookups are listed (position,
     local row).
     """
-    row_start, rows, rank_starts, rank_region, seen, table_end = geo
+    row_start, rows, rank_starts, rank_region, seen, table_end, pk_keys, pk_ordinals, pk_bits, pk_region, \
+        pk_slot, pk_ppc = geo
     layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss = cache
     pin_step, htab, stamp, hbits, buf_base, owned_only, lossy, pad_id = step
     (desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
@@ -253,12 +309,19 @@ def resolve_layer(ids, geo, cache, step, out):
     n_reuse = 0
     n_padded = 0
     n_outside = 0
+    n_packed = 0
+    has_pack = pk_keys.shape[0] > 0
+    pk_token = -1   # the token whose context was looked up last, and its ordinal (-1: not packed)
+    pk_ord = np.int64(-1)
+    pk_shift = np.uint64(64 - pk_bits)
     hand = lstate[HAND]
     pinned = lstate[PINNED]
     evictions = lstate[EVICTIONS]
     evictions_before = evictions
     n_t, n_c = ids.shape
     n = n_t * n_c
+    tok = 0            # the token of the lookup at hand, and where its positions end
+    tok_end = np.int64(n_c)
     counts[Count.LOOKUPS] = n
     counts[Count.BAD_INDEX] = -1
     status = 0
@@ -324,6 +387,19 @@ def resolve_layer(ids, geo, cache, step, out):
                     | ((r - rank_starts[k]) // ROWS_PER_PAGE))
             prefetch(hflat, np.int64((np.uint64(pkey) * _GOLDEN) >> np.uint64(shift)) * 3)
             n_absent += 1
+            if has_pack:   # the token's index entry (a random line of the index), once per token with a miss
+                while own_pos[j] >= tok_end:   # positions rise: the token advances without a division
+                    tok += 1
+                    tok_end += n_c
+                t = tok
+                if t != pk_token:
+                    pk_token = t
+                    ph = np.int64((np.uint64(context_key(ids, t)) * _GOLDEN) >> pk_shift)
+                    prefetch(pk_keys, ph)
+                    prefetch(pk_ordinals, ph)
+    pk_token = -1
+    tok = 0
+    tok_end = np.int64(n_c)
     # Second wave: the rows the CLOCK hand will evict next have directory entries at random places;
     # prefetch those of the next slots (twice the misses, as the hand skips pinned and referenced slots).
     # Prefetches, not loads, of the entry's line and the next (the eviction's backward shift reads on until an
@@ -378,7 +454,23 @@ def resolve_layer(ids, geo, cache, step, out):
             k += 1
         shard_row = r - rank_starts[k]
         pg = shard_row // ROWS_PER_PAGE
+        inpage = shard_row - pg * ROWS_PER_PAGE
         region = np.int64(rank_region[k])
+        packed = False
+        if has_pack:   # the token's context: looked up at its first row to read, packed page if it is packed
+            while i >= tok_end:
+                tok += 1
+                tok_end += n_c
+            t = tok
+            if t != pk_token:
+                pk_token = t
+                pk_ord = probe_index(pk_keys, pk_ordinals, pk_bits, context_key(ids, t))
+            if pk_ord >= 0 and pk_region[k] >= 0:
+                j = np.int64(pk_slot[i - (tok_end - n_c)])
+                region = np.int64(pk_region[k])
+                pg = pk_ord * pk_ppc + j // ROWS_PER_PAGE
+                inpage = j - (j // ROWS_PER_PAGE) * ROWS_PER_PAGE
+                packed = True
         pkey = _PAGE_TAG | (region << np.int64(40)) | pg
         ph = _probe(pkey, htab, stamp, shift, mask)
         if htab[ph, 0] == stamp:
@@ -392,10 +484,12 @@ def resolve_layer(ids, geo, cache, step, out):
             page_no[n_pages] = pg
             page_buf[n_pages] = b
             n_pages += 1
+            if packed:
+                n_packed += 1
         m = n_miss
         n_miss += 1
         miss_buf[m] = b
-        miss_inpage[m] = shard_row - pg * ROWS_PER_PAGE
+        miss_inpage[m] = inpage
         miss_row[m] = r
         if not settled:   # CLOCK must see the pins of this pass's earlier hits
             pinned += settle_pins(desc_kind, desc_idx, i, state, ref, pin_step)
@@ -427,6 +521,7 @@ def resolve_layer(ids, geo, cache, step, out):
     counts[Count.FOREIGN] = n_foreign
     counts[Count.PADDED] = n_padded
     counts[Count.OUTSIDE] = n_outside
+    counts[Count.PACKED] = n_packed
     counts[Count.PENDING] = 0 if settled else done
     counts[Count.EVICTED] = evictions - evictions_before
     return status

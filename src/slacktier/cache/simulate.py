@@ -19,7 +19,8 @@ import numpy as np
 from numba import njit
 
 from slacktier.cache import rowdir as D
-from slacktier.cache.directory import KIND_SLOT, N_COUNTS, Count, resolve_layer
+from slacktier.cache.directory import KIND_SLOT, N_COUNTS, NO_INDEX_KEYS, NO_INDEX_ORDINALS, NO_PACKED, Count, \
+    resolve_layer
 from slacktier.cache.kernels import evict_ahead as evict_ahead_kernel
 from slacktier.cache.views import CacheView, GeoView, OutView, StepView
 from slacktier.errors import ErrorKind, SlackTierError
@@ -68,7 +69,9 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, out):
     own_pos = np.empty(longest, dtype=np.int32)
     own_row = np.empty(longest, dtype=np.int64)
     counts = np.zeros(N_COUNTS, dtype=np.int64)
-    geo = GeoView(np.int64(0), np.int64(n_items), rank_starts, rank_region, seen, np.int64(0))
+    geo = GeoView(np.int64(0), np.int64(n_items), rank_starts, rank_region, seen, np.int64(0), NO_INDEX_KEYS,
+                  NO_INDEX_ORDINALS, np.int64(0), np.full(rank_region.shape[0], -1, np.int32), NO_PACKED,
+                  np.int64(1))
     cache = CacheView(np.int64(0), directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss)
     scratch = OutView(desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
                   own_pos, own_row, counts)

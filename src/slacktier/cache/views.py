@@ -29,7 +29,8 @@ import numpy as np
 from numba import carray, from_dtype, njit, types
 from numba.extending import intrinsic
 
-from slacktier.cache.directory import N_COUNTS, NO_SEEN, LayerGeometry, PassScratch
+from slacktier.cache.directory import (N_COUNTS, NO_INDEX_KEYS, NO_INDEX_ORDINALS, NO_PACKED, NO_SEEN, LayerGeometry,
+                                       PassScratch)
 from slacktier.errors import ErrorKind, SlackTierError
 
 
@@ -42,6 +43,12 @@ class GeoView(NamedTuple):
     rank_region: np.ndarray     # [R] int32 source region of each rank's shard
     seen: np.ndarray            # lossy: [ceil(rows / 8)] uint8 bitmap over local rows (NO_SEEN otherwise)
     table_end: int              # the whole layer's ids are [0, table_end); 0: not known
+    pk_keys: np.ndarray         # context packing (directory.PackedGeometry): [H] int64 index keys, [0] none
+    pk_ordinals: np.ndarray     # [H] int32 their context ordinals
+    pk_bits: int                # log2 H
+    pk_region: np.ndarray       # [R] int32 each rank's packed region (source index), -1 none
+    pk_slot: np.ndarray         # [C] int32 each column's place in its owner's packed pages
+    pk_ppc: int                 # pages per packed context
 
 
 class CacheView(NamedTuple):
@@ -128,6 +135,14 @@ PASS_LAYER = np.dtype([
     ("row_start", _I8),
     ("rows", _I8),
     ("table_end", _I8),     # LayerGeometry.table_end
+    ("pk_keys", _I8),       # context packing (LayerGeometry.packed): index keys' address and entries (0: none),
+    ("pk_len", _I8),
+    ("pk_ordinals", _I8),   # the ordinals' address,
+    ("pk_bits", _I8),       # log2 of the entries,
+    ("pk_region", _I8),     # each rank's packed region (ranks entries),
+    ("pk_slot", _I8),       # each column's slot (pk_cols entries),
+    ("pk_cols", _I8),
+    ("pk_ppc", _I8),        # pages per context
     ("rank_starts", _I8),   # address; ranks + 1 entries
     ("ranks", _I8),
     ("rank_region", _I8),
@@ -207,6 +222,13 @@ class PassPlan:
         self.put(rec, "rank_starts", geo.rank_starts)
         self.put(rec, "rank_region", geo.rank_region, "ranks")
         self.put(rec, "seen", geo.seen if geo.seen is not None else NO_SEEN, "seen_len")
+        pk = geo.packed
+        self.put(rec, "pk_keys", pk.keys if pk is not None else NO_INDEX_KEYS, "pk_len")
+        self.put(rec, "pk_ordinals", pk.ordinals if pk is not None else NO_INDEX_ORDINALS)
+        rec["pk_bits"] = pk.bits if pk is not None else 0
+        self.put(rec, "pk_region", pk.region if pk is not None else np.full(geo.rank_region.shape[0], -1, np.int32))
+        self.put(rec, "pk_slot", pk.slots if pk is not None else NO_PACKED, "pk_cols")
+        rec["pk_ppc"] = pk.pages_per_context if pk is not None else 1
         rec["key"] = key
         self.put(rec, "directory", directory, "dir_len")
         self.put(rec, "owned", owned, "owned_len")
@@ -277,7 +299,9 @@ def slot_arrays(h):
 def geo_view(rec):
     """Layer record `rec`'s GeoView."""
     return GeoView(rec.row_start, rec.rows, carray(p_i64(rec.rank_starts), rec.ranks + 1),
-                   carray(p_i32(rec.rank_region), rec.ranks), carray(p_u8(rec.seen), rec.seen_len), rec.table_end)
+                   carray(p_i32(rec.rank_region), rec.ranks), carray(p_u8(rec.seen), rec.seen_len), rec.table_end,
+                   carray(p_i64(rec.pk_keys), rec.pk_len), carray(p_i32(rec.pk_ordinals), rec.pk_len), rec.pk_bits,
+                   carray(p_i32(rec.pk_region), rec.ranks), carray(p_i32(rec.pk_slot), rec.pk_cols), rec.pk_ppc)
 
 
 @njit(nogil=True, cache=True, inline="always")

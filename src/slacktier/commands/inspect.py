@@ -85,7 +85,19 @@ def manifest_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
             "targets": list(m.targets), "targets_in_memory": [ram_backed(target) for target in m.targets],
             "source": m.source.get("kind", ""), "stage_id": m.stage_id, "tp_checked": tp or None,
             "sharding": m.sharding_rule, "tp_fits": [{"engine": f.engine, "fits": f.fits, "why": f.why} for f in fits],
-            "layers": layers}
+            "layers": layers, "packing": _packing_report(m)}
+
+
+def _packing_report(m: Any) -> dict[str, Any] | None:
+    """Context packing's record (tables.packing): contexts, extra disk and index host memory per rank, budgets."""
+    pk = m.packing
+    if pk is None:
+        return None
+    meta = pk.pack_list.get("meta", {})
+    return {"contexts": {str(k): v for k, v in sorted(pk.contexts.items())}, "pages_per_context": pk.pages_per_context,
+            "disk_bytes_per_rank": pk.disk_bytes_per_rank, "index_bytes_per_rank": pk.index_bytes_per_rank,
+            "budget_disk_bytes_per_rank": pk.budget_disk_bytes, "budget_index_bytes_per_rank": pk.budget_index_bytes,
+            "pack_list": pk.pack_list.get("file", ""), "workload": meta.get("workload"), "split": meta.get("split")}
 
 
 def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
@@ -108,8 +120,13 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     slots = split_slots(eng.cache_rows, {t.layer: t.cache_share for t in cfg.tables})
     tables = []
     for t in cfg.tables:
-        mine = resolved[t.layer].regions   # the table's (or its rank's) regions, target overrides applied
+        res = resolved[t.layer]
+        mine = res.regions   # the table's (or its rank's) regions, target overrides applied
         table_bytes = sum(r.nbytes for r in mine)
+        # context packing: the packed regions this table reads (disk, or host memory on a DRAM tier) and the
+        # index every serving process holds in host memory
+        packed_bytes = sum(r.nbytes for r in res.packing.regions) if res.packing is not None else 0
+        index_bytes = res.packing.index_bytes if res.packing is not None else 0
         facts = tier_facts(t.source)
         # staged files in RAM (tmpfs, a RAM disk) are host memory whichever local tier reads them
         in_memory = {r.path: ram_backed(r.path) for r in mine} if facts.device_kind == "file" or \
@@ -124,7 +141,9 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
             "table_bytes": table_bytes, "directory_bytes": directory,
             "in_memory": sorted({what for what in in_memory.values() if what}), "in_memory_bytes": in_memory_bytes,
-            "host_bytes": (table_bytes if facts.holds_host_copy else 0) + in_memory_bytes + directory,
+            "packed_bytes": packed_bytes, "packed_in_host": facts.holds_host_copy, "index_bytes": index_bytes,
+            "host_bytes": (table_bytes + packed_bytes if facts.holds_host_copy else 0) + in_memory_bytes + directory
+            + index_bytes,
         })
     # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
     pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES
@@ -201,6 +220,14 @@ def lines(report: dict[str, Any]) -> list[str]:
                 cols = f"columns {columns_text(r['columns'])}, " if r["columns"] else ""
                 out.append(f"    rank {r['rank']}: {cols}{stored} [{r['row_start']:,}, {r['row_start'] + r['rows']:,}) "
                            f"on device {r['device']}, {r['pages']:,} pages, {_mib(r['bytes'])}")
+        pk = m.get("packing")
+        if pk:
+            ctx = ", ".join(f"layer {k}: {n:,}" for k, n in pk["contexts"].items())
+            out.append(f"  context packing: {ctx} contexts ({pk['pages_per_context']} page(s) each) from "
+                       f"{pk['pack_list']} ({pk['workload']}, {pk['split']} half); per rank extra disk "
+                       f"{_mib(pk['disk_bytes_per_rank'])} (budget {_mib(pk['budget_disk_bytes_per_rank'])}), index "
+                       f"host memory {_mib(pk['index_bytes_per_rank'])} (budget "
+                       f"{_mib(pk['budget_index_bytes_per_rank'])})")
     c = report.get("control_report")
     if c:
         out.append(f"control file {c['control']}: device {c['device']}, cache {c['cache_rows']:,} rows in use of "
@@ -213,6 +240,10 @@ def lines(report: dict[str, Any]) -> list[str]:
                        f"(directory {_mib(t['directory_bytes'])}, sized to the cache rows"
                        + (f"; staged files in host memory {_mib(t['in_memory_bytes'])}: {', '.join(t['in_memory'])}"
                           if t["in_memory"] else "") + ")")
+            if t["index_bytes"]:
+                out.append(f"    context packing: packed regions {_mib(t['packed_bytes'])} extra "
+                           f"{'host memory' if t['packed_in_host'] else 'disk'}, index {_mib(t['index_bytes'])} "
+                           "host memory (counted above)")
         cache_host = c["cache_bytes"] if c["device"] == "cpu" else 0
         out.append(f"  host memory in all: {_mib(c['host_bytes'])} (tables {_mib(sum(t['host_bytes'] for t in c['tables']))}"
                    f", page buffer pool {_mib(c['page_pool_bytes'])}, row cache {_mib(cache_host)})")

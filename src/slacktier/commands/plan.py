@@ -86,6 +86,19 @@ def _in_memory(path: str, layer: int) -> tuple[int, list[str]]:
     return sum(r.nbytes for r in mine), sorted({where[r.path] for r in mine})
 
 
+def _packing(path: str, layer: int) -> tuple[int, int]:
+    """(extra disk bytes, index host bytes) per rank of `layer`'s context packing in the manifest at `path`
+    (tables.packing); (0, 0) where the layer is not packed."""
+    from slacktier.tables.manifest import Manifest
+    from slacktier.tables.packing import index_bytes
+
+    pk = Manifest.load(path).packing
+    if pk is None or layer not in pk.contexts:
+        return 0, 0
+    n = pk.contexts[layer]
+    return n * pk.pages_per_context * 4096, index_bytes(n)
+
+
 def windows_from_probe_json(path: Path, batch: int | None, step_ms: float | None) -> dict[int, float]:
     """Windows (ms) per decoder layer from a probe JSON, optionally rescaled to another step time."""
     try:
@@ -177,6 +190,11 @@ def run(args: argparse.Namespace) -> int:
         if in_memory:
             print(f"layer {layer}: {in_memory_bytes / 2**20:,.1f} MiB of its staged files sit in host memory "
                   f"({', '.join(in_memory)}), counted as host memory on every tier")
+        packed_disk, index_bytes = _packing(manifest, layer)
+        if index_bytes:   # every serving process of the layer holds the index, whatever its tier
+            in_memory_bytes += index_bytes
+            print(f"layer {layer}: context packing takes {packed_disk / 2**20:,.1f} MiB extra disk and a "
+                  f"{index_bytes / 2**20:,.2f} MiB index in host memory per rank (counted in its host memory)")
         tables.append(TableDemand(layer=layer, rows=rows if rows is not None else _rows_from_manifest(manifest, layer),
                                   manifest=manifest, window_ms=windows[layer], in_memory_bytes=in_memory_bytes))
     engine = EngineConfig(device=args.device, verify_reads=args.verify_reads, lossy=args.lossy)

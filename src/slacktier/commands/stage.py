@@ -6,7 +6,7 @@ import argparse
 import time
 from typing import TYPE_CHECKING
 
-from slacktier.commands._args import layer_item, whole
+from slacktier.commands._args import finite, layer_item, whole
 from slacktier.errors import ErrorKind, SlackTierError
 
 if TYPE_CHECKING:
@@ -159,6 +159,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--buffered", action="store_true",
                    help="write through the page cache instead of O_DIRECT (logged; for filesystems without O_DIRECT)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--pack-list", metavar="NPZ",
+                   help="context packing: a pack list (workloads.packing.write_pack_list, chosen on the fit half of "
+                        "the traffic); its contexts, in file order, get a packed region per (layer, rank) within "
+                        "--pack-disk-gb and --pack-index-mb, each layer an equal share")
+    p.add_argument("--pack-disk-gb", type=finite("--pack-disk-gb", 1e-6, 1e6), metavar="GB",
+                   help="with --pack-list: extra disk per rank for packed pages, all layers together (GB = 1e9 B)")
+    p.add_argument("--pack-index-mb", type=finite("--pack-index-mb", 1e-6, 1e6), metavar="MB",
+                   help="with --pack-list: host memory per rank for the packing index, all layers together "
+                        "(MB = 1e6 B); an index that cannot fit is refused")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -187,6 +196,18 @@ def run(args: argparse.Namespace) -> int:
     if args.only_ranks is not None:
         common["only_ranks"] = parse_ranks(args.only_ranks, args.ranks)
     common["partition"] = args.partition
+    pack_flags = (args.pack_disk_gb, args.pack_index_mb)
+    if args.pack_list is not None:
+        if None in pack_flags:
+            raise SlackTierError(ErrorKind.BAD_INPUT, "--pack-list needs its budgets",
+                                 fix="pass --pack-disk-gb GB and --pack-index-mb MB (per rank) with --pack-list")
+        from slacktier.tables.packing import PackRequest, read_pack_list
+
+        common["pack"] = PackRequest(read_pack_list(args.pack_list), int(args.pack_disk_gb * 1e9),
+                                     int(args.pack_index_mb * 1e6))
+    elif pack_flags != (None, None):
+        raise SlackTierError(ErrorKind.BAD_INPUT, "--pack-disk-gb and --pack-index-mb budget a --pack-list",
+                             fix="pass --pack-list NPZ too, or drop the budgets")
     t0 = time.perf_counter()
     if args.synthetic is not None:
         m = stage_synthetic(args.target, parse_layer_rows(args.synthetic), args.ranks, args.seed,
@@ -205,6 +226,11 @@ def run(args: argparse.Namespace) -> int:
     nbytes = m.total_pages * PAGE_BYTES
     print(f"staged {len(m.regions)} regions ({sum(r.rows for r in m.regions)} rows, {m.total_pages} pages, "
           f"{binary_bytes(nbytes)}) in {dt:.1f} s ({binary_bytes(nbytes / dt)}/s)")
+    if m.packing is not None:
+        pk = m.packing
+        per_layer = ", ".join(f"layer {k}: {n}" for k, n in sorted(pk.contexts.items()))
+        print(f"packed {sum(pk.contexts.values())} contexts ({per_layer}): {binary_bytes(pk.disk_bytes_per_rank)} "
+              f"extra disk and a {binary_bytes(pk.index_bytes_per_rank)} index per rank")
     print(f"source {m.source_digest}")
     print(f"manifest {m.path}")
     return 0

@@ -22,6 +22,7 @@ it, so the class is passed in (and annotated `Any`: a StepEngine).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -34,11 +35,12 @@ import torch
 from slacktier.cache import RowCache
 from slacktier.config import ControlFile, EngineConfig, TableConfig, load_control, named_by, tier_facts
 from slacktier.engine.checker import SourceRowReader
-from slacktier.engine.tables import TableSpec, seen_bitmap
+from slacktier.engine.tables import TablePacking, TableSpec, seen_bitmap
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
 from slacktier.store.registry import get_tier, open_source, verify_identity
 from slacktier.tables.manifest import Manifest, check_tp_sharding
+from slacktier.tables.packing import column_slots, load_index
 from slacktier.tables.partition import RowMap
 from slacktier.tables.regions import Region
 
@@ -60,6 +62,12 @@ class Resolved:
     row_map: RowMap | None = None          # global row id -> stored row (None under the columns partition)
     verify: bool = False                   # each read page's CRC32C checked (verify_reads)
     table_rows: int = 0                    # the whole layer's rows, all ranks (stored rows under a partition)
+    packing: TablePacking | None = None    # context packing: packed regions follow `regions` in the source
+
+    @property
+    def source_regions(self) -> tuple[Region, ...]:
+        """What the table's source reads: its row regions, then its packed regions (context packing)."""
+        return self.regions + (self.packing.regions if self.packing is not None else ())
 
 
 def resolve_control(cfg: ControlFile) -> dict[int, Resolved]:
@@ -138,12 +146,39 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
         rows, row_start = regions[0].rows, regions[0].row_start
     crcs = None
     verify = verifies(t, eng)
+    packing = _packing(m, t, rank, regions, facts)
     if verify or get_tier(t.source).source_cls.stored_crc32c:   # a stored CRC32C is compared on every read
         crcs = tuple(sums for r, sums in zip(m.regions, m.region_checksums(), strict=True)
                      if r.layer == t.layer and (rank is None or r.rank == rank))
-    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions), m.identity)
-    source_key = (t.source, t.options, regions, verify, m.identity)
-    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify, table_rows)
+        if packing is not None:
+            crcs += tuple(m.packed_checksums(m.packed_regions(t.layer, rank)))
+    packed = packing.regions if packing is not None else ()
+    data_key = (tuple((r.path, r.offset_bytes, r.pages) for r in regions + packed), m.identity)
+    source_key = (t.source, t.options, regions + packed, verify, m.identity)
+    return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify, table_rows, packing)
+
+
+def _packing(m: Manifest, t: TableConfig, rank: int | None, regions: tuple[Region, ...],
+             facts: Any) -> TablePacking | None:
+    """Table `t`'s context packing, when its manifest packed its layer (tables.packing): the packed regions (with
+    the control file's target overrides), the index (checked against the manifest's sha256), column slots.
+
+    A tier that does not read the staged files (a Redis copy, which `slacktier load` fills with row pages
+    only) serves the layer without packing: logged, never silent."""
+    pk = m.packing
+    if pk is None or t.layer not in pk.contexts:
+        return None
+    if not (facts.device_kind == "file" or facts.holds_host_copy):
+        log.warning("layer %d: the %s tier holds no packed pages; the layer is served without context packing",
+                    t.layer, t.source)
+        return None
+    staged = m.packed_regions(t.layer, rank)
+    packed = tuple(dataclasses.replace(r.runtime(t.targets[r.device] if r.device < len(t.targets)
+                                                 and t.targets[r.device] else None), packed=True) for r in staged)
+    index = load_index(m.index_path(), pk.index_sha256, t.layer, pk.contexts[t.layer])
+    return TablePacking(regions=packed, region_index=tuple(range(len(regions), len(regions) + len(packed))),
+                        index=index, slots=column_slots(pk.rank_columns, sum(len(c) for c in pk.rank_columns)),
+                        pages_per_context=pk.pages_per_context)
 
 
 def verifies(t: TableConfig, eng: EngineConfig) -> bool:
@@ -156,7 +191,7 @@ def verifies(t: TableConfig, eng: EngineConfig) -> bool:
 
 def open_table_source(r: Resolved) -> PageSource:
     """Open the page source of one table: its tier over its own regions, checking it holds the manifest's table."""
-    source = open_source(r.config.source, r.regions, r.config.options, page_crc32c=r.crcs,
+    source = open_source(r.config.source, r.source_regions, r.config.options, page_crc32c=r.crcs,
                          identity=r.manifest.identity, verify_pages=r.verify)
     log.info("layer %d: %s source over %d regions%s", r.config.layer, r.config.source, len(r.regions),
              ", reads verified" if r.verify else "")
@@ -165,7 +200,7 @@ def open_table_source(r: Resolved) -> PageSource:
 
 def check_kept_source(r: Resolved) -> None:
     """A source kept across `apply` still reads the manifest's table (a target restaged underneath is refused)."""
-    verify_identity(r.config.source, r.regions, r.config.options, r.manifest.identity)
+    verify_identity(r.config.source, r.source_regions, r.config.options, r.manifest.identity)
 
 
 def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
@@ -174,7 +209,7 @@ def table_spec(r: Resolved, source: PageSource, check: bool) -> TableSpec:
     reference = SourceRowReader(r.manifest, r.config.layer, r.row_start, r.row_map) if check else None
     return TableSpec(layer=r.config.layer, row_start=r.row_start, rows=r.rows, regions=r.regions, source=source,
                      cache_share=r.config.cache_share, seen=_seen(r.config, r.rows),
-                     reference=reference, row_map=r.row_map, table_rows=r.table_rows)
+                     reference=reference, row_map=r.row_map, table_rows=r.table_rows, packing=r.packing)
 
 
 def _seen(t: TableConfig, rows: int) -> np.ndarray | None:

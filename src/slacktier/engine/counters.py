@@ -13,7 +13,8 @@ class LayerCounters:
     the pad id (zero rows, nothing read; included in zero_rows), out_of_table those of
     ids outside the whole layer (zero rows as the serving engines' own lookups give them,
     nothing read; included in zero_rows). rows_read counts unique rows
-    fetched from pages, pages_read unique pages, bypass the rows read but not
+    fetched from pages, pages_read unique pages (packed_pages of them context
+    packing's packed pages, tables.packing), bypass the rows read but not
     cached (every slot of the layer pinned), reused the lookups served by a read
     already requested this step. read_us is the source's submit-to-completion
     time, wait_us how long `gather` blocked on the reads, resolve_us the
@@ -31,6 +32,7 @@ class LayerCounters:
     padded: int = 0
     out_of_table: int = 0
     bypass: int = 0
+    packed_pages: int = 0
     evictions: int = 0
     read_us: float = 0.0
     wait_us: float = 0.0
@@ -63,7 +65,7 @@ FROM_PASS: dict[str, tuple[str, ...]] = {
     "lookups": ("lookups",), "hits": ("hits",), "reused": ("reused",), "rows_read": ("misses",),
     "pages_read": ("pages",), "padded": ("padded",), "out_of_table": ("outside",),
     "zero_rows": ("zero", "foreign", "padded", "outside"),
-    "bypass": ("bypass",), "evictions": ("evicted",),
+    "bypass": ("bypass",), "evictions": ("evicted",), "packed_pages": ("packed",),
 }
 
 

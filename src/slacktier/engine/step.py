@@ -114,6 +114,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageBufferPool, PageReads, PageSource
 from slacktier.tables.codec import check_convention
 from slacktier.tables.layout import ROW_BYTES, ROW_VALUES
+from slacktier.tables.packing import check_packed_reads
 
 if TYPE_CHECKING:
     from slacktier.engine.metrics import EngineMetrics
@@ -275,6 +276,8 @@ class StepEngine:
                                  fix="call begin_step(ids) first")
         run = self._run(layer)
         self._wait(run)   # its pages are in the pool (or the error is raised)
+        if run.res.packed:
+            self._check_packed(run)
         sc = run.scratch
         n, n_miss, n_foreign = run.res.lookups, run.res.misses, run.res.foreign   # n = T * 24 lookups
         t0 = perf_counter_ns()
@@ -490,6 +493,31 @@ class StepEngine:
             raise
         run.counters.wait_us += waited.wait_us
         run.counters.read_us += waited.read_us
+
+    def _check_packed(self, run: LayerRun) -> None:
+        """Refuse (CHECKSUM) the layer's rows when a packed page it read (context packing, tables.packing) does
+        not name, in the slot a row was taken from, the row it was read for: a packed region or index that
+        disagrees with the rows is a fault, never a wrong row. The slots its reads would fill are forgotten."""
+        spec, sc, res = run.spec, run.scratch, run.res
+        expected = sc.miss_row[:res.misses] + spec.row_start   # the rows the pass read (stored rows)
+        if spec.row_map is not None:
+            expected = spec.row_map.to_global(expected)
+        bad = check_packed_reads(sc.miss_buf, sc.miss_inpage, expected, res.misses, sc.page_region, sc.page_buf,
+                                 res.pages, min(spec.packing.region_index), self._pool.pages)
+        if bad < 0:
+            return
+        self._forget_fills(run)
+        p = int(sc.miss_buf[bad] - sc.page_buf[0])
+        region = int(sc.page_region[p])
+        rank = spec.packing.regions[spec.packing.region_index.index(region)].rank
+        exc = SlackTierError(ErrorKind.CHECKSUM, f"packed page {int(sc.page_no[p])} of rank {rank}'s packed region "
+                             f"does not hold row {int(expected[bad])} in slot {int(sc.miss_inpage[bad])}, where the "
+                             "index sent the read: the packed region or its index disagrees with the table's rows; "
+                             "none of this layer's rows is served", layer=spec.layer, rank=rank,
+                             fix="stage the table again with its --pack-list (slacktier verify checks every page)")
+        if self.metrics is not None:
+            self.metrics.error(exc)
+        raise exc
 
     def _forget_fills(self, run: LayerRun) -> None:
         if run.resolved and run.res.misses:

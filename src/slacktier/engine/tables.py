@@ -19,11 +19,30 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from slacktier.cache import LayerGeometry
+from slacktier.cache.directory import PackedGeometry
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store.base import PageSource
 from slacktier.tables.layout import pages_for_rows, shard_bounds
+from slacktier.tables.packing import PackIndex
 from slacktier.tables.partition import RowMap
 from slacktier.tables.regions import Region
+
+
+@dataclass(frozen=True)
+class TablePacking:
+    """A layer's context packing as the engine serves it (tables.packing): its ranks' packed regions, where the
+    source holds them, the index, and each column's place in its owner's packed pages."""
+
+    regions: tuple[Region, ...]           # one per served rank
+    region_index: tuple[int, ...]         # each one's index in the source's region list
+    index: PackIndex
+    slots: np.ndarray                     # [C] int32 (tables.packing.column_slots)
+    pages_per_context: int
+
+    @property
+    def index_bytes(self) -> int:
+        """Host bytes of the index this process holds."""
+        return self.index.nbytes
 
 
 @dataclass
@@ -53,6 +72,7 @@ class TableSpec:
     region_index: tuple[int, ...] = ()    # regions[i]'s index in the source's region list (default: i)
     row_map: RowMap | None = None         # global row id -> stored row; None: they are the same (columns)
     table_rows: int = 0                   # the whole layer's rows (all ranks), 0: not known
+    packing: TablePacking | None = None   # context packing (tables.packing); None: rows come from row pages only
     geometry: LayerGeometry = field(init=False, repr=False)   # what the directory pass needs (cache room)
 
     def __post_init__(self) -> None:
@@ -93,10 +113,18 @@ class TableSpec:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"seen bitmap has {seen.shape} bytes, need "
                                      f"{(self.rows + 7) // 8}", layer=self.layer, fix="use seen_bitmap(rows, ...)")
             self.seen = seen
+        packed = None
+        if self.packing is not None:   # per served rank (in row order): its packed region's source index, -1 none
+            by_rank = {r.rank: i for r, i in zip(self.packing.regions, self.packing.region_index)}
+            pk = self.packing
+            packed = PackedGeometry(pk.index.keys, pk.index.ordinals,
+                                    np.array([by_rank.get(r.rank, -1) for r in self.regions], dtype=np.int32),
+                                    pk.slots, pk.pages_per_context)
         self.geometry = LayerGeometry(
             row_start=self.row_start, rows=self.rows,
             rank_starts=np.array([r.row_start - self.row_start for r in self.regions] + [self.rows], dtype=np.int64),
-            rank_region=np.array(self.region_index, dtype=np.int32), seen=self.seen, table_end=int(self.table_rows))
+            rank_region=np.array(self.region_index, dtype=np.int32), seen=self.seen, table_end=int(self.table_rows),
+            packed=packed)
 
 
 def seen_bitmap(rows: int, seen_rows: np.ndarray) -> np.ndarray:

@@ -99,15 +99,15 @@ class RegionSource(PageSource):
         if not self.regions:
             raise SlackTierError(ErrorKind.BAD_INPUT, "a page source needs at least one region",
                                  fix="pass the staged regions of the table")
-        seen: set[tuple[int, int]] = set()
+        seen: set[tuple[int, int, bool]] = set()   # a (layer, rank) has a row region and may have a packed one
         for r in self.regions:
             if not isinstance(r, Region):
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"{type(r).__name__} given as a region",
                                      fix="pass slacktier.tables.regions.Region objects")
-            if (r.layer, r.rank) in seen:
+            if (r.layer, r.rank, r.packed) in seen:
                 raise SlackTierError(ErrorKind.BAD_INPUT, "region given twice", layer=r.layer, rank=r.rank,
                                      fix="pass one region per (layer, rank)")
-            seen.add((r.layer, r.rank))
+            seen.add((r.layer, r.rank, r.packed))
         self._region_pages = np.array([r.pages for r in self.regions], dtype=np.int64)    # [R]
         self._region_device = np.array([r.device for r in self.regions], dtype=np.int32)  # [R]
         self._region_base = np.zeros(len(self.regions), dtype=np.int64)  # [R] page 0's index in the concatenation

@@ -75,6 +75,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.identity import check_identity_json
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, ROWS_PER_PAGE, pages_for_rows, shard_bounds
 from slacktier.tables.odirect import write_file_atomic
+from slacktier.tables.packing import PackedTable
 from slacktier.tables.partition import (DEFAULT_PARTITION, RankPartition, RowMap, StoredSpan, columns_text,
                                        region_extent, stored_spans)
 from slacktier.tables.regions import Region, StagedRegion
@@ -166,13 +167,18 @@ class TableIdentity:
 
 
 def content_stage_id(source_digest: str, layout: StagedLayout, ranks: int, regions: Sequence[StagedRegion],
-                     partition: RankPartition | None, need_bytes: Sequence[int]) -> str:
+                     partition: RankPartition | None, need_bytes: Sequence[int],
+                     packed: Sequence[StagedRegion] = (), index_sha256: str = "") -> str:
     """A staging run's id (32 hex digits), derived from what it writes: the same source staged the same way
-    (layout, ranks, partition, each region's device, offset and size, each target's size) gets the same id
-    wherever its targets are, and any other content or geometry another one."""
+    (layout, ranks, partition, each region's device, offset and size, each target's size, and the packed
+    regions and index of context packing, tables.packing) gets the same id wherever its targets are, and any
+    other content or geometry another one."""
     doc = [FORMAT, FORMAT_VERSION, source_digest, layout.to_json(), ranks,
            partition.to_json() if partition is not None else None,
            [{k: v for k, v in asdict(r).items() if k != "path"} for r in regions], [int(n) for n in need_bytes]]
+    if packed:   # a table without packing keeps the id it always had
+        doc.append([{k: v for k, v in asdict(r).items() if k != "path"} for r in packed])
+        doc.append(index_sha256)
     return hashlib.sha256(json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()).hexdigest()[:32]
 
 
@@ -271,6 +277,7 @@ class Manifest:
     created_utc: str = ""
     stage_id: str = ""              # the staging run's random id, also in every target header ("" before it existed)
     partition: RankPartition | None = None   # None: columns (contiguous head shards, the engines' own)
+    packing: PackedTable | None = None       # context packing's regions and index (tables.packing), if staged
 
     @property
     def partition_kind(self) -> str:
@@ -332,8 +339,28 @@ class Manifest:
         return TableIdentity(self.source_digest, self.stage_id)
 
     def target_need_bytes(self) -> list[int]:
-        """Bytes each target needs: its header page and regions."""
-        return target_bytes(self.regions, len(self.targets))
+        """Bytes each target needs: its header page and regions (packed regions included)."""
+        return target_bytes(self.regions + list(self.packed_regions()), len(self.targets))
+
+    def packed_regions(self, layer: int | None = None, rank: int | None = None) -> tuple[StagedRegion, ...]:
+        """The packed regions (tables.packing) of `layer` / `rank` (None: all), in manifest order; () without
+        packing."""
+        if self.packing is None:
+            return ()
+        return tuple(r for r in self.packing.regions
+                     if (layer is None or r.layer == layer) and (rank is None or r.rank == rank))
+
+    def packed_checksums(self, regions: Sequence[StagedRegion]) -> list[np.ndarray]:
+        """The page CRC32Cs ([pages] uint32) of packed `regions` (from `checksums`)."""
+        every = self.checksums()
+        return [np.ascontiguousarray(every[r.crc_first_page:r.crc_first_page + r.pages]) for r in regions]
+
+    def index_path(self) -> Path:
+        """The pack index file (tables.packing), beside the manifest."""
+        if self.packing is None:
+            raise SlackTierError(ErrorKind.MISSING, f"manifest {self.path} has no context packing",
+                                 fix="stage the table with --pack-list")
+        return Path(self.path).parent / self.packing.index_file
 
     def check_targets(self, targets: Sequence[str] = ()) -> None:
         """`check_target_header` on every target (`targets[d]`, where given and non-empty, replaces target d)."""
@@ -407,7 +434,8 @@ class Manifest:
             "checksums": {"algorithm": "crc32c", "unit": "page", "file": self.crc_file, "sha256": self.crc_sha256,
                           "pages": self.total_pages},
             "source": self.source, "stage_id": self.stage_id, "sharding": self.sharding_json(),
-        } | ({"partition": self.partition.to_json()} if self.partition is not None else {})
+        } | ({"partition": self.partition.to_json()} if self.partition is not None else {}) \
+            | ({"packing": self.packing.to_json()} if self.packing is not None else {})
 
     def save(self, path: str | Path) -> None:
         """Write the manifest JSON, with its own digest, atomically (temp file + rename; nothing left on failure)."""
@@ -473,7 +501,7 @@ def check_manifest_digest(doc: Mapping[str, Any], path: str) -> None:
 
 _REGION_KEYS = ("layer", "rank", "device", "path", "offset_bytes", "pages", "row_start", "rows", "crc_first_page")
 _TOP_KEYS = {"format", "format_version", "created_utc", "layout", "ranks", "targets", "regions", "checksums",
-             "source", "stage_id", "partition", "sharding", DIGEST_KEY}
+             "source", "stage_id", "partition", "sharding", "packing", DIGEST_KEY}
 
 
 class _Fields:
@@ -646,6 +674,9 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
         crc_next += pages
         end_of.setdefault(device, []).append((offset, offset + pages * PAGE_BYTES, i))
         regions.append(StagedRegion(layer, rank, device, targets[device], offset, pages, row_start, rows, crc_first))
+    packing = None
+    if "packing" in d:
+        packing, crc_next = _packing_from_json(d["packing"], layout, ranks, targets, regions, crc_next, end_of, f)
     if crc_next != total_pages:
         raise f.bad("$.checksums.pages", total_pages, f"{crc_next}, the regions' pages")
     for spans in end_of.values():   # two regions of one target never share a byte
@@ -660,12 +691,99 @@ def _manifest_from_json(d: dict[str, Any], path: str) -> Manifest:
                     source=_source_from_json(f.get(d, "source", "$.source"), f),
                     crc_file=crc_file, crc_sha256=crc_sha, total_pages=total_pages, path=path,
                     format_version=FORMAT_VERSION, created_utc=f.str(d.get("created_utc", ""), "$.created_utc"),
-                    stage_id=f.str(d.get("stage_id", ""), "$.stage_id"), partition=partition)
+                    stage_id=f.str(d.get("stage_id", ""), "$.stage_id"), partition=partition, packing=packing)
     # written by manifests since they record it; always what the layout, ranks and partition give
     if "sharding" in d and d["sharding"] != m.sharding_json():
         raise f.bad("$.sharding", d["sharding"], f"{m.sharding_rule!r} rank rows as the layout, ranks and "
                     "partition give them")
     return m
+
+
+def _packing_from_json(d: Any, layout: StagedLayout, ranks: int, targets: list[str], regions: list[StagedRegion],
+                       crc_next: int, end_of: dict[int, list[tuple[int, int, int]]],
+                       f: _Fields) -> tuple[PackedTable, int]:
+    """The manifest's "packing" record (tables.packing), every field checked: a packed region per (layer,
+    staged rank) of each packed layer, on that rank's target, its pages the layer's contexts' and its
+    checksums after the row regions'; returns it and the checksum count after it."""
+    key = "$.packing"
+    f.keys(d if isinstance(d, dict) else {}, ("regions", "contexts", "pages_per_context", "rank_columns", "index",
+                                               "disk_bytes_per_rank", "budgets", "pack_list"), key)
+    ppc = f.int(f.get(d, "pages_per_context", f"{key}.pages_per_context"), f"{key}.pages_per_context", 1, 64)
+    cols = f.list(f.get(d, "rank_columns", f"{key}.rank_columns"), f"{key}.rank_columns")
+    rank_columns = tuple(tuple(f.int(c, f"{key}.rank_columns[{k}][{i}]") for i, c in
+                               enumerate(f.list(rc, f"{key}.rank_columns[{k}]"))) for k, rc in enumerate(cols))
+    if len(rank_columns) != ranks or len({len(c) for c in rank_columns}) != 1 \
+            or ppc != -(-len(rank_columns[0]) // ROWS_PER_PAGE):
+        raise f.bad(f"{key}.rank_columns", cols, f"{ranks} ranks' columns, as many each, in {ppc} page(s)")
+    ctx_doc = f.get(d, "contexts", f"{key}.contexts")
+    if not isinstance(ctx_doc, dict) or not ctx_doc:
+        raise f.bad(f"{key}.contexts", ctx_doc, "an object {layer id: contexts}")
+    contexts: dict[int, int] = {}
+    for k, v in ctx_doc.items():
+        if not k.isdigit() or int(k) not in layout.rows:
+            raise f.bad(f"{key}.contexts.{k[:20]}", k, "a layer id of $.layout.rows")
+        contexts[int(k)] = f.int(v, f"{key}.contexts.{k}", 1)
+    staged = {(r.layer, r.rank): r for r in regions}
+    packed: list[StagedRegion] = []
+    seen: set[tuple[int, int]] = set()
+    for i, r in enumerate(f.list(f.get(d, "regions", f"{key}.regions"), f"{key}.regions")):
+        rk = f"{key}.regions[{i}]"
+        f.keys(r if isinstance(r, dict) else {}, _REGION_KEYS, rk)
+        v = {name: f.get(r, name, f"{rk}.{name}") for name in _REGION_KEYS}
+        layer = f.int(v["layer"], f"{rk}.layer", 0, MAX_LAYER_ID)
+        if layer not in contexts:
+            raise f.bad(f"{rk}.layer", layer, f"a layer of {key}.contexts, {sorted(contexts)}")
+        rank = f.int(v["rank"], f"{rk}.rank", 0, ranks - 1)
+        row_region = staged.get((layer, rank))
+        if row_region is None or (layer, rank) in seen:
+            raise f.bad(f"{rk}.rank", rank, f"a staged rank of layer {layer}, once")
+        seen.add((layer, rank))
+        device = f.int(v["device"], f"{rk}.device", 0, len(targets) - 1)
+        if device != row_region.device or f.str(v["path"], f"{rk}.path") != targets[device]:
+            raise f.bad(f"{rk}.device", device, f"{row_region.device}, the target of its rank's row region")
+        offset = f.int(v["offset_bytes"], f"{rk}.offset_bytes", TARGET_HEADER_BYTES)
+        if offset % PAGE_BYTES:
+            raise f.bad(f"{rk}.offset_bytes", offset, "a multiple of 4096")
+        pages = f.int(v["pages"], f"{rk}.pages", 1)
+        if pages != contexts[layer] * ppc:
+            raise f.bad(f"{rk}.pages", pages, f"{contexts[layer] * ppc}, {ppc} per packed context")
+        if f.int(v["row_start"], f"{rk}.row_start") != 0 or f.int(v["rows"], f"{rk}.rows") != 0:
+            raise f.bad(f"{rk}.rows", v["rows"], "0 (a packed region holds contexts, not a row range)")
+        crc_first = f.int(v["crc_first_page"], f"{rk}.crc_first_page")
+        if crc_first != crc_next:
+            raise f.bad(f"{rk}.crc_first_page", crc_first, f"{crc_next}, the pages of the regions before it")
+        crc_next += pages
+        end_of.setdefault(device, []).append((offset, offset + pages * PAGE_BYTES, len(regions) + i))
+        packed.append(StagedRegion(layer, rank, device, targets[device], offset, pages, 0, 0, crc_first))
+    for layer in contexts:
+        want = {r.rank for r in regions if r.layer == layer}
+        if {r.rank for r in packed if r.layer == layer} != want:
+            raise f.bad(f"{key}.regions", "...", f"a packed region of layer {layer} for each staged rank")
+    ix = f.get(d, "index", f"{key}.index")
+    f.keys(ix if isinstance(ix, dict) else {}, ("file", "sha256", "bytes_per_rank"), f"{key}.index")
+    index_file = f.str(f.get(ix, "file", f"{key}.index.file"), f"{key}.index.file")
+    if not index_file or "/" in index_file or index_file in (".", ".."):
+        raise f.bad(f"{key}.index.file", index_file, "a file name beside the manifest")
+    index_sha = _digest_text(f.get(ix, "sha256", f"{key}.index.sha256"), f"{key}.index.sha256", f)
+    budgets = f.get(d, "budgets", f"{key}.budgets")
+    f.keys(budgets if isinstance(budgets, dict) else {}, ("disk_bytes_per_rank", "index_bytes_per_rank"),
+           f"{key}.budgets")
+    pack_list = f.get(d, "pack_list", f"{key}.pack_list")
+    if not isinstance(pack_list, dict):
+        raise f.bad(f"{key}.pack_list", pack_list, "an object (the pack list's meta)")
+    table = PackedTable(
+        regions=tuple(packed), contexts=contexts, pages_per_context=ppc, rank_columns=rank_columns,
+        index_file=index_file, index_sha256=index_sha,
+        index_bytes_per_rank=f.int(f.get(ix, "bytes_per_rank", f"{key}.index.bytes_per_rank"),
+                                   f"{key}.index.bytes_per_rank"),
+        disk_bytes_per_rank=f.int(f.get(d, "disk_bytes_per_rank", f"{key}.disk_bytes_per_rank"),
+                                  f"{key}.disk_bytes_per_rank"),
+        budget_disk_bytes=f.int(f.get(budgets, "disk_bytes_per_rank", f"{key}.budgets.disk_bytes_per_rank"),
+                                f"{key}.budgets.disk_bytes_per_rank", 1),
+        budget_index_bytes=f.int(f.get(budgets, "index_bytes_per_rank", f"{key}.budgets.index_bytes_per_rank"),
+                                 f"{key}.budgets.index_bytes_per_rank", 1),
+        pack_list=pack_list)
+    return table, crc_next
 
 
 def _partition_from_json(d: Any, layout: StagedLayout, ranks: int, f: _Fields) -> RankPartition | None:

@@ -28,7 +28,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from tqdm import tqdm
@@ -39,7 +39,10 @@ from slacktier.tables.manifest import TARGET_HEADER_BYTES, Manifest, default_man
     layer_spans, content_stage_id, parse_header, plan_regions, region_pieces, target_bytes
 from slacktier.tables.memfs import ram_backed
 from slacktier.tables.odirect import DirectFile, aligned_array, lock_target, os_error, probe_target, write_file_atomic
-from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition
+from slacktier.tables.packing import PackedTable, PackPlan, PackRequest, fill_packed_pages, index_file_bytes, \
+    place_packed_regions, plan_packing, save_indexes
+from slacktier.tables.pagecrc import page_crcs
+from slacktier.tables.partition import DEFAULT_PARTITION, RankPartition, RowMap, rank_columns
 from slacktier.tables.regions import StagedRegion
 from slacktier.tables.row_source import RowSource
 
@@ -242,7 +245,8 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, buffered: bool = False, progress: bool = True,
                 fillers: int = DEFAULT_FILLERS, writers: int = DEFAULT_WRITERS,
                 stats: StageStats | None = None, only_ranks: Sequence[int] | None = None,
-                partition: str = DEFAULT_PARTITION, heads_per_order: int = 8) -> Manifest:
+                partition: str = DEFAULT_PARTITION, heads_per_order: int = 8,
+                pack: PackRequest | None = None) -> Manifest:
     """Stage `source` as `ranks` shards per layer onto `targets` (ranks round-robin); returns the saved manifest.
 
     `partition` picks the hash columns of each rank's region (tables.partition: "columns", the engines' own
@@ -250,6 +254,10 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
 
     `stats`, if given, receives the run's bytes, time and writer busy time. `only_ranks` writes only those
     ranks' shards (cut for `ranks` ranks; see manifest.plan_regions), as one rank's machine holds them.
+
+    `pack` (context packing, tables.packing): a pack list and its per-rank budgets; each staged (layer, rank)
+    gets a packed region after every row region, on its rank's target, and the index is written beside the
+    manifest.
     """
     t_start = time.perf_counter()
     if writers < 1 or fillers < 1:
@@ -272,7 +280,12 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
                                  "columns")
         part = RankPartition.make(partition, cols.pop(), ranks, heads_per_order)
     regions = plan_regions(layout, ranks, paths, only_ranks, part)
-    need = target_bytes(regions, len(paths))
+    packing = None
+    if pack is not None:
+        packing = _plan_packing(pack, layout, ranks, part, heads_per_order)
+        place_packed_regions(packing, regions, paths, target_bytes(regions, len(paths)),
+                             sum(r.pages for r in regions))
+    need = target_bytes(regions + (packing.regions if packing is not None else []), len(paths))
     for path, nbytes in zip(paths, need):
         in_memory = ram_backed(path)
         if in_memory:
@@ -290,10 +303,33 @@ def stage_table(source: RowSource, targets: list[str | Path], ranks: int, *,
     try:
         return _stage_locked(source, ranks, paths, regions, need, manifest_path, locks, t_start, part,
                              max_bytes=max_bytes, overwrite=overwrite, chunk_bytes=chunk_bytes, buffered=buffered,
-                             progress=progress, fillers=fillers, writers=writers, stats=stats)
+                             progress=progress, fillers=fillers, writers=writers, stats=stats, packing=packing)
     finally:
         for fd in locks.values():
             os.close(fd)
+
+
+def _plan_packing(pack: PackRequest, layout: Any, ranks: int, part: RankPartition | None,
+                  heads_per_order: int) -> PackPlan:
+    """The contexts a staging run packs (tables.packing.plan_packing), under its rank partition."""
+    cols = {len(b) - 1 for b in layout.column_bounds.values()}
+    owned = None
+    if part is not None:
+        owned = part.columns
+    elif ranks > 1:
+        if len(cols) != 1 or len(layout.column_bounds) != len(layout.rows) or next(iter(cols)) % ranks:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"--pack-list needs every rank to own whole hash columns: "
+                                 f"{ranks} ranks over the layers' {sorted(cols) or 'unknown'} columns do not",
+                                 fix="stage from the model's hash layout (--engram, a checkpoint's config.json) "
+                                     "with a rank count that divides its columns")
+        owned = rank_columns(DEFAULT_PARTITION, cols.pop(), ranks, heads_per_order)
+
+    to_stored = None
+    if part is not None and part.kind != DEFAULT_PARTITION:
+        def to_stored(layer: int, ids: np.ndarray) -> np.ndarray:
+            row_map = RowMap.of(layer_spans(layout, layer, ranks, part), layout.rows[layer])
+            return ids if row_map is None else row_map.to_stored(ids)
+    return plan_packing(pack, dict(layout.rows), dict(layout.column_bounds), owned, ranks, to_stored)
 
 
 def _lock_targets(paths: list[str]) -> dict[str, int]:
@@ -321,18 +357,22 @@ def _lock_targets(paths: list[str]) -> dict[str, int]:
 def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list, need: list[int],
                   manifest_path: Path, locks: dict[str, int], t_start: float, part: RankPartition | None, *,
                   max_bytes: int | None, overwrite: bool, chunk_bytes: int, buffered: bool, progress: bool,
-                  fillers: int, writers: int, stats: StageStats | None) -> Manifest:
+                  fillers: int, writers: int, stats: StageStats | None,
+                  packing: PackPlan | None = None) -> Manifest:
     """stage_table once its existing targets are locked (`locks`)."""
     layout = source.layout
     digest = source.digest
-    total_pages = sum(r.pages for r in regions)
+    packed = packing.regions if packing is not None else []
+    total_pages = sum(r.pages for r in regions) + sum(r.pages for r in packed)
     side = 4 * total_pages + (1 << 20)   # the checksum file (4 B per page) and the manifest, beside it
     is_block = check_targets(paths, need, digest, manifest_path, overwrite, max_bytes, side_bytes=side)
 
     if manifest_path.exists():
         manifest_path.unlink()  # checks passed: a stale manifest must not outlive the bytes it describes
     files = [DirectFile(p, write=True, create=not b, buffered=buffered) for p, b in zip(paths, is_block)]
-    stage_id = content_stage_id(digest, layout, ranks, regions, part, need)
+    index_data = index_file_bytes(packing.indexes) if packing is not None else b""
+    index_digest = hashlib.sha256(index_data).hexdigest() if packing is not None else ""
+    stage_id = content_stage_id(digest, layout, ranks, regions, part, need, packed, index_digest)
     crcs = np.zeros(total_pages, dtype=np.uint32)
     try:
         for f in files:
@@ -357,6 +397,9 @@ def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list
             layout, region.layer, ranks, part)[region.rank]) if part is not None else [region])]
         chunks = [(piece, first_row) for piece in pieces
                   for first_row in range(0, piece.rows, (chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE)]
+        if packing is not None:   # marked -1 - first context: `_stage_chunk` hands them to `_stage_packed_chunk`
+            per = max(1, chunk_bytes // (packing.pages_per_context * PAGE_BYTES))
+            chunks += [(r, -1 - c0) for r in packed for c0 in range(0, r.pages // packing.pages_per_context, per)]
         writer = _Writer(files, n_buffers=8 + writers, chunk_bytes=chunk_bytes, n_threads=writers)
         fill_total_s = 0.0
         bar = tqdm(total=total_pages * PAGE_BYTES, unit="B", unit_scale=True, desc="stage", disable=not progress)
@@ -364,8 +407,8 @@ def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list
             # Fill kernels release the GIL, so `fillers` threads fill chunks side by side.
             pool = ThreadPoolExecutor(max_workers=max(1, fillers), thread_name_prefix="slacktier-stage-fill")
             try:
-                for nbytes, fill_s in pool.map(lambda c: _stage_chunk(source, c[0], c[1], writer, chunk_bytes, crcs),
-                                               chunks):
+                for nbytes, fill_s in pool.map(lambda c: _stage_chunk(source, c[0], c[1], writer, chunk_bytes, crcs,
+                                                                      packing), chunks):
                     bar.update(nbytes)
                     fill_total_s += fill_s
             except BaseException:
@@ -390,13 +433,29 @@ def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list
     crc_bytes = crcs.astype("<u4").tobytes()
     crc_path = manifest_path.parent / crc_file
     write_file_atomic(crc_path, crc_bytes, what="checksum file")
+    index_path = None
+    packed_table = None
+    if packing is not None:
+        index_path = manifest_path.parent / (crc_file.removesuffix(".crc") + ".pack.npz")
+        save_indexes(index_path, index_data)
+        req = packing.request
+        packed_table = PackedTable(
+            regions=tuple(packed), contexts={k: int(packing.ids[k].shape[0]) for k in packing.layers},
+            pages_per_context=packing.pages_per_context, rank_columns=packing.rank_columns,
+            index_file=index_path.name, index_sha256=index_digest, index_bytes_per_rank=packing.index_bytes_per_rank,
+            disk_bytes_per_rank=packing.disk_bytes_per_rank, budget_disk_bytes=req.disk_bytes,
+            budget_index_bytes=req.index_bytes,
+            pack_list={"file": Path(req.pack_list.path).name, "meta": req.pack_list.meta})
     manifest = Manifest(layout=layout, ranks=ranks, targets=paths, regions=regions, source=source.spec(),
                         crc_file=crc_file, crc_sha256=hashlib.sha256(crc_bytes).hexdigest(), total_pages=total_pages,
-                        stage_id=stage_id, partition=part, created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+                        stage_id=stage_id, partition=part, packing=packed_table,
+                        created_utc=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
     try:
         manifest.save(manifest_path)
     except BaseException:
         crc_path.unlink(missing_ok=True)   # no checksum file without the manifest that names it
+        if index_path is not None:
+            index_path.unlink(missing_ok=True)
         raise
     if stats is not None:
         stats.bytes_written = sum(need)
@@ -407,11 +466,40 @@ def _stage_locked(source: RowSource, ranks: int, paths: list[str], regions: list
     return manifest
 
 
+def _stage_packed_chunk(source: RowSource, region: StagedRegion, first_context: int, writer: _Writer,
+                        chunk_bytes: int, crcs: np.ndarray, packing: PackPlan) -> tuple[int, float]:
+    """Fill one chunk of packed region `region` from context `first_context` (tables.packing's page layout, and
+    page CRCs) and queue its write. Returns (bytes queued, seconds spent filling)."""
+    ppc = packing.pages_per_context
+    n_ctx = region.pages // ppc
+    n = min(max(1, chunk_bytes // (ppc * PAGE_BYTES)), n_ctx - first_context)
+    owned = list(packing.rank_columns[region.rank])
+    ids = packing.ids[region.layer][first_context:first_context + n][:, owned]   # [n, owned] global ids
+    buf = writer.take()
+    npages = n * ppc
+    pages = buf[:npages * PAGE_BYTES].reshape(npages, PAGE_BYTES)
+    at = region.crc_first_page + first_context * ppc
+    t0 = time.perf_counter()
+    try:
+        rows = source.rows(region.layer, ids.reshape(-1))
+        fill_packed_pages(rows, ids, first_context, pages)
+        page_crcs(pages, crcs[at:at + npages])
+    except BaseException:
+        writer.free.put(buf)
+        raise
+    fill_s = time.perf_counter() - t0
+    writer.put(region.device, buf, npages * PAGE_BYTES, region.offset_bytes + first_context * ppc * PAGE_BYTES)
+    return npages * PAGE_BYTES, fill_s
+
+
 def _stage_chunk(source: RowSource, region: StagedRegion, first_row: int, writer: _Writer, chunk_bytes: int,
-                 crcs: np.ndarray) -> tuple[int, float]:
-    """Fill one chunk of `region` from shard row `first_row` (rows and page CRCs) and queue its write.
+                 crcs: np.ndarray, packing: PackPlan | None = None) -> tuple[int, float]:
+    """Fill one chunk of `region` from shard row `first_row` (rows and page CRCs) and queue its write; a
+    negative `first_row` is packed region `region`'s chunk from context -1 - first_row.
 
     Returns (bytes queued, seconds spent filling)."""
+    if first_row < 0 and packing is not None:
+        return _stage_packed_chunk(source, region, -1 - first_row, writer, chunk_bytes, crcs, packing)
     n = min((chunk_bytes // PAGE_BYTES) * ROWS_PER_PAGE, region.rows - first_row)
     npages = pages_for_rows(n)
     page0 = first_row // ROWS_PER_PAGE

@@ -31,6 +31,9 @@ class Region:
     (DRAM); `offset_bytes` is 4 KiB aligned; `device` is the index of the disk
     or device the region maps to (ranks map round-robin). `rows` 0 means the
     region's row range is not known (a bare page store, as in store tests).
+    `packed`: the (layer, rank)'s packed region of context packing
+    (tables.packing), pages of packed contexts rather than a row range (rows 0),
+    beside the row region of the same (layer, rank) in one source.
     """
 
     layer: int
@@ -41,6 +44,7 @@ class Region:
     device: int = 0
     row_start: int = 0
     rows: int = 0
+    packed: bool = False
 
     def __post_init__(self) -> None:
         if self.offset_bytes % PAGE_BYTES or self.offset_bytes < 0:
@@ -50,6 +54,9 @@ class Region:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"region with {self.pages} pages, device {self.device}, "
                                  f"rows {self.rows} from {self.row_start}", layer=self.layer, rank=self.rank,
                                  fix="give a region at least one page and non-negative indices")
+        if self.packed and (self.rows or self.row_start):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"a packed region with rows {self.rows} from {self.row_start}",
+                                 layer=self.layer, rank=self.rank, fix="a packed region holds contexts: rows 0")
         if self.rows and pages_for_rows(self.rows) > self.pages:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"{self.rows} rows do not fit {self.pages} pages",
                                  layer=self.layer, rank=self.rank, fix="stage the region with all of its rows")

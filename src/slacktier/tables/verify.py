@@ -1,5 +1,7 @@
 """Verification of a staged table: every page's CRC32C, the target headers, and N random rows per region
-against the source (the checkpoint, or the synthetic generator rerun).
+against the source (the checkpoint, or the synthetic generator rerun). Context packing's packed regions
+(tables.packing) are checked the same way: every page's CRC32C, and sampled packed pages' rows against the
+source rows of the ids the page names (and the page's context ordinal against its place).
 
 Every mismatch names its layer, rank and page (and row, for a row check), so an
 operator can find the bad region. Reads are O_DIRECT, so the page cache cannot
@@ -19,6 +21,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES, offset_in_page, page_of_row
 from slacktier.tables.manifest import Manifest, header_mismatch, read_target_header
 from slacktier.tables.odirect import DirectFile, aligned_array
+from slacktier.tables.packing import page_slot_ids
 from slacktier.tables.pagecrc import page_crcs
 from slacktier.tables.page_writer import DEFAULT_CHUNK_BYTES
 from slacktier.tables.row_source import RowSource
@@ -27,7 +30,8 @@ from slacktier.tables.stage import source_from_manifest
 
 @dataclass(frozen=True)
 class Mismatch:
-    """One problem found: kind is "checksum", "row", "read" or "header"; page is the page inside the region."""
+    """One problem found: kind is "checksum", "row", "read", "header" or "packed" (a packed page naming another
+    context); page is the page inside the region (or packed region)."""
 
     kind: str
     layer: int | None
@@ -80,7 +84,7 @@ def verify_table(manifest: Manifest | str | Path, rows_per_region: int = 200, *,
     """
     t0 = time.perf_counter()
     m = manifest if isinstance(manifest, Manifest) else Manifest.load(manifest)
-    report = VerifyReport(manifest_path=m.path, regions=len(m.regions))
+    report = VerifyReport(manifest_path=m.path, regions=len(m.regions) + len(m.packed_regions()))
     for p in m.targets:
         if not Path(p).exists():
             raise SlackTierError(ErrorKind.MISSING, f"target {p} of manifest {m.path} does not exist",
@@ -91,7 +95,9 @@ def verify_table(manifest: Manifest | str | Path, rows_per_region: int = 200, *,
         if check_pages:
             _check_pages(m, files, chunk_bytes, progress, report)
         if rows_per_region > 0:
-            _check_rows(m, files, source_from_manifest(m, checkpoint), rows_per_region, seed, progress, report)
+            source = source_from_manifest(m, checkpoint)
+            _check_rows(m, files, source, rows_per_region, seed, progress, report)
+            _check_packed(m, files, source, rows_per_region, seed, report)
     finally:
         for f in files:
             f.close()
@@ -116,7 +122,7 @@ def _check_pages(m: Manifest, files: list[DirectFile], chunk_bytes: int, progres
     got = np.empty(per_chunk, dtype=np.uint32)
     bar = tqdm(total=m.total_pages * PAGE_BYTES, unit="B", unit_scale=True, desc="verify pages", disable=not progress)
     try:
-        for r in m.regions:
+        for r in m.regions + list(m.packed_regions()):
             for page0 in range(0, r.pages, per_chunk):
                 n = min(per_chunk, r.pages - page0)
                 pages = buf[:n * PAGE_BYTES].reshape(n, PAGE_BYTES)
@@ -143,6 +149,41 @@ def _check_pages(m: Manifest, files: list[DirectFile], chunk_bytes: int, progres
                     break
     finally:
         bar.close()
+
+
+def _check_packed(m: Manifest, files: list[DirectFile], source: RowSource, rows_per_region: int, seed: int,
+                  report: VerifyReport) -> None:
+    """Sampled packed pages (the first, the last, and random ones: about `rows_per_region` rows per packed
+    region): each must name its own context ordinal and hold the source's rows of the ids it names."""
+    if m.packing is None:
+        return
+    rng = np.random.default_rng(seed + 1)
+    ppc = m.packing.pages_per_context
+    page = aligned_array(PAGE_BYTES)
+    for r in m.packed_regions():
+        n = max(1, rows_per_region // max(1, len(m.packing.rank_columns[0])))
+        picks = np.unique(np.concatenate([[0, r.pages - 1], rng.integers(0, r.pages, size=n)]))
+        for p in picks.tolist():
+            try:
+                files[r.device].pread_into(page, r.offset_bytes + p * PAGE_BYTES)
+            except SlackTierError as exc:
+                if exc.kind != ErrorKind.IO:
+                    raise
+                report.mismatches.append(Mismatch("read", r.layer, r.rank, p, detail=f"packed region: {exc.message}"))
+                continue
+            named = page_slot_ids(page)
+            if named is None or named[0] != p // ppc or not named[1]:
+                report.mismatches.append(Mismatch("packed", r.layer, r.rank, p, detail=(
+                    f"the packed page names {'nothing' if named is None else f'context {named[0]}'}, its place is "
+                    f"context {p // ppc}")))
+                continue
+            ids = np.array(named[1], dtype=np.int64)
+            want = source.rows(r.layer, ids)
+            for s, (g, expect) in enumerate(zip(ids.tolist(), want)):
+                if not np.array_equal(page[s * ROW_BYTES:(s + 1) * ROW_BYTES], expect):
+                    report.mismatches.append(Mismatch("row", r.layer, r.rank, p, row=g,
+                                                      detail=f"packed region, row slot {s}"))
+                report.rows_checked += 1
 
 
 def _readable_prefix(f: DirectFile, pages: np.ndarray, offset: int) -> int:
