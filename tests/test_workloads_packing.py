@@ -153,13 +153,14 @@ def _choice(n1=3, n14=2) -> P.PackChoice:
 
 def test_budget_keeps_each_layers_prefix_within_an_equal_share_as_staging_does():
     c = _choice()                                   # 3 contexts at layer 1, 2 at layer 14
-    assert c.extra_disk_bytes() == 5 * 4096 and c.index_bytes() == 5 * P.INDEX_BYTES_PER_CONTEXT
+    assert c.extra_disk_bytes() == 5 * 4096 and c.index_bytes() == 2 * 16 * 12   # two indexes of 16 entries
     assert c.disk_to_hold_all() == 2 * 3 * 4096
     b = c.within(disk_bytes=4 * 4096 + 100)         # 2 pages per layer
     assert (b.count(1), b.count(14)) == (2, 2) and b.ids[1].tolist() == c.ids[1][:2].tolist()
     assert b.saved[1].tolist() == [9.0, 5.0]
     assert c.within(disk_bytes=c.disk_to_hold_all()).ids[1].tolist() == c.ids[1].tolist()
-    assert c.within(index_bytes=2 * P.INDEX_BYTES_PER_CONTEXT).count(14) == 1
+    assert c.within(index_bytes=2 * 16 * 12).count(14) == 2 and c.within(index_bytes=2 * 16 * 12).count(1) == 3
+    assert c.within(index_bytes=100).count(1) == 0   # not even the smallest index fits half of 100 B
     with pytest.raises(SlackTierError):
         c.within(disk_bytes=-1)
 

@@ -26,8 +26,8 @@ Budgets: fractions of the extra disk per rank under which staging keeps the
 whole served-CLOCK list (every context whose packing saves pages on the fit
 half; `PackChoice.disk_to_hold_all`), each taken as staging takes it: every
 layer an equal share, a prefix of its list (`PackChoice.within`). Extra disk:
-one 4 KiB page per context, rank and layer; index host memory per rank at
-`packing.INDEX_BYTES_PER_CONTEXT` each.
+one 4 KiB page per context, rank and layer; index host memory per rank as
+staging builds it (`tables.packing.index_bytes` per layer).
 
     nice -n 5 .venv/bin/python benchmarks/paper/bench_packing_pages.py [--workloads agent,chat] [--batch 128]
         [--cache-rows 1e6] [--fractions 0.125,0.25,0.5,1] [--steps all|full] [--chat-sessions 192]
@@ -50,6 +50,7 @@ from slacktier.plan.constants import PAPER_NVME_BEHIND_PAGE_MS, PAPER_NVME_PAGE_
 from slacktier.plan.curves import MissCurve
 from slacktier.plan.split import best_split
 from slacktier.tables.layout import PAGE_BYTES
+from slacktier.tables.packing import index_bytes as layer_index_bytes
 from slacktier.workloads import packing as P
 from slacktier.workloads.characterize import write_json
 from slacktier.workloads.corpus import CorpusConfig, load_workload
@@ -186,7 +187,8 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
         steps, means = measure(hold, hits, lookups, {l: every[l] for l in LAYERS}, counts, args.ranks, full)
         n = sum(counts.values())
         out.append(Row(wl, ("packing" if rl is None else "packing + admission") + ", every fit-half context "
-                       "(ceiling)", counts, n * choice.pages_per_context * PAGE_BYTES, n * P.INDEX_BYTES_PER_CONTEXT,
+                       "(ceiling)", counts, n * choice.pages_per_context * PAGE_BYTES,
+                       sum(layer_index_bytes(counts[l]) for l in LAYERS),
                        steps, means, float("nan"), full_mean(steps, in_counted)))
         progress(f"{wl} {policy}: measured ({time.perf_counter() - t1:.0f} s)")
     info["seconds"] = time.perf_counter() - t0

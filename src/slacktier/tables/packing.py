@@ -342,11 +342,6 @@ def load_index(path: Path, sha256: str, layer: int, contexts: int) -> PackIndex:
 
 # ---- which columns a rank packs ---------------------------------------------------------------------------------
 
-def packed_columns(rank_columns: Sequence[Sequence[int]], rank: int) -> tuple[int, ...]:
-    """The columns rank `rank` packs, ascending: the ones it owns (its row region's)."""
-    return tuple(sorted(int(c) for c in rank_columns[rank]))
-
-
 def pages_per_context(n_owned: int) -> int:
     """Pages one context takes in a rank's packed region: 6 owned columns -> 1, 24 -> 2."""
     return -(-n_owned // ROWS_PER_PAGE)

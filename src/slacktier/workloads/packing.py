@@ -52,6 +52,8 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import PAGE_BYTES, ROWS_PER_PAGE
+from slacktier.tables.packing import contexts_within
+from slacktier.tables.packing import index_bytes as layer_index_bytes
 from slacktier.tables.partition import RankPartition, stored_spans
 from slacktier.workloads import admission as A
 from slacktier.workloads.replay import LookupTrace
@@ -60,9 +62,6 @@ PACK_FORMAT = "slacktier-pack-list"
 PACK_VERSION = 1
 PACK_META_KEYS = ("format", "version", "workload", "split", "seed", "batch", "cache_rows", "ranks", "partition",
                   "tokens")
-#: host bytes the staging side's index spends per packed context and rank (a key digest and a page number);
-#: an assumption for budgets and reports until the staged index states its own size
-INDEX_BYTES_PER_CONTEXT = 16
 
 #: admission rules by name, as `--admission` takes them: the rules chosen on the fit half of each workload
 #: (benchmarks/paper/bench_admission.py): "cold" for chat, "cold+tinylfu" for agent
@@ -363,7 +362,7 @@ class PackChoice:
 
     layers: tuple[int, ...]
     ids: dict[int, np.ndarray]      # layer -> [n, C] int64
-    saved: dict[int, np.ndarray]    # layer -> [n] float64, decreasing
+    saved: dict[int, np.ndarray]    # layer -> [n] float64, in list order (decreasing when ordered by pages)
     pages_per_context: int          # packed pages per context and rank
     meta: dict
 
@@ -376,8 +375,9 @@ class PackChoice:
         return sum(self.count(l) for l in self.layers) * self.pages_per_context * PAGE_BYTES
 
     def index_bytes(self) -> int:
-        """Index host memory per rank for every listed context (INDEX_BYTES_PER_CONTEXT each)."""
-        return sum(self.count(l) for l in self.layers) * INDEX_BYTES_PER_CONTEXT
+        """Index host memory per rank for every listed context: each layer's index as staging builds it
+        (`tables.packing.index_bytes`: a power of two of 12 B entries, at most half full)."""
+        return sum(layer_index_bytes(self.count(l)) for l in self.layers if self.count(l))
 
     def within(self, disk_bytes: float | None = None, index_bytes: float | None = None) -> PackChoice:
         """The contexts staging keeps within per-rank budgets: as `stage --pack-list` takes them, every layer
@@ -389,7 +389,7 @@ class PackChoice:
         if disk_bytes is not None:
             n_max = min(n_max, int(disk_bytes // len(self.layers)) // (self.pages_per_context * PAGE_BYTES))
         if index_bytes is not None:
-            n_max = min(n_max, int(index_bytes // len(self.layers)) // INDEX_BYTES_PER_CONTEXT)
+            n_max = min(n_max, contexts_within(int(index_bytes // len(self.layers))))
         return replace(self, ids={l: self.ids[l][:n_max] for l in self.layers},
                        saved={l: self.saved[l][:n_max] for l in self.layers})
 
@@ -521,7 +521,7 @@ def packing_summary(choice: PackChoice | None, path: str | Path | None = None) -
     return {"pack_list": str(path) if path is not None else None, "chosen_on": "fit",
             "contexts": {str(l): choice.count(l) for l in choice.layers},
             "pages_per_context": choice.pages_per_context, "extra_disk_bytes_per_rank": choice.extra_disk_bytes(),
-            "index_bytes_per_rank": choice.index_bytes(), "index_bytes_per_context": INDEX_BYTES_PER_CONTEXT}
+            "index_bytes_per_rank": choice.index_bytes()}
 
 
 def rank_miss_curves(trace: LookupTrace, layers: Sequence[int], capacities_rows: Sequence[int], rank: int,
