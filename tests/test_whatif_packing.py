@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from slacktier.cli import main
 from slacktier.tables.engram_hash import EngramLayout
@@ -57,3 +58,15 @@ def test_a_pack_list_made_for_another_table_size_is_refused(tmp_path, capsys):
     assert _whatif(tmp_path, "--pack-list", str(pl)) == 2
     err = capsys.readouterr().err
     assert "rows outside the what-if's table" in err and "vocabulary 2000" in err
+
+
+def test_characterize_hashes_for_the_whatifs_scaled_table_when_given_its_vocabulary():
+    from slacktier.errors import SlackTierError
+    from slacktier.workloads.hashing import lookup_hasher
+
+    layout = EngramLayout.scaled(VOCAB, (1, 14))
+    spec = lookup_hasher("engram", VOCAB).spec
+    assert spec.table_rows == tuple(layout.rows(i) for i in range(layout.n_layers))
+    assert lookup_hasher("engram").spec.table_rows != spec.table_rows
+    with pytest.raises(SlackTierError, match="engram vocabulary"):
+        lookup_hasher("ple", VOCAB)
