@@ -258,7 +258,8 @@ def _workloads(args) -> list[tuple[int, str]]:
 def _base(args, workload: str, batch: int) -> WhatIfConfig:
     return WhatIfConfig(workdir=args.out, workload=workload, batch=batch, ranks=4, engram_vocab=args.vocab,
                         decode_steps=args.steps, warmup_steps=args.warmup, check_steps=1,
-                        max_session_tokens=4096 if workload == "agent" else 1024, host_pass_ms=args.host_pass_ms)
+                        max_session_tokens=4096 if workload == "agent" else 1024, host_pass_ms=args.host_pass_ms,
+                        pack_list=args.pack_list)
 
 
 def _eq1_pct(summ: dict, model_name: str, sharing: int, windows: dict[int, float], step_ms: float,
@@ -391,6 +392,9 @@ def main() -> None:
                          "`fit-timeline` writes)")
     ap.add_argument("--host-pass-ms", type=float, default=None,
                     help="table2, rdma, table9: state s (ms per rank) instead of measuring it (slacktier whatif's flag)")
+    ap.add_argument("--pack-list", default="",
+                    help="stage the table packed with this pack list (made for the same --vocab table); "
+                         "give --tag too so packed runs are saved apart")
     args = ap.parse_args()
     global _TAG
     _TAG = args.tag

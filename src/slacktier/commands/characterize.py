@@ -16,6 +16,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workloads", default="agent,chat", help="comma list of agent, chat")
     p.add_argument("--table", default="engram", choices=("engram", "ple"),
                    help="engram: DeepSeek-V4.1 Engram on DeepSeek-V4 ids; ple: Qwen3.8 PLE on Qwen ids")
+    p.add_argument("--engram-vocab", type=int, default=0, metavar="V",
+                   help="engram: hash for the table scaled to V rows per head, as `slacktier whatif --vocab V` "
+                        "stages it (its pack lists then fit that table; default 0: the full table)")
     p.add_argument("--tokens", default="", choices=("", "deepseek", "qwen"),
                    help="token ids to hash (default: the table's own; ple on deepseek ids is an A/B only)")
     p.add_argument("--batch", type=int, default=64, help="interleaved sessions (8..256)")
@@ -122,6 +125,7 @@ def run(args: argparse.Namespace) -> int:
         layers=_items(args.layers, "--layers", int),
         capacities_rows=_items(args.capacities, "--capacities", _rows), static_head_share=args.static_head_share,
         miss_policy=args.miss_policy, miss_points=args.miss_points, out=args.out, pack=pack,
+        engram_vocab=args.engram_vocab,
         plots=not args.no_plots,
         progress=not args.no_progress))
     return 0

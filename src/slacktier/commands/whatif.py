@@ -46,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-pass-ms", type=finite("--host-pass-ms", 0.0, 1000.0), default=None,
                    metavar="MS", help="state the host pass s of your host (ms per rank) instead of measuring this "
                    "machine's begin_step; the report's first line says so (default: measured)")
+    p.add_argument("--pack-list", default="", metavar="NPZ",
+                   help="context packing: stage the table with this pack list's packed regions (a list made for "
+                        "the same --vocab table, chosen on the fit half of the traffic)")
+    p.add_argument("--pack-disk-gb", type=finite("--pack-disk-gb", 1e-6, 1e6), default=1.0,
+                   help="with --pack-list: extra disk per rank for packed pages (default 1)")
+    p.add_argument("--pack-index-mb", type=finite("--pack-index-mb", 1e-6, 1e6), default=64.0,
+                   help="with --pack-list: host memory per rank for the packing index (default 64)")
     p.add_argument("--out", default="runs/whatif", help="working directory (default runs/whatif)")
     p.add_argument("--plot", default=None, help="the PNG of each placement's stall (default: whatif.png in --out)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -106,7 +113,8 @@ def run(args: argparse.Namespace) -> int:
     cfg = WhatIfConfig(workdir=args.out, profile=args.profile, workload=args.workload, batch=args.batch,
                        ranks=args.ranks, engram_vocab=args.vocab, decode_steps=args.steps,
                        max_session_tokens=args.max_session_tokens, this_disk=args.this_disk,
-                       host_pass_ms=args.host_pass_ms)
+                       host_pass_ms=args.host_pass_ms, pack_list=args.pack_list,
+                       pack_disk_gb=args.pack_disk_gb, pack_index_mb=args.pack_index_mb)
     profile, runs = run_whatif(cfg, placements, runs=args.runs, progress=True)
     print(report(cfg, profile, runs))
     import importlib.util

@@ -93,6 +93,11 @@ class WhatIfConfig:
     #: instead of its own measured pre-phase time; None: measured on this machine (the default)
     host_pass_ms: float | None = None
     table_ranks: int = 0              # ranks the table is staged for (0: `ranks`); ranks 0..ranks-1 of it run
+    #: context packing: a pack list (tables.packing) made for THIS scaled table (its ids < engram_vocab-scaled
+    #: rows), staged with the budgets below; "" stages no packed region
+    pack_list: str = ""
+    pack_disk_gb: float = 1.0         # extra disk per rank for packed pages (GB = 1e9 B)
+    pack_index_mb: float = 64.0       # host memory per rank for the packing index (MB = 1e6 B)
 
     @property
     def staged_ranks(self) -> int:
@@ -138,15 +143,46 @@ def resolve_model(spec: str, cfg: WhatIfConfig) -> DeviceModel:
     return load_device_model(model_file(spec, cfg))
 
 
+def _pack_request(cfg: WhatIfConfig, layout):
+    """The staging request of cfg's pack list and a tag naming it in the staged file names ("" without one).
+
+    A pack list's contexts are global row ids of the table its traffic was hashed for: one made for another
+    vocabulary (the full V4.1 table, say) names rows this scaled table does not have, or other rows than the
+    traffic here reads, so a list whose ids leave a layer's rows or whose layers differ is refused."""
+    if not cfg.pack_list:
+        return None, ""
+    import hashlib
+
+    from slacktier.tables.packing import PackRequest, read_pack_list
+
+    pl = read_pack_list(cfg.pack_list)
+    rows = {int(layer): int(layout.layer_column_bounds(layer)[-1]) for layer in layout.layer_ids}
+    for layer in pl.layers:
+        ids = pl.ids[layer]
+        if layer not in rows or (ids.size and (int(ids.max()) >= rows[layer] or int(ids.min()) < 0)):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"pack list {cfg.pack_list} names layer {layer} rows outside "
+                                 f"the what-if's table ({rows.get(layer, 0)} rows at vocabulary {cfg.engram_vocab})",
+                                 fix="make the pack list by hashing the traffic for the same scaled table "
+                                     "(the same engram vocabulary as the what-if)")
+    digest = hashlib.sha256(Path(cfg.pack_list).read_bytes())
+    digest.update(f"{cfg.pack_disk_gb!r}/{cfg.pack_index_mb!r}".encode())
+    return (PackRequest(pl, int(cfg.pack_disk_gb * 1e9), int(cfg.pack_index_mb * 1e6)),
+            f"-pack{digest.hexdigest()[:10]}")
+
+
 def stage_table(cfg: WhatIfConfig, progress: bool = False):
-    """The staged scaled V4.1 table of every rank (reused when its manifest checks out)."""
+    """The staged scaled V4.1 table of every rank (reused when its manifest checks out), packed when cfg has a
+    pack list (its own file names, so an unpacked table is never taken for a packed one, nor one list's for
+    another's)."""
     from slacktier.tables.engram_hash import EngramLayout
     from slacktier.tables.manifest import Manifest, StagedLayout
     from slacktier.tables.stage import stage_synthetic
 
     layout = EngramLayout.scaled(cfg.engram_vocab, (1, 14))
-    manifest_path = Path(cfg.workdir) / f"v41x{cfg.engram_vocab}-tp{cfg.staged_ranks}.manifest.json"
-    target = Path(cfg.workdir) / f"v41x{cfg.engram_vocab}-tp{cfg.staged_ranks}.bin"
+    pack, tag = _pack_request(cfg, layout)
+    name = f"v41x{cfg.engram_vocab}-tp{cfg.staged_ranks}{tag}"
+    manifest_path = Path(cfg.workdir) / f"{name}.manifest.json"
+    target = Path(cfg.workdir) / f"{name}.bin"
     if manifest_path.is_file():
         m = Manifest.load(manifest_path)
         if m.ranks == cfg.staged_ranks and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(
@@ -158,7 +194,7 @@ def stage_table(cfg: WhatIfConfig, progress: bool = False):
                 log.info("whatif: restaging %s (%s)", manifest_path, exc)
     Path(cfg.workdir).mkdir(parents=True, exist_ok=True)
     return layout, stage_synthetic([target], layout, cfg.staged_ranks, cfg.table_seed, overwrite=True,
-                                   manifest_path=manifest_path, progress=progress)
+                                   manifest_path=manifest_path, progress=progress, pack=pack)
 
 
 def device_name(placement: Placement, rank: int, model: str) -> str:

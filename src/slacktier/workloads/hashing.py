@@ -131,9 +131,17 @@ def table_layer_ids(table: str) -> tuple[int, ...]:
     raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown table {table!r}", fix=f"use one of {TABLES}")
 
 
-def lookup_hasher(table: str) -> LookupHasher:
-    """The full-size hasher of `table`: "engram" (DeepSeek-V4.1, layers 1 and 14) or "ple" (Qwen3.8, layer 1)."""
+def lookup_hasher(table: str, engram_vocab: int = 0) -> LookupHasher:
+    """The hasher of `table`: "engram" (DeepSeek-V4.1, layers 1 and 14; full size, or scaled to `engram_vocab`
+    rows per head as `slacktier whatif --vocab` stages it) or "ple" (Qwen3.8, layer 1, full size only)."""
+    if engram_vocab and table != "engram":
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"an engram vocabulary for table {table!r}",
+                             fix="scale only the engram table (or drop --engram-vocab)")
     if table == "engram":
+        if engram_vocab:
+            from slacktier.tables.engram_hash import EngramLayout
+
+            return EngramLookupHasher(EngramLayout.scaled(engram_vocab, (1, 14)))
         return EngramLookupHasher()
     if table == "ple":
         return PleLookupHasher()

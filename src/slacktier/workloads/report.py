@@ -61,6 +61,7 @@ class CharacterizeConfig:
     miss_points: int = 12                  # capacities on the miss-page curve
     out: Path = Path("runs/characterize")
     pack: PackConfig | None = None         # context packing: choose on the fit half, curves with the list
+    engram_vocab: int = 0                  # engram: hash for the table scaled to this per-head vocabulary (0: full)
     plots: bool = True
     progress: bool = True
 
@@ -114,7 +115,7 @@ def miss_curve_grid(n_items: int, points: int) -> list[int]:
 
 def characterize(config: CharacterizeConfig) -> Characterization:
     """Replay every workload, characterize it, write CSV/JSON (and PNG) under config.out, print the table."""
-    hasher = lookup_hasher(config.table)
+    hasher = lookup_hasher(config.table, config.engram_vocab)
     out = config.out
     out.mkdir(parents=True, exist_ok=True)
     batch = config.replay.batch
