@@ -3,7 +3,7 @@
 A scaled Engram table (24 columns) is staged with and without a pack list made here from a small synthetic
 traffic: tokens drawn, with repeats, from a pool of contexts whose ids lie in their columns; the pack list holds
 the most frequent half of the pool. The engine's checker compares every gathered row with the rows the
-manifest's own source regenerates (0 mismatches), on the disk and DRAM tiers, one process serving the whole
+manifest's own source regenerates (0 mismatches), on the disk, DRAM and emulated (what-if) tiers, one process serving the whole
 table (TP1) and one serving rank 1 of 4 (`owned_only`), packing on and off. Faults: a packed region truncated,
 restaged (another stage id), or its index edited, is refused at open; a packed page whose ids disagree with the
 rows it is read for is a CHECKSUM fault at gather, never a wrong row (with reads' CRC32C checked, the CRC
@@ -11,6 +11,8 @@ catches an edited page first); an index budget too small is refused at staging n
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import json
 import os
@@ -81,6 +83,9 @@ def _control(tmp: Path, name: str, m: Manifest, *, rank: int = -1, tier: str = "
              **engine: object) -> str:
     tables = [{"layer": layer, "manifest": str(m.path), "cache_share": 0.5, "order": i, "rank": rank,
                "source": tier} for i, layer in enumerate(LAYOUT.layer_ids)]
+    if tier == "emulated":   # a device model over a host copy of the staged files (slacktier.whatif)
+        for t in tables:
+            t["emulated"] = {"model": "nvme-paper", "device": "packing", "rank": max(rank, 0)}
     doc = {"engine": {"cache_rows": cache_rows, "check": True, "owned_only": rank >= 0, **engine}, "table": tables}
     return str(write_control(from_dict(doc), tmp / name))
 
@@ -112,15 +117,19 @@ def staged_layout_rows():
     return StagedLayout.from_layout(LAYOUT)
 
 
-@pytest.mark.parametrize("tier", ["disk", "dram"])
+@pytest.mark.parametrize("tier", ["disk", "dram", "emulated"])
 @pytest.mark.parametrize("ranks,rank", [(1, -1), (4, 1)])
 def test_packed_steps_are_bit_exact_and_read_fewer_pages(staged, tmp_path: Path, tier: str, ranks: int,
                                                          rank: int) -> None:
     got = {}
-    for name in ("packed", "plain"):
-        ctl = _control(tmp_path, f"{name}.toml", staged[f"{name}-{ranks}"], rank=rank, tier=tier,
-                       verify_reads=True)
-        got[name] = _run(ctl, rank=rank)
+    with contextlib.ExitStack() as stack:
+        if tier == "emulated":   # the what-if's tier, on this test's own emulated device
+            from slacktier.whatif.device import device_session
+            stack.enter_context(device_session())
+        for name in ("packed", "plain"):
+            ctl = _control(tmp_path, f"{name}.toml", staged[f"{name}-{ranks}"], rank=rank, tier=tier,
+                           verify_reads=True)
+            got[name] = _run(ctl, rank=rank)
     for name, c in got.items():
         assert c["mismatches"] == 0 and c["checked_rows"] > 0, (name, c)
     assert got["plain"]["packed_pages"] == 0

@@ -129,7 +129,7 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     # In rank order, with the control file's target overrides (a Redis tier reads its own key prefix).
     regions = tuple(m.runtime_regions(layer=t.layer, rank=rank, targets=t.targets))
     facts = tier_facts(t.source)
-    if facts.device_kind == "file" or facts.holds_host_copy:   # the tier reads the staged files on this host
+    if reads_staged_files(facts):
         for r in regions:
             if not os.path.exists(r.path):
                 moved = r.device < len(t.targets) and t.targets[r.device]
@@ -158,6 +158,13 @@ def resolve(t: TableConfig, eng: EngineConfig) -> Resolved:
     return Resolved(t, m, rows, row_start, regions, crcs, data_key, source_key, row_map, verify, table_rows, packing)
 
 
+def reads_staged_files(facts: Any) -> bool:
+    """Whether a tier with these facts (config.tier_facts) reads the manifest's staged files on this host: its
+    devices are files, or it copies the table into host memory from them (the DRAM tier; a tier over a device
+    model, which lands reads from a host copy), so every region of the files, packed ones included, is there."""
+    return facts.device_kind in ("file", "model") or facts.holds_host_copy
+
+
 def _packing(m: Manifest, t: TableConfig, rank: int | None, regions: tuple[Region, ...],
              facts: Any) -> TablePacking | None:
     """Table `t`'s context packing, when its manifest packed its layer (tables.packing): the packed regions (with
@@ -168,7 +175,7 @@ def _packing(m: Manifest, t: TableConfig, rank: int | None, regions: tuple[Regio
     pk = m.packing
     if pk is None or t.layer not in pk.contexts:
         return None
-    if not (facts.device_kind == "file" or facts.holds_host_copy):
+    if not reads_staged_files(facts):
         log.warning("layer %d: the %s tier holds no packed pages; the layer is served without context packing",
                     t.layer, t.source)
         return None
