@@ -3,8 +3,8 @@
 A scaled Engram table (24 columns) is staged with and without a pack list made here from a small synthetic
 traffic: tokens drawn, with repeats, from a pool of contexts whose ids lie in their columns; the pack list holds
 the most frequent half of the pool. The engine's checker compares every gathered row with the rows the
-manifest's own source regenerates (0 mismatches), on the disk, DRAM and emulated (what-if) tiers, one process serving the whole
-table (TP1) and one serving rank 1 of 4 (`owned_only`), packing on and off. Faults: a packed region truncated,
+manifest's own source regenerates (0 mismatches), on the disk, DRAM and emulated (what-if) tiers, one process
+serving the whole table (TP1) and one serving rank 1 of 4 (`owned_only`), packing on and off. Faults: a packed region truncated,
 restaged (another stage id), or its index edited, is refused at open; a packed page whose ids disagree with the
 rows it is read for is a CHECKSUM fault at gather, never a wrong row (with reads' CRC32C checked, the CRC
 catches an edited page first); an index budget too small is refused at staging naming --pack-index-mb.
