@@ -50,9 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="context packing: stage the table with this pack list's packed regions (a list made for "
                         "the same --vocab table, chosen on the fit half of the traffic)")
     p.add_argument("--pack-disk-gb", type=finite("--pack-disk-gb", 1e-6, 1e6), default=1.0,
-                   help="with --pack-list: extra disk per rank for packed pages (default 1)")
+                   help="with --pack-list: extra disk per rank for packed pages (default 1.0)")
     p.add_argument("--pack-index-mb", type=finite("--pack-index-mb", 1e-6, 1e6), default=64.0,
-                   help="with --pack-list: host memory per rank for the packing index (default 64)")
+                   help="with --pack-list: host memory per rank for the packing index (default 64.0)")
     p.add_argument("--out", default="runs/whatif", help="working directory (default runs/whatif)")
     p.add_argument("--plot", default=None, help="the PNG of each placement's stall (default: whatif.png in --out)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
