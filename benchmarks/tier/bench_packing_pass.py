@@ -1,0 +1,92 @@
+"""What context packing costs begin_step: a packed and a plain TP4 rank-3 table, stepped in turn, on the DRAM tier.
+
+The DRAM tier keeps the disk's noise out of begin_step, so the paired difference (packed minus plain, step by
+step, on the same ids) is the pass's own cost of looking up each token's context. Traffic and pack list as in
+bench_packing.py: real source text split by file, the list chosen on the fit half (contexts seen twice or
+more), steps from the held-out half. Prints medians over the steps after --warmup; run it a few times, as
+begin_step moves between processes on a shared machine.
+
+    .venv/bin/python benchmarks/tier/bench_packing_pass.py --batch 128 --steps 400
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_packing as bp  # noqa: E402
+
+from slacktier.config import from_dict, write_control  # noqa: E402
+from slacktier.engine.step import StepEngine  # noqa: E402
+from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
+from slacktier.tables.packing import PackRequest, read_pack_list  # noqa: E402
+from slacktier.tables.stage import stage_synthetic  # noqa: E402
+from slacktier.testing.engine import real_token_ids  # noqa: E402
+
+
+def control(d: Path, name: str, manifest: str, layers, batch: int, cache_rows: int) -> str:
+    tables = [{"layer": layer, "manifest": manifest, "cache_share": 1.0 / len(layers), "order": i, "rank": 3,
+               "source": "dram"} for i, layer in enumerate(layers)]
+    doc = {"engine": {"cache_rows": cache_rows, "max_tokens": batch, "owned_only": True, "check": False,
+                      "verify_reads": False}, "table": tables}
+    return str(write_control(from_dict(doc), d / name))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", default="/var/tmp", help="where the two tables are staged (deleted after)")
+    ap.add_argument("--vocab", type=int, default=40_000, help="scaled Engram vocab (rows per layer ~24x)")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--cache-rows", type=int, default=5_000)
+    args = ap.parse_args()
+    layout = EngramLayout.scaled(args.vocab)
+    layers = layout.layer_ids
+    fit = real_token_ids(120_000, layout, start_file=0)
+    held = real_token_ids(args.batch * (args.steps + 2), layout, start_file=1500)
+    steps = bp.steps_of(held, args.batch, args.steps)
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        d = Path(tmp)
+        bp.pack_list(d / "list.npz", fit, layers, {"workload": "real-text", "seed": 0, "batch": args.batch,
+                                                   "cache_rows": args.cache_rows, "ranks": 4,
+                                                   "partition": "columns", "tokens": int(fit.shape[0])})
+        request = PackRequest(read_pack_list(d / "list.npz"), int(0.25e9), int(16e6))
+        plain = stage_synthetic([d / "plain.bin"], layout, 4, 0, progress=False).path
+        packed = stage_synthetic([d / "packed.bin"], layout, 4, 0, progress=False, pack=request).path
+        engines = {"plain": StepEngine.from_control(control(d, "plain.toml", plain, layers, args.batch,
+                                                            args.cache_rows)),
+                   "packed": StepEngine.from_control(control(d, "packed.toml", packed, layers, args.batch,
+                                                             args.cache_rows))}
+        us = {name: [] for name in engines}
+        pages = {name: [] for name in engines}
+        try:
+            for i, ids in enumerate(steps):
+                order = list(engines.items())
+                for name, e in (order if i % 2 == 0 else order[::-1]):   # which goes first alternates
+                    t0 = time.perf_counter_ns()
+                    e.begin_step(ids)
+                    t1 = time.perf_counter_ns()
+                    for layer in e.layers:
+                        e.gather(layer)
+                    c = e.end_step()
+                    if i >= args.warmup:
+                        us[name].append((t1 - t0) / 1e3)
+                        pages[name].append(sum(x.pages_read for x in c.layers.values()))
+        finally:
+            for e in engines.values():
+                e.close()
+    p, k = np.array(us["plain"]), np.array(us["packed"])
+    print(f"B={args.batch}, {p.size} steps: begin_step median plain {np.median(p):.0f} us, packed {np.median(k):.0f} "
+          f"us; packed - plain, step by step: median {np.median(k - p):.1f} us; pages per step "
+          f"{np.median(pages['plain']):.0f} -> {np.median(pages['packed']):.0f}")
+
+
+if __name__ == "__main__":
+    main()
