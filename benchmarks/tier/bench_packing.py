@@ -41,7 +41,8 @@ PACK_LIST_FORMAT = "slacktier-pack-list"
 
 
 def pack_list(path: Path, fit_ids: np.ndarray, layers: tuple[int, ...], meta: dict) -> dict[int, int]:
-    """Write a pack list (the format: tables.packing) of the fit half's contexts seen twice or more, most frequent first."""
+    """Write a pack list (the format: tables.packing) of the fit half's contexts seen twice or more, most frequent
+    first."""
     arrays = {"layers": np.array(layers, dtype=np.int64),
               "meta": np.array(json.dumps({"format": PACK_LIST_FORMAT, "version": 1, "split": "fit", **meta}))}
     counts = {}
@@ -57,9 +58,9 @@ def pack_list(path: Path, fit_ids: np.ndarray, layers: tuple[int, ...], meta: di
 
 
 def control(d: Path, name: str, manifest: str, layers: tuple[int, ...], rank: int, cache_rows: int,
-            batch: int) -> str:
-    tables = [{"layer": layer, "manifest": manifest, "cache_share": 1.0 / len(layers), "order": i, "rank": rank}
-              for i, layer in enumerate(layers)]
+            batch: int, source: str = "disk") -> str:
+    tables = [{"layer": layer, "manifest": manifest, "cache_share": 1.0 / len(layers), "order": i, "rank": rank,
+               "source": source} for i, layer in enumerate(layers)]
     doc = {"engine": {"cache_rows": cache_rows, "max_tokens": batch, "owned_only": rank >= 0, "check": False,
                       "verify_reads": False}, "table": tables}
     return str(write_control(from_dict(doc), d / name))
@@ -73,11 +74,14 @@ def steps_of(held: np.ndarray, batch: int, steps: int) -> list[np.ndarray]:
     return [np.ascontiguousarray(held[np.arange(batch) * per + s]) for s in range(steps)]
 
 
-def run(engines: dict[str, StepEngine], steps: list[np.ndarray], warmup: int, checked: int) -> dict[str, dict]:
-    """Step the engines in turn on each step's ids; per engine the counted steps' pages and begin_step times."""
+def run(engines: dict[str, StepEngine], steps: list[np.ndarray], warmup: int, checked: int,
+        alternate: bool = False) -> dict[str, dict]:
+    """Step the engines in turn on each step's ids; per engine the counted steps' pages and begin_step times.
+    `alternate`: which engine goes first alternates step by step (for paired begin_step differences)."""
     out = {name: {"pages": [], "packed": [], "begin_us": [], "mismatches": 0, "checked": 0} for name in engines}
+    order = list(engines.items())
     for i, ids in enumerate(steps):
-        for name, e in engines.items():
+        for name, e in (order[::-1] if alternate and i % 2 else order):
             if i == 0:
                 e.apply(e.config.replace(check=True))
             if i == checked:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -22,20 +21,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_packing as bp  # noqa: E402
 
-from slacktier.config import from_dict, write_control  # noqa: E402
 from slacktier.engine.step import StepEngine  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 from slacktier.tables.packing import PackRequest, read_pack_list  # noqa: E402
 from slacktier.tables.stage import stage_synthetic  # noqa: E402
 from slacktier.testing.engine import real_token_ids  # noqa: E402
-
-
-def control(d: Path, name: str, manifest: str, layers, batch: int, cache_rows: int) -> str:
-    tables = [{"layer": layer, "manifest": manifest, "cache_share": 1.0 / len(layers), "order": i, "rank": 3,
-               "source": "dram"} for i, layer in enumerate(layers)]
-    doc = {"engine": {"cache_rows": cache_rows, "max_tokens": batch, "owned_only": True, "check": False,
-                      "verify_reads": False}, "table": tables}
-    return str(write_control(from_dict(doc), d / name))
 
 
 def main() -> None:
@@ -60,29 +50,16 @@ def main() -> None:
         request = PackRequest(read_pack_list(d / "list.npz"), int(0.25e9), int(16e6))
         plain = stage_synthetic([d / "plain.bin"], layout, 4, 0, progress=False).path
         packed = stage_synthetic([d / "packed.bin"], layout, 4, 0, progress=False, pack=request).path
-        engines = {"plain": StepEngine.from_control(control(d, "plain.toml", plain, layers, args.batch,
-                                                            args.cache_rows)),
-                   "packed": StepEngine.from_control(control(d, "packed.toml", packed, layers, args.batch,
-                                                             args.cache_rows))}
-        us = {name: [] for name in engines}
-        pages = {name: [] for name in engines}
+        engines = {name: StepEngine.from_control(bp.control(d, f"{name}.toml", m, layers, 3, args.cache_rows,
+                                                            args.batch, source="dram"))
+                   for name, m in (("plain", plain), ("packed", packed))}
         try:
-            for i, ids in enumerate(steps):
-                order = list(engines.items())
-                for name, e in (order if i % 2 == 0 else order[::-1]):   # which goes first alternates
-                    t0 = time.perf_counter_ns()
-                    e.begin_step(ids)
-                    t1 = time.perf_counter_ns()
-                    for layer in e.layers:
-                        e.gather(layer)
-                    c = e.end_step()
-                    if i >= args.warmup:
-                        us[name].append((t1 - t0) / 1e3)
-                        pages[name].append(sum(x.pages_read for x in c.layers.values()))
+            out = bp.run(engines, steps, args.warmup, checked=0, alternate=True)
         finally:
             for e in engines.values():
                 e.close()
-    p, k = np.array(us["plain"]), np.array(us["packed"])
+    p, k = np.array(out["plain"]["begin_us"]), np.array(out["packed"]["begin_us"])
+    pages = {name: out[name]["pages"] for name in out}
     print(f"B={args.batch}, {p.size} steps: begin_step median plain {np.median(p):.0f} us, packed {np.median(k):.0f} "
           f"us; packed - plain, step by step: median {np.median(k - p):.1f} us; pages per step "
           f"{np.median(pages['plain']):.0f} -> {np.median(pages['packed']):.0f}")
