@@ -40,7 +40,6 @@ the simulator's over the same window and over the whole replay.
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import resource
 from dataclasses import dataclass

@@ -292,7 +292,6 @@ def generate_agent_session(source: str, seed: int, index: int, params: AgentPara
             raise SlackTierError(ErrorKind.BAD_INPUT, f"source {source} has no function to work on",
                                  fix="pick another agent source")
         target = _choice(rng, candidates)
-        top = source.split("/")[0]
         doc = target.doc or f"(no docstring; the function starts at line {target.start})"
         task = (f"`{target.qualname}` in `{target.path}` does not behave as its documentation says:\n\n"
                 f"{doc}\n\nFind where it is implemented and fix it in a way that is consistent with the codebase.")
