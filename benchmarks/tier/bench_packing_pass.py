@@ -18,9 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_packing as bp  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
+from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
+from benchmarks.tier import bench_packing as bp  # noqa: E402
 from slacktier.engine.step import StepEngine  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 from slacktier.tables.packing import PackRequest, read_pack_list  # noqa: E402
@@ -36,7 +36,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--warmup", type=int, default=50)
     ap.add_argument("--cache-rows", type=int, default=5_000)
+    ap.add_argument("--checked", type=int, default=5, help="first steps run with the bit-exact checker (untimed)")
     args = ap.parse_args()
+    if args.checked > args.warmup:
+        raise SystemExit("--checked must not exceed --warmup: checked steps are not timed")
+    print(f"{utc_stamp()}; `{command_line(__file__)}`; {machine()}", flush=True)
     layout = EngramLayout.scaled(args.vocab)
     layers = layout.layer_ids
     fit = real_token_ids(120_000, layout, start_file=0)
@@ -54,12 +58,17 @@ def main() -> None:
                                                             args.batch, source="dram"))
                    for name, m in (("plain", plain), ("packed", packed))}
         try:
-            out = bp.run(engines, steps, args.warmup, checked=0, alternate=True)
+            out = bp.run(engines, steps, args.warmup, args.checked, alternate=True)
         finally:
             for e in engines.values():
                 e.close()
+    bad = {name: r["mismatches"] for name, r in out.items() if r["mismatches"] or not r["checked"]}
+    if bad:
+        raise SystemExit(f"rows not bit-exact (or not checked) on the first {args.checked} steps: {bad}")
     p, k = np.array(out["plain"]["begin_us"]), np.array(out["packed"]["begin_us"])
     pages = {name: out[name]["pages"] for name in out}
+    print(f"checker: {args.checked} steps per engine, "
+          f"{sum(r['checked'] for r in out.values()):,} rows compared, 0 mismatching")
     print(f"B={args.batch}, {p.size} steps: begin_step median plain {np.median(p):.0f} us, packed {np.median(k):.0f} "
           f"us; packed - plain, step by step: median {np.median(k - p):.1f} us; pages per step "
           f"{np.median(pages['plain']):.0f} -> {np.median(pages['packed']):.0f}")
