@@ -77,7 +77,7 @@ class RefPass:
 
 
 class RefCache:
-    """Slots shared by layers (each owns its own), pins by step, CLOCK reference bits and fill marks."""
+    """Slots shared by layers (each owns its own), pins by step, CLOCK reference counts and fill marks."""
 
     def __init__(self) -> None:
         self.step = 0
@@ -93,7 +93,7 @@ class RefCache:
 
     def evict_ahead(self, layer: int, n: int) -> int:
         """Between steps: empty the slots of the next n victims (at most an eighth of the layer's slots), leaving
-        the hand and every reference bit as they are; returns the rows evicted."""
+        the hand and every reference count as they are; returns the rows evicted."""
         lay = self.layers[layer]
         m = len(lay.owned)
         n = min(n, m // 8)   # the cache's cap (kernels.AHEAD_SHARE), restated
@@ -118,20 +118,20 @@ class RefCache:
             return -1
         if lay.hand >= n:
             lay.hand = 0
-        for _ in range(2 * n + 1):
+        for _ in range(4 * n + 1):   # counts reach 3: the fourth lap finds an unreferenced slot
             s = lay.owned[lay.hand]
             lay.hand = (lay.hand + 1) % n
             if self.pinned.get(s) == self.step:
                 continue
             if self.ref.get(s, 0):
-                self.ref[s] = 0
+                self.ref[s] -= 1
                 continue
             return s
         return -1
 
     def resolve(self, layer: int, ids: list[int], *, row_start: int, rows: int, rank_starts: list[int],
                 rank_region: list[int], owned_only: bool = False, seen: set[int] | None = None,
-                pad_id: int = 0, table_end: int = 0, buf_base: int = 0, cold: list[int] | None = None,
+                pad_id: int = 0, table_end: int = 0, buf_base: int = 0, heat: list[int] | None = None,
                 columns: int = 0, packed: RefPacked | None = None) -> RefPass:
         lay = self.layers[layer]
         out = RefPass([KIND_FOREIGN] * len(ids), [-1] * len(ids), [], [], [], [], [],
@@ -163,7 +163,10 @@ class RefCache:
                     c["reused"] += 1
                 else:
                     self.pinned[s] = self.step
-                    self.ref[s] = 1
+                    if heat is None:
+                        self.ref[s] = 1
+                    else:   # a heat code: bits 2-3 what a hit adds, bits 4-5 the most it raises the count to
+                        self.ref[s] = min(self.ref.get(s, 0) + (heat[i] >> 2 & 3), heat[i] >> 4)
                     out.kinds[i], out.idx[i] = KIND_SLOT, s
                     c["hits"] += 1
                 continue
@@ -205,7 +208,7 @@ class RefCache:
                 self.slot_row[s] = r
                 lay.directory[r] = s
                 self.pinned[s] = self.step
-                self.ref[s] = 0 if cold is not None and cold[i] else 1   # admission: a cold lookup's row
+                self.ref[s] = 1 if heat is None else heat[i] & 3   # bits 0-1: the count a new row enters with
                 self.filling[s] = m
             else:
                 bypassed[r] = m

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cache_reference import RefCache, RefLayer
-from slacktier.cache import LayerGeometry, PassScratch, RowCache
+from slacktier.cache import LayerGeometry, PassScratch, RowCache, token_heat
 from slacktier.cache.kernels import HAND
 
 # layer -> (row_start, rows, rank_starts, rank_region)
@@ -62,7 +62,7 @@ step_st = st.tuples(
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(max_slots=st.integers(0, 120), owned_only=st.booleans(), lossy=st.booleans(),
        steps=st.lists(step_st, min_size=1, max_size=12), end_known=st.booleans(), buf_base=st.integers(0, 1000),
-       admission=st.booleans())
+       admission=st.sampled_from(["off", "prefill-cold", "counters"]))
 def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, steps, end_known, buf_base,
                                                  admission) -> None:
     cache = RowCache(max_slots, slots=max_slots)
@@ -97,15 +97,17 @@ def test_the_compiled_pass_matches_the_reference(max_slots, owned_only, lossy, s
                     ids.append(start + rows + 5)                # outside the table: the pass stops
                 else:
                     ids.append(start + (hot * 7 + kind) % rows)  # a small hot set: hits and repeats
-            # admission: one lookup per token ([N, 1] ids), a third of them prefill tokens (admitted cold)
-            cold = [int(hot % 3 == 0) for hot, _ in lookups] if admission else None
-            got = cache.resolve(layer, np.array(ids, dtype=np.int64).reshape(-1, 1) if admission else
+            # admission: one lookup per token ([N, 1] ids), a third of them prefill tokens
+            heat = token_heat(admission, np.array([hot % 3 == 0 for hot, _ in lookups], dtype=bool)) \
+                if admission != "off" else None
+            got = cache.resolve(layer, np.array(ids, dtype=np.int64).reshape(-1, 1) if heat is not None else
                                 np.array(ids, dtype=np.int64), geos[layer], scratch, owned_only=owned_only,
                                 lossy=lossy, pad_id=PAD, buf_base=buf_base,
-                                cold=np.array(cold, dtype=bool) if admission else None)
+                                heat=heat)
             want = ref.resolve(layer, ids, row_start=start, rows=rows, rank_starts=starts, rank_region=regions,
                                owned_only=owned_only, seen=seen_rows if lossy else None, pad_id=PAD,
-                               table_end=TABLE_END if end_known else 0, buf_base=buf_base, cold=cold)
+                               table_end=TABLE_END if end_known else 0, buf_base=buf_base,
+                               heat=None if heat is None else heat.tolist())
             n = len(ids)
             assert got._asdict() == want.counts
             assert scratch.desc_kind[:n].tolist() == want.kinds

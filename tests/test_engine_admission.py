@@ -1,10 +1,11 @@
-"""The cache's admission rule served: `admission = "prefill-cold"` with begin_step's per-token decode flags.
+"""The cache's admission rules served (`admission = "prefill-cold"`, `"counters"`) with begin_step's per-token
+decode flags.
 
 One staged table (scaled V4.1 layout), both layers on disk behind a small cache
 that evicts in every step, traffic of real text as prefill chunks and decode
 steps. Checked: rows stay bit-exact (the engine's checker and the generator's
 rows), the served cache's hits, reuses and reads per step are exactly what the
-characterizer's replay (`policies.clock` with the same cold flags) says for
+characterizer's replay (`policies.clock` with the same heat codes) says for
 that layer's slots, and the rule changes which rows end up cached.
 """
 
@@ -16,6 +17,7 @@ import numpy as np
 import pytest
 import torch
 
+from slacktier.cache import token_heat
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.engine.step import StepEngine
 from slacktier.errors import SlackTierError
@@ -96,7 +98,7 @@ def token_ids() -> np.ndarray:
     return real_token_ids(TOKENS, LAYOUT)
 
 
-@pytest.mark.parametrize("admission", ["off", "prefill-cold"])
+@pytest.mark.parametrize("admission", ["off", "prefill-cold", "counters"])
 def test_served_admission_is_the_characterizers(admission, staged, token_ids, tmp_path) -> None:
     per_step, slots, _ = _serve(staged, tmp_path, admission, token_ids)
     steps = _steps(TOKENS)
@@ -104,8 +106,8 @@ def test_served_admission_is_the_characterizers(admission, staged, token_ids, tm
     ids, n = P.densify(rows)
     starts = np.array([a * 24 for a, _, _ in steps] + [TOKENS * 24], dtype=np.int64)
     prefill = np.concatenate([np.full(b - a, not dec) for a, b, dec in steps])
-    cold = np.repeat(prefill, 24) if admission == "prefill-cold" else None
-    outcome = replay_clock(ids, starts, n, slots, evict_ahead=True, cold=cold)
+    heat = None if admission == "off" else np.repeat(token_heat(admission, prefill), 24)
+    outcome = replay_clock(ids, starts, n, slots, evict_ahead=True, heat=heat)
     for (a, b, _), c in zip(steps, per_step, strict=True):
         o = outcome[a * 24:b * 24]
         assert (c.hits, c.reused, c.rows_read) == (int((o == HIT).sum()),
@@ -114,9 +116,10 @@ def test_served_admission_is_the_characterizers(admission, staged, token_ids, tm
     assert sum(c.evictions for c in per_step) > 0   # the cache was under pressure
 
 
-def test_admission_changes_which_rows_are_cached(staged, token_ids, tmp_path) -> None:
+@pytest.mark.parametrize("admission", ["prefill-cold", "counters"])
+def test_admission_changes_which_rows_are_cached(admission, staged, token_ids, tmp_path) -> None:
     off, _, cached_off = _serve(staged, tmp_path, "off", token_ids)
-    on, _, cached_on = _serve(staged, tmp_path, "prefill-cold", token_ids)
+    on, _, cached_on = _serve(staged, tmp_path, admission, token_ids)
     assert cached_on != cached_off
     assert [c.hits for c in on] != [c.hits for c in off]
 
@@ -131,3 +134,21 @@ def test_decode_flags_are_checked(staged, tmp_path) -> None:
         engine.gather(1)
         engine.gather(14)
         engine.end_step()
+
+
+def test_admission_rules_and_heat_codes_are_checked(staged, tmp_path) -> None:
+    """An unknown rule is refused by the control file and by the replay; heat codes that are not one uint8 code
+    per token (bits 6-7 clear) are refused before the pass trusts them."""
+    with pytest.raises(SlackTierError, match="admission"):
+        StepEngine.from_control(str(_control(tmp_path / "bad.toml", staged, "sometimes")))
+    with pytest.raises(SlackTierError, match="admission"):
+        token_heat("sometimes", np.zeros(2, dtype=bool))
+    # "counters": a prefill token's misses enter at 0 and its hits add nothing; a decode token's enter at 2 and
+    # its hits add 2, up to 3 (kernels.heat_code's worked example)
+    assert token_heat("counters", np.array([True, False])).tolist() == [0x30, 0x3A]
+    assert token_heat("off", np.array([True, False])).shape == (0,)   # plain CLOCK: the pass's fastest path
+    ids = np.array([0, 1, 0])
+    for bad in (np.array([1, 1, 1], dtype=bool), np.array([0x3A, 0x3A], dtype=np.uint8),
+                np.array([0x3A, 0x40, 0x3A], dtype=np.uint8)):
+        with pytest.raises(SlackTierError, match="heat codes"):
+            replay_clock(ids, np.array([0, 3]), 2, 1, heat=bad)

@@ -219,7 +219,7 @@ def test_characterize_writes_a_pack_list_and_rank_curves_that_plan_reads(tmp_pat
                "idna,packaging", "--agent-per-source", "1", "--batch", "2", "--decode-tokens", "16", "--capacities",
                "0,1000", "--miss-points", "4", "--policies", "clock", "--no-plots", "--no-progress", "--cache-dir",
                str(tmp_path / "cache"), "--out", str(out), "--pack-list", str(tmp_path / "pack.npz"),
-               "--pack-cache-rows", "1000"])
+               "--pack-cache-rows", "1000", "--admission", "counters"])
     assert rc == 0
     assert "agent packing (chosen on the fit half)" in capsys.readouterr().out
     with np.load(tmp_path / "pack.npz") as z:
@@ -230,6 +230,7 @@ def test_characterize_writes_a_pack_list_and_rank_curves_that_plan_reads(tmp_pat
     packed = load_miss_curves(out / "miss_curve_agent_B2_rank3_packed.json")
     assert "no context packing" in plain.describe() and "rank 3 of TP4" in plain.describe()
     assert "context packing: L1" in packed.describe() and packed.packing["chosen_on"] == "fit"
+    assert 'admission "counters" (served)' in packed.describe()   # the engine's rule, replayed by its pass
     for layer in (1, 14):
         a, b = plain.curve(layer), packed.curve(layer)
         assert a.capacity_rows == b.capacity_rows

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from slacktier.cache import KIND_MISS, KIND_SLOT, LayerGeometry, PassScratch, RowCache
+from slacktier.cache import KIND_MISS, KIND_SLOT, LayerGeometry, PassScratch, RowCache, token_heat
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.errors import SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
@@ -120,25 +120,25 @@ def test_clock_pins_a_step_rows_as_the_served_cache_does():
     assert replay_clock(np.array([0, 1, 0]), np.array([0, 3]), 2, 1).tolist() == [READ, READ, REUSE_FILLED]
 
 
-@pytest.mark.parametrize("admission", ["off", "prefill-cold"])
+@pytest.mark.parametrize("admission", ["off", "prefill-cold", "counters"])
 @pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("capacity", [0, 37, 400, 2500, 20_000])
 def test_clock_simulator_is_the_served_cache_step_by_step(capacity, ahead, admission):
     """A Zipf trace in steps of T x 24 lookups (T varying, as prefill chunks and decode batches do), replayed
     through the characterization simulator and through a RowCache's directory pass (and, with `ahead`, its
     evict_ahead between steps, as the engine's end_step does): the same outcome for every lookup, so the same
-    hits, reuses, reads and pages in every step. With admission "prefill-cold" a random share of the tokens
-    are prefill tokens (the pass takes them per token, the simulator per lookup)."""
+    hits, reuses, reads and pages in every step. With an admission rule a random share of the tokens are
+    prefill tokens (the pass takes their heat codes per token, the simulator per lookup)."""
     rng = np.random.default_rng(capacity)
     table_rows = 2_000_000
     tokens = rng.integers(1, 65, 40)                                  # tokens per step
     starts = np.concatenate([[0], np.cumsum(tokens) * 24]).astype(np.int64)
     rows = (rng.zipf(1.15, int(starts[-1])) * 7919) % table_rows      # sparse rows of a big table
     prefill = rng.random(int(tokens.sum())) < 0.6                     # per token
-    cold = np.repeat(prefill, 24) if admission == "prefill-cold" else None
+    heat = None if admission == "off" else np.repeat(token_heat(admission, prefill), 24)
     ids, n = P.densify(rows)
-    outcome = replay_clock(ids, starts, n, capacity, evict_ahead=ahead, cold=cold)
-    hit = P.clock(ids, n, capacity, starts, evict_ahead=ahead, cold=cold)
+    outcome = replay_clock(ids, starts, n, capacity, evict_ahead=ahead, heat=heat)
+    hit = P.clock(ids, n, capacity, starts, evict_ahead=ahead, heat=heat)
     assert hit.tolist() == (outcome <= REUSE_FILLED).astype(np.uint8).tolist()
 
     cache = RowCache(capacity)
@@ -148,7 +148,7 @@ def test_clock_simulator_is_the_served_cache_step_by_step(capacity, ahead, admis
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):
         step_ids = rows[a:b].astype(np.int64)
         res = cache.resolve(14, step_ids.reshape(-1, 24), geo, scratch,
-                            cold=None if cold is None else prefill[a // 24:b // 24])
+                            heat=None if heat is None else token_heat(admission, prefill[a // 24:b // 24]))
         o = outcome[a:b]
         assert res.hits == int((o == HIT).sum())
         assert res.reused == int(((o == REUSE_FILLED) | (o == REUSE_BYPASS)).sum())

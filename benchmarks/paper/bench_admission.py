@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slacktier.cache import ADMISSIONS
 from slacktier.workloads import admission as A
 from slacktier.workloads import policies as pol
 from slacktier.workloads.characterize import PreparedLayer, decode_step_pages, prepare_layer, run_policy, write_json
@@ -46,6 +47,7 @@ from benchmarks._harness import append_to_section, command_line, machine, pyplot
 
 SECTION = "## Admission"
 LAYER = 14
+SERVED = ADMISSIONS   # the engine's rules, "off" (plain CLOCK) first
 
 
 @dataclass
@@ -126,6 +128,25 @@ def seen_at_decode(prep: PreparedLayer) -> np.ndarray:
     return first[prep.ids] < np.arange(prep.ids.shape[0])
 
 
+def served_rules(preps: dict[str, PreparedLayer], capacity: int, progress) -> dict[str, dict[str, Row]]:
+    """The engine's admission rules (`cache.ADMISSIONS`) replayed by the served pass on both halves, Belady with
+    bypass beside them: {side: {name: Row}}."""
+    out: dict[str, dict[str, Row]] = {}
+    for side, prep in preps.items():
+        order = A.lookup_orders(prep.column, prep.trace.heads_per_order, prep.trace.min_order)
+        rows = {}
+        for rule in SERVED:
+            t0 = time.perf_counter()
+            hit = run_policy(prep, "clock", capacity, admission=rule)
+            rows[rule] = summarize(prep, order, rule, hit, time.perf_counter() - t0, True)
+            progress(f"{side} served {rule}: {100 * rows[rule].decode_hit_rate:.2f}%")
+        t0 = time.perf_counter()
+        rows["belady"] = summarize(prep, order, "Belady with bypass", run_policy(prep, "belady", capacity),
+                                   time.perf_counter() - t0, False)
+        out[side] = rows
+    return out
+
+
 def evaluate_holdout(hold: PreparedLayer, capacity: int, best: dict[str, A.AdmissionRule], progress) -> list[Row]:
     """Every policy on the held-out half."""
     order = A.lookup_orders(hold.column, hold.trace.heads_per_order, hold.trace.min_order)
@@ -138,8 +159,9 @@ def evaluate_holdout(hold: PreparedLayer, capacity: int, best: dict[str, A.Admis
         progress(f"held-out {name}: {100 * rows[-1].decode_hit_rate:.2f}%")
 
     timed("CLOCK (served: step pins, evict-ahead)", lambda: run_policy(hold, "clock", capacity))
-    timed('served CLOCK + admission = "prefill-cold" (the served pass, as the engine runs it)',
-          lambda: run_policy(hold, "clock", capacity, admission="prefill-cold"))
+    for rule in SERVED[1:]:
+        timed(f'served CLOCK + admission = "{rule}" (the served pass, as the engine runs it)',
+              lambda rule=rule: run_policy(hold, "clock", capacity, admission=rule))
     timed("CLOCK, textbook (one lookup at a time, no rule)",
           lambda: run_rule(hold, order, capacity, A.AdmissionRule())[0])
     timed("S3-FIFO-style", lambda: run_policy(hold, "s3fifo", capacity))
@@ -172,6 +194,8 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path("runs/bench_admission"))
     ap.add_argument("--log", action="store_true", help="append the tables to docs/bench-log/ under '## Admission'")
     ap.add_argument("--quiet", action="store_true")
+    ap.add_argument("--served-only", action="store_true",
+                    help="only the engine's admission rules (and Belady), on the fit and the held-out half")
     args = ap.parse_args()
     capacity = int(args.capacity)
     batches = [int(x) for x in args.batch.split(",") if x]
@@ -196,6 +220,16 @@ def main() -> None:
                 preps[side] = prepare_layer(trace, LAYER)
             progress(f"{wl} B={b}: fit {preps['fit'].ids.shape[0]:,} lookups, held-out "
                      f"{preps['holdout'].ids.shape[0]:,}")
+            if args.served_only:
+                got = served_rules(preps, capacity, progress)
+                for side in ("fit", "holdout"):
+                    r = got[side]
+                    lines.append(f"| {wl} | {b} | {side} | " + " | ".join(
+                        f"{100 * r[k].decode_hit_rate:.1f}" for k in (*SERVED, "belady")) + " | " + " | ".join(
+                        f"{r[k].pages_mean:.0f}" for k in SERVED) + " |")
+                report["runs"].append({"workload": wl, "batch": b, **{
+                    side: {k: v.__dict__ for k, v in got[side].items()} for side in got}})
+                continue
             best, tried = choose_on_fit(preps["fit"], capacity, progress)
             rows = evaluate_holdout(preps["holdout"], capacity, best, progress)
             facts = reuse_facts(preps["holdout"])
@@ -219,8 +253,18 @@ def main() -> None:
                                    "chosen_on_fit": {k: v.as_dict() for k, v in best.items()},
                                    "fit_grid": tried, "holdout": [r.__dict__ for r in rows]})
             _plot(wl, b, rows, args.out)
-    write_json(args.out / "admission.json", report)
     total_s = time.perf_counter() - t_start
+    if args.served_only:
+        write_json(args.out / "admission_served.json", report)
+        print(f"Layer {LAYER}, {capacity:,} cache rows, one rank; the engine's admission rules replayed by the "
+              "served pass (`cache.simulate`: step pins, evict-ahead). Decode hit % and missed pages per decode "
+              "step (mean), on the fit and the held-out half of the source split.\n")
+        print("| workload | B | half | " + " | ".join(f"{k} %" for k in SERVED) + " | Belady % | "
+              + " | ".join(f"{k} pages" for k in SERVED) + " |")
+        print("|---|---:|---|" + "---:|" * (2 * len(SERVED) + 1))
+        print("\n".join(lines) + f"\n\nRun time {total_s:.0f} s.")
+        return
+    write_json(args.out / "admission.json", report)
     text = "\n".join([
         f"Layer {LAYER}, {capacity:,} cache rows, one rank; parameters chosen on the FIT half of the source split, "
         "every figure below on the HELD-OUT half (agent: published trajectories split by repository; chat: "

@@ -31,8 +31,10 @@ Schema (every key but `layer` and `manifest` has a default):
     pad_id = -1             # ids equal to it (negative: never a row) come out as zero rows, read nothing
     evict_ahead = true      # end_step empties the slots the next step's misses will take (RowCache.evict_ahead):
                             # their evictions leave begin_step; false runs CLOCK exactly as the characterizer
-    admission = "off"       # "off" | "prefill-cold": rows a prefill token misses enter the cache with CLOCK's
-                            # reference bit clear (the adapters flag prefill tokens; begin_step(ids, decode=...))
+    admission = "off"       # "off" | "prefill-cold" | "counters": "prefill-cold", rows a prefill token misses
+                            # enter the cache with CLOCK's reference bit clear; "counters", 2-bit reference
+                            # counts that decode lookups raise and prefill lookups do not (the adapters flag
+                            # prefill tokens; begin_step(ids, decode=...); `characterize` compares them)
     metrics = false         # publish Prometheus metrics at each end_step (slacktier.engine.metrics)
 
     [[table]]
@@ -310,7 +312,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     owned_only: bool = False
     pad_id: Annotated[int, msgspec.Meta(le=-1)] = -1
     evict_ahead: bool = True
-    admission: Literal["off", "prefill-cold"] = "off"   # cache.ADMISSIONS
+    admission: Literal["off", "prefill-cold", "counters"] = "off"   # cache.ADMISSIONS
     metrics: bool = False
 
     def __post_init__(self) -> None:

@@ -65,7 +65,7 @@ from llvmlite import ir
 from numba import carray, njit, types
 from numba.extending import intrinsic
 
-from slacktier.cache.directory import NO_COLD, N_COUNTS, Count, LayerGeometry, PassResult, PassScratch, resolve_layer
+from slacktier.cache.directory import NO_HEAT, N_COUNTS, Count, LayerGeometry, PassResult, PassScratch, resolve_layer
 from slacktier.cache.views import (HEADER_WORD, LAYER_WORD, LAYER_WORDS, ROW_WORDS, PassPlan, Row, cache_view,
                                    geo_view, header, layer_records, out_view, p_i64, same_length, slot_arrays,
                                    step_view)
@@ -114,10 +114,10 @@ def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_b
 
 
 @njit(nogil=True, cache=True)
-def run_layers(ids, plan, cold):
+def run_layers(ids, plan, heat):
     """Resolve layers start.. of the step `ids` [T, L, C] int64 and submit their pages; plan: the pass's
-    header words (views.PassPlan.words; module doc); cold: [T] uint8 tokens whose misses enter CLOCK cold,
-    or empty (`directory.resolve_layer`)."""
+    header words (views.PassPlan.words; module doc); heat: [T] uint8 heat codes per token, or empty
+    (`directory.resolve_layer`)."""
     h = header(plan)
     records = layer_records(h)
     n_layers = h.layers
@@ -134,7 +134,7 @@ def run_layers(ids, plan, cold):
         res[Row.T0] = _clock_ns(clock_fn, ts)
         counts = res[:N_COUNTS]
         status = resolve_layer(ids[:, rec.axis, :], geo_view(rec), cache_view(rec, slots),
-                               step_view(h, htab, li, buf_base), out_view(rec, counts), cold)
+                               step_view(h, htab, li, buf_base), out_view(rec, counts), heat)
         t1 = _clock_ns(clock_fn, ts)
         res[Row.T1] = t1
         res[Row.T2] = t1
@@ -302,25 +302,25 @@ class CompiledPass:
         or another lane's of that signature); 0, the default, leaves them to Python."""
         self.plan.records[i]["submit_fn"] = address
 
-    def run(self, ids: np.ndarray, start: int = 0, cold: np.ndarray = NO_COLD) -> tuple[int, int]:
+    def run(self, ids: np.ndarray, start: int = 0, heat: np.ndarray = NO_HEAT) -> tuple[int, int]:
         """Resolve layers start.. of the step `ids` [T, L, C] int64 (C-contiguous); (stop, WHY_*) (module doc).
 
-        cold: [T] uint8, 1 for a token whose missed rows enter CLOCK with the reference bit clear (the
-        admission rule, `directory.resolve_layer`); empty, the default: every miss enters as CLOCK has it."""
+        heat: [T] uint8, each token's heat code (`directory.token_heat`: the admission rule; the codes are
+        trusted); empty, the default: plain CLOCK."""
         if (type(ids) is not np.ndarray or ids.dtype is not _INT64 or ids.shape[1:] != self.ids_shape
                 or ids.shape[0] * self.columns > self.capacity or not ids.flags.c_contiguous):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ids {getattr(ids, 'dtype', type(ids))} "
                                  f"{getattr(ids, 'shape', '')} for a pass of [T <= "
                                  f"{self.capacity // max(self.columns, 1)}, {self.ids_shape[0]}, {self.columns}] "
                                  "C-contiguous int64", fix="pass the step's ids as the pass was built for")
-        if cold is not NO_COLD and (type(cold) is not np.ndarray or cold.dtype != np.uint8
-                                    or cold.shape != ids.shape[:1] or not cold.flags.c_contiguous):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"cold flags {getattr(cold, 'dtype', type(cold))} "
-                                 f"{getattr(cold, 'shape', '')} for {ids.shape[0]} tokens",
-                                 fix="pass one uint8 flag per token of the step, or none")
+        if heat is not NO_HEAT and (type(heat) is not np.ndarray or heat.dtype != np.uint8
+                                    or heat.shape != ids.shape[:1] or not heat.flags.c_contiguous):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"heat codes {getattr(heat, 'dtype', type(heat))} "
+                                 f"{getattr(heat, 'shape', '')} for {ids.shape[0]} tokens",
+                                 fix="pass one uint8 code per token of the step (directory.token_heat), or none")
         w = self._words
         w[_START] = start
-        run_layers(ids, self.arr, cold)
+        run_layers(ids, self.arr, heat)
         return w[_STOP], w[_WHY]
 
     def results(self, start: int, stop: int) -> list[tuple[PassResult, int, list[int]]]:

@@ -19,11 +19,15 @@ For each lookup (global row id g, local row r = g - row_start):
 4. miss: r's rank by shard bounds, its page; a page buffer for that page unless
    the page is already being read this step; a slot to fill (`kernels.victim`,
    CLOCK, never a pinned slot; -1 when all the layer's slots are pinned: the row
-   is served from its page buffer and not cached). Admission: a row missed by a
-   token flagged in `cold` (the engine flags prefill tokens when the control
-   file's `admission = "prefill-cold"`) enters its slot with the reference bit
-   clear, so CLOCK's next pass takes it unless a later step hits it: rows of a
-   prompt that is never read again do not push out rows decode keeps reading.
+   is served from its page buffer and not cached). Admission: each token may
+   carry a heat code (`heat`, one byte per token; `kernels.heat_code`) that sets
+   the reference count a row it misses enters with and what its hits add. The
+   engine derives the codes from the control file's `admission` and the token's
+   phase (`token_heat`): with "prefill-cold" a prefill token's misses enter at
+   0, so CLOCK's next pass takes them unless a later step hits them, and rows of
+   a prompt that is never read again do not push out rows decode keeps reading;
+   with "counters" a decode token's misses enter at 2 and its hits add 2 (at
+   most 3), a prefill token's misses enter at 0 and its hits add nothing.
    Context packing (tables.packing; a layer whose geometry has a `PackedGeometry`): the missed row's
    token's context is looked up once per token (its 24 ids' key in the layer's index); a packed context's
    missed rows are read from its packed page (page ordinal * pages_per_context + slot // 15 of its rank's
@@ -32,8 +36,9 @@ For each lookup (global row id g, local row r = g - row_start):
    takes a page buffer once per step however many rows and tokens need it. A layer without an index takes
    the path above unchanged.
 
-Hits before the pass's first CLOCK victim search read no slot state: each stores
-its slot's reference bit (`ref`, a byte) and leaves its pin (the step stamp)
+Hits before the pass's first CLOCK victim search read no slot state but their
+reference count: each raises its slot's count (`ref`, a byte; a plain store of 1
+with no heat codes) and leaves its pin (the step stamp)
 pending, the first `counts[Count.PENDING]` descriptors. The first victim search
 applies the pins before it (`settle_pins`) and hits after it pin at once, so
 CLOCK sees every pin it would have seen; `RowCache` applies pending pins before
@@ -68,7 +73,8 @@ import numpy as np
 from numba import njit
 
 from slacktier.cache import rowdir as D
-from slacktier.cache.kernels import EVICTIONS, HAND, PINNED, claim, filling, pin, prefetch, victim
+from slacktier.cache.kernels import (EVICTIONS, HAND, HOT, PINNED, claim, filling, heat_code, heat_hit, pin, prefetch,
+                                     victim)
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.tables.packing import context_key, probe_index
@@ -102,10 +108,41 @@ N_COUNTS = len(Count)
 SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so they are not optimized away
 
 NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
-NO_COLD = np.zeros(0, dtype=np.uint8)   # the cold argument of a pass with no admission rule: every miss enters hot
-#: The cache's admission rules (the control file's `admission`): "off", every miss enters as CLOCK has it;
-#: "prefill-cold", a prefill token's misses enter cold (step 4 of the module doc).
-ADMISSIONS = ("off", "prefill-cold")
+NO_HEAT = np.zeros(0, dtype=np.uint8)   # the heat argument of a pass with no admission rule: plain CLOCK
+#: The cache's admission rules (the control file's `admission`), each as (a decode token's heat code, a prefill
+#: token's): "off", plain CLOCK; "prefill-cold", a prefill token's misses enter unreferenced; "counters", 2-bit
+#: reference counts that decode lookups raise and prefill lookups do not (step 4 of the module doc).
+ADMISSION_HEAT = {
+    "off": (HOT, HOT),
+    "prefill-cold": (HOT, heat_code(0, 1, 1)),
+    "counters": (heat_code(2, 2, 3), heat_code(0, 0, 3)),
+}
+ADMISSIONS = tuple(ADMISSION_HEAT)
+
+
+def checked_heat(heat: np.ndarray | None, tokens: int) -> np.ndarray:
+    """`heat` as the pass takes it ([T] uint8 C-contiguous, NO_HEAT for None), refused unless it holds one
+    heat code (`kernels.heat_code`) per token."""
+    if heat is None:
+        return NO_HEAT
+    codes = np.ascontiguousarray(heat)
+    if codes.dtype != np.uint8 or codes.shape != (tokens,) or (codes & 0xC0).any():
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"heat codes {codes.dtype} {codes.shape} for {tokens} tokens",
+                             fix="pass one uint8 heat code per token (directory.token_heat)")
+    return codes
+
+
+def token_heat(admission: str, prefill: np.ndarray) -> np.ndarray:
+    """The pass's heat codes [T] uint8 for `admission` and the tokens' phases (prefill: [T] bool, True for a
+    prefill token); NO_HEAT for "off" (plain CLOCK, the pass's fastest path).
+
+    Worked example: "counters", prefill [True, False] -> [0x30, 0x3A]."""
+    if admission not in ADMISSION_HEAT:
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"admission {admission!r}", fix=f"use one of {ADMISSIONS}")
+    if admission == "off":
+        return NO_HEAT
+    dec, pre = ADMISSION_HEAT[admission]
+    return np.where(np.asarray(prefill, dtype=bool), np.uint8(pre), np.uint8(dec)).astype(np.uint8)
 NO_INDEX_KEYS = np.zeros(0, dtype=np.int64)   # a layer without context packing: an empty index
 NO_INDEX_ORDINALS = np.zeros(0, dtype=np.int32)
 NO_PACKED = np.zeros(1, dtype=np.int32)
@@ -284,7 +321,7 @@ def _probe(key, htab, stamp, shift, mask):
 
 
 @njit(nogil=True, cache=True)
-def resolve_layer(ids, geo, cache, step, out, cold):
+def resolve_layer(ids, geo, cache, step, out, heat):
     """Resolve one layer's lookups `ids` [T, C] int64 (lookup i = ids[i // C, i % C]; any strides, so the
     engine passes its [T, L, 24] step's layer slice as is, with no copy); returns 0, or 1 on a row id
     outside the table.
@@ -299,8 +336,8 @@ def resolve_layer(ids, geo, cache, step, out, cold):
     row (kind 2), counted in counts[Count.OUTSIDE], with or without owned_only.
     out.own_pos [N] int32, out.own_row [N] int64: scratch, where the in-table lookups are listed (position,
     local row).
-    cold: [T] uint8 per token, or empty (no admission rule): a row a flagged token misses takes its slot with
-    the reference bit clear (step 4 of the module doc).
+    heat: [T] uint8 per token, or empty (plain CLOCK): each token's heat code (`kernels.heat_code`), the
+    reference count a row it misses enters with and what its hits add (step 4 of the module doc).
     """
     row_start, rows, rank_starts, rank_region, seen, table_end, pk_keys, pk_ordinals, pk_bits, pk_region, \
         pk_slot, pk_ppc = geo
@@ -330,7 +367,8 @@ def resolve_layer(ids, geo, cache, step, out, cold):
     evictions_before = evictions
     n_t, n_c = ids.shape
     n = n_t * n_c
-    n_cold = cold.shape[0]
+    n_heat = heat.shape[0]
+    track = n_heat > 0 or has_pack   # the loop below follows the token of each lookup
     tok = 0            # the token of the lookup at hand, and where its positions end
     tok_end = np.int64(n_c)
     counts[Count.LOOKUPS] = n
@@ -432,10 +470,18 @@ def resolve_layer(ids, geo, cache, step, out, cold):
     for j in range(n_own):
         i = own_pos[j]
         r = own_row[j]
+        if track:   # positions rise: the token advances without a division
+            while i >= tok_end:
+                tok += 1
+                tok_end += n_c
         s = D.find(directory, r)
         if s >= 0:
             if not settled:   # no victim search yet: nothing is being filled, the pin can wait
-                ref[s] = 1    # CLOCK's reference bit now, a store: the pin itself only matters within the step
+                # CLOCK's reference count now: the pin itself only matters within the step
+                if n_heat:
+                    heat_hit(ref, s, heat[tok])
+                else:
+                    ref[s] = 1
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
@@ -444,7 +490,11 @@ def resolve_layer(ids, geo, cache, step, out, cold):
                 desc_idx[i] = fill_miss[s]
                 n_reuse += 1
             else:
-                pinned += pin(state, ref, s, pin_step)
+                pinned += pin(state, s, pin_step)
+                if n_heat:
+                    heat_hit(ref, s, heat[tok])
+                else:
+                    ref[s] = 1
                 desc_kind[i] = KIND_SLOT
                 desc_idx[i] = s
                 n_hits += 1
@@ -469,9 +519,6 @@ def resolve_layer(ids, geo, cache, step, out, cold):
         region = np.int64(rank_region[k])
         packed = False
         if has_pack:   # the token's context: looked up at its first row to read, packed page if it is packed
-            while i >= tok_end:
-                tok += 1
-                tok_end += n_c
             t = tok
             if t != pk_token:
                 pk_token = t
@@ -503,7 +550,7 @@ def resolve_layer(ids, geo, cache, step, out, cold):
         miss_inpage[m] = inpage
         miss_row[m] = r
         if not settled:   # CLOCK must see the pins of this pass's earlier hits
-            pinned += settle_pins(desc_kind, desc_idx, i, state, ref, pin_step)
+            pinned += settle_pins(desc_kind, desc_idx, i, state, pin_step)
             settled = True
         sl, hand = victim(owned, state, ref, hand, pinned, pin_step)
         miss_slot[m] = sl
@@ -511,8 +558,8 @@ def resolve_layer(ids, geo, cache, step, out, cold):
             evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, ref, pin_step)
             pinned += 1
             fill_miss[sl] = m
-            if n_cold and cold[i // n_c]:   # admitted cold: pinned for this step, CLOCK's next pass takes it
-                ref[sl] = 0
+            if n_heat:   # the count the token's rule gives a new row (0: CLOCK's next pass takes it)
+                ref[sl] = heat[tok] & 3
         else:
             # The page probe may have moved the row's empty entry: probe again.
             h = _probe(r, htab, stamp, shift, mask)
@@ -541,12 +588,12 @@ def resolve_layer(ids, geo, cache, step, out, cold):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def settle_pins(desc_kind, desc_idx, n, state, ref, step):
+def settle_pins(desc_kind, desc_idx, n, state, step):
     """Apply the pins of the KIND_SLOT descriptors among [0, n) for `step`; returns how many were new pins."""
     added = 0
     for i in range(n):
         if desc_kind[i] == KIND_SLOT:
-            added += pin(state, ref, desc_idx[i], step)
+            added += pin(state, desc_idx[i], step)
     return added
 
 
@@ -560,6 +607,6 @@ def fill_foreign(desc_kind, n, out):
 
 
 @njit(nogil=True, cache=True)
-def settle_layer(desc_kind, desc_idx, n, state, ref, step, lstate):
+def settle_layer(desc_kind, desc_idx, n, state, step, lstate):
     """`settle_pins` for one layer's pending hits, counted into its lstate's pinned count."""
-    lstate[PINNED] += settle_pins(desc_kind, desc_idx, n, state, ref, step)
+    lstate[PINNED] += settle_pins(desc_kind, desc_idx, n, state, step)

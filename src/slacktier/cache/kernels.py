@@ -15,15 +15,19 @@ owned-slot list, slots pinned in the current step, evictions so far, spare.
 Per-slot state is one int64 word, `state[slot] = step << 1 | fill`: the step
 that last pinned the slot, and whether the slot is being filled by a read of
 that step. A slot is pinned when `state >> 1 == step`, so releasing every pin at
-step end is one increment of `step`, no sweep. CLOCK's reference bit lives apart,
-one byte per slot in `ref`: a hit sets it with a store and reads nothing, which
-is all a hit whose pin may wait needs (see `cache.directory`: a pass's hits
-before its first victim search leave their pins pending, and a step that never
-searched needs none of them once it ends).
+step end is one increment of `step`, no sweep. CLOCK's reference count lives
+apart, one byte per slot in `ref`: a hit raises it with a store, which is all a
+hit whose pin may wait needs (see `cache.directory`: a pass's hits before its
+first victim search leave their pins pending, and a step that never searched
+needs none of them once it ends). Plain CLOCK keeps it at 0 or 1 (a bit); an
+admission rule (a token's heat code, `heat_code`) may let a miss enter at 0 and
+a hit raise it up to 3, and the hand takes one off each count it passes.
 
 Worked example: step 5 pins slot 9 on a hit -> state[9] = 5 << 1 = 10, ref[9] = 1;
 a miss claiming slot 9 in step 5 -> state[9] = 5 << 1 | 1 = 11, ref[9] = 1; CLOCK
 passing unpinned slot 9 in step 6 clears ref[9], and takes the slot on its next pass.
+With the rule "counters" a decode hit raises ref[9] to 3, and the hand passes
+slot 9 three times (3 -> 2 -> 1 -> 0) before it takes it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from slacktier.cache import rowdir as D
+from slacktier.errors import ErrorKind, SlackTierError
 
 HAND = 0
 PINNED = 1
@@ -42,6 +47,23 @@ EVICTIONS = 2
 
 FILL = 1   # state bit: filled by a read of the step in state >> 1
 NEVER = -2  # the state of a slot no step has pinned
+MAX_REF = 3  # the highest reference count a heat code may raise a slot to
+
+
+def heat_code(insert: int, add: int, most: int) -> int:
+    """A token's heat code, one byte: how its lookups move their slots' reference counts.
+
+    insert: the count a row it misses enters its slot with (bits 0-1); add: what a hit adds (bits 2-3);
+    most: the highest a hit raises the count to (bits 4-5). Plain CLOCK is heat_code(1, 1, 1) (`HOT`): a
+    miss enters referenced, a hit sets the bit. Worked example: heat_code(2, 2, 3) = 0x3A.
+    """
+    if not (0 <= insert <= MAX_REF and 0 <= add <= MAX_REF and 0 <= most <= MAX_REF):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"heat code insert {insert}, add {add}, most {most}",
+                             fix=f"give each in 0..{MAX_REF}")
+    return insert | add << 2 | most << 4
+
+
+HOT = heat_code(1, 1, 1)
 
 
 @intrinsic
@@ -69,13 +91,22 @@ def prefetch(typingctx, arr, idx):
 
 
 @njit(nogil=True, cache=True, inline="always")
-def pin(state, ref, slot, step):
-    """Pin `slot` for `step` and set its reference bit; returns 1 when the slot was not pinned yet, else 0."""
-    ref[slot] = 1
+def pin(state, slot, step):
+    """Pin `slot` for `step`; returns 1 when the slot was not pinned yet, else 0. The reference count is the
+    caller's to raise (`heat_hit`, or a store of 1 for plain CLOCK)."""
     if (state[slot] >> 1) != step:
         state[slot] = step << 1
         return 1
     return 0
+
+
+@njit(nogil=True, cache=True, inline="always")
+def heat_hit(ref, slot, code):
+    """A hit by a token of heat `code` (`heat_code`): the slot's reference count rises by the code's add, to at
+    most its most."""
+    most = code >> 4
+    v = ref[slot] + ((code >> 2) & 3)
+    ref[slot] = most if v > most else v
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -88,16 +119,16 @@ def filling(state, slot, step):
 def victim(owned, state, ref, hand, pinned, step):
     """CLOCK over the layer's `owned` [n] int32 slots: (slot, new hand); slot -1 when all n are pinned.
 
-    A pinned slot is skipped with its reference bit kept; an unpinned referenced
-    slot loses its bit; the first unpinned unreferenced slot is the victim. Two
-    laps suffice: the first clears every unpinned slot's bit.
+    A pinned slot is skipped with its reference count kept; an unpinned referenced
+    slot's count drops by one; the first unpinned unreferenced slot is the victim.
+    MAX_REF + 1 laps suffice: each lap takes one off every unpinned slot's count.
     """
     n = owned.shape[0]
     if n == 0 or pinned >= n:
         return -1, hand
     if hand >= n:
         hand = 0
-    for _ in range(2 * n + 1):
+    for _ in range((MAX_REF + 1) * n + 1):
         s = owned[hand]
         hand += 1
         if hand == n:
@@ -105,7 +136,7 @@ def victim(owned, state, ref, hand, pinned, step):
         if (state[s] >> 1) == step:
             continue
         if ref[s]:
-            ref[s] = 0
+            ref[s] -= 1
             continue
         return s, hand
     return -1, hand
@@ -115,7 +146,8 @@ def victim(owned, state, ref, hand, pinned, step):
 def claim(layer_key, row, slot, directory, slot_layer, slot_row, state, ref, step):
     """Put `row` into `slot` (a victim: unpinned), pinned and marked filling; returns 1 if it evicted a row.
 
-    directory: the layer's (`cache.rowdir`), which does not hold `row`."""
+    directory: the layer's (`cache.rowdir`), which does not hold `row`. The slot enters referenced (count 1);
+    an admission rule's pass then sets the count its heat code gives."""
     evicted = 0
     if slot_layer[slot] >= 0:
         # Owned slots only ever hold rows of their owner layer, so this is our directory.
@@ -137,9 +169,9 @@ def evict_ahead(n, directory, owned, lstate, slot_layer, slot_row, state, ref, s
     """Free the next `n` slots CLOCK will take (at most 1/AHEAD_SHARE of the owned slots), between steps;
     returns the rows evicted.
 
-    CLOCK's next victims are the unpinned, unreferenced owned slots from the hand on, in order (it clears the
-    bits of referenced ones as it passes them). This frees those slots' rows now (directory entry removed,
-    slot empty) without moving the hand or clearing any bit, so the next pass's victim searches take the
+    CLOCK's next victims are the unpinned, unreferenced owned slots from the hand on, in order (it lowers the
+    counts of referenced ones as it passes them). This frees those slots' rows now (directory entry removed,
+    slot empty) without moving the hand or changing any count, so the next pass's victim searches take the
     same slots in the same order and find them empty: a miss then claims its slot with no random read of
     a victim's directory entry. One lap at most; a slot already empty counts as one of the n. A row freed
     ahead and looked up in the next step is a miss that CLOCK would have kept: that is the policy's whole
@@ -196,7 +228,8 @@ def admit_rows(layer_key, rows, directory, owned, lstate, slot_layer, slot_row, 
         r = rows[i]
         s = D.find(directory, r)
         if s >= 0:
-            pinned += pin(state, ref, s, step)
+            pinned += pin(state, s, step)
+            ref[s] = 1
             out_slot[i] = s
             out_hit[i] = 1
             continue

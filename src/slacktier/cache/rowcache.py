@@ -45,7 +45,7 @@ import torch
 from slacktier.cache import kernels as K
 from slacktier.cache import rowdir as D
 from slacktier.cache.compiled import CompiledPass, PassLayer
-from slacktier.cache.directory import NO_COLD, LayerGeometry, PassResult, PassScratch, StepTable, settle_layer
+from slacktier.cache.directory import LayerGeometry, PassResult, PassScratch, StepTable, checked_heat, settle_layer
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES
 
@@ -330,7 +330,7 @@ class RowCache:
         if state.pending is not None:
             kind, idx, n = state.pending
             state.pending = None
-            settle_layer(kind, idx, n, self.state, self.ref, self.step, state.lstate)
+            settle_layer(kind, idx, n, self.state, self.step, state.lstate)
 
     def _settle_all(self) -> None:
         for state in self._layers.values():
@@ -391,7 +391,7 @@ class RowCache:
 
     def resolve(self, layer: int, ids: np.ndarray, geometry: LayerGeometry, scratch: PassScratch, *,
                 buf_base: int = 0, lossy: bool = False, owned_only: bool = False, pad_id: int = 0,
-                cold: np.ndarray | None = None) -> PassResult:
+                heat: np.ndarray | None = None) -> PassResult:
         """Run `layer`'s directory pass over this step's ids (global row ids), outputs in `scratch`.
 
         ids: [N] or [T, C] int64 (lookup i = ids[i // C, i % C]). The compiled pass of `begin_step`, over
@@ -401,8 +401,9 @@ class RowCache:
 
         Hits are pinned, misses claim a slot to fill (CLOCK) and a page buffer numbered from `buf_base`;
         lossy: rows outside geometry.seen come out as KIND_ZERO; owned_only: ids outside the geometry's
-        rows are KIND_FOREIGN instead of an error; cold: [T] bool per token (T = 1 for [N] ids), or None:
-        a row a flagged token misses enters its slot with CLOCK's reference bit clear (admission). On an id
+        rows are KIND_FOREIGN instead of an error; heat: [T] uint8 heat codes per token (T = 1 for [N] ids;
+        `directory.token_heat`), or None for plain CLOCK: the reference count a row a token misses enters its
+        slot with, and what its hits add (admission). On an id
         outside the table (result.bad_index >= 0)
         the pass stops there; what it claimed so far stays claimed (forget it, or end the step).
         """
@@ -418,7 +419,7 @@ class RowCache:
         cp = self.compiled_pass([PassLayer(layer, 0, geometry, scratch)], columns=step.shape[2],
                                 owned_only=owned_only, lossy=lossy, pad_id=pad_id)
         cp.start(step.shape[0], buf_base)
-        cp.run(step, 0, NO_COLD if cold is None else np.ascontiguousarray(cold, dtype=np.uint8))
+        cp.run(step, 0, checked_heat(heat, step.shape[0]))
         ((result, _, _),) = cp.results(0, 0)
         return result
 

@@ -7,8 +7,8 @@ replay step, releasing the step's pins after it and, with `evict_ahead` (the
 engine's default), emptying as many slots as the step claimed, exactly as the
 engine does with `begin_step` / `end_step`. So the miss-page curves the planner
 reads come from the policy that is served, pins and in-step read reuse included.
-With `cold` flags (the engine's `admission = "prefill-cold"`: prefill lookups
-flagged) the pass admits those lookups' misses cold, as the served cache does.
+With heat codes (the engine's admission rule: `directory.token_heat` of the
+lookups' phases) the pass admits and ages rows by that rule, as the served cache does.
 
 Worked example: capacity 1, one step of rows [5, 7, 5] -> 5 claims the slot
 (READ), 7 finds the slot pinned and is read without one (READ), 5 reuses its
@@ -21,8 +21,8 @@ import numpy as np
 from numba import njit
 
 from slacktier.cache import rowdir as D
-from slacktier.cache.directory import KIND_SLOT, N_COUNTS, NO_COLD, NO_INDEX_KEYS, NO_INDEX_ORDINALS, NO_PACKED, \
-    Count, resolve_layer
+from slacktier.cache.directory import KIND_SLOT, N_COUNTS, NO_INDEX_KEYS, NO_INDEX_ORDINALS, NO_PACKED, \
+    Count, checked_heat, resolve_layer
 from slacktier.cache.kernels import evict_ahead as evict_ahead_kernel
 from slacktier.cache.views import CacheView, GeoView, OutView, StepView
 from slacktier.errors import ErrorKind, SlackTierError
@@ -42,8 +42,8 @@ def _hash_bits(n):
 
 
 @njit(nogil=True, cache=True)
-def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, cold, out):
-    # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; cold: [M] uint8 or empty;
+def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, out):
+    # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; heat: [M] uint8 or empty;
     # out: [M] int8 outcome per lookup
     directory = np.full(dir_entries, -1, dtype=np.int64)   # rowdir's table for `capacity` slots (rowdir.empty)
     owned = np.arange(capacity).astype(np.int32)          # RowCache gives a lone layer slots 0..c-1 in order
@@ -84,10 +84,10 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, cold, out):
         if a == b:
             continue
         # one step: stamp s + 1 invalidates the hash table, pins of step s end when step s + 1 begins
-        # one lookup per "token" row, so the per-token cold flags are per lookup (same lookup order)
+        # one lookup per "token" row, so the per-token heat codes are per lookup (same lookup order)
         resolve_layer(ids[a:b].reshape(b - a, 1), geo, cache,
                       StepView(np.int64(s), htab, np.int64(s + 1), _hash_bits(b - a), np.int64(0), False, False,
-                               np.int64(0)), scratch, cold[a:b] if cold.shape[0] else cold)
+                               np.int64(0)), scratch, heat[a:b] if heat.shape[0] else heat)
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
             evict_ahead_kernel(counts[Count.MISSES] - counts[Count.BYPASS], directory, owned, lstate, slot_layer,
@@ -108,14 +108,13 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, cold, out):
 
 
 def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, capacity: int,
-                 evict_ahead: bool = True, cold: np.ndarray | None = None) -> np.ndarray:
+                 evict_ahead: bool = True, heat: np.ndarray | None = None) -> np.ndarray:
     """Outcome per lookup [M] int8 (HIT, REUSE_FILLED, REUSE_BYPASS, READ) of the served cache of `capacity` rows.
 
     ids: [M] dense rows 0..n_items-1 in lookup order; step_starts: [S + 1] lookup index where each step
     begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an eviction). evict_ahead: as the
-    engine's option of that name (its default); False replays CLOCK alone. cold: [M] bool, or None: lookups
-    whose misses enter CLOCK with the reference bit clear (the engine's admission = "prefill-cold" flags
-    prefill lookups: pass `~is_decode`).
+    engine's option of that name (its default); False replays CLOCK alone. heat: [M] uint8 heat codes per
+    lookup, or None (plain CLOCK): the engine's admission rule, `directory.token_heat(admission, ~is_decode)`.
     """
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     m = ids.shape[0]
@@ -129,10 +128,7 @@ def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, 
     if starts.ndim != 1 or starts.shape[0] < 1 or starts[0] != 0 or starts[-1] != m or np.any(np.diff(starts) < 0):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"step starts must rise from 0 to {m} lookups",
                              fix="pass the lookup index where each step begins, then the lookup count")
-    flags = NO_COLD if cold is None else np.ascontiguousarray(cold, dtype=np.uint8)
-    if flags is not NO_COLD and flags.shape != ids.shape:
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"{flags.shape} cold flags for {m} lookups",
-                             fix="pass one flag per lookup (~is_decode for admission = \"prefill-cold\")")
+    codes = checked_heat(heat, m)
     out = np.empty(m, dtype=np.int8)
-    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), bool(evict_ahead), flags, out)
+    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), bool(evict_ahead), codes, out)
     return out

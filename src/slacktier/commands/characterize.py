@@ -71,8 +71,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the list's order: pages saved on the fit half, or first the number of fit sources "
                         "(repositories, conversations) a context saves pages in (better at small budgets)")
     g.add_argument("--admission", default="none",
-                   help="admission rule in front of CLOCK while choosing and in the rank curves: none, cold, "
-                        "cold+tinylfu (evaluated on the characterizer; the served cache runs CLOCK)")
+                   help="admission rule in front of CLOCK while choosing and in the rank curves: none, "
+                        "prefill-cold or counters (the engine's [engine] admission, replayed by the served pass), "
+                        "cold or cold+tinylfu (evaluated on the characterizer only; the engine does not serve them)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
 
 

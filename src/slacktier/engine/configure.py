@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from slacktier.cache import ADMISSIONS, PassScratch, RowCache
+from slacktier.cache import ADMISSIONS, PassScratch, RowCache, token_heat
 from slacktier.cache.rowcache import available_bytes, split_slots
 from slacktier.cache.rowdir import ROW_LIMIT
 from slacktier.config import ControlFile, load_control, named_by
@@ -392,17 +392,21 @@ def checked_admission(admission: str) -> str:
     return admission
 
 
-def cold_flags(decode: Any, tokens: int) -> np.ndarray:
-    """begin_step's decode flags as the pass's cold flags: [T] uint8, 1 for a prefill token (decode False).
+def step_heat(admission: str, decode: Any, tokens: int) -> np.ndarray:
+    """begin_step's decode flags as the pass's heat codes under `admission` (`cache.token_heat`): [T] uint8,
+    or NO_HEAT for "off" (plain CLOCK).
 
-    None: every token is a decode token (nothing cold). Flags must be bool, one per token: 0/1 integers or
-    another length are refused, so a swapped argument cannot silently turn admission off."""
+    None: every token is a decode token. Flags must be bool, one per token: 0/1 integers or another length
+    are refused (also when the rule is "off"), so a swapped argument cannot silently turn admission off."""
     if decode is None:
-        return np.zeros(tokens, dtype=np.uint8)
-    if isinstance(decode, torch.Tensor):
-        decode = decode.detach().cpu().numpy()
-    flags = np.asarray(decode)
-    if flags.dtype != np.bool_ or flags.shape != (tokens,):
-        raise SlackTierError(ErrorKind.BAD_INPUT, f"decode flags are {flags.dtype} {flags.shape}, want [{tokens}] "
-                             "bool", fix="pass one bool per token of the step: True for decode, False for prefill")
-    return np.logical_not(flags).view(np.uint8)
+        prefill = np.zeros(tokens, dtype=bool)
+    else:
+        if isinstance(decode, torch.Tensor):
+            decode = decode.detach().cpu().numpy()
+        flags = np.asarray(decode)
+        if flags.dtype != np.bool_ or flags.shape != (tokens,):
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"decode flags are {flags.dtype} {flags.shape}, want "
+                                 f"[{tokens}] bool", fix="pass one bool per token of the step: True for decode, "
+                                 "False for prefill")
+        prefill = np.logical_not(flags)
+    return token_heat(admission, prefill)

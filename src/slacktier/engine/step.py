@@ -98,7 +98,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from slacktier.cache import KIND_FOREIGN, NO_COLD, PassLayer, RowCache, fill_foreign
+from slacktier.cache import KIND_FOREIGN, NO_HEAT, PassLayer, RowCache, fill_foreign
 from slacktier.cache.compiled import WHY_BAD, CompiledPass
 from slacktier.config import ControlFile
 from slacktier.engine import build as B
@@ -167,7 +167,8 @@ class StepEngine:
         # end_step empties as many slots per layer as the step claimed, for the next step's misses
         # (RowCache.evict_ahead): their victims' directory reads leave begin_step for the step's slack.
         self.evict_ahead = bool(evict_ahead)
-        # "prefill-cold": rows a prefill token misses enter the cache with CLOCK's reference bit clear, so a
+        # The cache's admission rule (cache.ADMISSIONS): "prefill-cold" lets rows a prefill token misses enter
+        # with CLOCK's reference bit clear, "counters" keeps 2-bit counts that decode lookups raise, so a
         # prompt's rows that are never read again leave before the rows decode keeps reading (begin_step's
         # decode flags say which tokens are prefill; without them every token counts as decode).
         self.admission = C.checked_admission(admission)
@@ -263,18 +264,17 @@ class StepEngine:
 
         int32 ids are taken too (widened exactly); every other dtype is refused, unsigned ones included.
         decode: [T] bool, True for a decode token, False for a prefill token (None: all decode). Only the
-        cache's admission rule reads it (`admission = "prefill-cold"`); rows served are the same either way."""
+        cache's admission rule reads it (`admission`: "prefill-cold", "counters"); rows served are the same either
+        way."""
         ids = self._step_ids(ids)   # [T, L, 24] int64, C-contiguous; stored rows under a rank partition
-        cold = NO_COLD
+        heat = NO_HEAT
         if decode is not None or self.admission != "off":   # flags checked whenever given
-            flags = C.cold_flags(decode, ids.shape[0])
-            if self.admission == "prefill-cold":
-                cold = flags
+            heat = C.step_heat(self.admission, decode, ids.shape[0])
         self._in_step = True
         self._step += 1
         self._tokens = ids.shape[0]
         try:
-            self._resolve_and_submit(ids, cold)
+            self._resolve_and_submit(ids, heat)
         except BaseException as exc:
             self._abort_step()
             if self.metrics is not None:
@@ -436,7 +436,7 @@ class StepEngine:
             row_map.to_stored(ids[:, axis, :], out[:, axis, :])
         return out
 
-    def _resolve_and_submit(self, ids: np.ndarray, cold: np.ndarray = NO_COLD) -> None:
+    def _resolve_and_submit(self, ids: np.ndarray, heat: np.ndarray = NO_HEAT) -> None:
         """begin_step's passes and submissions, on the step's critical path (Eq. 1's s): the cache's compiled
         pass over every layer in window order (cache.compiled). It stops early at a layer whose pages go to a
         source without a C engine (Python submits them, and the pass resumes at the next layer) or at a bad
@@ -450,7 +450,7 @@ class StepEngine:
         self._taken = self._unread = start = 0
         while True:
             with plan.lanes:   # the C engine clients' locks, around the call (_HeldLanes)
-                stop, why = cp.run(ids, start, cold)   # layers start..stop resolved, C-engine pages submitted
+                stop, why = cp.run(ids, start, heat)   # layers start..stop resolved, C-engine pages submitted
             self._unread = min(stop + 1, n_layers)   # layers before this one have results to take
             # Taken now where layer `stop` stopped the call: an id outside its table, or pages for Python to submit.
             if stop < n_layers:

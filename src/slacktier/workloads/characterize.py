@@ -21,6 +21,7 @@ from typing import Iterable, Sequence
 import numba
 import numpy as np
 
+from slacktier.cache.directory import token_heat
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.workloads import policies as pol
@@ -103,15 +104,14 @@ def step_starts(trace: LookupTrace) -> np.ndarray:
 
 def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_share: float = 0.5,
                admission: str = "off") -> np.ndarray:
-    """Hit mask [M] uint8 of `policy` at `capacity` rows on a prepared layer; admission ("off" or
-    "prefill-cold", the engine's control-file option) applies to "clock", the served cache."""
+    """Hit mask [M] uint8 of `policy` at `capacity` rows on a prepared layer; admission (`cache.ADMISSIONS`,
+    the engine's control-file option) applies to "clock", the served cache, and is replayed by its pass."""
     if policy == "lru":
         return pol.lru(prep.ids, prep.n_items, capacity)
     if policy == "clock":
-        cold = None if admission == "off" else ~prep.decode
-        if admission not in ("off", "prefill-cold"):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"admission {admission!r}", fix='use "off" or "prefill-cold"')
-        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace), cold=cold)
+        heat = token_heat(admission, ~prep.decode.astype(bool))
+        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace),
+                         heat=None if admission == "off" else heat)
     if policy == "s3fifo":
         return pol.s3fifo(prep.ids, prep.n_items, capacity)
     if policy == "belady":

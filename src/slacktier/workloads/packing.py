@@ -63,16 +63,31 @@ PACK_VERSION = 1
 PACK_META_KEYS = ("format", "version", "workload", "split", "seed", "batch", "cache_rows", "ranks", "partition",
                   "tokens")
 
-#: admission rules by name, as `--admission` takes them: the rules chosen on the fit half of each workload
-#: (benchmarks/paper/bench_admission.py): "cold" for chat, "cold+tinylfu" for agent
+@dataclass(frozen=True)
+class ServedRule:
+    """One of the engine's admission rules (`cache.ADMISSIONS`), replayed by the served pass itself."""
+
+    admission: str
+
+    def label(self) -> str:
+        """Short text for tables."""
+        return f'"{self.admission}" (served)'
+
+
+#: admission rules by name, as `--admission` takes them. "prefill-cold" and "counters" are the engine's own
+#: (the control file's `admission`), replayed by the served pass; "cold" and "cold+tinylfu" are the rules chosen
+#: on the fit half of each workload by the evaluation kernel (benchmarks/paper/bench_admission.py: "cold" for
+#: chat, "cold+tinylfu" for agent), which the engine does not serve as such.
 NAMED_RULES = {
     "none": None,
+    "prefill-cold": ServedRule("prefill-cold"),
+    "counters": ServedRule("counters"),
     "cold": A.AdmissionRule(prefill_insert="cold"),
     "cold+tinylfu": A.AdmissionRule(prefill_insert="cold", sketch="prefill", sketch_width=1.0, sketch_reset=40.0),
 }
 
 
-def named_rule(name: str) -> A.AdmissionRule | None:
+def named_rule(name: str) -> A.AdmissionRule | ServedRule | None:
     """The admission rule called `name` in NAMED_RULES (None: the served CLOCK alone)."""
     if name not in NAMED_RULES:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown admission rule {name!r}",
@@ -145,14 +160,15 @@ def rank_lookups(trace: LookupTrace, layer: int, rank: int, ranks: int, partitio
     return RankLookups(sub, layer, rank, ranks, partition, cols, lo)
 
 
-def hit_mask(lookups: RankLookups, capacity: int, rule: A.AdmissionRule | None = None) -> np.ndarray:
+def hit_mask(lookups: RankLookups, capacity: int, rule: A.AdmissionRule | ServedRule | None = None) -> np.ndarray:
     """Hit mask [M] uint8 of the rank's cache of `capacity` rows for this layer: the served CLOCK (step pins,
-    evict-ahead; `cache.simulate`), or CLOCK with `rule`'s admission (`admission.replay_admission`)."""
+    evict-ahead; `cache.simulate`) alone or with a served rule, or CLOCK with an evaluated `rule`'s admission
+    (`admission.replay_admission`)."""
     from slacktier.workloads.characterize import prepare_layer, run_policy
 
     prep = prepare_layer(lookups.trace, lookups.layer)
-    if rule is None:
-        return run_policy(prep, "clock", int(capacity))
+    if rule is None or isinstance(rule, ServedRule):
+        return run_policy(prep, "clock", int(capacity), admission="off" if rule is None else rule.admission)
     return A.replay_admission(prep.ids, prep.decode, lookups.orders, prep.n_items, int(capacity), rule)
 
 
@@ -401,7 +417,7 @@ class PackChoice:
 
 def choose_contexts(fit: LookupTrace, layers: Sequence[int], cache_rows: Mapping[int, int], ranks: int = 4,
                     measured_ranks: Sequence[int] | None = None, partition: str = "columns",
-                    rule: A.AdmissionRule | None = None, meta: Mapping | None = None,
+                    rule: A.AdmissionRule | ServedRule | None = None, meta: Mapping | None = None,
                     token_groups: np.ndarray | None = None) -> PackChoice:
     """Contexts of the FIT half's trace worth packing, per layer, best first.
 
@@ -456,7 +472,7 @@ def fit_trace(split, hasher, replay, workload: str) -> LookupTrace:
 
 def choose_for_split(split, hasher, replay, workload: str, layers: Sequence[int], cache_rows: Mapping[int, int],
                      ranks: int = 4, measured_ranks: Sequence[int] | None = None, partition: str = "columns",
-                     rule: A.AdmissionRule | None = None, tokens: str = "deepseek", seed: int = 0,
+                     rule: A.AdmissionRule | ServedRule | None = None, tokens: str = "deepseek", seed: int = 0,
                      by_sources: bool = False) -> PackChoice:
     """`choose_contexts` on the fit half of `split` (replayed with `replay`), with the pack list's meta;
     `by_sources`: ordered first by the fit sources a context saves pages in (`fit_sources`)."""
@@ -526,7 +542,8 @@ def packing_summary(choice: PackChoice | None, path: str | Path | None = None) -
 
 def rank_miss_curves(trace: LookupTrace, layers: Sequence[int], capacities_rows: Sequence[int], rank: int,
                      ranks: int, partition: str = "columns", choice: PackChoice | None = None,
-                     rule: A.AdmissionRule | None = None, pack_path: str | Path | None = None) -> tuple[dict, dict]:
+                     rule: A.AdmissionRule | ServedRule | None = None,
+                     pack_path: str | Path | None = None) -> tuple[dict, dict]:
     """P_l(c) of one rank without and with packing (`choice`; None: both without), admission `rule` where given,
     in the characterizer's miss-curve format (mean pages per decode step and decode hit rate at each capacity),
     each saying what it was computed with. One cache replay per (layer, capacity) serves both curves."""
