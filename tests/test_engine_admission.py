@@ -17,8 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from slacktier.cache import token_heat
+from slacktier.cache import ADMISSIONS, token_heat
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
+from slacktier.config import ADMISSION_RULES
 from slacktier.engine.step import StepEngine
 from slacktier.errors import SlackTierError
 from slacktier.tables.codec import dequantize_bits
@@ -147,6 +148,7 @@ def test_admission_rules_and_heat_codes_are_checked(staged, tmp_path) -> None:
     # its hits add 2, up to 3 (kernels.heat_code's worked example)
     assert token_heat("counters", np.array([True, False])).tolist() == [0x30, 0x3A]
     assert token_heat("off", np.array([True, False])).shape == (0,)   # plain CLOCK: the pass's fastest path
+    assert ADMISSIONS == ADMISSION_RULES   # the cache's rules are the ones the control file may name
     ids = np.array([0, 1, 0])
     for bad in (np.array([1, 1, 1], dtype=bool), np.array([0x3A, 0x3A], dtype=np.uint8),
                 np.array([0x3A, 0x40, 0x3A], dtype=np.uint8)):

@@ -118,3 +118,33 @@ def test_a_stated_host_pass_is_named_in_the_first_line_beside_the_measured_one(t
     assert any(": 0 mismatching rows" in l for l in lines)
 
 
+
+
+def test_an_admission_rule_is_served_with_the_replays_prefill_flags_and_named_first(tmp_path, capsys, monkeypatch):
+    """--admission sets every rank's [engine] admission; the replay's prefill chunks reach begin_step flagged as
+    prefill (what the rule reads), its decode steps as decode; the report names the rule; rows stay exact."""
+    from slacktier.engine.step import StepEngine
+
+    seen = {"prefill": 0, "decode": 0, "rules": set()}
+    real = StepEngine.begin_step
+
+    def begin_step(self, ids, decode=None):
+        seen["rules"].add(self.admission)
+        if decode is not None:
+            seen["prefill"] += int((~decode).sum())
+            seen["decode"] += int(decode.sum())
+        return real(self, ids, decode)
+
+    monkeypatch.setattr(StepEngine, "begin_step", begin_step)
+    assert _whatif(tmp_path, "--table", "1=nvme-paper", "--table", "14=nvme-paper", "--cache-rows", "2000",
+                   "--share", "1=0.5", "--share", "14=0.5", "--admission", "counters") == 0
+    lines = capsys.readouterr().out.splitlines()
+    first = [i for i, l in enumerate(lines) if l.startswith("device reads")][0]
+    assert lines[first].endswith('; cache admission "counters"')
+    assert seen["rules"] == {"counters"} and seen["prefill"] > 0 and seen["decode"] > 0
+    assert any(": 0 mismatching rows" in l for l in lines)
+    from slacktier.errors import SlackTierError
+    from slacktier.whatif.run import WhatIfConfig
+
+    with pytest.raises(SlackTierError, match="admission 'sometimes'"):
+        WhatIfConfig(admission="sometimes")

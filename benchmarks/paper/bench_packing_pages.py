@@ -8,12 +8,15 @@ replayed with B interleaved sessions. Everything is chosen on the FIT half:
   layers 1 and 14, from the fit half's served-CLOCK miss curves of the slowest
   rank (the most pages at an even split), both tables on one disk (layer 1
   pays the paper's 3.05 us per page, layer 14, queued behind it, 0.37 us:
-  plan.constants); every configuration and rank uses that split;
+  plan.constants); every configuration and rank uses that split (`--split-per-rule`:
+  the admission rows use the split chosen from the rule's own fit curves);
 - the pack list: `workloads.packing.choose_contexts` on the fit half, every
   rank's savings summed (one list is staged on every rank), replayed with the
   cache each configuration serves (the served CLOCK, or the admission rule);
-- the admission rule: the one chosen on the fit half by bench_admission.py
-  (agent "cold+tinylfu", chat "cold"; `packing.NAMED_RULES`).
+- the admission rule: by default the one chosen on the fit half by
+  bench_admission.py's evaluation kernel (agent "cold+tinylfu", chat "cold";
+  `packing.NAMED_RULES`); `--admission counters` or `prefill-cold` replays one
+  the engine serves, through the served pass.
 
 Every figure is taken on the HELD-OUT half: each TP rank's own lookups
 (`--partition`, TP `--ranks`) replayed through its cache; pages per decode step
@@ -92,18 +95,20 @@ def full_mean(steps: np.ndarray, full: np.ndarray) -> float:
     return float(steps[full].mean()) if full.any() else float("nan")
 
 
-def planner_split(fit: LookupTrace, cache_rows: int, ranks: int, partition: str) -> tuple[dict[int, int], dict]:
-    """Rows per layer of the planner's split, from the fit half's served-CLOCK curves of the slowest rank."""
+def planner_split(fit: LookupTrace, cache_rows: int, ranks: int, partition: str, rule=None) -> tuple[dict[int, int],
+                                                                                                     dict]:
+    """Rows per layer of the planner's split, from the fit half's curves of the slowest rank: served CLOCK, or
+    CLOCK with `rule` (what `characterize --admission` draws for `plan`)."""
     grid = sorted({int(c * cache_rows / SPLIT_GRID[-1]) for c in SPLIT_GRID})
     even = cache_rows // len(LAYERS)
-    load = {rank: sum(float(P.step_pages(lk, P.hit_mask(lk, even)).mean())
+    load = {rank: sum(float(P.step_pages(lk, P.hit_mask(lk, even, rule)).mean())
                       for lk in (P.rank_lookups(fit, l, rank, ranks, partition) for l in LAYERS))
             for rank in range(ranks)}
     slowest = (max(load.values()), max(load, key=lambda r: load[r]))   # the slowest rank at an even split
     curves = {}
     for layer in LAYERS:
         lk = P.rank_lookups(fit, layer, slowest[1], ranks, partition)
-        curves[layer] = [float(P.step_pages(lk, P.hit_mask(lk, c)).mean()) for c in grid]
+        curves[layer] = [float(P.step_pages(lk, P.hit_mask(lk, c, rule)).mean()) for c in grid]
     split = best_split(LAYERS, [MissCurve(tuple(map(float, grid)), tuple(curves[l])) for l in LAYERS],
                        [PAPER_NVME_PAGE_MS, PAPER_NVME_BEHIND_PAGE_MS], cache_rows)
     rows = {l: int(round(split.rows_of(l))) for l in LAYERS}
@@ -156,6 +161,10 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
     sat_bytes, every = None, None
     for policy, rl in (("CLOCK", None), ("admission", rule)):
         t1 = time.perf_counter()
+        if rl is not None and args.split_per_rule:   # the admission rows' own split, from the rule's fit curves
+            rows_of, info["split_admission"] = planner_split(fit, args.cache_rows, args.ranks, args.partition, rl)
+            progress(f"{wl}: planner split with the rule {rows_of} (from rank "
+                     f"{info['split_admission']['rank']}'s fit curves)")
         choice = P.choose_contexts(fit, LAYERS, rows_of, args.ranks, None, args.partition, rl, meta,
                                    P.fit_sources(split, fit) if args.order == "sources" else None)
         path = P.write_pack_list(args.out / f"pack_{wl}_{policy.lower()}.npz", choice)
@@ -229,6 +238,9 @@ def main() -> None:
                     help="budgets as fractions of the extra disk the fit half's useful contexts fill")
     ap.add_argument("--admission", default="", help=f"a rule of {tuple(P.NAMED_RULES)} (default: per workload "
                                                     f"{DEFAULT_RULE})")
+    ap.add_argument("--split-per-rule", action="store_true",
+                    help="the admission rows' cache split from the fit half's curves with the rule, as `plan` would "
+                         "choose it from `characterize --admission` curves (default: every row uses CLOCK's split)")
     ap.add_argument("--steps", choices=("all", "full"), default="all",
                     help="decode steps counted: every one, or those with B tokens decoding")
     ap.add_argument("--chat-sessions", type=int, default=192, help="ShareGPT conversations (both halves)")

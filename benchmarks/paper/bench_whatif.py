@@ -259,7 +259,7 @@ def _base(args, workload: str, batch: int) -> WhatIfConfig:
     return WhatIfConfig(workdir=args.out, workload=workload, batch=batch, ranks=4, engram_vocab=args.vocab,
                         decode_steps=args.steps, warmup_steps=args.warmup, check_steps=1,
                         max_session_tokens=4096 if workload == "agent" else 1024, host_pass_ms=args.host_pass_ms,
-                        pack_list=args.pack_list)
+                        pack_list=args.pack_list, admission=args.admission)
 
 
 def _eq1_pct(summ: dict, model_name: str, sharing: int, windows: dict[int, float], step_ms: float,
@@ -395,6 +395,8 @@ def main() -> None:
     ap.add_argument("--pack-list", default="",
                     help="stage the table packed with this pack list (made for the same --vocab table); "
                          "give --tag too so packed runs are saved apart")
+    ap.add_argument("--admission", default="off", help="the ranks' cache admission rule (slacktier whatif's flag); "
+                    "give --tag too")
     args = ap.parse_args()
     global _TAG
     _TAG = args.tag

@@ -96,7 +96,7 @@ import tomllib
 from dataclasses import dataclass
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import msgspec
 import tomli_w
@@ -105,6 +105,9 @@ from slacktier.errors import ErrorKind, SlackTierError
 
 #: most slots one cache may hold: slots are int32 indices
 MAX_CACHE_ROWS = 2**31 - 1
+#: the cache's admission rules, as the control file names them (cache.ADMISSIONS holds each one's heat codes)
+Admission = Literal["off", "prefill-cold", "counters"]
+ADMISSION_RULES: tuple[str, ...] = get_args(Admission)
 
 
 def _bad(message: str, fix: str, **where: Any) -> SlackTierError:
@@ -312,7 +315,7 @@ class EngineConfig(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_o
     owned_only: bool = False
     pad_id: Annotated[int, msgspec.Meta(le=-1)] = -1
     evict_ahead: bool = True
-    admission: Literal["off", "prefill-cold", "counters"] = "off"   # cache.ADMISSIONS
+    admission: Admission = "off"   # cache.ADMISSIONS
     metrics: bool = False
 
     def __post_init__(self) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from slacktier.commands._args import finite, finite_number, whole
-from slacktier.config import tier_facts
+from slacktier.config import ADMISSION_RULES, tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 
 HELP = ("what-if: run the step timeline for every TP rank with tables on emulated devices (nvme-paper, rdma-paper, "
@@ -53,6 +53,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="with --pack-list: extra disk per rank for packed pages (default 1.0)")
     p.add_argument("--pack-index-mb", type=finite("--pack-index-mb", 1e-6, 1e6), default=64.0,
                    help="with --pack-list: host memory per rank for the packing index (default 64.0)")
+    p.add_argument("--admission", default="off", choices=ADMISSION_RULES,
+                   help="the ranks' cache admission rule, as the control file's [engine] admission (default off); "
+                        "prefill chunks are flagged as prefill, decode steps as decode")
     p.add_argument("--out", default="runs/whatif", help="working directory (default runs/whatif)")
     p.add_argument("--plot", default=None, help="the PNG of each placement's stall (default: whatif.png in --out)")
     p.add_argument("--no-plot", action="store_true", help="skip the PNG")
@@ -114,7 +117,8 @@ def run(args: argparse.Namespace) -> int:
                        ranks=args.ranks, engram_vocab=args.vocab, decode_steps=args.steps,
                        max_session_tokens=args.max_session_tokens, this_disk=args.this_disk,
                        host_pass_ms=args.host_pass_ms, pack_list=args.pack_list,
-                       pack_disk_gb=args.pack_disk_gb, pack_index_mb=args.pack_index_mb)
+                       pack_disk_gb=args.pack_disk_gb, pack_index_mb=args.pack_index_mb,
+                       admission=args.admission)
     profile, runs = run_whatif(cfg, placements, runs=args.runs, progress=True)
     print(report(cfg, profile, runs))
     import importlib.util

@@ -237,7 +237,7 @@ class RealClock:
 class TimelineEngine(Protocol):
     """What the runner needs of a StepEngine."""
 
-    def begin_step(self, ids: np.ndarray) -> None: ...
+    def begin_step(self, ids: np.ndarray) -> None: ...   # and (ids, decode) where `warm` is given decode flags
 
     def gather(self, layer: int) -> object: ...
 
@@ -259,11 +259,12 @@ class LayerSubset:
         """The step's ids of the served layers, as the engine takes them (C-contiguous), before the step."""
         return np.ascontiguousarray(np.asarray(ids)[:, self.axes, :])
 
-    def begin_step(self, ids: np.ndarray) -> None:
-        """ids: prepared (`prepare`); the warm-up's unprepared [T, L, C] ids are cut here."""
+    def begin_step(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
+        """ids: prepared (`prepare`); the warm-up's unprepared [T, L, C] ids are cut here. decode: as
+        StepEngine.begin_step's."""
         if ids.shape[1] != len(self.axes):
             ids = self.prepare(ids)
-        self.engine.begin_step(ids)
+        self.engine.begin_step(ids, decode)
 
     def gather(self, layer: int) -> object:
         return self.engine.gather(layer)
@@ -318,9 +319,14 @@ class TimelineRunner:
     def __post_init__(self) -> None:
         self.layers = tuple(sorted(self.times.windows_ms))   # depth order
 
-    def warm(self, ids: np.ndarray) -> None:
-        """A step off the timeline (a prefill chunk): lookups issued and gathered, nothing timed."""
-        self.engine.begin_step(ids)
+    def warm(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
+        """A step off the timeline (a prefill chunk): lookups issued and gathered, nothing timed. decode: [T]
+        bool per token (None: all decode, and begin_step is called with the ids alone), for the cache's admission
+        rule (StepEngine.begin_step)."""
+        if decode is None:
+            self.engine.begin_step(ids)
+        else:
+            self.engine.begin_step(ids, decode)
         for layer in self.layers:
             self.engine.gather(layer)
         self.engine.end_step()

@@ -60,6 +60,8 @@ def header(placements: Sequence[Placement], profile: ComputeProfile, cfg: WhatIf
     line = f"device reads from model {reads or '-'}; device compute from profile {profile.name}"
     if cfg.host_pass_ms is not None:
         line += f"; host pass stated at {cfg.host_pass_ms:g} ms per rank, not measured"
+    if cfg.admission != "off":
+        line += f"; cache admission \"{cfg.admission}\""
     return line
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 import slacktier.store  # noqa: F401 - registers the built-in tiers before tier_facts reads them
 import slacktier.whatif.tier  # noqa: F401 - registers the emulated tier
-from slacktier.config import tier_facts
+from slacktier.config import ADMISSION_RULES, tier_facts
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.plan.placement import Placement, placement_control
 from slacktier.serve.timeline import (ComputeProfile, LayerSubset, StepTimes, SweepConfig, TimelineRunner,
@@ -98,6 +98,7 @@ class WhatIfConfig:
     pack_list: str = ""
     pack_disk_gb: float = 1.0         # extra disk per rank for packed pages (GB = 1e9 B)
     pack_index_mb: float = 64.0       # host memory per rank for the packing index (MB = 1e6 B)
+    admission: str = "off"            # the ranks' cache admission rule (the control file's; cache.ADMISSIONS)
 
     @property
     def staged_ranks(self) -> int:
@@ -116,6 +117,9 @@ class WhatIfConfig:
         if self.batch < 1 or self.decode_steps < 1 or self.engram_vocab < 1:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"batch {self.batch}, decode_steps {self.decode_steps}, "
                                  f"engram_vocab {self.engram_vocab}", fix="give positive values")
+        if self.admission not in ADMISSION_RULES:
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"admission {self.admission!r}",
+                                 fix=f"use one of {ADMISSION_RULES}")
 
     def sweep(self) -> SweepConfig:
         return SweepConfig(workload=self.workload, profile=self.profile, batches=(self.batch,),
@@ -215,7 +219,7 @@ def rank_control(manifest, rank: int, placement: Placement, cfg: WhatIfConfig, m
         return EmulatedOptions(model=model_file(model, cfg), device=device_name(placement, rank, model), rank=rank)
 
     engine = EngineConfig(device="cpu", max_cache_rows=1, max_tokens=max_tokens, owned_only=True,
-                          wait_timeout_ms=60_000.0)
+                          wait_timeout_ms=60_000.0, admission=cfg.admission)
     control = placement_control(placement, engine, str(manifest.path), manifest.layout.layer_ids, options=options,
                                 rank=rank, engine_layers_only=True)
     return control, [t.layer for t in control.tables]
@@ -245,7 +249,7 @@ class _PrePassed(LayerSubset):
         self.begin_s = time.perf_counter() - t
         self.prepassed = True
 
-    def begin_step(self, ids: np.ndarray) -> None:
+    def begin_step(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
         if self.prepassed:
             t = time.perf_counter_ns()
             for d in self.devices:
@@ -254,13 +258,13 @@ class _PrePassed(LayerSubset):
             self.prepassed = False
             return
         if not self.inline:   # off the TP step protocol (warm steps): batches land as if alone
-            self.engine.begin_step(np.asarray(ids)[:, self.axes, :])
+            self.engine.begin_step(np.asarray(ids)[:, self.axes, :], decode)
             return
         t = time.perf_counter_ns()
         for d in self.devices:
             d.begin_step()
             d.rank_host_pass(self.rank, t)
-        self.engine.begin_step(np.asarray(ids)[:, self.axes, :])
+        self.engine.begin_step(np.asarray(ids)[:, self.axes, :], decode)
         for d in self.devices:
             d.start_rank(self.rank, t)
             d.end_step()
@@ -395,7 +399,7 @@ def _tp_steps(runners, wrapped, devices, replay, batch: int, n: int, warmup: int
                     measured.append(tuple(r.s_ms if w.inline else 1e3 * w.begin_s for r, w in zip(ranks, wrapped)))
         elif warm or not warmed_once:
             for r in runners:
-                r.warm(st.ids)
+                r.warm(st.ids, st.is_decode)
             warmed_once = True
     if not out:
         raise SlackTierError(ErrorKind.MISSING, "no full-batch decode step ran",
