@@ -26,29 +26,16 @@ from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
 from benchmarks.tier import bench_packing as bp  # noqa: E402
 from slacktier.cache import ADMISSIONS  # noqa: E402
 from slacktier.engine.step import StepEngine  # noqa: E402
-from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
 from slacktier.tables.stage import stage_synthetic  # noqa: E402
-from slacktier.testing.engine import real_token_ids  # noqa: E402
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--admission", default="counters", choices=[a for a in ADMISSIONS if a != "off"])
-    ap.add_argument("--dir", default="/var/tmp", help="where the table is staged (deleted after)")
-    ap.add_argument("--vocab", type=int, default=40_000, help="scaled Engram vocab (rows per layer ~24x)")
-    ap.add_argument("--batch", type=int, default=128)
-    ap.add_argument("--steps", type=int, default=400)
-    ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--cache-rows", type=int, default=5_000)
-    ap.add_argument("--checked", type=int, default=5, help="first steps run with the bit-exact checker (untimed)")
+    bp.add_pass_args(ap)
     args = ap.parse_args()
-    if args.checked > args.warmup:
-        raise SystemExit("--checked must not exceed --warmup: checked steps are not timed")
-    print(f"{utc_stamp()}; `{command_line(__file__)}`; {machine()}", flush=True)
-    layout = EngramLayout.scaled(args.vocab)
+    layout, steps = bp.pass_steps(args, f"{utc_stamp()}; `{command_line(__file__)}`; {machine()}")
     layers = layout.layer_ids
-    held = real_token_ids(args.batch * (args.steps + 2), layout, start_file=1500)
-    steps = bp.steps_of(held, args.batch, args.steps)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         d = Path(tmp)
         table = stage_synthetic([d / "table.bin"], layout, 4, 0, progress=False).path
@@ -58,18 +45,9 @@ def main() -> None:
                                                    source="dram"))
             e.apply(e.config.replace(admission=name))
             engines[name] = e
-        try:
-            out = bp.run(engines, steps, args.warmup, args.checked, alternate=True)
-        finally:
-            for e in engines.values():
-                e.close()
-    bad = {name: r["mismatches"] for name, r in out.items() if r["mismatches"] or not r["checked"]}
-    if bad:
-        raise SystemExit(f"rows not bit-exact (or not checked) on the first {args.checked} steps: {bad}")
+        out = bp.run_paired(engines, steps, args.warmup, args.checked)
     p, k = np.array(out["off"]["begin_us"]), np.array(out[args.admission]["begin_us"])
     pages = {name: out[name]["pages"] for name in out}
-    print(f"checker: {args.checked} steps per engine, "
-          f"{sum(r['checked'] for r in out.values()):,} rows compared, 0 mismatching")
     print(f"B={args.batch}, {p.size} steps: begin_step median off {np.median(p):.0f} us, {args.admission} "
           f"{np.median(k):.0f} us; {args.admission} - off, step by step: median {np.median(k - p):.1f} us "
           f"(quartiles {np.percentile(k - p, 25):.1f} / {np.percentile(k - p, 75):.1f}); pages per step "

@@ -66,6 +66,51 @@ def control(d: Path, name: str, manifest: str, layers: tuple[int, ...], rank: in
     return str(write_control(from_dict(doc), d / name))
 
 
+def add_pass_args(ap: argparse.ArgumentParser) -> None:
+    """The flags of the paired begin_step benches (bench_packing_pass, bench_admission_pass)."""
+    ap.add_argument("--dir", default="/var/tmp", help="where the tables are staged (deleted after)")
+    ap.add_argument("--vocab", type=int, default=40_000, help="scaled Engram vocab (rows per layer ~24x)")
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=400)
+    ap.add_argument("--warmup", type=int, default=50)
+    ap.add_argument("--cache-rows", type=int, default=5_000)
+    ap.add_argument("--checked", type=int, default=5, help="first steps run with the bit-exact checker (untimed)")
+
+
+def pass_steps(args: argparse.Namespace, header: str) -> tuple[EngramLayout, list[np.ndarray]]:
+    """The paired benches' table layout and timed decode steps (held-out source text), after checking the flags
+    and printing `header` (the run's date, command and machine)."""
+    from slacktier.testing.engine import real_token_ids
+
+    if args.checked > args.warmup:
+        raise SystemExit("--checked must not exceed --warmup: checked steps are not timed")
+    print(header, flush=True)
+    layout = EngramLayout.scaled(args.vocab)
+    held = real_token_ids(args.batch * (args.steps + 2), layout, start_file=1500)
+    return layout, steps_of(held, args.batch, args.steps)
+
+
+def run_paired(engines: dict[str, StepEngine], steps: list[np.ndarray], warmup: int, checked: int) -> dict[str, dict]:
+    """`run` with the engines alternating which goes first, then closed; refused unless the checked steps were
+    exact (`check_exact`)."""
+    try:
+        out = run(engines, steps, warmup, checked, alternate=True)
+    finally:
+        for e in engines.values():
+            e.close()
+    check_exact(out, checked)
+    return out
+
+
+def check_exact(out: dict[str, dict], checked: int) -> None:
+    """Refuse a paired run whose checked steps found a mismatching row (or checked none); say what was checked."""
+    bad = {name: r["mismatches"] for name, r in out.items() if r["mismatches"] or not r["checked"]}
+    if bad:
+        raise SystemExit(f"rows not bit-exact (or not checked) on the first {checked} steps: {bad}")
+    print(f"checker: {checked} steps per engine, {sum(r['checked'] for r in out.values()):,} rows compared, "
+          "0 mismatching")
+
+
 def steps_of(held: np.ndarray, batch: int, steps: int) -> list[np.ndarray]:
     """Decode steps: `batch` streams, stream b the held-out tokens from b * len / batch on."""
     per = held.shape[0] // batch
