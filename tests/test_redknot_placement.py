@@ -201,7 +201,9 @@ def test_prefill_reports_each_layers_window_and_arrival(tmp_path, runner):
 def test_warm_opens_sources_before_the_first_prefill(tmp_path, runner):
     """warm() opens each valid document's sources once per tier; the prefill then opens none and is unchanged."""
     store = _store(tmp_path, runner)
-    cold = RedKnotService(runner, store, placement=_mixed(store)).prefill(DOCS, Q, ProtectionPolicy(0.2))
+    first = RedKnotService(runner, store, placement=_mixed(store))
+    cold = first.prefill(DOCS, Q, ProtectionPolicy(0.2))
+    first.close()   # its sources hold the disk's device queue: left open, they would outlive this test
     svc = RedKnotService(runner, store, placement=_mixed(store))
     assert svc.warm(DOCS + [("d0", D1)]) == 2          # d0 with other tokens: its certificate does not fit
     assert svc.counters["sources_opened"] == 2 * len(DOCS)
