@@ -201,3 +201,28 @@ def test_characterize_config_refuses_unknown_names_before_any_work(tmp_path, cap
     assert "unknown policy fifo" in capsys.readouterr().err and not out.exists()
     assert main(["characterize", "--layers", "1,x", "--out", str(out), "--no-progress"]) == 2
     assert "--layers" in capsys.readouterr().err
+
+
+def test_the_engines_admission_rules_are_policies_of_their_own(chat_trace, tmp_path):
+    """"clock+RULE" is the served CLOCK with that [engine] admission rule, replayed by its pass: named in the
+    table (in order, columns as wide as the name), on a miss-page curve, and accepted by the config."""
+    from slacktier.workloads.corpus import CorpusConfig
+    from slacktier.workloads.replay import ReplayConfig
+    from slacktier.workloads.report import CharacterizeConfig, format_characterization, plot_hit_rates
+
+    trace, _ = chat_trace
+    prep = prepare_layer(trace, 14)
+    cap = prep.n_items // 20
+    for rule in ("prefill-cold", "counters"):
+        assert run_policy(prep, f"clock+{rule}", cap).tolist() == run_policy(prep, "clock", cap,
+                                                                            admission=rule).tolist()
+    assert run_policy(prep, "clock+counters", cap).tolist() != run_policy(prep, "clock", cap).tolist()
+    results = [evaluate(prep, p, Capacity(cap, "5%")) for p in ("clock+counters", "lru", "clock")]
+    lines = format_characterization(results, [], {}).splitlines()
+    assert lines[0].split()[-3:] == ["lru", "clock", "clock+counters"]
+    assert len(lines[2]) == len(lines[0]) and lines[2].endswith("%")   # the wide column keeps its values aligned
+    curve = miss_page_curve([prep], [0, cap], policy="clock+counters")
+    assert curve["policy"] == "clock+counters" and curve["layers"]["14"]["hit_rate"][1] > 0
+    assert plot_hit_rates(results, tmp_path)
+    CharacterizeConfig(CorpusConfig(), ReplayConfig(), policies=("clock", "clock+counters"),
+                       miss_policy="clock+prefill-cold")

@@ -109,6 +109,9 @@ SPARE = 3        # lstate's spare word: the prefetch loops' sum goes there, so t
 
 NO_SEEN = np.zeros(1, dtype=np.uint8)   # the seen argument of a pass that is not lossy (never read)
 NO_HEAT = np.zeros(0, dtype=np.uint8)   # the heat argument of a pass with no admission rule: plain CLOCK
+NO_INDEX_KEYS = np.zeros(0, dtype=np.int64)   # a layer without context packing: an empty index
+NO_INDEX_ORDINALS = np.zeros(0, dtype=np.int32)
+NO_PACKED = np.zeros(1, dtype=np.int32)
 #: The cache's admission rules (the control file's `admission`), each as (a decode token's heat code, a prefill
 #: token's): "off", plain CLOCK; "prefill-cold", a prefill token's misses enter unreferenced; "counters", 2-bit
 #: reference counts that decode lookups raise and prefill lookups do not (step 4 of the module doc).
@@ -143,9 +146,7 @@ def token_heat(admission: str, prefill: np.ndarray) -> np.ndarray:
         return NO_HEAT
     dec, pre = ADMISSION_HEAT[admission]
     return np.where(np.asarray(prefill, dtype=bool), np.uint8(pre), np.uint8(dec)).astype(np.uint8)
-NO_INDEX_KEYS = np.zeros(0, dtype=np.int64)   # a layer without context packing: an empty index
-NO_INDEX_ORDINALS = np.zeros(0, dtype=np.int32)
-NO_PACKED = np.zeros(1, dtype=np.int32)
+
 
 
 @dataclass(frozen=True)

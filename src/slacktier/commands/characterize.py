@@ -27,8 +27,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-spread-steps", type=int, default=0,
                    help="first B sessions start at uniform random delays in [0, this) decode steps")
     p.add_argument("--policies", default="clock,lru,belady",
-                   help="comma list of lru, clock, s3fifo, static, static_lru, belady (cold), belady_warm "
-                        "(the fit's top rows preloaded: the ceiling of the static policies too), or 'all' "
+                   help="comma list of lru, clock, clock+prefill-cold and clock+counters (the engine's CLOCK with "
+                        "that [engine] admission rule, replayed by its pass), s3fifo, static, static_lru, belady "
+                        "(cold), belady_warm (the fit's top rows preloaded: the ceiling of the static policies "
+                        "too), or 'all' (every one but the clock+ rules) "
                         "(default: clock,lru,belady: the engine's CLOCK beside LRU and the Belady limit; each policy "
                         "adds a pass over every capacity)")
     p.add_argument("--layers", default="", help="comma list of the table's layers (default: all; Engram 1,14, PLE 1)")
@@ -36,7 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of capacities in rows per layer (default: 1M, 5M, 0.2/1/5%% of the table "
                         "and 5/10/25/50%% of the trace's unique rows)")
     p.add_argument("--static-head-share", type=float, default=0.5, help="share of capacity pinned by static_lru")
-    p.add_argument("--miss-policy", default="clock", help="policy behind the miss-page curve (the engine uses CLOCK)")
+    p.add_argument("--miss-policy", default="clock",
+                   help="policy behind the miss-page curve: clock (the engine's), or clock+prefill-cold / "
+                        "clock+counters for an engine serving that admission rule")
     p.add_argument("--miss-points", type=int, default=12, help="capacities on the miss-page curve")
     p.add_argument("--agent-source", choices=("published", "template"), default="published",
                    help="agent traffic: published trajectories of real agents (default: the vendored sample, or "

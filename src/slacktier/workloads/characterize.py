@@ -105,7 +105,10 @@ def step_starts(trace: LookupTrace) -> np.ndarray:
 def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_share: float = 0.5,
                admission: str = "off") -> np.ndarray:
     """Hit mask [M] uint8 of `policy` at `capacity` rows on a prepared layer; admission (`cache.ADMISSIONS`,
-    the engine's control-file option) applies to "clock", the served cache, and is replayed by its pass."""
+    the engine's control-file option) applies to "clock", the served cache, and is replayed by its pass
+    ("clock+RULE" is "clock" with admission RULE)."""
+    if policy in pol.ADMITTED:
+        policy, admission = policy.split("+", 1)
     if policy == "lru":
         return pol.lru(prep.ids, prep.n_items, capacity)
     if policy == "clock":
@@ -126,7 +129,7 @@ def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_shar
             return pol.belady_warm(prep.ids, prep.decode, prep.ranks, prep.n_items, capacity)
         head = int(capacity * static_head_share)
         return pol.static_lru(prep.ids, prep.ranks, prep.n_items, capacity, head)
-    raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown policy {policy!r}", fix=f"use one of {pol.POLICIES}")
+    raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown policy {policy!r}", fix=f"use one of {pol.KNOWN_POLICIES}")
 
 
 @dataclass

@@ -40,10 +40,15 @@ from __future__ import annotations
 import numba
 import numpy as np
 
+from slacktier.cache.directory import ADMISSIONS
 from slacktier.cache.simulate import REUSE_FILLED, replay_clock
 from slacktier.errors import ErrorKind, SlackTierError
 
 POLICIES = ("lru", "clock", "s3fifo", "static", "static_lru", "belady", "belady_warm")
+#: the served CLOCK with one of the engine's admission rules ("clock+prefill-cold", "clock+counters"): named
+#: policies of their own, not part of POLICIES ("all"); KNOWN_POLICIES is every name, in table order
+ADMITTED = tuple(f"clock+{rule}" for rule in ADMISSIONS if rule != "off")
+KNOWN_POLICIES = POLICIES[:2] + ADMITTED + POLICIES[2:]
 S3FIFO_SMALL_SHARE = 0.1
 S3FIFO_MAX_FREQ = 3
 

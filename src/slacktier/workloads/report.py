@@ -37,7 +37,7 @@ from slacktier.workloads.characterize import (BatchReuse, Capacity, HitResult, P
 from slacktier.workloads.corpus import WORKLOADS, CorpusConfig
 from slacktier.workloads.packing import PackConfig, characterize_packing
 from slacktier.workloads.hashing import TABLE_TOKENS, TABLES, lookup_hasher, table_layer_ids
-from slacktier.workloads.policies import POLICIES
+from slacktier.workloads.policies import KNOWN_POLICIES, POLICIES
 from slacktier.workloads.replay import ReplayConfig
 
 log = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ class CharacterizeConfig:
     table: str = "engram"                  # "engram" (V4.1, corpus.tokens "deepseek") or "ple" (Qwen3.8, "qwen")
     capacities_rows: tuple[int, ...] = ()  # empty: capacities_for() per layer
     static_head_share: float = 0.5         # share of capacity static_lru pins
-    miss_policy: str = "clock"             # policy behind the miss-page curve (the engine serves CLOCK)
+    miss_policy: str = "clock"             # policy behind the miss-page curve: the engine's CLOCK, "clock+RULE" with
+                                           # its control file's admission RULE
     miss_points: int = 12                  # capacities on the miss-page curve
     out: Path = Path("runs/characterize")
     pack: PackConfig | None = None         # context packing: choose on the fit half, curves with the list
@@ -67,8 +68,9 @@ class CharacterizeConfig:
 
     def __post_init__(self) -> None:
         for p in (*self.policies, self.miss_policy):
-            if p not in POLICIES:
-                raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown policy {p}", fix=f"use {','.join(POLICIES)}")
+            if p not in KNOWN_POLICIES:
+                raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown policy {p}",
+                                     fix=f"use {','.join(KNOWN_POLICIES)}")
         for w in self.workloads:
             if w not in WORKLOADS:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown workload {w}", fix=f"use {','.join(WORKLOADS)}")
@@ -206,16 +208,18 @@ def write_tables(res: Characterization, out: Path) -> None:
 def format_characterization(results: Sequence[HitResult], reuse_rows: Sequence[dict | BatchReuse],
                             summary: dict) -> str:
     """Decode hit rates, one line per (workload, layer, capacity) and one column per policy; reuse; trace sizes."""
-    policies = sorted({r.policy for r in results}, key=POLICIES.index)
+    policies = sorted({r.policy for r in results}, key=KNOWN_POLICIES.index)
+    width = {p: max(10, len(p)) for p in policies}
     keyed = {(r.workload, r.layer, r.capacity_rows, r.capacity_label, r.policy): r for r in results}
     lines = sorted({k[:4] for k in keyed}, key=lambda k: (k[0], k[1], k[2]))
-    head = f"{'workload':8} {'layer':>5} {'capacity':>22} {'rows':>11} " + " ".join(f"{p:>10}" for p in policies)
+    head = f"{'workload':8} {'layer':>5} {'capacity':>22} {'rows':>11} " + " ".join(f"{p:>{width[p]}}"
+                                                                                    for p in policies)
     text = [head, "-" * len(head)]
     for wl, layer, rows, label in lines:
         vals = []
         for p in policies:
             r = keyed.get((wl, layer, rows, label, p))
-            vals.append(f"{100 * r.decode_hit_rate:9.1f}%" if r else f"{'-':>10}")
+            vals.append(f"{100 * r.decode_hit_rate:{width[p] - 1}.1f}%" if r else f"{'-':>{width[p]}}")
         text.append(f"{wl:8} {layer:>5} {label:>22} {rows:>11,} " + " ".join(vals))
     text.append("")
     for r in reuse_rows:
