@@ -112,9 +112,8 @@ def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_shar
     if policy == "lru":
         return pol.lru(prep.ids, prep.n_items, capacity)
     if policy == "clock":
-        heat = token_heat(admission, ~prep.decode.astype(bool))
-        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace),
-                         heat=None if admission == "off" else heat)
+        heat = token_heat(admission, ~prep.decode.astype(bool))   # refuses an unknown rule; empty for "off"
+        return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace), heat=heat if heat.size else None)
     if policy == "s3fifo":
         return pol.s3fifo(prep.ids, prep.n_items, capacity)
     if policy == "belady":
