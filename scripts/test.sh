@@ -2,6 +2,12 @@
 # Runs the whole test suite. Starts what the tests need (redis-server from
 # Debian's packages is installed if missing). pytest's exit code 5 (no tests
 # collected) is a failure here, never a silent pass.
+#
+# Two worker processes (one where the machine has one core), each taking
+# whole test files (--dist loadfile: a file's module fixtures stay in one
+# process): the suite is CPU-bound and single-threaded, so on CI's two cores
+# this about halves it. SLACKTIER_TEST_WORKERS overrides the count (0 runs
+# everything in this process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -10,7 +16,12 @@ if ! command -v redis-server >/dev/null 2>&1; then
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null) \
         || echo "warning: could not install redis-server; Redis tests will fail"
 fi
-"$BIN/python" -m pytest -q "$@"
+workers=${SLACKTIER_TEST_WORKERS:-$(( $(nproc) < 2 ? 1 : 2 ))}
+if [ "$workers" -gt 0 ]; then
+    "$BIN/python" -m pytest -q -n "$workers" --dist loadfile "$@"
+else
+    "$BIN/python" -m pytest -q "$@"
+fi
 rc=$?
 if [ "$rc" -eq 5 ]; then
     echo "pytest collected no tests: failing on purpose" >&2

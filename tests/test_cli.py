@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from slacktier import cli
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _registered_verbs() -> list[str]:
@@ -90,15 +93,17 @@ def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
     assert "LAYER=ROWS" in capsys.readouterr().err
 
 
-def test_demo_runs_small(tmp_path, capsys):
+def test_demo_runs_with_its_defaults(tmp_path, capsys):
+    """README's `make demo` is `slacktier demo` with its defaults: this is where it runs (the docs test skips it)."""
     import socket
     import urllib.request
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    rc = cli.main(["demo", "--out", str(tmp_path / "demo"), "--rows", "3000", "--no-progress",
-                   "--metrics-port", str(port)])
+    recipe = re.search(r"^demo:.*\n\t(.*)$", (ROOT / "Makefile").read_text(), flags=re.M)
+    assert recipe and recipe.group(1) == "$(BIN)/slacktier demo", recipe   # the target runs the verb, no flags
+    rc = cli.main(["demo", "--out", str(tmp_path / "demo"), "--metrics-port", str(port)])
     assert rc == 0
     out = capsys.readouterr().out
     assert "SlackTier demo" in out and ": OK;" in out
@@ -106,8 +111,6 @@ def test_demo_runs_small(tmp_path, capsys):
     assert os.path.getsize(tmp_path / "demo" / "table.bin") > 0
     assert "device compute from profile v41_paper; host, cache and I/O real" in out
     # a person reads it: lines fit a terminal, no tracker numbers or paper sections, a verdict per experiment
-    import re
-
     lines = out.splitlines()
     assert max(len(l) for l in lines if str(tmp_path) not in l) <= 120, max(lines, key=len)
     assert not any(re.search(r"issue \d|section \d", l) for l in lines)

@@ -1,7 +1,7 @@
 """A CLI-staged table served by 2 and 4 real TP rank processes through each plug-in, against the engine's stock
 sharded path bit for bit; a rank killed mid-step.
 
-Each rank is its own process. SGLang (tests/tp_rank_worker.py): SGLang
+Each rank is its own process, forked from one that imported the engine (tests/tp_world.py). SGLang (tests/tp_rank_worker.py): SGLang
 0.5.23's own process groups on gloo carry the all-reduce of
 `EngramEmbedding._lookup`, the plug-in loads through SGLang's `load_plugins()`
 and is turned on by SLACKTIER_SGLANG_CONTROL=<dir>/rank{tp_rank}.toml. vLLM
@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -129,28 +130,30 @@ def _free_port() -> int:
 
 
 def _ranks(world: dict, engine: str, ranks: int, out: Path, controls: list[str], *extra: str) -> list[dict]:
-    """Start `ranks` rank processes of `engine`, wait for all, and read each one's report."""
+    """Start one world of `ranks` rank processes of `engine` (tp_world.py: the engine imported once, each rank a
+    fork), wait for all, and read each one's report, or its exit status and log where it wrote none."""
     out.mkdir(parents=True, exist_ok=True)
     init = f"tcp://127.0.0.1:{_free_port()}"
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"} | WORKER_ENV[engine]
-    procs = [subprocess.Popen([sys.executable, str(WORKERS[engine]), "--rank", str(r), "--world", str(ranks),
-                               "--init", init, "--checkpoint", str(world[engine]["ckpt"]), "--tokens", str(world["tokens"]), "--out",
-                               str(out), "--controls", *controls, *extra],
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r in range(ranks)]
-    logs = []
+    proc = subprocess.Popen([sys.executable, str(HERE / "tp_world.py"), str(WORKERS[engine]), "--world", str(ranks),
+                             "--init", init, "--checkpoint", str(world[engine]["ckpt"]), "--tokens",
+                             str(world["tokens"]), "--out", str(out), "--controls", *controls, *extra],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
     try:
-        for p in procs:
-            logs.append(p.communicate(timeout=RANK_TIMEOUT_S)[0])
+        log = proc.communicate(timeout=RANK_TIMEOUT_S)[0]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)   # the launcher and every rank it forked
+            proc.wait()
+    assert proc.returncode == 0 and (out / "exits.json").exists(), log[-3000:]
+    exits = json.loads((out / "exits.json").read_text())
     reports = []
-    for r, (p, log) in enumerate(zip(procs, logs)):
+    for r in range(ranks):
         path = out / f"rank{r}.json"
-        reports.append(json.loads(path.read_text()) if path.exists() else {"rank": r, "exit": p.returncode,
-                                                                             "log": log[-3000:]})
+        rank_log = out / f"rank{r}.log"
+        reports.append(json.loads(path.read_text()) if path.exists() else {
+            "rank": r, "exit": exits[str(r)], "log": rank_log.read_text()[-3000:] if rank_log.exists() else ""})
     return reports
 
 

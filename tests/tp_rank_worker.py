@@ -38,6 +38,20 @@ sys.path.insert(0, str(HERE))
 
 LAYERS = (1, 14)
 DIM = 256
+SGLANG_MODULES = ("sglang.srt.runtime_context", "sglang.srt.distributed.parallel_state", "sglang.srt.plugins",
+                  "sglang.srt.layers.engram", "sglang.srt.models.deepseek_v4",
+                  "sglang.srt.model_executor.forward_batch_info")
+
+
+def preload() -> None:
+    """Import what a rank runs (tp_world.py does it once, before it forks the ranks)."""
+    import torch  # noqa: F401
+    from engines import import_sglang
+
+    from slacktier.adapters import sglang  # noqa: F401
+
+    for name in SGLANG_MODULES:
+        import_sglang(name)
 
 
 class _HFTokenizer:

@@ -41,6 +41,18 @@ sys.path.insert(0, str(HERE))
 LAYERS = (1, 14)
 
 
+def preload() -> None:
+    """Import what a rank runs (tp_world.py does it once, before it forks the ranks)."""
+    import torch  # noqa: F401
+    from engines import import_vllm
+
+    from slacktier.adapters import vllm as plug
+
+    for name in ("vllm.config", "vllm.config.engram", "vllm.distributed.parallel_state", "vllm.plugins",
+                 plug.ENGRAM_MODULE):
+        import_vllm(name)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rank", type=int, required=True)

@@ -156,10 +156,13 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
 
 
 def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tiers_path: str | Path,
-                      curves_path: str | Path, *, kappa_ms: float = 0.0, resolve_ms: float = 0.0) -> dict[str, Any]:
-    """The planner's prediction for the placement of a `control_report`: its tiers, its cache split, its order."""
+                      curves_path: str | Path, *, kappa_ms: float = 0.0, resolve_ms: float = 0.0,
+                      read: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """The planner's prediction for the placement of a `control_report`: its tiers, its cache split, its order.
+
+    `read` is the tiers and miss curves already loaded from those paths (`read_prediction_inputs`)."""
     from slacktier.errors import ErrorKind, SlackTierError
-    from slacktier.plan import TableDemand, load_miss_curves, load_tiers, plan_to_dict, predict_fixed_placement
+    from slacktier.plan import TableDemand, plan_to_dict, predict_fixed_placement
 
     tables = control["tables"]
     missing = [t["layer"] for t in tables if t["layer"] not in windows_ms]
@@ -168,10 +171,10 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
                              fix="pass --window LAYER=MS per table, or a probe JSON that measured these layers")
     demands = [TableDemand(layer=t["layer"], rows=t["rows"], manifest=t["manifest"], window_ms=windows_ms[t["layer"]],
                            in_memory_bytes=t["in_memory_bytes"]) for t in tables]
-    tiers = load_tiers(tiers_path)
+    tiers, curves = read if read is not None else read_prediction_inputs(tiers_path, curves_path)
     plan = predict_fixed_placement(demands, {t["layer"]: t["tier"] for t in tables},
                                    {t["layer"]: t["cache_share"] for t in tables}, tiers,
-                                   load_miss_curves(curves_path).by_layer, control["cache_rows"],
+                                   curves.by_layer, control["cache_rows"],
                                    order={t["layer"]: t["order"] for t in tables}, resolve_ms=resolve_ms,
                                    kappa_ms=kappa_ms)
     doc = plan_to_dict(plan)
@@ -181,6 +184,13 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
     models = {t.name: {**dataclasses.asdict(t.read), "fit": dataclasses.asdict(t.fit) if t.fit else None}
               for t in tiers if t.name in used}
     return {"tiers": str(tiers_path), "curves": str(curves_path), "read_models": models, **doc}
+
+
+def read_prediction_inputs(tiers_path: str | Path, curves_path: str | Path) -> tuple[Any, Any]:
+    """The tiers file and the miss-page curves a prediction reads (each refused with its own error)."""
+    from slacktier.plan import load_miss_curves, load_tiers
+
+    return load_tiers(tiers_path), load_miss_curves(curves_path)
 
 
 def _windows(args: argparse.Namespace) -> dict[int, float]:
@@ -273,13 +283,14 @@ def run(args: argparse.Namespace) -> int:
     from slacktier.errors import ErrorKind, SlackTierError
 
     report: dict[str, Any] = {}
+    windows = _windows(args)   # the flags' files before the control file's checks, which open the engine's room
+    read = read_prediction_inputs(args.tiers, args.curves) if args.tiers and args.curves else None
     for path in args.paths:
         key = "control_report" if str(path).endswith(".toml") else "manifest_report"
         if key in report:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"two {key.split('_')[0]} files given",
                                  fix="give at most one manifest (.json) and one control file (.toml)")
         report[key] = control_report(path, args.tp) if key == "control_report" else manifest_report(path, args.tp)
-    windows = _windows(args)
     if args.tiers or args.curves or windows:
         if not (args.tiers and args.curves and "control_report" in report):
             raise SlackTierError(ErrorKind.MISSING, "a predicted slowdown needs a control file, --tiers, --curves "
@@ -287,6 +298,6 @@ def run(args: argparse.Namespace) -> int:
                                  fix="give the control file (.toml) with --tiers FILE --curves FILE --window LAYER=MS "
                                  "(per table), or none of these flags")
         report["prediction"] = prediction_report(report["control_report"], windows, args.tiers, args.curves,
-                                                 kappa_ms=args.kappa_ms, resolve_ms=args.resolve_ms)
+                                                 kappa_ms=args.kappa_ms, resolve_ms=args.resolve_ms, read=read)
     print(json.dumps(report, indent=2) if args.json else "\n".join(lines(report)))
     return 0

@@ -172,7 +172,6 @@ def windows_from_args(args: argparse.Namespace, layers=None) -> dict[int, float]
 def run(args: argparse.Namespace) -> int:
     """Plan, print the placement and write the control file (and the plan as JSON if asked)."""
     from slacktier.config import EngineConfig, write_control
-    from slacktier.engine.build import resolve_control
     from slacktier.plan import TableDemand, control_file, format_plan, load_miss_curves, load_tiers, make_plan, \
         plan_comment, plan_to_dict
     from slacktier.tables.manifest import Manifest
@@ -206,6 +205,8 @@ def run(args: argparse.Namespace) -> int:
     # The engine opens what plan writes: each table served with the rank partition its manifest was staged
     # with, checked as the engine checks at open (one function), validated by the schema as it is written.
     cfg = control_file(plan, engine, (disk,))
+    from slacktier.engine.build import resolve_control   # the engine's own room (torch): once the inputs are read
+
     try:
         cfg = msgspec.structs.replace(cfg, tables=tuple(
             msgspec.structs.replace(t, partition=Manifest.load(t.manifest).partition_kind) for t in cfg.tables))
