@@ -93,6 +93,7 @@ def test_bad_layer_spec_is_a_clean_error(tmp_path, capsys):
     assert "LAYER=ROWS" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_demo_runs_with_its_defaults(tmp_path, capsys):
     """README's `make demo` is `slacktier demo` with its defaults: this is where it runs (the docs test skips it)."""
     import socket
@@ -120,6 +121,15 @@ def test_demo_runs_with_its_defaults(tmp_path, capsys):
     lookups = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                   if line.startswith("slacktier_lookups_total{"))
     assert lookups > 0
+
+
+def test_staging_and_verifying_a_table_import_no_torch():
+    # stage and verify read and write bytes and checksums: torch's import would cost each command seconds
+    code = ("import sys, slacktier.tables.stage, slacktier.tables.verify, slacktier.commands.plan; "
+            "print('torch' in sys.modules)")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "False"
 
 
 def test_report_verbs_import_no_torch_and_keep_their_old_names():

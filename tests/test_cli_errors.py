@@ -95,6 +95,7 @@ def test_a_subprocess_prints_one_line_and_exits_2(tmp_path):
     assert res.stderr.startswith("slacktier verify: error: [bad_input] manifest ")
 
 
+@pytest.mark.slow
 def test_numba_cache_falls_back_to_a_temp_dir_without_a_writable_home(tmp_path):
     # A read-only install and no writable HOME: every __pycache__ of the package copy is a plain file (so not
     # even root can make it a directory) and HOME is a file. Unfixed, importing a kernel module raised numba's

@@ -169,6 +169,7 @@ def _ids_on_page(manifest, layer: int, rank: int, page: int) -> np.ndarray:
     return ids
 
 
+@pytest.mark.slow
 def test_disk_tier_survives_corruption_truncation_and_late_reads(staged, tmp_path: Path) -> None:
     """>= 1M lookups from a real O_DIRECT file; corrupted page, truncated file, a late read: 0 wrong rows."""
     engine = StepEngine.from_config(control(staged, "held_disk"))
@@ -456,6 +457,7 @@ def test_the_file_checker_reads_a_truncated_file_as_an_error_not_sigbus(staged) 
     engine.close()
 
 
+@pytest.mark.slow
 def test_redis_cluster_tier_survives_failover_an_empty_restart_bad_values_and_a_slow_node(staged, tmp_path,
                                                                                         caplog) -> None:
     """A real 3-master, 3-replica cluster with ACLs: >= 1M checked lookups while a master is killed (its replica

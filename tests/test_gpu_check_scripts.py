@@ -26,6 +26,7 @@ from engines import ENGINES_DIR, SGLANG_VERSION, VLLM_VERSION, skip_reason
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("engine, dist, version, parts", [
     ("sglang", "sglang", SGLANG_VERSION, ("rows", "bcg", "time", "ple")),
     ("vllm", "vllm", VLLM_VERSION, ("rows", "bcg", "time", "ple")),

@@ -45,12 +45,16 @@ engine's own lookup, so every dequant entry point takes `convention`:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numba
 import numpy as np
-import torch
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROW_BYTES, ROW_SCALES, ROW_VALUES, ROW_WORDS, SCALE_BLOCK
+
+if TYPE_CHECKING:   # the functions that take tensors import torch: staging or verifying a table needs none
+    import torch
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 BF16_NAN_BITS = 0x7FC0  # the NaN we write (see the module docstring)
@@ -130,6 +134,8 @@ def _dequant_rows_lut(raw: np.ndarray, lut: np.ndarray, out: np.ndarray) -> None
 
 
 def _check_raw(raw: torch.Tensor) -> None:
+    import torch
+
     if raw.dtype != torch.uint8 or raw.shape[-1] != ROW_BYTES:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"raw rows must be [..., {ROW_BYTES}] uint8, got "
                              f"{tuple(raw.shape)} {raw.dtype}", fix="pass rows as stored on a tier")
@@ -137,6 +143,8 @@ def _check_raw(raw: torch.Tensor) -> None:
 
 def split_raw(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """raw [..., 264] uint8 -> (weight [..., 256] float8_e4m3fn, scale [..., 8] float8_e8m0fnu) views."""
+    import torch
+
     _check_raw(raw)
     return (raw[..., :ROW_VALUES].view(torch.float8_e4m3fn),
             raw[..., ROW_VALUES:].view(torch.float8_e8m0fnu))
@@ -144,6 +152,8 @@ def split_raw(raw: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def join_raw(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """(weight [N, 256] fp8, scale [N, 8] e8m0) -> raw [N, 264] uint8."""
+    import torch
+
     if weight.dtype != torch.float8_e4m3fn or scale.dtype != torch.float8_e8m0fnu:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"want float8_e4m3fn weight and float8_e8m0fnu scale, got "
                              f"{weight.dtype} and {scale.dtype}", fix="convert the checkpoint tensors first")
@@ -156,6 +166,8 @@ def join_raw(weight: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def reference_dequant(weight: torch.Tensor, scale: torch.Tensor, convention: str = "torch") -> torch.Tensor:
     """The torch reference: weight [..., 256] fp8, scale [..., 8] e8m0 -> bf16 [..., 256]; "vllm" reads each
     scale byte as vLLM's kernel does (the fp32 with that exponent field)."""
+    import torch
+
     rows = weight.float().unflatten(-1, (-1, SCALE_BLOCK))
     if check_convention(convention) == "vllm":
         factor = (scale.view(torch.uint8).to(torch.int32) << 23).view(torch.float32)
@@ -184,6 +196,8 @@ def dequantize(raw: torch.Tensor, convention: str = "torch") -> torch.Tensor:
     CPU tensors go through the exact lookup table; tensors on an accelerator run
     the torch reference arithmetic itself on that device.
     """
+    import torch
+
     _check_raw(raw)
     if raw.device.type != "cpu":
         weight, scale = split_raw(raw)
@@ -204,6 +218,8 @@ def quantize(values: torch.Tensor) -> torch.Tensor:
     (e8m0 bytes 0..254, never the NaN byte); an all-zero block gets scale 1.
     Values are rounded to e4m3 by torch (nearest even). -0 stays -0.
     """
+    import torch
+
     if values.ndim != 2 or values.shape[1] != ROW_VALUES:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"values must be [N, {ROW_VALUES}], got {tuple(values.shape)}",
                              fix="reshape rows to 256 values each")
