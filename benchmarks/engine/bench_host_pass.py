@@ -30,6 +30,12 @@ follows a whole step):
 Before each timed part the CPU caches are flushed (a 96 MiB sweep; this VM's L3
 is 32 MiB), as after the model's forward; `--no-flush` times them as they come.
 
+`--admission RULE` adds a twin of the agent engine that serves that admission rule
+(`[engine] admission`), configured as `agent` otherwise (as `agent+ahead` with
+`--evict-ahead`) and replayed on the same steps with the prefill chunks flagged
+as prefill: what the rule costs begin_step at the rank's full cache, hits and
+pages beside it.
+
 `--evict-ahead` adds a twin of each engine with `evict_ahead` on (end_step
 empties as many slots per layer as the step claimed: the next step's misses
 claim them without reading a victim's entry), on the same steps; end_step's
@@ -42,7 +48,7 @@ the host memory of the rank's directories beside what 4 B per shard row took.
 `--json PATH` writes every figure.
 
     .venv/bin/python benchmarks/engine/bench_host_pass.py [--batches 32,64,128] [--rounds 3] [--steps 40]
-        [--evict-ahead] [--no-flush]
+        [--admission counters] [--evict-ahead] [--no-flush]
 """
 
 from __future__ import annotations
@@ -65,7 +71,7 @@ from numba import njit
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import timed_step  # noqa: E402
 
-from slacktier.cache import RowCache
+from slacktier.cache import ADMISSIONS, RowCache
 from slacktier.cache.kernels import HAND, prefetch
 from slacktier.engine.step import StepEngine
 from slacktier.engine.tables import TableSpec
@@ -187,7 +193,8 @@ class Floor:
 
 
 def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank: int, max_tokens: int,
-                      evict_ahead: bool = False) -> tuple[StepEngine, dict[int, tuple[int, int]]]:
+                      evict_ahead: bool = False,
+                      admission: str = "off") -> tuple[StepEngine, dict[int, tuple[int, int]]]:
     """One rank of TP4: both layers' shards of `rank` (a sparse file each, io_uring), owned_only."""
     tables, sources, shards = [], [], {}
     for i, layer in enumerate(layout.layer_ids):
@@ -204,6 +211,8 @@ def build_rank_engine(layout: EngramLayout, folder: Path, cache_rows: int, rank:
         shards[layer] = (lo, hi)
     # CLOCK alone unless asked (the engine's default is on since issue 28); an older tree's engine has no such option
     kw = {"evict_ahead": evict_ahead} if "evict_ahead" in inspect.signature(StepEngine).parameters else {}
+    if admission != "off":
+        kw["admission"] = admission
     engine = StepEngine(tables, RowCache(cache_rows), max_tokens=max_tokens, owned_sources=sources,
                         owned_only=True, **kw)
     return engine, shards
@@ -255,8 +264,11 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dic
             "served": sum(c.lookups - c.zero_rows for c in lay), "pages": sum(c.pages_read for c in lay)}
 
 
-def warm(engine: StepEngine, ids: np.ndarray) -> None:
-    engine.begin_step(ids)
+def warm(engine: StepEngine, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
+    if decode is None:
+        engine.begin_step(ids)
+    else:   # a replayed step's phase, for an engine whose admission rule reads it
+        engine.begin_step(ids, decode)
     for layer in engine.layers:
         engine.gather(layer)
     engine.end_step()
@@ -278,6 +290,9 @@ def main() -> int:
     ap.add_argument("--dir", default="", help="where the sparse shard files go (default: a temp dir)")
     ap.add_argument("--json", default="")
     ap.add_argument("--no-flush", action="store_true", help="no cache flush before the floor and begin_step")
+    ap.add_argument("--admission", default="off", choices=ADMISSIONS,
+                    help="also run a twin of the agent engine that serves this admission rule (the replay's prefill "
+                         "chunks flagged as prefill), on the same steps, in turn")
     ap.add_argument("--evict-ahead", action="store_true",
                     help="also run each engine's twin with evict_ahead (end_step empties the next step's slots), "
                          "on the same steps, in turn")
@@ -286,6 +301,9 @@ def main() -> int:
     FLUSH = not args.no_flush
     batches = [int(b) for b in args.batches.split(",")]
     names = ["uncached", "agent"] + ([f"uncached{AHEAD}", f"agent{AHEAD}"] if args.evict_ahead else [])
+    # the rule's twin is configured as the agent engine it is compared with: evict-ahead too when asked
+    twin = f"agent{AHEAD if args.evict_ahead else ''}+{args.admission}"
+    names += [twin] if args.admission != "off" else []
     layout = EngramLayout.v41()
     rng = np.random.default_rng(args.seed)
     results: dict[tuple[str, int], list[dict]] = {}
@@ -296,7 +314,8 @@ def main() -> int:
             sub = Path(d) / name
             sub.mkdir()
             engines[name] = build_rank_engine(layout, sub, args.cache_rows, args.rank, 4096,
-                                              evict_ahead=name.endswith(AHEAD))
+                                              evict_ahead=AHEAD in name,
+                                              admission=args.admission if name == twin else "off")
         shard_rows = {l: hi - lo for l, (lo, hi) in engines["agent"][1].items()}
         for name in names:
             if name.startswith("uncached"):   # the twins get the same fill, and the same steps below
@@ -325,7 +344,8 @@ def main() -> int:
                         else:
                             st = next(replays[name, b])   # prefill chunks and part-batch steps warm the cache, untimed
                             if st.kind != "decode" or st.num_tokens != b:
-                                warm(engine, np.ascontiguousarray(st.ids))
+                                warm(engine, np.ascontiguousarray(st.ids),
+                                     st.is_decode if engine.admission != "off" else None)
                                 continue
                             ids = np.ascontiguousarray(st.ids)
                         part, into = parts[turn % 3]

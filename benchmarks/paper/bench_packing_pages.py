@@ -271,7 +271,8 @@ def main() -> None:
             f"{args.cache_rows:,} cache rows per rank split "
             + "; ".join(f"{i['workload']} L1 {i['split']['rows']['1']:,} / L14 {i['split']['rows']['14']:,} "
                         f"({i['fit_sessions']} / {i['holdout_sessions']} sessions fit / held-out, "
-                        f"{i['steps_counted']} held-out decode steps ({args.steps}; {i['full_batch_steps']} with a full batch), admission "
+                        f"{i['steps_counted']} held-out decode steps ({args.steps}; {i['full_batch_steps']} with a "
+                        f"full batch), admission "
                         f"{i['admission']})"
                         for i in infos) + ".")
     print(head + "\n\n" + text)

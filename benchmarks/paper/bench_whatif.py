@@ -207,8 +207,9 @@ def section_table2(args, out: Path) -> None:
         cfg = _base(args, wl, 128)
         rs = _run(cfg, table2_placements("nvme-paper"), args.runs, out, f"table2-{wl}")
         means = _mean_by_placement(rs)
-        hits9 = {"1 disk, split": PAPER_TABLE9["1 disk, f=0.5"][i][1], "4 disks, split": PAPER_TABLE9["4 disks, f=0.5"][i][1],
-                 "both 1 disk": 0.0, "both 4 disks": 0.0, "1 disk, cache L14 only": 0.0}
+        hits9 = {"1 disk, split": PAPER_TABLE9["1 disk, f=0.5"][i][1],
+                 "4 disks, split": PAPER_TABLE9["4 disks, f=0.5"][i][1], "both 1 disk": 0.0, "both 4 disks": 0.0,
+                 "1 disk, cache L14 only": 0.0}
         for name, paper in PAPER_TABLE2.items():
             m = means[name]
             rows.append((name, wl, m["overhead_pct"], paper[i], m, hits9.get(name)))
@@ -288,7 +289,8 @@ def section_compare(args, out: Path) -> None:
 
     prof = load_profile("v41_paper")
     lines = [f"{'table':6} {'placement':26} {'workload':8} {'paper':>7} {'timeline':>8} {'median':>7} "
-             f"{'Eq.1 s=0':>8} {'Eq.1 s':>7} {'L1 hit':>6} {'pg L1':>6} {'pg L14':>6} {'s ms':>5}  differing input (timeline vs paper)"]
+             f"{'Eq.1 s=0':>8} {'Eq.1 s':>7} {'L1 hit':>6} {'pg L1':>6} {'pg L14':>6} {'s ms':>5}  "
+             "differing input (timeline vs paper)"]
     for tag, table, wl, model in [*[(f"table2-{w}", "2", w, "nvme-paper") for w in ("agent", "chat")],
                                   *[(f"table9-{w}", "9", w, "nvme-paper") for w in ("agent", "chat")],
                                   *[(f"rdma-{w}-b{b}", "6.8", w, "rdma-paper") for w in ("agent", "chat")
@@ -345,8 +347,8 @@ def section_compare(args, out: Path) -> None:
 
 def section_hits(args, out: Path) -> None:
     """The named input, checked without timing: each rank's layer-1 decode hit rate and pages per step from the
-    served CLOCK replayed over the traffic (benchmarks/paper/rank_pages.py), on the staged table's size and on V4.1's full
-    size, with sessions clipped as the what-if runs them and with longer sessions."""
+    served CLOCK replayed over the traffic (benchmarks/paper/rank_pages.py), on the staged table's size and on
+    V4.1's full size, with sessions clipped as the what-if runs them and with longer sessions."""
     from benchmarks.paper.full_rank import FullRankConfig, rank_page_counts
 
     lines = [f"{'workload':8} {'table':>12} {'sessions':22} {'cache/layer':>11} {'L1 hit (ranks)':>24} "
@@ -371,7 +373,8 @@ def section_hits(args, out: Path) -> None:
 
 _TAG = ""   # --tag: a suffix on the saved runs' file names (a second campaign beside the first)
 
-SECTIONS = {"fit": section_fit, "fit-timeline": section_fit_timeline, "validate": section_validate, "table2": section_table2, "rdma": section_rdma,
+SECTIONS = {"fit": section_fit, "fit-timeline": section_fit_timeline, "validate": section_validate,
+            "table2": section_table2, "rdma": section_rdma,
             "table9": section_table9, "compare": section_compare,
             "hits": section_hits}
 
@@ -391,7 +394,8 @@ def main() -> None:
                     help="validate: the emulated side's model (this-disk from `fit`, or a TOML file such as the one "
                          "`fit-timeline` writes)")
     ap.add_argument("--host-pass-ms", type=float, default=None,
-                    help="table2, rdma, table9: state s (ms per rank) instead of measuring it (slacktier whatif's flag)")
+                    help="table2, rdma, table9: state s (ms per rank) instead of measuring it "
+                         "(slacktier whatif's flag)")
     ap.add_argument("--pack-list", default="",
                     help="stage the table packed with this pack list (made for the same --vocab table); "
                          "give --tag too so packed runs are saved apart")

@@ -189,8 +189,8 @@ def stage_table(cfg: WhatIfConfig, progress: bool = False):
     target = Path(cfg.workdir) / f"{name}.bin"
     if manifest_path.is_file():
         m = Manifest.load(manifest_path)
-        if m.ranks == cfg.staged_ranks and m.source.get("seed") == cfg.table_seed and m.layout == StagedLayout.from_layout(
-                layout):
+        if (m.ranks == cfg.staged_ranks and m.source.get("seed") == cfg.table_seed
+                and m.layout == StagedLayout.from_layout(layout)):
             try:
                 m.check_targets()
                 return layout, m

@@ -274,7 +274,9 @@ def _ast_listing_command(path: str) -> str:
 
 def generate_agent_session(source: str, seed: int, index: int, params: AgentParams = AgentParams(),
                            template: AgentTemplate | None = None) -> Session:
-    """One agent session on `source`, every observation the real output of its command (deterministic in seed, index)."""
+    """One agent session on `source`, every observation the real output of its command.
+
+    Deterministic in seed and index."""
     import jinja2
 
     if template is None:

@@ -278,7 +278,8 @@ def batch_reuse(prep: PreparedLayer, sample_tokens: int = 256, samples: int = 64
 
 def miss_page_curve(preps: Sequence[PreparedLayer], capacities_rows: Sequence[int], policy: str = "clock",
                     progress: bool = False) -> dict:
-    """P_l(c) for the planner: {"workload", "batch", "policy", "layers": {"1": {capacity_rows, pages_per_step, hit_rate}}}.
+    """P_l(c) for the planner: {"workload", "batch", "policy", "layers": {"1": {capacity_rows, pages_per_step,
+    hit_rate}}}.
 
     pages_per_step is the mean over decode steps of distinct pages missed (one
     rank), hit_rate the decode hit rate at the same capacity.
