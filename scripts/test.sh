@@ -6,8 +6,12 @@
 # Two worker processes (one where the machine has one core), each taking
 # whole test files (--dist loadfile: a file's module fixtures stay in one
 # process): the suite is CPU-bound and single-threaded, so on CI's two cores
-# this about halves it. SLACKTIER_TEST_WORKERS overrides the count (0 runs
-# everything in this process).
+# this about halves it. Files go out in collection order, which
+# tests/conftest.py starts with the files that hold slow tests
+# (--no-loadscope-reorder: xdist would otherwise send the files with the most
+# tests first, and the few long ones would end the run on one process).
+# SLACKTIER_TEST_WORKERS overrides the count (0 runs everything in this
+# process).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -18,7 +22,7 @@ if ! command -v redis-server >/dev/null 2>&1; then
 fi
 workers=${SLACKTIER_TEST_WORKERS:-$(( $(nproc) < 2 ? 1 : 2 ))}
 if [ "$workers" -gt 0 ]; then
-    "$BIN/python" -m pytest -q -n "$workers" --dist loadfile "$@"
+    "$BIN/python" -m pytest -q -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 else
     "$BIN/python" -m pytest -q "$@"
 fi
