@@ -332,7 +332,8 @@ def main() -> int:
             for b in order:
                 b = int(b)
                 step_rng = {name: np.random.default_rng([args.seed, r, b]) for name in names}
-                for name in names:
+                for name in rng.permutation(names):   # engines in a new order each round and B
+                    name = str(name)
                     engine, shards = engines[name]
                     # timed begin_steps, floors and floors with the evictions' reads: in turn, step by step
                     got, fl, fe = [], [], []
