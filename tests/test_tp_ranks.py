@@ -1,7 +1,8 @@
 """A CLI-staged table served by 2 and 4 real TP rank processes through each plug-in, against the engine's stock
 sharded path bit for bit; a rank killed mid-step.
 
-Each rank is its own process, forked from one that imported the engine (tests/tp_world.py). SGLang (tests/tp_rank_worker.py): SGLang
+Each rank is its own process, forked from one that imported the engine
+(tests/tp_world.py). SGLang (tests/tp_rank_worker.py): SGLang
 0.5.23's own process groups on gloo carry the all-reduce of
 `EngramEmbedding._lookup`, the plug-in loads through SGLang's `load_plugins()`
 and is turned on by SLACKTIER_SGLANG_CONTROL=<dir>/rank{tp_rank}.toml. vLLM

@@ -97,12 +97,7 @@ def _run(args: argparse.Namespace, out: dict[str, Any]) -> None:
     from slacktier.adapters import sglang as plug
     from slacktier.tables.tokenizer import load_deepseek_tokenizer
 
-    rc = import_sglang("sglang.srt.runtime_context")
-    ps = import_sglang("sglang.srt.distributed.parallel_state")
-    plugins = import_sglang("sglang.srt.plugins")
-    engram = import_sglang("sglang.srt.layers.engram")
-    model = import_sglang("sglang.srt.models.deepseek_v4")
-    modes = import_sglang("sglang.srt.model_executor.forward_batch_info")
+    rc, ps, plugins, engram, model, modes = (import_sglang(name) for name in SGLANG_MODULES)
     from safetensors.torch import load_file
 
     context = rc.get_context().override_server_args(disable_overlap_schedule=True)

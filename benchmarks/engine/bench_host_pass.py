@@ -265,9 +265,11 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dic
 
 
 def warm(engine: StepEngine, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
+    """One whole step; `decode` (the tokens' phase) only for the engine whose admission rule reads it: an
+    older tree's begin_step (--src) takes no flags."""
     if decode is None:
         engine.begin_step(ids)
-    else:   # a replayed step's phase, for an engine whose admission rule reads it
+    else:
         engine.begin_step(ids, decode)
     for layer in engine.layers:
         engine.gather(layer)
@@ -345,8 +347,7 @@ def main() -> int:
                         else:
                             st = next(replays[name, b])   # prefill chunks and part-batch steps warm the cache, untimed
                             if st.kind != "decode" or st.num_tokens != b:
-                                warm(engine, np.ascontiguousarray(st.ids),
-                                     st.is_decode if engine.admission != "off" else None)
+                                warm(engine, np.ascontiguousarray(st.ids), st.is_decode if name == twin else None)
                                 continue
                             ids = np.ascontiguousarray(st.ids)
                         part, into = parts[turn % 3]

@@ -156,11 +156,11 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
 
 
 def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tiers_path: str | Path,
-                      curves_path: str | Path, *, kappa_ms: float = 0.0, resolve_ms: float = 0.0,
-                      read: tuple[Any, Any] | None = None) -> dict[str, Any]:
+                      curves_path: str | Path, tiers: list, curves: Any, *, kappa_ms: float = 0.0,
+                      resolve_ms: float = 0.0) -> dict[str, Any]:
     """The planner's prediction for the placement of a `control_report`: its tiers, its cache split, its order.
 
-    `read` is the tiers and miss curves already loaded from those paths (`read_prediction_inputs`)."""
+    tiers, curves: what `plan.load_tiers` and `plan.load_miss_curves` read from those two paths."""
     from slacktier.errors import ErrorKind, SlackTierError
     from slacktier.plan import TableDemand, plan_to_dict, predict_fixed_placement
 
@@ -171,7 +171,6 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
                              fix="pass --window LAYER=MS per table, or a probe JSON that measured these layers")
     demands = [TableDemand(layer=t["layer"], rows=t["rows"], manifest=t["manifest"], window_ms=windows_ms[t["layer"]],
                            in_memory_bytes=t["in_memory_bytes"]) for t in tables]
-    tiers, curves = read if read is not None else read_prediction_inputs(tiers_path, curves_path)
     plan = predict_fixed_placement(demands, {t["layer"]: t["tier"] for t in tables},
                                    {t["layer"]: t["cache_share"] for t in tables}, tiers,
                                    curves.by_layer, control["cache_rows"],
@@ -184,13 +183,6 @@ def prediction_report(control: dict[str, Any], windows_ms: dict[int, float], tie
     models = {t.name: {**dataclasses.asdict(t.read), "fit": dataclasses.asdict(t.fit) if t.fit else None}
               for t in tiers if t.name in used}
     return {"tiers": str(tiers_path), "curves": str(curves_path), "read_models": models, **doc}
-
-
-def read_prediction_inputs(tiers_path: str | Path, curves_path: str | Path) -> tuple[Any, Any]:
-    """The tiers file and the miss-page curves a prediction reads (each refused with its own error)."""
-    from slacktier.plan import load_miss_curves, load_tiers
-
-    return load_tiers(tiers_path), load_miss_curves(curves_path)
 
 
 def _windows(args: argparse.Namespace) -> dict[int, float]:
@@ -281,10 +273,12 @@ def lines(report: dict[str, Any]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     """Describe the given manifest and/or control file."""
     from slacktier.errors import ErrorKind, SlackTierError
+    from slacktier.plan import load_miss_curves, load_tiers
 
     report: dict[str, Any] = {}
-    windows = _windows(args)   # the flags' files before the control file's checks, which open the engine's room
-    read = read_prediction_inputs(args.tiers, args.curves) if args.tiers and args.curves else None
+    # the flags' files before the control file's checks, which load the engine room (torch)
+    windows = _windows(args)
+    inputs = (load_tiers(args.tiers), load_miss_curves(args.curves)) if args.tiers and args.curves else None
     for path in args.paths:
         key = "control_report" if str(path).endswith(".toml") else "manifest_report"
         if key in report:
@@ -297,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
                                  "and the tables' windows",
                                  fix="give the control file (.toml) with --tiers FILE --curves FILE --window LAYER=MS "
                                  "(per table), or none of these flags")
-        report["prediction"] = prediction_report(report["control_report"], windows, args.tiers, args.curves,
-                                                 kappa_ms=args.kappa_ms, resolve_ms=args.resolve_ms, read=read)
+        report["prediction"] = prediction_report(report["control_report"], windows, args.tiers, args.curves, *inputs,
+                                                 kappa_ms=args.kappa_ms, resolve_ms=args.resolve_ms)
     print(json.dumps(report, indent=2) if args.json else "\n".join(lines(report)))
     return 0
