@@ -133,29 +133,41 @@ def _free_port() -> int:
 def _ranks(world: dict, engine: str, ranks: int, out: Path, controls: list[str], *extra: str) -> list[dict]:
     """Start one world of `ranks` rank processes of `engine` (tp_world.py: the engine imported once, each rank a
     fork), wait for all, and read each one's report, or its exit status and log where it wrote none."""
-    out.mkdir(parents=True, exist_ok=True)
-    init = f"tcp://127.0.0.1:{_free_port()}"
+    return _worlds(world, engine, ranks, [(out, controls, extra)])[0]
+
+
+def _worlds(world: dict, engine: str, ranks: int, runs: list[tuple[Path, list[str], tuple[str, ...]]],
+            ) -> list[list[dict]]:
+    """Run one world of `ranks` ranks per (out, controls, extra flags) in `runs`, one after another from one
+    launcher (one import of the engine), and read each world's reports as `_ranks` does."""
+    argv = [sys.executable, str(HERE / "tp_world.py"), str(WORKERS[engine])]
+    for k, (out, controls, extra) in enumerate(runs):
+        out.mkdir(parents=True, exist_ok=True)
+        argv += (["--next"] if k else []) + [
+            "--world", str(ranks), "--init", f"tcp://127.0.0.1:{_free_port()}", "--checkpoint",
+            str(world[engine]["ckpt"]), "--tokens", str(world["tokens"]), "--out", str(out), "--controls",
+            *controls, *extra]
     env = os.environ | {"PYTHONPATH": os.pathsep.join(sys.path), "OMP_NUM_THREADS": "1"} | WORKER_ENV[engine]
-    proc = subprocess.Popen([sys.executable, str(HERE / "tp_world.py"), str(WORKERS[engine]), "--world", str(ranks),
-                             "--init", init, "--checkpoint", str(world[engine]["ckpt"]), "--tokens",
-                             str(world["tokens"]), "--out", str(out), "--controls", *controls, *extra],
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
     try:
-        log = proc.communicate(timeout=RANK_TIMEOUT_S)[0]
+        log = proc.communicate(timeout=RANK_TIMEOUT_S * len(runs))[0]
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)   # the launcher and every rank it forked
             proc.wait()
-    assert proc.returncode == 0 and (out / "exits.json").exists(), log[-3000:]
-    exits = json.loads((out / "exits.json").read_text())
-    reports = []
-    for r in range(ranks):
-        path = out / f"rank{r}.json"
-        rank_log = out / f"rank{r}.log"
-        reports.append(json.loads(path.read_text()) if path.exists() else {
-            "rank": r, "exit": exits[str(r)], "log": rank_log.read_text()[-3000:] if rank_log.exists() else ""})
-    return reports
+    out_reports = []
+    for out, _, _ in runs:
+        assert proc.returncode == 0 and (out / "exits.json").exists(), log[-3000:]
+        exits = json.loads((out / "exits.json").read_text())
+        reports = []
+        for r in range(ranks):
+            path = out / f"rank{r}.json"
+            rank_log = out / f"rank{r}.log"
+            reports.append(json.loads(path.read_text()) if path.exists() else {
+                "rank": r, "exit": exits[str(r)], "log": rank_log.read_text()[-3000:] if rank_log.exists() else ""})
+        out_reports.append(reports)
+    return out_reports
 
 
 # TP4 (every V4.1 deployment) on both engines; TP2 once, for a second cut of the 24 hash columns. vLLM's head
@@ -201,8 +213,8 @@ def test_a_rank_killed_mid_step_fails_the_others_next_collective_as_the_engines_
     manifest = _stage(world, f"{engine}kill2", world[engine]["ckpt"], 2)
     served = _controls(tmp_path, manifest, 2, "rank")
     die = ("--die-at-step", "1", "--die-rank", "1")
-    stock = _ranks(world, engine, 2, tmp_path / "stock", [], *die)
-    plugged = _ranks(world, engine, 2, tmp_path / "plugged", [served], "--skip-stock", *die)
+    stock, plugged = _worlds(world, engine, 2, [(tmp_path / "stock", [], die),
+                                                (tmp_path / "plugged", [served], ("--skip-stock", *die))])
     for reports in (stock, plugged):
         assert reports[1].get("exit") == -9 and "runs" not in reports[1]   # killed: it wrote nothing
     want = stock[0]["error"]

@@ -1,6 +1,6 @@
-"""One TP world for tests/test_tp_ranks.py: the engine's modules imported once, then one forked process per rank.
+"""TP worlds for tests/test_tp_ranks.py: the engine's modules imported once, then one forked process per rank.
 
-    python tp_world.py WORKER.py --world N [the worker's own flags, without --rank]
+    python tp_world.py WORKER.py --world N [the worker's own flags, without --rank] [--next --world N ...]
 
 A rank worker spends most of its time here importing its engine (SGLang's or
 vLLM's model modules). This process imports them once (the worker's
@@ -10,6 +10,10 @@ process group on gloo, its output in <out>/rank<r>.log; it runs the worker's
 `main()` with `--rank r` and exits with its code. This process waits for all of
 them and writes <out>/exits.json: each rank's exit status as subprocess reports
 it (negative: the signal that ended it, -9 for a rank killed mid-step).
+
+`--next` starts another world's flags (its own --world, --init and --out): the
+worlds run one after another from the same import, each only once the one
+before it has ended.
 """
 
 from __future__ import annotations
@@ -22,15 +26,33 @@ import traceback
 from pathlib import Path
 
 
+def worlds(args: list[str]) -> list[list[str]]:
+    """Each world's flags: `args` split at every --next."""
+    out = [[]]
+    for a in args:
+        if a == "--next":
+            out.append([])
+        else:
+            out[-1].append(a)
+    return out
+
+
 def main() -> int:
-    worker_path, rest = Path(sys.argv[1]), sys.argv[2:]
-    world = int(rest[rest.index("--world") + 1])
-    out = Path(rest[rest.index("--out") + 1])
-    out.mkdir(parents=True, exist_ok=True)
+    worker_path = Path(sys.argv[1])
     spec = importlib.util.spec_from_file_location("tp_rank_worker_module", worker_path)
     worker = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(worker)
     worker.preload()
+    for rest in worlds(sys.argv[2:]):
+        run_world(worker, worker_path, rest)
+    return 0
+
+
+def run_world(worker, worker_path: Path, rest: list[str]) -> None:
+    """Fork the world's ranks, wait for every one, and write their exit statuses to <out>/exits.json."""
+    world = int(rest[rest.index("--world") + 1])
+    out = Path(rest[rest.index("--out") + 1])
+    out.mkdir(parents=True, exist_ok=True)
     sys.stdout.flush()
     sys.stderr.flush()
     children = {}
@@ -57,7 +79,6 @@ def main() -> int:
         if pid in children:
             exits[children.pop(pid)] = os.waitstatus_to_exitcode(status)
     (out / "exits.json").write_text(json.dumps({str(r): exits[r] for r in sorted(exits)}))
-    return 0
 
 
 if __name__ == "__main__":
