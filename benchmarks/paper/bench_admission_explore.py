@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 
 import numba
 import numpy as np
@@ -133,6 +134,24 @@ def run(ids, dec, n_items, cap, allow=None, maxc=1, ins_d=1, ins_p=1, inc_d=1, i
     _kernel(ids, dec.astype(np.uint8), al, n_items, cap, maxc, ins_d, ins_p, inc_d, inc_p, int(pshare * cap), sketch,
             wd, wp, ge, bits, max(1, int(reset * cap)), A.SKETCH_MULTIPLIERS, hit)
     return hit
+
+
+@dataclass(frozen=True)
+class CountersSketch:
+    """Round two's best agent rule as a rule object `workloads.packing.hit_mask` replays with this file's kernel:
+    2-bit CLOCK counters (decode misses enter at 2, decode hits add 2, prefill lookups 0 / +0) and a TinyLFU
+    sketch on prefill misses (decode lookups counted `decode_weight` times, every counter halved after `reset`
+    lookups per cache row). Not served: the engine's pass has no sketch."""
+
+    reset: float = 10.0
+    decode_weight: int = 2
+
+    def label(self) -> str:
+        return f"counters + TinyLFU(prefill, r{self.reset:g}, decode x{self.decode_weight}) (evaluated, not served)"
+
+    def replay(self, prep, capacity: int) -> np.ndarray:
+        return run(prep.ids, prep.decode, prep.n_items, capacity, None, maxc=3, ins_d=2, inc_d=2, ins_p=0, inc_p=0,
+                   sketch=True, reset=self.reset, wd=self.decode_weight)
 
 
 def sightings(ids: np.ndarray) -> np.ndarray:

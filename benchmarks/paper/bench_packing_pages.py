@@ -16,7 +16,9 @@ replayed with B interleaved sessions. Everything is chosen on the FIT half:
 - the admission rule: by default the one chosen on the fit half by
   bench_admission.py's evaluation kernel (agent "cold+tinylfu", chat "cold";
   `packing.NAMED_RULES`); `--admission counters` or `prefill-cold` replays one
-  the engine serves, through the served pass.
+  the engine serves, through the served pass; `--admission counters+tinylfu`
+  evaluates round two's best agent rule (bench_admission_explore.CountersSketch),
+  which the engine does not serve.
 
 Every figure is taken on the HELD-OUT half: each TP rank's own lookups
 (`--partition`, TP `--ranks`) replayed through its cache; pages per decode step
@@ -62,9 +64,11 @@ from slacktier.workloads.replay import LookupTrace, ReplayConfig, collect_trace,
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
 from benchmarks._harness import command_line, machine, utc_stamp  # noqa: E402
+from benchmarks.paper.bench_admission_explore import CountersSketch  # noqa: E402
 
 LAYERS = (1, 14)
 DEFAULT_RULE = {"agent": "cold+tinylfu", "chat": "cold"}
+COUNTERS_SKETCH = "counters+tinylfu"   # bench_admission_explore's CountersSketch: evaluated, not served
 SPLIT_GRID = (0, 62_500, 125_000, 250_000, 375_000, 500_000, 625_000, 750_000, 875_000, 1_000_000)
 
 
@@ -151,7 +155,7 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
     rows_of, split_info = planner_split(fit, args.cache_rows, args.ranks, args.partition)
     progress(f"{wl}: planner split {rows_of} (from rank {split_info['rank']}'s fit curves)")
     rule_name = args.admission or DEFAULT_RULE[wl]
-    rule = P.named_rule(rule_name)
+    rule = CountersSketch() if rule_name == COUNTERS_SKETCH else P.named_rule(rule_name)
     meta = P.pack_meta(wl, args.seed, args.batch, args.cache_rows, args.ranks, args.partition, "deepseek")
     out: list[Row] = []
     info = {"workload": wl, "fit_sessions": len(split.fit), "holdout_sessions": len(split.holdout),
@@ -236,8 +240,8 @@ def main() -> None:
     ap.add_argument("--partition", default="columns")
     ap.add_argument("--fractions", default="0.125,0.25,0.5,1",
                     help="budgets as fractions of the extra disk the fit half's useful contexts fill")
-    ap.add_argument("--admission", default="", help=f"a rule of {tuple(P.NAMED_RULES)} (default: per workload "
-                                                    f"{DEFAULT_RULE})")
+    ap.add_argument("--admission", default="", help=f"a rule of {tuple(P.NAMED_RULES)}, or {COUNTERS_SKETCH} "
+                                                    f"(default: per workload {DEFAULT_RULE})")
     ap.add_argument("--split-per-rule", action="store_true",
                     help="the admission rows' cache split from the fit half's curves with the rule, as `plan` would "
                          "choose it from `characterize --admission` curves (default: every row uses CLOCK's split)")

@@ -162,13 +162,16 @@ def rank_lookups(trace: LookupTrace, layer: int, rank: int, ranks: int, partitio
 
 def hit_mask(lookups: RankLookups, capacity: int, rule: A.AdmissionRule | ServedRule | None = None) -> np.ndarray:
     """Hit mask [M] uint8 of the rank's cache of `capacity` rows for this layer: the served CLOCK (step pins,
-    evict-ahead; `cache.simulate`) alone or with a served rule, or CLOCK with an evaluated `rule`'s admission
-    (`admission.replay_admission`)."""
+    evict-ahead; `cache.simulate`) alone or with a served rule, CLOCK with an evaluated `rule`'s admission
+    (`admission.replay_admission`), or a rule that replays itself: any object with a `replay(prep, capacity)`
+    method returning the hit mask of `characterize.prepare_layer`'s lookups (an experiment's own kernel)."""
     from slacktier.workloads.characterize import prepare_layer, run_policy
 
     prep = prepare_layer(lookups.trace, lookups.layer)
     if rule is None or isinstance(rule, ServedRule):
         return run_policy(prep, "clock", int(capacity), admission="off" if rule is None else rule.admission)
+    if callable(getattr(rule, "replay", None)):
+        return rule.replay(prep, int(capacity))
     return A.replay_admission(prep.ids, prep.decode, lookups.orders, prep.n_items, int(capacity), rule)
 
 
