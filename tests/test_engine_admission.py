@@ -1,5 +1,5 @@
-"""The cache's admission rules served (`admission = "prefill-cold"`, `"counters"`) with begin_step's per-token
-decode flags.
+"""The cache's admission rules served (`admission = "prefill-cold"`, `"counters"`, `"counters+sketch"`) with
+begin_step's per-token decode flags.
 
 One staged table (scaled V4.1 layout), both layers on disk behind a small cache
 that evicts in every step, traffic of real text as prefill chunks and decode
@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from slacktier.cache import ADMISSIONS, token_heat
+from slacktier.cache.directory import SKETCHED
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.config import ADMISSION_RULES
 from slacktier.engine.step import StepEngine
@@ -99,16 +100,17 @@ def token_ids() -> np.ndarray:
     return real_token_ids(TOKENS, LAYOUT)
 
 
-@pytest.mark.parametrize("admission", ["off", "prefill-cold", "counters"])
+@pytest.mark.parametrize("admission", ["off", "prefill-cold", "counters", "counters+sketch"])
 def test_served_admission_is_the_characterizers(admission, staged, token_ids, tmp_path) -> None:
     per_step, slots, _ = _serve(staged, tmp_path, admission, token_ids)
     steps = _steps(TOKENS)
     rows = token_ids[:, 1, :].reshape(-1)   # layer 14's lookups in step order
-    ids, n = P.densify(rows)
+    sketch = admission in SKETCHED          # the sketch counts row ids: replay the rows themselves
+    ids, n = (rows.astype(np.int64), int(rows.max()) + 1) if sketch else P.densify(rows)
     starts = np.array([a * 24 for a, _, _ in steps] + [TOKENS * 24], dtype=np.int64)
     prefill = np.concatenate([np.full(b - a, not dec) for a, b, dec in steps])
     heat = None if admission == "off" else np.repeat(token_heat(admission, prefill), 24)
-    outcome = replay_clock(ids, starts, n, slots, evict_ahead=True, heat=heat)
+    outcome = replay_clock(ids, starts, n, slots, evict_ahead=True, heat=heat, sketch=sketch)
     for (a, b, _), c in zip(steps, per_step, strict=True):
         o = outcome[a * 24:b * 24]
         assert (c.hits, c.reused, c.rows_read) == (int((o == HIT).sum()),
@@ -117,7 +119,7 @@ def test_served_admission_is_the_characterizers(admission, staged, token_ids, tm
     assert sum(c.evictions for c in per_step) > 0   # the cache was under pressure
 
 
-@pytest.mark.parametrize("admission", ["prefill-cold", "counters"])
+@pytest.mark.parametrize("admission", ["prefill-cold", "counters", "counters+sketch"])
 def test_admission_changes_which_rows_are_cached(admission, staged, token_ids, tmp_path) -> None:
     off, _, cached_off = _serve(staged, tmp_path, "off", token_ids)
     on, _, cached_on = _serve(staged, tmp_path, admission, token_ids)
@@ -139,7 +141,7 @@ def test_decode_flags_are_checked(staged, tmp_path) -> None:
 
 def test_admission_rules_and_heat_codes_are_checked(staged, tmp_path) -> None:
     """An unknown rule is refused by the control file and by the replay; heat codes that are not one uint8 code
-    per token (bits 6-7 clear) are refused before the pass trusts them."""
+    per token are refused before the pass trusts them."""
     with pytest.raises(SlackTierError, match="admission"):
         StepEngine.from_control(str(_control(tmp_path / "bad.toml", staged, "sometimes")))
     with pytest.raises(SlackTierError, match="admission"):
@@ -147,10 +149,13 @@ def test_admission_rules_and_heat_codes_are_checked(staged, tmp_path) -> None:
     # "counters": a prefill token's misses enter at 0 and its hits add nothing; a decode token's enter at 2 and
     # its hits add 2, up to 3 (kernels.heat_code's worked example)
     assert token_heat("counters", np.array([True, False])).tolist() == [0x30, 0x3A]
+    # "counters+sketch": the same counts; a prefill token's misses pass the sketch (FILTER, 0x40), a decode
+    # token's lookups count twice in it (HEAVY, 0x80)
+    assert token_heat("counters+sketch", np.array([True, False])).tolist() == [0x70, 0xBA]
     assert token_heat("off", np.array([True, False])).shape == (0,)   # plain CLOCK: the pass's fastest path
     assert ADMISSIONS == ADMISSION_RULES   # the cache's rules are the ones the control file may name
     ids = np.array([0, 1, 0])
     for bad in (np.array([1, 1, 1], dtype=bool), np.array([0x3A, 0x3A], dtype=np.uint8),
-                np.array([0x3A, 0x40, 0x3A], dtype=np.uint8)):
+                np.array([0x3A, 0x40, 0x3A], dtype=np.int16)):
         with pytest.raises(SlackTierError, match="heat codes"):
             replay_clock(ids, np.array([0, 3]), 2, 1, heat=bad)

@@ -70,6 +70,15 @@ def test_inspect_demo_table_and_control_file(demo_table, tmp_path: Path, capsys)
     assert "rank 1: rows [150,000, 300,000) on device 0, 10,000 pages, 39.1 MiB" in text
     assert f"layer {second} (order 1): tier disk, rank 1, 150,000 rows" in text
     assert "host memory in all:" in text
+    # "counters+sketch" adds each table's frequency sketch: four rows of one-byte counters, a power of two at least
+    # its cache rows each
+    sketched = write_control(ControlFile(engine=EngineConfig(cache_rows=8192, max_tokens=64,
+                                                             admission="counters+sketch"), tables=cfg.tables),
+                             tmp_path / "sketched.toml")
+    assert cli.main(["inspect", str(sketched), "--json"]) == 0
+    s1, s14 = json.loads(capsys.readouterr().out)["control_report"]["tables"]
+    assert (s1["sketch_bytes"], s14["sketch_bytes"]) == (4 * 8192, 4 * 2048)
+    assert (s1["host_bytes"] - t1["host_bytes"], s14["host_bytes"] - t14["host_bytes"]) == (4 * 8192, 4 * 2048)
 
 
 def test_sharding_mismatch_is_refused(engram_table, demo_table, capsys) -> None:

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from slacktier.cache import KIND_MISS, KIND_SLOT, LayerGeometry, PassScratch, RowCache, token_heat
+from slacktier.cache import kernels as K
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.errors import SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
@@ -120,7 +121,34 @@ def test_clock_pins_a_step_rows_as_the_served_cache_does():
     assert replay_clock(np.array([0, 1, 0]), np.array([0, 3]), 2, 1).tolist() == [READ, READ, REUSE_FILLED]
 
 
-@pytest.mark.parametrize("admission", ["off", "prefill-cold", "counters"])
+def test_the_sketch_keeps_a_decode_row_that_a_once_seen_prefill_row_would_evict():
+    """One slot: a decode row looked up three times, a prefill row's miss, the decode row again. Under
+    "counters" the prefill row takes the slot once CLOCK's hand has counted the decode row down, and the decode
+    row misses; under "counters+sketch" the prefill row, counted once against the decode row's six (decode
+    lookups count twice), is read without a slot, and the decode row hits."""
+    ids = np.array([0, 0, 0, 1, 0])
+    prefill = np.array([False, False, False, True, False])
+    out = {rule: replay_clock(ids, None, 2, 1, heat=token_heat(rule, prefill), sketch=rule == "counters+sketch")
+           for rule in ("counters", "counters+sketch")}
+    assert out["counters"].tolist() == [READ, HIT, HIT, READ, READ]
+    assert out["counters+sketch"].tolist() == [READ, HIT, HIT, READ, HIT]
+
+
+def test_use_sketch_sizes_each_layers_sketch_to_its_slots():
+    cache = RowCache(3000)
+    cache.add_layer(1, 10_000, 0.5)
+    cache.add_layer(14, 10_000, 0.5)
+    assert cache.sketch_bytes() == 0
+    cache.use_sketch(True)
+    assert cache.sketch_bytes() == 2 * 4 * 2048            # 1,500 slots each: 2^11 counters per sketch row
+    cache.resize(shares={1: 0.9, 14: 0.1})                  # 2,700 and 300 slots
+    assert cache.layer(1).sketch.shape[0] == 4 * 4096 and cache.layer(14).sketch.shape[0] == 4 * 512
+    assert cache.layer(14).lstate[K.RESET] == 10 * 300     # counts halve after ten lookups per slot
+    cache.use_sketch(False)
+    assert cache.sketch_bytes() == 0 and cache.layer(1).lstate[K.RESET] == 0
+
+
+@pytest.mark.parametrize("admission", ["off", "prefill-cold", "counters", "counters+sketch"])
 @pytest.mark.parametrize("ahead", [True, False])
 @pytest.mark.parametrize("capacity", [0, 37, 400, 2500, 20_000])
 def test_clock_simulator_is_the_served_cache_step_by_step(capacity, ahead, admission):
@@ -128,7 +156,8 @@ def test_clock_simulator_is_the_served_cache_step_by_step(capacity, ahead, admis
     through the characterization simulator and through a RowCache's directory pass (and, with `ahead`, its
     evict_ahead between steps, as the engine's end_step does): the same outcome for every lookup, so the same
     hits, reuses, reads and pages in every step. With an admission rule a random share of the tokens are
-    prefill tokens (the pass takes their heat codes per token, the simulator per lookup)."""
+    prefill tokens (the pass takes their heat codes per token, the simulator per lookup). The sketch of
+    "counters+sketch" counts row ids, so that rule replays the rows themselves, not dense ids."""
     rng = np.random.default_rng(capacity)
     table_rows = 2_000_000
     tokens = rng.integers(1, 65, 40)                                  # tokens per step
@@ -136,13 +165,15 @@ def test_clock_simulator_is_the_served_cache_step_by_step(capacity, ahead, admis
     rows = (rng.zipf(1.15, int(starts[-1])) * 7919) % table_rows      # sparse rows of a big table
     prefill = rng.random(int(tokens.sum())) < 0.6                     # per token
     heat = None if admission == "off" else np.repeat(token_heat(admission, prefill), 24)
-    ids, n = P.densify(rows)
-    outcome = replay_clock(ids, starts, n, capacity, evict_ahead=ahead, heat=heat)
-    hit = P.clock(ids, n, capacity, starts, evict_ahead=ahead, heat=heat)
+    sketch = admission == "counters+sketch"
+    ids, n = (rows.astype(np.int64), table_rows) if sketch else P.densify(rows)
+    outcome = replay_clock(ids, starts, n, capacity, evict_ahead=ahead, heat=heat, sketch=sketch)
+    hit = P.clock(ids, n, capacity, starts, evict_ahead=ahead, heat=heat, sketch=sketch)
     assert hit.tolist() == (outcome <= REUSE_FILLED).astype(np.uint8).tolist()
 
     cache = RowCache(capacity)
     cache.add_layer(14, table_rows, 1.0)
+    cache.use_sketch(sketch)
     geo = LayerGeometry.one_rank(table_rows)
     scratch = PassScratch(int(tokens.max()) * 24)
     for a, b in zip(starts[:-1].tolist(), starts[1:].tolist()):

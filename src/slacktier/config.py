@@ -31,9 +31,11 @@ Schema (every key but `layer` and `manifest` has a default):
     pad_id = -1             # ids equal to it (negative: never a row) come out as zero rows, read nothing
     evict_ahead = true      # end_step empties the slots the next step's misses will take (RowCache.evict_ahead):
                             # their evictions leave begin_step; false runs CLOCK exactly as the characterizer
-    admission = "off"       # "off" | "prefill-cold" | "counters": "prefill-cold", rows a prefill token misses
-                            # enter the cache with CLOCK's reference bit clear; "counters", 2-bit reference
-                            # counts that decode lookups raise and prefill lookups do not (the adapters flag
+    admission = "off"       # "off" | "prefill-cold" | "counters" | "counters+sketch": "prefill-cold", rows a
+                            # prefill token misses enter the cache with CLOCK's reference bit clear; "counters",
+                            # 2-bit reference counts that decode lookups raise and prefill lookups do not;
+                            # "counters+sketch", the same with a frequency sketch per layer (4-8 B per cache row
+                            # of host memory) that a prefill miss must pass to take a slot (the adapters flag
                             # prefill tokens; begin_step(ids, decode=...); `characterize` compares them)
     metrics = false         # publish Prometheus metrics at each end_step (slacktier.engine.metrics)
 
@@ -106,7 +108,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 #: most slots one cache may hold: slots are int32 indices
 MAX_CACHE_ROWS = 2**31 - 1
 #: the cache's admission rules, as the control file names them (cache.ADMISSIONS holds each one's heat codes)
-Admission = Literal["off", "prefill-cold", "counters"]
+Admission = Literal["off", "prefill-cold", "counters", "counters+sketch"]
 ADMISSION_RULES: tuple[str, ...] = get_args(Admission)
 
 

@@ -269,7 +269,8 @@ class CompiledPass:
             if not 0 <= pl.axis < n:
                 raise SlackTierError(ErrorKind.BAD_INPUT, f"layer axis {pl.axis} outside 0..{n - 1}", layer=pl.layer,
                                      fix="give each layer its index in the ids' layer axis")
-            plan.put_layer(i, pl.axis, geo, state.key, state.directory, state.owned, state.lstate, pl.scratch)
+            plan.put_layer(i, pl.axis, geo, state.key, state.directory, state.owned, state.lstate, pl.scratch,
+                           state.sketch)
 
     def stale(self) -> bool:
         """True once the cache replaced an array this pass names (a new one must be built)."""

@@ -27,7 +27,15 @@ For each lookup (global row id g, local row r = g - row_start):
    0, so CLOCK's next pass takes them unless a later step hits them, and rows of
    a prompt that is never read again do not push out rows decode keeps reading;
    with "counters" a decode token's misses enter at 2 and its hits add 2 (at
-   most 3), a prefill token's misses enter at 0 and its hits add nothing.
+   most 3), a prefill token's misses enter at 0 and its hits add nothing;
+   "counters+sketch" is "counters" with the layer's frequency sketch
+   (`kernels.new_sketch`): a prefill token's miss takes its CLOCK victim's slot
+   only when its row is counted more often than the victim's row (for a slot
+   evict_ahead emptied, the row it held); otherwise the row is read without a
+   slot and the victim stays under the hand. The pass only reads the sketch:
+   it leaves the count of lookups it listed in `lstate[OWN]`, and
+   `kernels.count_lookups` adds them after the step's passes (every lookup, a
+   decode token's twice).
    Context packing (tables.packing; a layer whose geometry has a `PackedGeometry`): the missed row's
    token's context is looked up once per token (its 24 ids' key in the layer's index); a packed context's
    missed rows are read from its packed page (page ordinal * pages_per_context + slot // 15 of its rank's
@@ -73,8 +81,8 @@ import numpy as np
 from numba import njit
 
 from slacktier.cache import rowdir as D
-from slacktier.cache.kernels import (EVICTIONS, HAND, HOT, PINNED, claim, filling, heat_code, heat_hit, pin, prefetch,
-                                     victim)
+from slacktier.cache.kernels import (EVICTIONS, FILTER, HAND, HEAVY, HOT, OWN, PINNED, RESET, SKETCH_ROWS, claim,
+                                     filling, heat_code, heat_hit, pin, prefetch, sketch_estimate, victim)
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.tables.packing import context_key, probe_index
@@ -114,13 +122,18 @@ NO_INDEX_ORDINALS = np.zeros(0, dtype=np.int32)
 NO_PACKED = np.zeros(1, dtype=np.int32)
 #: The cache's admission rules (the control file's `admission`), each as (a decode token's heat code, a prefill
 #: token's): "off", plain CLOCK; "prefill-cold", a prefill token's misses enter unreferenced; "counters", 2-bit
-#: reference counts that decode lookups raise and prefill lookups do not (step 4 of the module doc).
+#: reference counts that decode lookups raise and prefill lookups do not (step 4 of the module doc);
+#: "counters+sketch", the same with the layer's frequency sketch (kernels: decode lookups count twice, and a
+#: prefill token's miss takes its victim's slot only when its row is counted more often than the victim's).
 ADMISSION_HEAT = {
     "off": (HOT, HOT),
     "prefill-cold": (HOT, heat_code(0, 1, 1)),
     "counters": (heat_code(2, 2, 3), heat_code(0, 0, 3)),
+    "counters+sketch": (heat_code(2, 2, 3) | HEAVY, heat_code(0, 0, 3) | FILTER),
 }
 ADMISSIONS = tuple(ADMISSION_HEAT)
+#: the rules whose layers keep a frequency sketch (RowCache.use_sketch)
+SKETCHED = ("counters+sketch",)
 
 
 def checked_heat(heat: np.ndarray | None, tokens: int) -> np.ndarray:
@@ -129,7 +142,7 @@ def checked_heat(heat: np.ndarray | None, tokens: int) -> np.ndarray:
     if heat is None:
         return NO_HEAT
     codes = np.ascontiguousarray(heat)
-    if codes.dtype != np.uint8 or codes.shape != (tokens,) or (codes & 0xC0).any():
+    if codes.dtype != np.uint8 or codes.shape != (tokens,):
         raise SlackTierError(ErrorKind.BAD_INPUT, f"heat codes {codes.dtype} {codes.shape} for {tokens} tokens",
                              fix="pass one uint8 heat code per token (directory.token_heat)")
     return codes
@@ -342,7 +355,7 @@ def resolve_layer(ids, geo, cache, step, out, heat):
     """
     row_start, rows, rank_starts, rank_region, seen, table_end, pk_keys, pk_ordinals, pk_bits, pk_region, \
         pk_slot, pk_ppc = geo
-    layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss = cache
+    layer_key, directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, sketch = cache
     pin_step, htab, stamp, hbits, buf_base, owned_only, lossy, pad_id = step
     (desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
      own_pos, own_row, counts) = out
@@ -370,6 +383,10 @@ def resolve_layer(ids, geo, cache, step, out, heat):
     n = n_t * n_c
     n_heat = heat.shape[0]
     track = n_heat > 0 or has_pack   # the loop below follows the token of each lookup
+    reset_every = lstate[RESET]      # > 0: the layer keeps a frequency sketch (kernels.new_sketch)
+    sk_bits = 0
+    while (np.int64(SKETCH_ROWS) << sk_bits) < sketch.shape[0]:
+        sk_bits += 1
     tok = 0            # the token of the lookup at hand, and where its positions end
     tok_end = np.int64(n_c)
     counts[Count.LOOKUPS] = n
@@ -554,6 +571,15 @@ def resolve_layer(ids, geo, cache, step, out, heat):
             pinned += settle_pins(desc_kind, desc_idx, i, state, pin_step)
             settled = True
         sl, hand = victim(owned, state, ref, hand, pinned, pin_step)
+        if sl >= 0 and reset_every > 0 and n_heat and heat[tok] & FILTER:
+            # TinyLFU's test: the row takes the slot only when counted more often than the victim's row (or the
+            # row evict_ahead emptied from it: kernels.evict_ahead keeps slot_row); otherwise the victim stays
+            # under the hand and the row is read without a slot. The counts are those of earlier steps
+            # (kernels.count_lookups runs after the step's passes).
+            v = slot_row[sl]
+            if v >= 0 and v != r and sketch_estimate(sketch, r, sk_bits) <= sketch_estimate(sketch, v, sk_bits):
+                hand = hand - 1 if hand > 0 else owned.shape[0] - 1
+                sl = -1
         miss_slot[m] = sl
         if sl >= 0:
             evictions += claim(layer_key, r, sl, directory, slot_layer, slot_row, state, ref, pin_step)
@@ -573,6 +599,7 @@ def resolve_layer(ids, geo, cache, step, out, heat):
     lstate[HAND] = hand
     lstate[PINNED] = pinned
     lstate[EVICTIONS] = evictions
+    lstate[OWN] = n_own if reset_every > 0 else 0   # for kernels.count_lookups, after the step's passes
     counts[Count.HITS] = n_hits
     counts[Count.MISSES] = n_miss
     counts[Count.PAGES] = n_pages

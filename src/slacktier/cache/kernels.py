@@ -9,8 +9,11 @@ updated, and are inlined (`inline="always"`), so a caller's loop keeps those
 counters in registers: writing them back to memory on every lookup made the
 directory pass several times slower.
 
-Per-layer state `lstate` is an int64 [4] array: hand position in the layer's
-owned-slot list, slots pinned in the current step, evictions so far, spare.
+Per-layer state `lstate` is an int64 [LSTATE_WORDS] array: hand position in the
+layer's owned-slot list, slots pinned in the current step, evictions so far,
+spare, the frequency sketch's lookups since its last halving, the lookups
+between two halvings (0: the layer has no sketch), and the lookups of the last
+pass still to count in it.
 
 Per-slot state is one int64 word, `state[slot] = step << 1 | fill`: the step
 that last pinned the slot, and whether the slot is being filled by a read of
@@ -22,6 +25,17 @@ first victim search leave their pins pending, and a step that never searched
 needs none of them once it ends). Plain CLOCK keeps it at 0 or 1 (a bit); an
 admission rule (a token's heat code, `heat_code`) may let a miss enter at 0 and
 a hit raise it up to 3, and the hand takes one off each count it passes.
+
+With the rule "counters+sketch" the layer also keeps a frequency sketch (a
+count-min sketch of 4-bit counters, `SKETCH_ROWS` rows of a power of two
+counters each, about one per slot; every counter halves after
+`SKETCH_RESET` lookups per slot, so old counts fade): a miss of a token whose
+code has `FILTER` takes CLOCK's victim only if its row's estimate is above the
+victim's row's; otherwise it is read without a slot and the victim stays under
+the hand (TinyLFU's admission test). The step's lookups are counted after its
+passes (`count_lookups`, at end_step: each adds to its row's counters, twice for
+a token whose heat code has `HEAVY`), so begin_step does not pay for the
+sketch's random writes.
 
 Worked example: step 5 pins slot 9 on a hit -> state[9] = 5 << 1 = 10, ref[9] = 1;
 a miss claiming slot 9 in step 5 -> state[9] = 5 << 1 | 1 = 11, ref[9] = 1; CLOCK
@@ -44,6 +58,10 @@ from slacktier.errors import ErrorKind, SlackTierError
 HAND = 0
 PINNED = 1
 EVICTIONS = 2
+SAMPLES = 4        # lstate: sketch lookups since its last halving
+RESET = 5          # lstate: sketch lookups between two halvings, 0 when the layer has no sketch
+OWN = 6            # lstate: lookups the layer's last pass listed (own_row) and the sketch has not counted yet
+LSTATE_WORDS = 7
 
 FILL = 1   # state bit: filled by a read of the step in state >> 1
 NEVER = -2  # the state of a slot no step has pinned
@@ -64,6 +82,100 @@ def heat_code(insert: int, add: int, most: int) -> int:
 
 
 HOT = heat_code(1, 1, 1)
+FILTER = 0x40   # heat code bit: the token's misses pass the sketch's admission test
+HEAVY = 0x80    # heat code bit: the token's lookups count twice in the sketch
+
+SKETCH_ROWS = 4
+SKETCH_MAX = 15          # 4-bit counters, one byte each
+SKETCH_RESET = 10        # lookups per slot between two halvings of every counter
+#: odd 64-bit multipliers, one per sketch row: row j of row id x -> ((x + 1) * M[j] mod 2^64) >> (64 - bits)
+SKETCH_MULTIPLIERS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
+                              dtype=np.uint64)
+NO_SKETCH = np.zeros(1, dtype=np.uint8)   # the sketch of a layer without one (never read)
+
+
+def sketch_bits(slots: int) -> int:
+    """log2 of the counters per sketch row for a layer of `slots` slots: the power of two >= slots, at least 16."""
+    return max(4, (max(16, int(slots)) - 1).bit_length())
+
+
+def sketch_reset(slots: int) -> int:
+    """Lookups between two halvings of a layer's sketch: SKETCH_RESET per slot."""
+    return SKETCH_RESET * max(int(slots), 1)
+
+
+def new_sketch(slots: int) -> tuple[np.ndarray, int]:
+    """A zeroed sketch for a layer of `slots` slots, [SKETCH_ROWS << bits] uint8, and its halving period in
+    lookups. Worked example: 1,000,000 slots -> 4 x 2^20 counters (4 MiB), halved every 10,000,000 lookups."""
+    return np.zeros(SKETCH_ROWS << sketch_bits(slots), dtype=np.uint8), sketch_reset(slots)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def sketch_slot(x, j, bits):
+    """Counter of row id x (>= 0) in sketch row j of 2^bits counters, as an index into the flat sketch."""
+    h = ((np.uint64(x) + np.uint64(1)) * SKETCH_MULTIPLIERS[j]) >> np.uint64(64 - bits)
+    return (np.int64(j) << np.int64(bits)) + np.int64(h)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def sketch_add(sketch, x, w, bits):
+    """Count row id x w times (each counter saturates at SKETCH_MAX)."""
+    for j in range(SKETCH_ROWS):
+        k = sketch_slot(x, j, bits)
+        v = sketch[k] + w
+        sketch[k] = SKETCH_MAX if v > SKETCH_MAX else v
+
+
+@njit(nogil=True, cache=True, inline="always")
+def sketch_estimate(sketch, x, bits):
+    """Row id x's estimated count: the least of its counters."""
+    best = SKETCH_MAX
+    for j in range(SKETCH_ROWS):
+        c = sketch[sketch_slot(x, j, bits)]
+        if c < best:
+            best = c
+    return best
+
+
+@njit(nogil=True, cache=True)
+def count_lookups(sketch, lstate, own_row, own_pos, heat, n_c):
+    """Count the layer's last pass's lookups in its sketch (none without one): own_row [N] the local rows the
+    pass listed, own_pos [N] their positions in its [T, n_c] ids (token = position // n_c), heat [T] the
+    tokens' codes (empty: weight 1). Halves every counter each `lstate[RESET]` lookups. Counts each pass once."""
+    n = lstate[OWN]
+    lstate[OWN] = 0
+    reset = lstate[RESET]
+    if reset <= 0 or n <= 0:
+        return
+    bits = 0
+    while (np.int64(SKETCH_ROWS) << bits) < sketch.shape[0]:
+        bits += 1
+    samples = lstate[SAMPLES]
+    n_heat = heat.shape[0]
+    ahead = 8   # lookups whose counters are fetched ahead of their writes
+    for j in range(min(ahead, n)):
+        for k in range(SKETCH_ROWS):
+            prefetch(sketch, sketch_slot(own_row[j], k, bits))
+    for j in range(n):
+        if j + ahead < n:
+            for k in range(SKETCH_ROWS):
+                prefetch(sketch, sketch_slot(own_row[j + ahead], k, bits))
+        w = 1
+        if n_heat and heat[own_pos[j] // n_c] & HEAVY:
+            w = 2
+        sketch_add(sketch, own_row[j], w, bits)
+        samples += 1
+        if samples >= reset:
+            sketch_halve(sketch)
+            samples = 0
+    lstate[SAMPLES] = samples
+
+
+@njit(nogil=True, cache=True)
+def sketch_halve(sketch):
+    """Halve every counter (the sketch's ageing)."""
+    for k in range(sketch.shape[0]):
+        sketch[k] >>= 1
 
 
 @intrinsic
@@ -104,7 +216,7 @@ def pin(state, slot, step):
 def heat_hit(ref, slot, code):
     """A hit by a token of heat `code` (`heat_code`): the slot's reference count rises by the code's add, to at
     most its most."""
-    most = code >> 4
+    most = (code >> 4) & 3
     v = ref[slot] + ((code >> 2) & 3)
     ref[slot] = most if v > most else v
 
@@ -207,8 +319,7 @@ def evict_ahead(n, directory, owned, lstate, slot_layer, slot_row, state, ref, s
     for j in range(held):
         s = victims[j]
         D.remove(directory, slot_row[s], s)
-        slot_layer[s] = -1
-        slot_row[s] = -1
+        slot_layer[s] = -1   # slot_row keeps the row: the sketch's admission test compares a miss with it
     lstate[EVICTIONS] += held
     return held
 
@@ -262,5 +373,5 @@ def forget_slots(slots, directory, slot_layer, slot_row, state, ref):
 
 
 def empty_lstate() -> np.ndarray:
-    """A fresh per-layer state array [hand, pinned, evictions, spare]."""
-    return np.zeros(4, dtype=np.int64)
+    """A fresh per-layer state array [hand, pinned, evictions, spare, sketch samples, sketch reset]."""
+    return np.zeros(LSTATE_WORDS, dtype=np.int64)

@@ -65,7 +65,9 @@ class CacheLayer:
     share: float
     directory: np.ndarray    # cache.rowdir's hash table of (row, slot), sized to the owned slots
     owned: np.ndarray        # [n] int32 slot ids
-    lstate: np.ndarray = field(default_factory=K.empty_lstate)  # [hand, pinned, evictions, spare]
+    lstate: np.ndarray = field(default_factory=K.empty_lstate)  # kernels' per-layer words (HAND, PINNED, ...)
+    # the frequency sketch of "counters+sketch" (RowCache.use_sketch); NO_SKETCH without one
+    sketch: np.ndarray = field(default_factory=lambda: K.NO_SKETCH)
     # the last pass's hits whose pins wait (directory.settle_pins): (desc_kind, desc_idx, n), or None
     pending: tuple[np.ndarray, np.ndarray, int] | None = None
 
@@ -175,6 +177,7 @@ class RowCache:
         # the compiled pass names them by address (cache.compiled)
         self.generation = 0
         self.small_page_directories = 0   # directories add_layer warned about (see the module doc)
+        self.sketched = False             # each layer keeps a frequency sketch (use_sketch)
 
     # ---- layers and sizes -------------------------------------------------------------------------
     def _check_budget(self, slots: int) -> None:
@@ -259,6 +262,42 @@ class RowCache:
         for layer, f in new_shares.items():
             self._layers[layer].share = f
 
+    def use_sketch(self, on: bool) -> None:
+        """Give every layer a frequency sketch sized to its slots (`kernels.new_sketch`; the admission rule
+        "counters+sketch" reads it), or drop them. Between steps; a sketch starts empty."""
+        on = bool(on)
+        if on == self.sketched:
+            return
+        self.sketched = on
+        self.generation += 1
+        for state in self._layers.values():
+            self._size_sketch(state, fresh=True)
+
+    def _size_sketch(self, state: CacheLayer, fresh: bool = False) -> None:
+        """Keep `state`'s sketch as `sketched` asks, sized to its owned slots (counts kept while the size holds)."""
+        slots = int(state.owned.shape[0])
+        if not self.sketched:
+            state.sketch = K.NO_SKETCH
+            state.lstate[K.RESET] = state.lstate[K.SAMPLES] = 0
+            return
+        if fresh or state.sketch.shape[0] != K.SKETCH_ROWS << K.sketch_bits(slots):
+            available_bytes(torch.device("cpu")).refuse(K.SKETCH_ROWS << K.sketch_bits(slots),
+                                                         f"layer {state.layer}'s frequency sketch")
+            state.sketch, _ = K.new_sketch(slots)
+            state.lstate[K.SAMPLES] = 0
+        state.lstate[K.RESET] = K.sketch_reset(slots)
+
+    def count_lookups(self, layer: int, scratch: PassScratch, heat: np.ndarray, columns: int) -> None:
+        """Count `layer`'s last pass's lookups (listed in `scratch`) in its frequency sketch, once; nothing
+        without one. heat: the step's codes per token (`directory.token_heat`; empty: weight 1); columns: the
+        lookups per token of the pass's ids. The engine calls this at end_step, after the step's passes."""
+        state = self.layer(layer)
+        K.count_lookups(state.sketch, state.lstate, scratch.own_row, scratch.own_pos, heat, int(columns))
+
+    def sketch_bytes(self) -> int:
+        """Host bytes of every layer's frequency sketch (0 unless `use_sketch`)."""
+        return sum(state.sketch.nbytes for state in self._layers.values() if state.sketch is not K.NO_SKETCH)
+
     def _refuse_if_pinned(self, state: CacheLayer, target: int) -> None:
         self.settle(state)
         pinned = int(np.count_nonzero(self._pinned_mask(state.owned)))
@@ -319,6 +358,7 @@ class RowCache:
                 D.rebuild(directory, state.owned, state.key, self.slot_layer, self.slot_row)
                 state.directory = directory
                 self._check_huge_pages(state)
+            self._size_sketch(state)
 
     # ---- steps --------------------------------------------------------------------------------------
     def settle(self, state: CacheLayer) -> None:
@@ -419,8 +459,10 @@ class RowCache:
         cp = self.compiled_pass([PassLayer(layer, 0, geometry, scratch)], columns=step.shape[2],
                                 owned_only=owned_only, lossy=lossy, pad_id=pad_id)
         cp.start(step.shape[0], buf_base)
-        cp.run(step, 0, checked_heat(heat, step.shape[0]))
+        codes = checked_heat(heat, step.shape[0])
+        cp.run(step, 0, codes)
         ((result, _, _),) = cp.results(0, 0)
+        self.count_lookups(layer, scratch, codes, step.shape[2])   # what the engine's end_step does
         return result
 
     def forget(self, layer: int, slots: np.ndarray) -> None:

@@ -23,6 +23,7 @@ from numba import njit
 from slacktier.cache import rowdir as D
 from slacktier.cache.directory import KIND_SLOT, N_COUNTS, NO_INDEX_KEYS, NO_INDEX_ORDINALS, NO_PACKED, \
     Count, checked_heat, resolve_layer
+from slacktier.cache.kernels import LSTATE_WORDS, NO_SKETCH, RESET, count_lookups, new_sketch
 from slacktier.cache.kernels import evict_ahead as evict_ahead_kernel
 from slacktier.cache.views import CacheView, GeoView, OutView, StepView
 from slacktier.errors import ErrorKind, SlackTierError
@@ -42,12 +43,14 @@ def _hash_bits(n):
 
 
 @njit(nogil=True, cache=True)
-def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, out):
+def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, sketch, reset, out):
     # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; heat: [M] uint8 or empty;
+    # sketch: the layer's frequency sketch (kernels.new_sketch) and its halving period, or NO_SKETCH and 0;
     # out: [M] int8 outcome per lookup
     directory = np.full(dir_entries, -1, dtype=np.int64)   # rowdir's table for `capacity` slots (rowdir.empty)
     owned = np.arange(capacity).astype(np.int32)          # RowCache gives a lone layer slots 0..c-1 in order
-    lstate = np.zeros(4, dtype=np.int64)
+    lstate = np.zeros(LSTATE_WORDS, dtype=np.int64)
+    lstate[RESET] = reset
     slot_layer = np.full(capacity, -1, dtype=np.int32)
     slot_row = np.full(capacity, -1, dtype=np.int64)
     state = np.full(capacity, -2, dtype=np.int64)         # as RowCache: never pinned (kernels.NEVER)
@@ -75,7 +78,7 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, out):
     geo = GeoView(np.int64(0), np.int64(n_items), rank_starts, rank_region, seen, np.int64(0), NO_INDEX_KEYS,
                   NO_INDEX_ORDINALS, np.int64(0), np.full(rank_region.shape[0], -1, np.int32), NO_PACKED,
                   np.int64(1))
-    cache = CacheView(np.int64(0), directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss)
+    cache = CacheView(np.int64(0), directory, owned, lstate, slot_layer, slot_row, state, ref, fill_miss, sketch)
     scratch = OutView(desc_kind, desc_idx, miss_buf, miss_inpage, miss_slot, miss_row, page_region, page_no, page_buf,
                   own_pos, own_row, counts)
     for s in range(step_starts.shape[0] - 1):
@@ -88,6 +91,7 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, out):
         resolve_layer(ids[a:b].reshape(b - a, 1), geo, cache,
                       StepView(np.int64(s), htab, np.int64(s + 1), _hash_bits(b - a), np.int64(0), False, False,
                                np.int64(0)), scratch, heat[a:b] if heat.shape[0] else heat)
+        count_lookups(sketch, lstate, own_row, own_pos, heat[a:b] if heat.shape[0] else heat, 1)   # end_step's
         lstate[1] = 0   # RowCache.release_pins: pending pins dropped, the pinned count resets, the step moves on
         if ahead:       # StepEngine.end_step with evict_ahead: RowCache.evict_ahead for the next step (s + 1)
             evict_ahead_kernel(counts[Count.MISSES] - counts[Count.BYPASS], directory, owned, lstate, slot_layer,
@@ -108,13 +112,14 @@ def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, out):
 
 
 def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, capacity: int,
-                 evict_ahead: bool = True, heat: np.ndarray | None = None) -> np.ndarray:
+                 evict_ahead: bool = True, heat: np.ndarray | None = None, sketch: bool = False) -> np.ndarray:
     """Outcome per lookup [M] int8 (HIT, REUSE_FILLED, REUSE_BYPASS, READ) of the served cache of `capacity` rows.
 
     ids: [M] dense rows 0..n_items-1 in lookup order; step_starts: [S + 1] lookup index where each step
     begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an eviction). evict_ahead: as the
     engine's option of that name (its default); False replays CLOCK alone. heat: [M] uint8 heat codes per
     lookup, or None (plain CLOCK): the engine's admission rule, `directory.token_heat(admission, ~is_decode)`.
+    sketch: the layer keeps a frequency sketch, as the engine's cache does under a rule of `directory.SKETCHED`.
     """
     ids = np.ascontiguousarray(ids, dtype=np.int64)
     m = ids.shape[0]
@@ -130,5 +135,7 @@ def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, 
                              fix="pass the lookup index where each step begins, then the lookup count")
     codes = checked_heat(heat, m)
     out = np.empty(m, dtype=np.int8)
-    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), bool(evict_ahead), codes, out)
+    counts, reset = new_sketch(int(capacity)) if sketch else (NO_SKETCH, 0)
+    _replay(ids, starts, int(n_items), int(capacity), D.entries_for(int(capacity)), bool(evict_ahead), codes,
+            counts, reset, out)
     return out

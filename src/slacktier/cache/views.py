@@ -31,6 +31,7 @@ from numba.extending import intrinsic
 
 from slacktier.cache.directory import (N_COUNTS, NO_INDEX_KEYS, NO_INDEX_ORDINALS, NO_PACKED, NO_SEEN, LayerGeometry,
                                        PassScratch)
+from slacktier.cache.kernels import LSTATE_WORDS, NO_SKETCH
 from slacktier.errors import ErrorKind, SlackTierError
 
 
@@ -63,6 +64,7 @@ class CacheView(NamedTuple):
     state: np.ndarray           # [S] int64 its pin stamp and fill mark (cache.kernels)
     ref: np.ndarray             # [S] uint8 its CLOCK reference bit
     fill_miss: np.ndarray       # [S] int32 the miss index filling it this step
+    sketch: np.ndarray          # the layer's frequency sketch, uint8 (kernels.new_sketch; NO_SKETCH: none)
 
 
 class StepView(NamedTuple):
@@ -153,7 +155,9 @@ PASS_LAYER = np.dtype([
     ("dir_len", _I8),       # the directory's entries (cache.rowdir)
     ("owned", _I8),
     ("owned_len", _I8),
-    ("lstate", _I8),
+    ("lstate", _I8),        # address; kernels.LSTATE_WORDS entries
+    ("sketch", _I8),        # the layer's frequency sketch: address and counters (kernels.NO_SKETCH: none)
+    ("sketch_len", _I8),
     ("capacity", _I8),      # the scratch arrays' length
     ("desc_kind", _I8),
     ("desc_idx", _I8),
@@ -212,7 +216,7 @@ class PassPlan:
             record[length] = a.shape[0]
 
     def put_layer(self, i: int, axis: int, geo: LayerGeometry, key: int, directory: np.ndarray, owned: np.ndarray,
-                  lstate: np.ndarray, scratch: PassScratch) -> None:
+                  lstate: np.ndarray, scratch: PassScratch, sketch: np.ndarray = NO_SKETCH) -> None:
         """Fill layer i's record: its axis, geometry, the layer's cache arrays, and its scratch."""
         rec = self.records[i]
         rec["axis"] = axis
@@ -232,7 +236,10 @@ class PassPlan:
         rec["key"] = key
         self.put(rec, "directory", directory, "dir_len")
         self.put(rec, "owned", owned, "owned_len")
+        if lstate.shape[0] != LSTATE_WORDS:
+            raise ValueError(f"a layer state has {LSTATE_WORDS} words (kernels.empty_lstate)")
         self.put(rec, "lstate", lstate)
+        self.put(rec, "sketch", sketch, "sketch_len")
         self.put(rec, "desc_kind", scratch.desc_kind, "capacity")
         for name in OutView._fields[1:-1]:
             arr = getattr(scratch, name)
@@ -309,7 +316,8 @@ def cache_view(rec, slots):
     """Layer record `rec`'s CacheView, over the cache's `slot_arrays`."""
     slot_layer, slot_row, state, ref, fill_miss = slots
     return CacheView(rec.key, carray(p_i64(rec.directory), rec.dir_len), carray(p_i32(rec.owned), rec.owned_len),
-                     carray(p_i64(rec.lstate), 4), slot_layer, slot_row, state, ref, fill_miss)
+                     carray(p_i64(rec.lstate), LSTATE_WORDS), slot_layer, slot_row, state, ref, fill_miss,
+                     carray(p_u8(rec.sketch), rec.sketch_len))
 
 
 @njit(nogil=True, cache=True, inline="always")

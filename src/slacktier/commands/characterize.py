@@ -27,7 +27,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--start-spread-steps", type=int, default=0,
                    help="first B sessions start at uniform random delays in [0, this) decode steps")
     p.add_argument("--policies", default="clock,lru,belady",
-                   help="comma list of lru, clock, clock+prefill-cold and clock+counters (the engine's CLOCK with "
+                   help="comma list of lru, clock, clock+prefill-cold, clock+counters and clock+counters+sketch "
+                        "(the engine's CLOCK with "
                         "that [engine] admission rule, replayed by its pass), s3fifo, static, static_lru, belady "
                         "(cold), belady_warm (the fit's top rows preloaded: the ceiling of the static policies "
                         "too), or 'all' (every one but the clock+ rules) "
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--static-head-share", type=float, default=0.5, help="share of capacity pinned by static_lru")
     p.add_argument("--miss-policy", default="clock",
                    help="policy behind the miss-page curve: clock (the engine's), or clock+prefill-cold / "
-                        "clock+counters for an engine serving that admission rule")
+                        "clock+counters / clock+counters+sketch for an engine serving that admission rule")
     p.add_argument("--miss-points", type=int, default=12, help="capacities on the miss-page curve")
     p.add_argument("--agent-source", choices=("published", "template"), default="published",
                    help="agent traffic: published trajectories of real agents (default: the vendored sample, or "

@@ -104,6 +104,8 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     """Per table: tier, devices, rank, cache slots and host bytes of the control file at `path`."""
     from slacktier.cache.rowcache import split_slots
     from slacktier.config import load_control, named_by, tier_facts
+    from slacktier.cache.directory import SKETCHED
+    from slacktier.cache.kernels import SKETCH_ROWS, sketch_bits
     from slacktier.cache.rowdir import entries_for
     from slacktier.engine.build import resolve_control
     from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
@@ -133,17 +135,19 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
             facts.holds_host_copy else {}
         in_memory_bytes = sum(r.nbytes for r in mine if in_memory.get(r.path))
         directory = 8 * entries_for(slots.get(t.layer, 0))   # cache.rowdir, sized to the layer's cache rows
+        # the admission rule's frequency sketch (cache.kernels.new_sketch), one byte a counter
+        sketch = SKETCH_ROWS << sketch_bits(slots.get(t.layer, 0)) if eng.admission in SKETCHED else 0
         tables.append({
             "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
             "manifest": t.manifest, "rows": sum(r.rows for r in mine),
             "devices": sorted({r.path for r in mine}) if tier_facts(t.source).device_kind == "file" else
             [getattr(t.options, "url", t.source)],
             "cache_share": t.cache_share, "cache_rows": slots.get(t.layer, 0),
-            "table_bytes": table_bytes, "directory_bytes": directory,
+            "table_bytes": table_bytes, "directory_bytes": directory, "sketch_bytes": sketch,
             "in_memory": sorted({what for what in in_memory.values() if what}), "in_memory_bytes": in_memory_bytes,
             "packed_bytes": packed_bytes, "packed_in_host": facts.holds_host_copy, "index_bytes": index_bytes,
             "host_bytes": (table_bytes + packed_bytes if facts.holds_host_copy else 0) + in_memory_bytes + directory
-            + index_bytes,
+            + sketch + index_bytes,
         })
     # The engine's page buffer pool: one 4 KiB buffer per lookup of a full step, every layer (StepEngine).
     pool_bytes = eng.max_tokens * 24 * len(cfg.tables) * PAGE_BYTES
@@ -151,7 +155,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     host_total = sum(t["host_bytes"] for t in tables) + pool_bytes + (cache_bytes if eng.device == "cpu" else 0)
     return {"control": str(path), "device": eng.device, "cache_rows": eng.cache_rows,
             "max_cache_rows": eng.max_cache_rows, "cache_bytes": cache_bytes, "page_pool_bytes": pool_bytes,
-            "pad_id": eng.pad_id, "owned_only": eng.owned_only, "metrics": eng.metrics,
+            "pad_id": eng.pad_id, "owned_only": eng.owned_only, "metrics": eng.metrics, "admission": eng.admission,
             "host_bytes": host_total, "tables": tables}
 
 
@@ -240,6 +244,8 @@ def lines(report: dict[str, Any]) -> list[str]:
                        f"{t['rows']:,} rows ({_mib(t['table_bytes'])}) on {', '.join(t['devices'])}; cache "
                        f"{t['cache_rows']:,} rows (share {t['cache_share']:g}); host memory {_mib(t['host_bytes'])} "
                        f"(directory {_mib(t['directory_bytes'])}, sized to the cache rows"
+                       + (f"; frequency sketch {_mib(t['sketch_bytes'])} (admission counters+sketch)"
+                          if t.get("sketch_bytes") else "")
                        + (f"; staged files in host memory {_mib(t['in_memory_bytes'])}: {', '.join(t['in_memory'])}"
                           if t["in_memory"] else "") + ")")
             if t["index_bytes"]:

@@ -100,6 +100,7 @@ import torch
 
 from slacktier.cache import KIND_FOREIGN, NO_HEAT, PassLayer, RowCache, fill_foreign
 from slacktier.cache.compiled import WHY_BAD, CompiledPass
+from slacktier.cache.directory import SKETCHED
 from slacktier.config import ControlFile
 from slacktier.engine import build as B
 from slacktier.engine import configure as C
@@ -170,8 +171,9 @@ class StepEngine:
         # The cache's admission rule (cache.ADMISSIONS): "prefill-cold" lets rows a prefill token misses enter
         # with CLOCK's reference bit clear, "counters" keeps 2-bit counts that decode lookups raise, so a
         # prompt's rows that are never read again leave before the rows decode keeps reading (begin_step's
-        # decode flags say which tokens are prefill; without them every token counts as decode).
-        self.admission = C.checked_admission(admission)
+        # decode flags say which tokens are prefill; without them every token counts as decode);
+        # "counters+sketch" adds a frequency sketch per layer that a prefill miss must pass to take a slot.
+        self.admission = admission
         self._wait_timeout_s = C.checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)   # changed in place: the finalizer holds it
         # An engine garbage-collected without close() still releases what its sources hold (descriptors,
@@ -182,6 +184,7 @@ class StepEngine:
         self._in_step = False
         self._step = 0
         self._tokens = 0
+        self._heat = NO_HEAT   # the step's heat codes (begin_step)
         self._token_capacity = 0
         self._pool: PageBufferPool | None = None
         self._staging: torch.Tensor | None = None
@@ -259,6 +262,16 @@ class StepEngine:
         return self._run(layer).spec
 
     # ---- the step -----------------------------------------------------------------------------
+    @property
+    def admission(self) -> str:
+        """The cache's admission rule (`cache.ADMISSIONS`); set between steps."""
+        return self._admission
+
+    @admission.setter
+    def admission(self, rule: str) -> None:
+        self._admission = C.checked_admission(rule)
+        self.cache.use_sketch(rule in SKETCHED)   # the layers' sketches, for the rules that read one
+
     def begin_step(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order).
 
@@ -273,6 +286,7 @@ class StepEngine:
         self._in_step = True
         self._step += 1
         self._tokens = ids.shape[0]
+        self._heat = heat   # end_step counts the step's lookups in the cache's sketches with it
         try:
             self._resolve_and_submit(ids, heat)
         except BaseException as exc:
@@ -353,6 +367,9 @@ class StepEngine:
                             "own lookups serve them; counted in out_of_table): the hasher's layout may not be the "
                             "table's", layer, c.out_of_table)
         self._finish_step()
+        if self.cache.sketched:   # the step's lookups, counted after its passes (kernels.count_lookups)
+            for layer in self._order:
+                self.cache.count_lookups(layer, self._layers[layer].scratch, self._heat, self.columns)
         if self.evict_ahead:
             for layer, c in counters.layers.items():   # counted as this step's evictions
                 claimed = c.rows_read - c.bypass

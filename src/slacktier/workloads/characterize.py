@@ -21,7 +21,7 @@ from typing import Iterable, Sequence
 import numba
 import numpy as np
 
-from slacktier.cache.directory import token_heat
+from slacktier.cache.directory import SKETCHED, token_heat
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.workloads import policies as pol
@@ -113,6 +113,10 @@ def run_policy(prep: PreparedLayer, policy: str, capacity: int, static_head_shar
         return pol.lru(prep.ids, prep.n_items, capacity)
     if policy == "clock":
         heat = token_heat(admission, ~prep.decode.astype(bool))   # refuses an unknown rule; empty for "off"
+        if admission in SKETCHED:   # the sketch counts row ids: replay the rows themselves, as the engine sees them
+            rows = prep.rows.astype(np.int64)
+            return pol.clock(rows, int(rows.max(initial=-1)) + 1, capacity, step_starts(prep.trace), heat=heat,
+                             sketch=True)
         return pol.clock(prep.ids, prep.n_items, capacity, step_starts(prep.trace), heat=heat if heat.size else None)
     if policy == "s3fifo":
         return pol.s3fifo(prep.ids, prep.n_items, capacity)

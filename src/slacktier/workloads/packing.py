@@ -82,6 +82,7 @@ NAMED_RULES = {
     "none": None,
     "prefill-cold": ServedRule("prefill-cold"),
     "counters": ServedRule("counters"),
+    "counters+sketch": ServedRule("counters+sketch"),
     "cold": A.AdmissionRule(prefill_insert="cold"),
     "cold+tinylfu": A.AdmissionRule(prefill_insert="cold", sketch="prefill", sketch_width=1.0, sketch_reset=40.0),
 }

@@ -280,17 +280,18 @@ def lru(ids: np.ndarray, n_items: int, capacity: int) -> np.ndarray:
 
 
 def clock(ids: np.ndarray, n_items: int, capacity: int, step_starts: np.ndarray | None = None,
-          evict_ahead: bool = True, heat: np.ndarray | None = None) -> np.ndarray:
+          evict_ahead: bool = True, heat: np.ndarray | None = None, sketch: bool = False) -> np.ndarray:
     """Hit mask [M] uint8 of the served cache (the engine's CLOCK with step pins, and by default its
     evict_ahead between steps) of `capacity` slots.
 
     step_starts: [S + 1] lookup index where each step begins (None: one lookup per step). A hit is a
     lookup whose row has a slot: cached when the step began, or filled by a read earlier in the step.
     heat: [M] uint8 heat codes of the served admission rule per lookup (`cache.token_heat(admission,
-    ~is_decode)`; `cache.simulate`); None: plain CLOCK.
+    ~is_decode)`; `cache.simulate`); None: plain CLOCK. sketch: the cache keeps its frequency sketch (the
+    rules of `cache.directory.SKETCHED`).
     """
     ids = _check(ids, n_items, capacity)
-    outcome = replay_clock(ids, step_starts, n_items, int(capacity), evict_ahead, heat)
+    outcome = replay_clock(ids, step_starts, n_items, int(capacity), evict_ahead, heat, sketch)
     return (outcome <= REUSE_FILLED).astype(np.uint8)
 
 
