@@ -21,6 +21,7 @@ from slacktier.cache import ADMISSIONS, token_heat
 from slacktier.cache.directory import SKETCHED
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.config import ADMISSION_RULES
+from slacktier.engine.configure import step_heat
 from slacktier.engine.step import StepEngine
 from slacktier.errors import SlackTierError
 from slacktier.tables.codec import dequantize_bits
@@ -137,6 +138,18 @@ def test_decode_flags_are_checked(staged, tmp_path) -> None:
         engine.gather(1)
         engine.gather(14)
         engine.end_step()
+
+
+def test_step_heat_gives_token_heat_codes_for_every_kind_of_flags() -> None:
+    """begin_step's flags (numpy, torch, a list, or None: all decode) become `token_heat`'s codes per token."""
+    rng = np.random.default_rng(0)
+    for rule in ADMISSIONS:
+        for tokens in (1, 7, 128):
+            dec = rng.random(tokens) < 0.5
+            want = token_heat(rule, ~dec).tolist()
+            for flags in (dec, torch.from_numpy(dec), dec.tolist()):
+                assert step_heat(rule, flags, tokens).tolist() == want
+            assert step_heat(rule, None, tokens).tolist() == token_heat(rule, np.zeros(tokens, bool)).tolist()
 
 
 def test_admission_rules_and_heat_codes_are_checked(staged, tmp_path) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from slacktier.cache import ADMISSIONS, PassScratch, RowCache, token_heat
+from slacktier.cache import ADMISSIONS, NO_HEAT, PassScratch, RowCache, token_heat
 from slacktier.cache.rowcache import available_bytes, split_slots
 from slacktier.cache.rowdir import ROW_LIMIT
 from slacktier.config import ControlFile, load_control, named_by
@@ -392,21 +392,29 @@ def checked_admission(admission: str) -> str:
     return admission
 
 
+#: per rule, its two heat codes as a lookup table indexed by a token's decode flag: [prefill code, decode code]
+#: (`cache.token_heat`'s codes); "off" has none (plain CLOCK)
+_HEAT_BY_FLAG = {rule: token_heat(rule, np.array([True, False])) for rule in ADMISSIONS if rule != "off"}
+
+
 def step_heat(admission: str, decode: Any, tokens: int) -> np.ndarray:
     """begin_step's decode flags as the pass's heat codes under `admission` (`cache.token_heat`): [T] uint8,
     or NO_HEAT for "off" (plain CLOCK).
 
     None: every token is a decode token. Flags must be bool, one per token: 0/1 integers or another length
-    are refused (also when the rule is "off"), so a swapped argument cannot silently turn admission off."""
+    are refused (also when the rule is "off"), so a swapped argument cannot silently turn admission off.
+    A numpy array of flags takes one table lookup: begin_step runs this with the CPU's caches cold, where each
+    numpy call costs tens of microseconds."""
+    codes = _HEAT_BY_FLAG.get(admission)
     if decode is None:
-        prefill = np.zeros(tokens, dtype=bool)
-    else:
-        if isinstance(decode, torch.Tensor):
-            decode = decode.detach().cpu().numpy()
-        flags = np.asarray(decode)
-        if flags.dtype != np.bool_ or flags.shape != (tokens,):
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"decode flags are {flags.dtype} {flags.shape}, want "
-                                 f"[{tokens}] bool", fix="pass one bool per token of the step: True for decode, "
-                                 "False for prefill")
-        prefill = np.logical_not(flags)
-    return token_heat(admission, prefill)
+        return NO_HEAT if codes is None else np.full(tokens, codes[1], dtype=np.uint8)
+    flags = decode
+    if type(flags) is not np.ndarray:
+        if isinstance(flags, torch.Tensor):
+            flags = flags.detach().cpu().numpy()
+        flags = np.asarray(flags)
+    if flags.dtype != np.bool_ or flags.shape != (tokens,):
+        raise SlackTierError(ErrorKind.BAD_INPUT, f"decode flags are {flags.dtype} {flags.shape}, want "
+                             f"[{tokens}] bool", fix="pass one bool per token of the step: True for decode, "
+                             "False for prefill")
+    return NO_HEAT if codes is None else codes.take(flags.view(np.uint8))
