@@ -81,8 +81,8 @@ import numpy as np
 from numba import njit
 
 from slacktier.cache import rowdir as D
-from slacktier.cache.kernels import (EVICTIONS, FILTER, HAND, HEAVY, HOT, OWN, PINNED, RESET, SKETCH_ROWS, claim,
-                                     filling, heat_code, heat_hit, pin, prefetch, sketch_estimate, victim)
+from slacktier.cache.kernels import (EVICTIONS, FILTER, HAND, HEAVY, HOT, OWN, PINNED, RESET, claim, filling,
+                                     heat_code, heat_hit, pin, prefetch, sketch_estimate, sketch_log2, victim)
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.layout import ROWS_PER_PAGE
 from slacktier.tables.packing import context_key, probe_index
@@ -384,9 +384,7 @@ def resolve_layer(ids, geo, cache, step, out, heat):
     n_heat = heat.shape[0]
     track = n_heat > 0 or has_pack   # the loop below follows the token of each lookup
     reset_every = lstate[RESET]      # > 0: the layer keeps a frequency sketch (kernels.new_sketch)
-    sk_bits = 0
-    while (np.int64(SKETCH_ROWS) << sk_bits) < sketch.shape[0]:
-        sk_bits += 1
+    sk_bits = sketch_log2(sketch)
     tok = 0            # the token of the lookup at hand, and where its positions end
     tok_end = np.int64(n_c)
     counts[Count.LOOKUPS] = n

@@ -96,7 +96,12 @@ NO_SKETCH = np.zeros(1, dtype=np.uint8)   # the sketch of a layer without one (n
 
 def sketch_bits(slots: int) -> int:
     """log2 of the counters per sketch row for a layer of `slots` slots: the power of two >= slots, at least 16."""
-    return max(4, (max(16, int(slots)) - 1).bit_length())
+    return (max(16, int(slots)) - 1).bit_length()
+
+
+def sketch_bytes(slots: int) -> int:
+    """Host bytes of a layer's sketch for `slots` slots (one byte a counter). Worked example: 1,000,000 -> 4 MiB."""
+    return SKETCH_ROWS << sketch_bits(slots)
 
 
 def sketch_reset(slots: int) -> int:
@@ -107,7 +112,16 @@ def sketch_reset(slots: int) -> int:
 def new_sketch(slots: int) -> tuple[np.ndarray, int]:
     """A zeroed sketch for a layer of `slots` slots, [SKETCH_ROWS << bits] uint8, and its halving period in
     lookups. Worked example: 1,000,000 slots -> 4 x 2^20 counters (4 MiB), halved every 10,000,000 lookups."""
-    return np.zeros(SKETCH_ROWS << sketch_bits(slots), dtype=np.uint8), sketch_reset(slots)
+    return np.zeros(sketch_bytes(slots), dtype=np.uint8), sketch_reset(slots)
+
+
+@njit(nogil=True, cache=True, inline="always")
+def sketch_log2(sketch):
+    """log2 of the counters per row of a flat sketch of SKETCH_ROWS rows (0 for NO_SKETCH)."""
+    bits = 0
+    while (np.int64(SKETCH_ROWS) << bits) < sketch.shape[0]:
+        bits += 1
+    return bits
 
 
 @njit(nogil=True, cache=True, inline="always")
@@ -147,9 +161,7 @@ def count_lookups(sketch, lstate, own_row, own_pos, heat, n_c):
     reset = lstate[RESET]
     if reset <= 0 or n <= 0:
         return
-    bits = 0
-    while (np.int64(SKETCH_ROWS) << bits) < sketch.shape[0]:
-        bits += 1
+    bits = sketch_log2(sketch)
     samples = lstate[SAMPLES]
     n_heat = heat.shape[0]
     ahead = 8   # lookups whose counters are fetched ahead of their writes

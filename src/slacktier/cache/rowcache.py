@@ -280,8 +280,8 @@ class RowCache:
             state.sketch = K.NO_SKETCH
             state.lstate[K.RESET] = state.lstate[K.SAMPLES] = 0
             return
-        if fresh or state.sketch.shape[0] != K.SKETCH_ROWS << K.sketch_bits(slots):
-            available_bytes(torch.device("cpu")).refuse(K.SKETCH_ROWS << K.sketch_bits(slots),
+        if fresh or state.sketch.shape[0] != K.sketch_bytes(slots):
+            available_bytes(torch.device("cpu")).refuse(K.sketch_bytes(slots),
                                                          f"layer {state.layer}'s frequency sketch")
             state.sketch, _ = K.new_sketch(slots)
             state.lstate[K.SAMPLES] = 0

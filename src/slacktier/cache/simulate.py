@@ -44,7 +44,7 @@ def _hash_bits(n):
 
 @njit(nogil=True, cache=True)
 def _replay(ids, step_starts, n_items, capacity, dir_entries, ahead, heat, sketch, reset, out):
-    # ids: [M] int64 dense rows 0..n_items-1; step_starts: [S + 1] int64; heat: [M] uint8 or empty;
+    # ids: [M] int64 rows 0..n_items-1; step_starts: [S + 1] int64; heat: [M] uint8 or empty;
     # sketch: the layer's frequency sketch (kernels.new_sketch) and its halving period, or NO_SKETCH and 0;
     # out: [M] int8 outcome per lookup
     directory = np.full(dir_entries, -1, dtype=np.int64)   # rowdir's table for `capacity` slots (rowdir.empty)
@@ -115,8 +115,10 @@ def replay_clock(ids: np.ndarray, step_starts: np.ndarray | None, n_items: int, 
                  evict_ahead: bool = True, heat: np.ndarray | None = None, sketch: bool = False) -> np.ndarray:
     """Outcome per lookup [M] int8 (HIT, REUSE_FILLED, REUSE_BYPASS, READ) of the served cache of `capacity` rows.
 
-    ids: [M] dense rows 0..n_items-1 in lookup order; step_starts: [S + 1] lookup index where each step
-    begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an eviction). evict_ahead: as the
+    ids: [M] rows 0..n_items-1 in lookup order (dense ids from densify(); with `sketch`, the rows themselves:
+    the sketch hashes row ids, so it counts as the engine's only on the engine's ids); step_starts: [S + 1]
+    lookup index where each step begins, 0 .. M (None: every lookup is its own step, so no pin ever blocks an
+    eviction). evict_ahead: as the
     engine's option of that name (its default); False replays CLOCK alone. heat: [M] uint8 heat codes per
     lookup, or None (plain CLOCK): the engine's admission rule, `directory.token_heat(admission, ~is_decode)`.
     sketch: the layer keeps a frequency sketch, as the engine's cache does under a rule of `directory.SKETCHED`.

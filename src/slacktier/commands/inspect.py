@@ -105,7 +105,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     from slacktier.cache.rowcache import split_slots
     from slacktier.config import load_control, named_by, tier_facts
     from slacktier.cache.directory import SKETCHED
-    from slacktier.cache.kernels import SKETCH_ROWS, sketch_bits
+    from slacktier.cache.kernels import sketch_bytes
     from slacktier.cache.rowdir import entries_for
     from slacktier.engine.build import resolve_control
     from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
@@ -136,7 +136,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
         in_memory_bytes = sum(r.nbytes for r in mine if in_memory.get(r.path))
         directory = 8 * entries_for(slots.get(t.layer, 0))   # cache.rowdir, sized to the layer's cache rows
         # the admission rule's frequency sketch (cache.kernels.new_sketch), one byte a counter
-        sketch = SKETCH_ROWS << sketch_bits(slots.get(t.layer, 0)) if eng.admission in SKETCHED else 0
+        sketch = sketch_bytes(slots.get(t.layer, 0)) if eng.admission in SKETCHED else 0
         tables.append({
             "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
             "manifest": t.manifest, "rows": sum(r.rows for r in mine),

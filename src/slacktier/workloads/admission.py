@@ -49,15 +49,12 @@ from dataclasses import asdict, dataclass, replace
 import numba
 import numpy as np
 
+# the served cache's sketch shape and hashes (4-bit counters, rows of odd multipliers), so both count alike
+from slacktier.cache.kernels import SKETCH_MAX, SKETCH_MULTIPLIERS, SKETCH_ROWS
 from slacktier.errors import ErrorKind, SlackTierError
 
 PREFILL_INSERTS = ("hot", "cold")
 SKETCHES = ("off", "prefill", "all")
-SKETCH_ROWS = 4
-SKETCH_MAX = 15     # 4-bit counters
-#: odd 64-bit multipliers of the sketch's rows: row j of item x -> ((x + 1) * M[j] mod 2^64) >> (64 - bits)
-SKETCH_MULTIPLIERS = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0xD6E8FEB86659FD93],
-                              dtype=np.uint64)
 MIN_ORDER = 2       # Engram's lowest n-gram order (column // heads_per_order == 0)
 
 
