@@ -21,7 +21,6 @@ from slacktier.cache import ADMISSIONS, token_heat
 from slacktier.cache.directory import SKETCHED
 from slacktier.cache.simulate import HIT, READ, REUSE_BYPASS, REUSE_FILLED, replay_clock
 from slacktier.config import ADMISSION_RULES
-from slacktier.engine.configure import step_heat
 from slacktier.engine.step import StepEngine
 from slacktier.errors import SlackTierError
 from slacktier.tables.codec import dequantize_bits
@@ -140,16 +139,27 @@ def test_decode_flags_are_checked(staged, tmp_path) -> None:
         engine.end_step()
 
 
-def test_step_heat_gives_token_heat_codes_for_every_kind_of_flags() -> None:
-    """begin_step's flags (numpy, torch, a list, or None: all decode) become `token_heat`'s codes per token."""
+def test_the_pass_makes_token_heat_codes_from_every_kind_of_flags(staged, tmp_path) -> None:
+    """begin_step's flags (numpy, a strided numpy view, torch, a list, or None: all decode) become `token_heat`'s
+    codes per token inside the compiled pass, under the rule set when the engine was built and under each rule
+    it is switched to between steps ("off": no codes)."""
     rng = np.random.default_rng(0)
-    for rule in ADMISSIONS:
-        for tokens in (1, 7, 128):
-            dec = rng.random(tokens) < 0.5
-            want = token_heat(rule, ~dec).tolist()
-            for flags in (dec, torch.from_numpy(dec), dec.tolist()):
-                assert step_heat(rule, flags, tokens).tolist() == want
-            assert step_heat(rule, None, tokens).tolist() == token_heat(rule, np.zeros(tokens, bool)).tolist()
+    ids_all = real_token_ids(128, LAYOUT)
+    with StepEngine.from_control(str(_control(tmp_path / "h.toml", staged, "counters"))) as engine:
+        for rule in ("counters", *ADMISSIONS):
+            engine.admission = rule
+            for tokens in (1, 7, 64):
+                ids = np.ascontiguousarray(ids_all[:tokens])
+                dec = rng.random(2 * tokens) < 0.5
+                for flags in (dec[:tokens], dec[::2], torch.from_numpy(dec[:tokens]), dec[:tokens].tolist(), None):
+                    want = (np.zeros(tokens, bool) if flags is None
+                            else ~np.asarray(flags.numpy() if isinstance(flags, torch.Tensor) else flags))
+                    engine.begin_step(ids, decode=flags)
+                    got = engine._plan.cp.heat_codes(tokens).tolist()
+                    engine.gather(1)
+                    engine.gather(14)
+                    engine.end_step()
+                    assert got == ([] if rule == "off" else token_heat(rule, want).tolist()), (rule, tokens)
 
 
 def test_admission_rules_and_heat_codes_are_checked(staged, tmp_path) -> None:

@@ -215,12 +215,16 @@ def write_result(bench: str, figures: dict[str, float], path: str | Path | None 
     return out
 
 
-def timed_step(engine, ids, end_us: list | None = None) -> tuple[float, float, object]:
+def timed_step(engine, ids, end_us: list | None = None, decode=None) -> tuple[float, float, object]:
     """One whole engine step on `ids`: (begin_step wall us, begin_step thread CPU us, the step's counters);
-    end_step's wall us appended to `end_us` when given."""
+    end_step's wall us appended to `end_us` when given; `decode`: the tokens' decode flags, passed to
+    begin_step when given."""
     c0 = time.thread_time_ns()
     t0 = time.perf_counter_ns()
-    engine.begin_step(ids)
+    if decode is None:
+        engine.begin_step(ids)
+    else:
+        engine.begin_step(ids, decode)
     t1 = time.perf_counter_ns()
     c1 = time.thread_time_ns()
     for layer in engine.layers:

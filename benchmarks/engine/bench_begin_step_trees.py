@@ -17,7 +17,11 @@ the median and range of those ratios. Each process's directories get
 transparent huge pages or not as the kernel has them free, which moves its
 begin_step by tens of percent; the share is printed beside each round.
 
+`--admission RULE` serves that rule, and `--flags` passes each step's decode flags
+to begin_step (prefill chunks flagged as prefill), as the plug-ins do.
+
     .venv/bin/python benchmarks/engine/bench_begin_step_trees.py --before /path/to/worktree [--rounds 4]
+        [--traffic agent] [--evict-ahead] [--admission counters+sketch] [--flags]
 
 Make the "before" tree with `git worktree add /tmp/before <commit>`.
 """
@@ -38,13 +42,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 
 
-def _timed(engine, ids) -> float:
-    """One step with its begin_step timed after a cache flush (us)."""
+def _timed(engine, ids, decode=None) -> float:
+    """One step with its begin_step timed after a cache flush (us); `decode`: its tokens' flags, when given."""
     import bench_host_pass as H
 
     H.flush_caches()
     t0 = time.perf_counter_ns()
-    engine.begin_step(ids)
+    if decode is None:
+        engine.begin_step(ids)
+    else:
+        engine.begin_step(ids, decode)
     t1 = time.perf_counter_ns()
     for layer in engine.layers:
         engine.gather(layer)
@@ -52,7 +59,7 @@ def _timed(engine, ids) -> float:
     return (t1 - t0) / 1e3
 
 
-def loop(batch: int, steps: int, evict_ahead: bool, traffic: str) -> None:
+def loop(batch: int, steps: int, evict_ahead: bool, traffic: str, admission: str, flags: bool) -> None:
     """The child: build and fill the rank engine, time `steps` cold begin_steps, print them as JSON."""
     import numpy as np
 
@@ -64,13 +71,15 @@ def loop(batch: int, steps: int, evict_ahead: bool, traffic: str) -> None:
     rng = np.random.default_rng(0)
     (ROOT / "runs").mkdir(exist_ok=True)
     with tempfile.TemporaryDirectory(dir=ROOT / "runs") as tmp:
-        engine, shards = H.build_rank_engine(layout, Path(tmp), 1_000_000, 3, 4096, evict_ahead=evict_ahead)
+        engine, shards = H.build_rank_engine(layout, Path(tmp), 1_000_000, 3, 4096, evict_ahead=evict_ahead,
+                                             admission=admission)
         times = []
         if traffic == "uncached":
             for _ in range(25):   # fill the cache
                 H.warm(engine, H.random_ids(layout, shards, 3, 4096, rng))
             for k in range(steps + 10):   # the first 10 warm the interpreter and the rings
-                t = _timed(engine, H.random_ids(layout, shards, 3, batch, rng))
+                t = _timed(engine, H.random_ids(layout, shards, 3, batch, rng),
+                           np.ones(batch, dtype=bool) if flags else None)
                 if k >= 10:
                     times.append(t)
         else:
@@ -78,9 +87,9 @@ def loop(batch: int, steps: int, evict_ahead: bool, traffic: str) -> None:
             for st in H.agent_steps(layout, batch, 0):
                 ids = np.ascontiguousarray(st.ids)
                 if st.kind != "decode" or st.num_tokens != batch:
-                    H.warm(engine, ids)   # prefill and part-batch steps fill the cache, untimed
+                    H.warm(engine, ids, st.is_decode if flags else None)   # they fill the cache, untimed
                     continue
-                t = _timed(engine, ids)
+                t = _timed(engine, ids, st.is_decode if flags else None)
                 decode += 1
                 if decode > 10:   # the first 10 warm the interpreter and the rings
                     times.append(t)
@@ -94,9 +103,11 @@ def loop(batch: int, steps: int, evict_ahead: bool, traffic: str) -> None:
 def run_tree(tree: Path, args: argparse.Namespace) -> dict:
     env = dict(os.environ, PYTHONPATH=f"{tree / 'src'}{os.pathsep}{HERE}")
     cmd = [sys.executable, __file__, "--child", "--batch", str(args.batch), "--steps", str(args.steps),
-           "--traffic", args.traffic]
+           "--traffic", args.traffic, "--admission", args.admission]
     if args.evict_ahead:
         cmd.append("--evict-ahead")
+    if args.flags:
+        cmd.append("--flags")
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True).stdout
     return json.loads(out.strip().splitlines()[-1])
 
@@ -119,17 +130,21 @@ def main() -> int:
     ap.add_argument("--evict-ahead", action="store_true")
     ap.add_argument("--traffic", choices=("uncached", "agent"), default="uncached",
                     help="random ids on a filled cache, or the built-in agent traffic's decode steps")
+    ap.add_argument("--admission", default="off", help="the engine's admission rule (cache.ADMISSIONS)")
+    ap.add_argument("--flags", action="store_true",
+                    help="pass every step's decode flags to begin_step, as the SGLang and vLLM plug-ins do")
     ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        loop(args.batch, args.steps, args.evict_ahead, args.traffic)
+        loop(args.batch, args.steps, args.evict_ahead, args.traffic, args.admission, args.flags)
         return 0
     if args.before is None or not (args.before / "src" / "slacktier").is_dir():
         print("--before must name a checkout of this repository (git worktree add DIR COMMIT)", file=sys.stderr)
         return 2
     trees = {"before": args.before.resolve(), "after": args.after.resolve()}
     print(f"begin_step, {args.traffic} rank 3 of TP4 (V4.1), B={args.batch}, {args.steps} cold steps per process, "
-          f"evict_ahead {'on' if args.evict_ahead else 'off'}; before = {commit_of(trees['before'])}, after = "
+          f"evict_ahead {'on' if args.evict_ahead else 'off'}, admission {args.admission}, decode flags "
+          f"{'passed' if args.flags else 'not passed'}; before = {commit_of(trees['before'])}, after = "
           f"{commit_of(trees['after'])}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}", flush=True)
     ratios = []
     for r in range(args.rounds):

@@ -36,6 +36,10 @@ is 32 MiB), as after the model's forward; `--no-flush` times them as they come.
 as prefill: what the rule costs begin_step at the rank's full cache, hits and
 pages beside it.
 
+`--flags` passes each timed step's decode flags to every engine's begin_step, as the
+SGLang and vLLM plug-ins do on every step (without it, timed steps pass none: every
+token decodes, and an engine without a rule checks nothing).
+
 `--evict-ahead` adds a twin of each engine with `evict_ahead` on (end_step
 empties as many slots per layer as the step claimed: the next step's misses
 claim them without reading a victim's entry), on the same steps; end_step's
@@ -48,7 +52,7 @@ the host memory of the rank's directories beside what 4 B per shard row took.
 `--json PATH` writes every figure.
 
     .venv/bin/python benchmarks/engine/bench_host_pass.py [--batches 32,64,128] [--rounds 3] [--steps 40]
-        [--admission counters] [--evict-ahead] [--no-flush]
+        [--admission counters] [--evict-ahead] [--flags] [--no-flush]
 """
 
 from __future__ import annotations
@@ -245,6 +249,9 @@ FLUSH = True
 AHEAD = "+ahead"
 
 
+FLAGS = False
+
+
 def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dict:
     """One step: `part` "floor" or "floor_ev" times that floor on its ids and not begin_step; "step" times
     begin_step. Each timed part after a cache flush (unless --no-flush); the step is
@@ -256,7 +263,7 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dic
         return out
     if FLUSH:
         flush_caches()
-    wall, cpu, counters = timed_step(engine, ids, end_us := [])
+    wall, cpu, counters = timed_step(engine, ids, end_us := [], np.ones(ids.shape[0], dtype=bool) if FLAGS else None)
     lay = counters.layers.values()
     return {"wall_us": wall, "cpu_us": cpu, "end_us": end_us[0],
             "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),
@@ -298,9 +305,12 @@ def main() -> int:
     ap.add_argument("--evict-ahead", action="store_true",
                     help="also run each engine's twin with evict_ahead (end_step empties the next step's slots), "
                          "on the same steps, in turn")
+    ap.add_argument("--flags", action="store_true",
+                    help="pass each timed step's decode flags (all decode) to every engine, as the plug-ins do")
     args = ap.parse_args()
-    global FLUSH
+    global FLUSH, FLAGS
     FLUSH = not args.no_flush
+    FLAGS = args.flags
     batches = [int(b) for b in args.batches.split(",")]
     names = ["uncached", "agent"] + ([f"uncached{AHEAD}", f"agent{AHEAD}"] if args.evict_ahead else [])
     # the rule's twin is configured as the agent engine it is compared with: evict-ahead too when asked
@@ -372,7 +382,8 @@ def main() -> int:
              f"io_uring reads in flight, cache {args.cache_rows:,} rows split 0.5/0.5; {now}, {platform.node()}, "
              f"{os.cpu_count()} CPUs; {args.rounds} rounds x {args.steps} steps per engine and B, B in shuffled "
              f"order per round, begin_step and the two floors timed in turn, step by step (each after a whole step); "
-             + ("no cache flush" if args.no_flush else "each timed part after a 96 MiB cache flush"),
+             + ("no cache flush" if args.no_flush else "each timed part after a 96 MiB cache flush")
+             + ("; timed steps pass decode flags (all decode) to every engine" if args.flags else ""),
              "| engine | B | lookups served / step | hit rate | pages / step | begin_step wall us (min / med / max "
              "of round medians) | thread CPU us (med) | compiled pass: resolve + submit us (med) | floor us (med) | "
              "begin_step / floor (min / med / max of rounds) | compiled resolve / floor (med) | floor with the evictions' "

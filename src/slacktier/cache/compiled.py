@@ -67,7 +67,7 @@ from numba.extending import intrinsic
 
 from slacktier.cache.directory import NO_HEAT, N_COUNTS, Count, LayerGeometry, PassResult, PassScratch, resolve_layer
 from slacktier.cache.views import (HEADER_WORD, LAYER_WORD, LAYER_WORDS, ROW_WORDS, PassPlan, Row, cache_view,
-                                   geo_view, header, layer_records, out_view, p_i64, same_length, slot_arrays,
+                                   geo_view, header, layer_records, out_view, p_i64, p_u8, same_length, slot_arrays,
                                    step_view)
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.native import submit_llvm_type
@@ -113,12 +113,30 @@ def _submit_at(typingctx, fn, engine, n, region, page, buffer, pool_addr, pool_b
     return sig, codegen
 
 
+@njit(nogil=True, cache=True, inline="always")
+def _heat_of_flags(h, tokens, flags):
+    """The step's heat codes [tokens] uint8, in the header's buffer: each token's rule code by its decode flag
+    (`flags` [tokens] 0/1 bytes), or the decode code for every token when `flags` is empty."""
+    lut = carray(p_u8(h.heat_lut), 2)
+    codes = carray(p_u8(h.heat_buf), tokens)
+    if flags.shape[0] == 0:
+        for t in range(tokens):
+            codes[t] = lut[1]
+    else:
+        for t in range(tokens):
+            codes[t] = lut[flags[t] & 1]
+    return codes
+
+
 @njit(nogil=True, cache=True)
 def run_layers(ids, plan, heat):
     """Resolve layers start.. of the step `ids` [T, L, C] int64 and submit their pages; plan: the pass's
     header words (views.PassPlan.words; module doc); heat: [T] uint8 heat codes per token, or empty
-    (`directory.resolve_layer`)."""
+    (`directory.resolve_layer`), or, with an admission rule in the header (`CompiledPass.set_heat_lut`),
+    the tokens' decode flags, which become the codes here."""
     h = header(plan)
+    if h.heat_lut != 0:
+        heat = _heat_of_flags(h, ids.shape[0], heat)
     records = layer_records(h)
     n_layers = h.layers
     slots = slot_arrays(h)
@@ -236,6 +254,8 @@ class CompiledPass:
         self.out = np.zeros((n, ROW_WORDS), dtype=np.int64)   # per layer: the pass's counts, job, clock readings
         self.errors = np.zeros(max(n, 1), dtype=np.int64)      # per layer: its submit's error word
         self._ts = np.zeros(2, dtype=np.int64)                 # clock_gettime's timespec
+        self._heat_lut = np.zeros(2, dtype=np.uint8)           # set_heat_lut's codes
+        self._heat_buf = np.zeros(self.capacity // max(self.columns, 1) + 1, dtype=np.uint8)   # a step's codes
         self.states = [cache.layer(pl.layer) for pl in layers]
         h = plan.header
         h["clock_fn"] = _CLOCK_FN
@@ -247,6 +267,10 @@ class CompiledPass:
         plan.put(h, "out", self.out)
         plan.put(h, "errors", self.errors)
         plan.put(h, "ts", self._ts)
+        plan.put(h, "heat_buf", self._heat_buf)
+        plan.put(h, "heat_lut", self._heat_lut)
+        self._lut_word = int(h["heat_lut"])
+        h["heat_lut"] = 0   # no rule: `run`'s heat holds the codes (set_heat_lut)
         plan.put(h, "slot_layer", cache.slot_layer, "slots")
         for name in ("slot_row", "state", "ref", "fill_miss"):
             arr = getattr(cache, name)
@@ -303,11 +327,30 @@ class CompiledPass:
         or another lane's of that signature); 0, the default, leaves them to Python."""
         self.plan.records[i]["submit_fn"] = address
 
+    def set_heat_lut(self, codes: np.ndarray | None) -> None:
+        """An admission rule's two heat codes, [prefill code, decode code] (`directory.token_heat`): `run`'s heat
+        is then each token's decode flag as a 0/1 byte (empty: every token decodes), and the compiled call
+        makes the codes from them (`heat_codes`), so begin_step spends no numpy call on them. None: `run`'s
+        heat holds the codes themselves, or is empty for plain CLOCK."""
+        if codes is None:
+            self.plan.header["heat_lut"] = 0
+            return
+        self._heat_lut[:] = codes
+        self.plan.header["heat_lut"] = self._lut_word
+
+    def heat_codes(self, tokens: int) -> np.ndarray:
+        """The heat codes [tokens] uint8 the last `run` made from its decode flags (`set_heat_lut`), or NO_HEAT
+        when no rule is set (the caller has the codes it passed)."""
+        if self.plan.header["heat_lut"] == 0:
+            return NO_HEAT
+        return self._heat_buf[:tokens]
+
     def run(self, ids: np.ndarray, start: int = 0, heat: np.ndarray = NO_HEAT) -> tuple[int, int]:
         """Resolve layers start.. of the step `ids` [T, L, C] int64 (C-contiguous); (stop, WHY_*) (module doc).
 
         heat: [T] uint8, each token's heat code (`directory.token_heat`: the admission rule; the codes are
-        trusted); empty, the default: plain CLOCK."""
+        trusted); empty, the default: plain CLOCK. With a rule set (`set_heat_lut`): each token's decode flag
+        as 0 or 1 (a view of the bool flags), or empty when every token decodes."""
         if (type(ids) is not np.ndarray or ids.dtype is not _INT64 or ids.shape[1:] != self.ids_shape
                 or ids.shape[0] * self.columns > self.capacity or not ids.flags.c_contiguous):
             raise SlackTierError(ErrorKind.BAD_INPUT, f"ids {getattr(ids, 'dtype', type(ids))} "

@@ -129,6 +129,8 @@ PASS_HEADER = np.dtype([
     ("ts", _I8),            # address of two words: clock_gettime's timespec
     ("out", _I8),           # address of the results [layers, ROW_WORDS] int64
     ("errors", _I8),        # address of [layers] int64: each layer's submit error word
+    ("heat_lut", _I8),      # address of [2] uint8: an admission rule's (prefill, decode) heat codes; 0: none
+    ("heat_buf", _I8),      # address of the [tokens] uint8 heat codes the pass makes from decode flags
 ])
 
 #: One layer's record: where its lookups sit in the step's ids, its geometry, cache arrays, scratch and submit.

@@ -392,22 +392,24 @@ def checked_admission(admission: str) -> str:
     return admission
 
 
-#: per rule, its two heat codes as a lookup table indexed by a token's decode flag: [prefill code, decode code]
-#: (`cache.token_heat`'s codes); "off" has none (plain CLOCK)
+#: per rule, its two heat codes indexed by a token's decode flag: [prefill code, decode code] (`cache.token_heat`'s
+#: codes), which the compiled pass reads (`CompiledPass.set_heat_lut`); "off" has none (plain CLOCK)
 _HEAT_BY_FLAG = {rule: token_heat(rule, np.array([True, False])) for rule in ADMISSIONS if rule != "off"}
+_FLAG_BYTES = np.dtype(np.uint8)
 
 
-def step_heat(admission: str, decode: Any, tokens: int) -> np.ndarray:
-    """begin_step's decode flags as the pass's heat codes under `admission` (`cache.token_heat`): [T] uint8,
-    or NO_HEAT for "off" (plain CLOCK).
+def heat_lut(admission: str) -> np.ndarray | None:
+    """The compiled pass's heat codes under `admission`, [prefill code, decode code]; None for "off"."""
+    return _HEAT_BY_FLAG.get(admission)
 
-    None: every token is a decode token. Flags must be bool, one per token: 0/1 integers or another length
-    are refused (also when the rule is "off"), so a swapped argument cannot silently turn admission off.
-    A numpy array of flags takes one table lookup: begin_step runs this with the CPU's caches cold, where each
-    numpy call costs tens of microseconds."""
-    codes = _HEAT_BY_FLAG.get(admission)
-    if decode is None:
-        return NO_HEAT if codes is None else np.full(tokens, codes[1], dtype=np.uint8)
+
+def step_flags(admission: str, decode: Any, tokens: int) -> np.ndarray:
+    """begin_step's decode flags as the compiled pass takes them under `admission`: [T] 0/1 bytes (a view of the
+    flags, no copy), or NO_HEAT for "off" (plain CLOCK). The pass turns them into each token's heat code
+    (`heat_lut`), so begin_step, which runs with the CPU's caches cold, spends no numpy call making them.
+
+    Flags must be bool, one per token: 0/1 integers or another length are refused (also when the rule is
+    "off"), so a swapped argument cannot silently turn admission off."""
     flags = decode
     if type(flags) is not np.ndarray:
         if isinstance(flags, torch.Tensor):
@@ -417,4 +419,6 @@ def step_heat(admission: str, decode: Any, tokens: int) -> np.ndarray:
         raise SlackTierError(ErrorKind.BAD_INPUT, f"decode flags are {flags.dtype} {flags.shape}, want "
                              f"[{tokens}] bool", fix="pass one bool per token of the step: True for decode, "
                              "False for prefill")
-    return NO_HEAT if codes is None else codes.take(flags.view(np.uint8))
+    if admission == "off":
+        return NO_HEAT
+    return flags.view(_FLAG_BYTES) if flags.flags.c_contiguous else np.ascontiguousarray(flags).view(_FLAG_BYTES)

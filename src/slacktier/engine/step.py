@@ -184,7 +184,6 @@ class StepEngine:
         self._in_step = False
         self._step = 0
         self._tokens = 0
-        self._heat = NO_HEAT   # the step's heat codes (begin_step)
         self._token_capacity = 0
         self._pool: PageBufferPool | None = None
         self._staging: torch.Tensor | None = None
@@ -271,6 +270,9 @@ class StepEngine:
     def admission(self, rule: str) -> None:
         self._admission = C.checked_admission(rule)
         self.cache.use_sketch(rule in SKETCHED)   # the layers' sketches, for the rules that read one
+        plan = getattr(self, "_plan", None)   # None while __init__ runs
+        if plan is not None:
+            plan.cp.set_heat_lut(C.heat_lut(self._admission))
 
     def begin_step(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order).
@@ -280,13 +282,12 @@ class StepEngine:
         cache's admission rule reads it (`admission`: "prefill-cold", "counters"); rows served are the same either
         way."""
         ids = self._step_ids(ids)   # [T, L, 24] int64, C-contiguous; stored rows under a rank partition
-        heat = NO_HEAT
-        if decode is not None or self.admission != "off":   # flags checked whenever given
-            heat = C.step_heat(self.admission, decode, ids.shape[0])
+        heat = NO_HEAT   # without flags every token decodes; the pass makes the rule's codes (C.step_flags)
+        if decode is not None:   # flags checked whenever given
+            heat = C.step_flags(self._admission, decode, ids.shape[0])
         self._in_step = True
         self._step += 1
         self._tokens = ids.shape[0]
-        self._heat = heat   # end_step counts the step's lookups in the cache's sketches with it
         try:
             self._resolve_and_submit(ids, heat)
         except BaseException as exc:
@@ -368,8 +369,9 @@ class StepEngine:
                             "table's", layer, c.out_of_table)
         self._finish_step()
         if self.cache.sketched:   # the step's lookups, counted after its passes (kernels.count_lookups)
+            heat = self._plan.cp.heat_codes(self._tokens)   # the codes the pass made from the step's flags
             for layer in self._order:
-                self.cache.count_lookups(layer, self._layers[layer].scratch, self._heat, self.columns)
+                self.cache.count_lookups(layer, self._layers[layer].scratch, heat, self.columns)
         if self.evict_ahead:
             for layer, c in counters.layers.items():   # counted as this step's evictions
                 claimed = c.rows_read - c.bypass
@@ -658,6 +660,7 @@ def _build_plan(engine: StepEngine) -> _Plan:
     for i, lane in enumerate(lanes):   # each lane's own submit: st_eng_submit, or another of its signature
         if lane is not None:
             cp.set_submit_fn(i, lane.address)
+    cp.set_heat_lut(C.heat_lut(engine.admission))   # the pass makes the rule's heat codes from the decode flags
     return _Plan(cp, pool, runs, _HeldLanes(cp, lanes))
 
 
