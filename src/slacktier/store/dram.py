@@ -43,9 +43,18 @@ log = logging.getLogger(__name__)
 
 @njit(nogil=True, cache=True)
 def copy_pages(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows: np.ndarray) -> None:
-    """dst[dst_rows[i]] = src[src_rows[i]] for each i; src, dst [*, 4096] uint8."""
+    """dst[dst_rows[i]] = src[src_rows[i]] for each i; src, dst C-contiguous [*, 4096] uint8.
+
+    Each page moves as 512 eight-byte words in a plain loop, which the compiler vectorizes; a slice
+    assignment of the byte rows compiled to a byte-at-a-time loop several times slower."""
+    words = PAGE_BYTES // 8
+    s64 = src.view(np.uint64).reshape(src.shape[0], words)
+    d64 = dst.view(np.uint64).reshape(dst.shape[0], words)
     for i in range(src_rows.shape[0]):
-        dst[dst_rows[i], :] = src[src_rows[i], :]
+        a = s64[src_rows[i]]
+        b = d64[dst_rows[i]]
+        for j in range(words):
+            b[j] = a[j]
 
 
 def load_region_pages(spec: Region) -> np.ndarray:
