@@ -134,6 +134,29 @@ def test_out_of_range_reads_are_refused_naming_the_region(source, staged):
         source.submit(bad_buffer, pool)
 
 
+def test_a_batch_in_the_engines_dtypes_is_refused_as_any_other_is(source, staged):
+    """A batch of the step engine's dtypes (int32, int64, int32 arrays) is copied and checked in one compiled
+    call, any other batch with numpy: each bad batch is refused the same way by both, the first bad region
+    before any bad page, and any bad page before any bad buffer."""
+    pool = PageBufferPool(4)
+    spec = staged.specs[2]
+    regions = len(staged.specs)
+    cases = [([0, 2, regions], [0, spec.pages, 0], [0, 1, 2]),   # a bad region after a bad page: the region
+             ([0, 2, 1], [0, spec.pages, 0], [9, 1, 2]),         # a bad page after a bad buffer: the page
+             ([0, 1, 1], [0, 0, -1], [0, 1, 2]),
+             ([0, 1, 1], [0, 0, 0], [0, -1, 7]),
+             ([-1, 0, 0], [0, 0, 0], [0, 0, 0])]
+    for region, page, buffer in cases:
+        refused = []
+        for reads in (PageReads(np.array(region, np.int32), np.array(page, np.int64), np.array(buffer, np.int32)),
+                      PageReads(np.array(region), np.array(page), np.array(buffer))):   # int64 everywhere
+            with pytest.raises(SlackTierError) as info:
+                source.submit(reads, pool)
+            refused.append((info.value.kind, str(info.value), info.value.layer, info.value.page))
+        assert refused[0] == refused[1], (region, page, buffer)
+        assert refused[0][0] is ErrorKind.BAD_INPUT
+
+
 def test_a_ticket_is_waited_once(source, staged):
     pool = PageBufferPool(8)
     ticket = source.submit(_random_reads(staged, np.random.default_rng(5), 8), pool)

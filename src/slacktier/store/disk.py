@@ -318,7 +318,9 @@ class DiskSource(RegionSource):
                 if job < 0:   # a read out of range: nothing of this part was queued
                     if jobs:
                         self._abandoned.append(Ticket(0, pool, jobs=jobs))
-                    self._check_reads(PageReads(att.regions[r], p, b), pool)   # raises, naming the read
+                    # the whole batch as given (its region ids are the source's): raises, naming the first bad read
+                    self._check_reads(PageReads(np.array(region, dtype=np.int32), np.array(page, dtype=np.int64),
+                                                np.array(buffer, dtype=np.int32)), pool)
                     raise SlackTierError(ErrorKind.BAD_INPUT, f"read {-job - 1} is out of range",
                                          fix="ask only for pages the regions hold, into buffers of the pool")
                 jobs.append((att, job, r.shape[0]))
