@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from slacktier.config import ControlFile, EngineConfig, TableConfig, write_control
 from slacktier.engine.step import StepEngine
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.stage import stage_synthetic
@@ -33,22 +34,11 @@ from slacktier.testing.engine import real_token_ids
 
 
 def control(folder: Path, manifest: Path) -> Path:
-    path = folder / "control.toml"
-    tables = "".join(f"""
-[[table]]
-layer = {layer}
-source = "{source}"
-manifest = "{manifest}"
-cache_share = 0.5
-order = {order}
-""" for order, (layer, source) in enumerate(((1, "dram"), (14, "disk"))))
-    path.write_text(f"""
-[engine]
-device = "cpu"
-cache_rows = 1000
-max_tokens = 256
-{tables}""")
-    return path
+    """The control file: layer 1 on DRAM, layer 14 on disk, a 1,000-row cache split half and half."""
+    tables = tuple(TableConfig(layer=layer, manifest=str(manifest), source=source, cache_share=0.5, order=order)
+                   for order, (layer, source) in enumerate(((1, "dram"), (14, "disk"))))
+    return write_control(ControlFile(engine=EngineConfig(device="cpu", cache_rows=1000, max_tokens=256),
+                                     tables=tables), folder / "control.toml")
 
 
 def spin(seconds: float) -> None:
