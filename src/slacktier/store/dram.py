@@ -46,7 +46,7 @@ def copy_pages(src: np.ndarray, src_rows: np.ndarray, dst: np.ndarray, dst_rows:
     """dst[dst_rows[i]] = src[src_rows[i]] for each i; src, dst C-contiguous [*, 4096] uint8.
 
     Each page moves as 512 eight-byte words in a plain loop, which the compiler vectorizes; a slice
-    assignment of the byte rows compiled to a byte-at-a-time loop several times slower."""
+    assignment of the byte rows compiles to a byte-at-a-time loop."""
     words = PAGE_BYTES // 8
     s64 = src.view(np.uint64).reshape(src.shape[0], words)
     d64 = dst.view(np.uint64).reshape(dst.shape[0], words)

@@ -96,7 +96,7 @@ def taken_reads(region, page, buffer, region_pages, capacity):
     """A batch's own copy, checked: (region [n] int32, page [n] int64, buffer [n] int32, what, i), `what` -1
     when every read is in range, else the first bad kind in the order regions, pages, buffers (BAD_*) and
     `i` its first read. One compiled call instead of a dozen numpy calls: a source without a compiled
-    lane is submitted to from begin_step, where each numpy call costs tens of microseconds cold."""
+    lane is submitted to from begin_step, which runs with the CPU's caches cold, where every numpy call is slow."""
     n = region.shape[0]
     out_region = np.empty(n, dtype=np.int32)
     out_page = np.empty(n, dtype=np.int64)
