@@ -10,8 +10,8 @@ flush, as after the model's forward). Every step passes its decode flags, as the
 SGLang and vLLM plug-ins do.
 
 begin_step is timed in parts by a copy of its body with clock readings between
-them (`split_step`, which must follow `StepEngine.begin_step`; it
-refuses to run on a tree whose engine it does not know). The parts:
+them (`split_step`, which must follow `StepEngine.begin_step`; it also knows the
+form before the pass made the heat codes, to time an earlier tree). The parts:
 - `ids`: the ids' check (`_step_ids`);
 - `flags`: the decode flags as the pass takes them (`configure.step_flags`; before
   the pass made the heat codes itself, `configure.step_heat`, which made them in numpy);
@@ -43,7 +43,6 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_host_pass as H  # noqa: E402
 
-from slacktier.cache.directory import NO_HEAT  # noqa: E402
 from slacktier.engine import configure as C  # noqa: E402
 from slacktier.engine import step as S  # noqa: E402
 from slacktier.tables.engram_hash import EngramLayout  # noqa: E402
@@ -75,7 +74,7 @@ def split_step(engine: S.StepEngine, ids: np.ndarray, decode: np.ndarray) -> lis
     t.append(ns())
     plan.lanes.__enter__()
     t.append(ns())
-    stop, _ = plan.cp.run(ids, 0, heat if heat is not None else NO_HEAT)
+    stop, _ = plan.cp.run(ids, 0, heat)
     t_ret = ns()
     plan.lanes.__exit__(None, None, None)
     t_end = ns()

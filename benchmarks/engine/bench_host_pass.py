@@ -246,10 +246,8 @@ def agent_steps(layout: EngramLayout, batch: int, seed: int):
 
 
 FLUSH = True
-AHEAD = "+ahead"
-
-
 FLAGS = False
+AHEAD = "+ahead"
 
 
 def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dict:
@@ -263,7 +261,8 @@ def run_one(engine: StepEngine, floor: Floor, ids: np.ndarray, part: str) -> dic
         return out
     if FLUSH:
         flush_caches()
-    wall, cpu, counters = timed_step(engine, ids, end_us := [], np.ones(ids.shape[0], dtype=bool) if FLAGS else None)
+    decode = np.ones(ids.shape[0], dtype=bool) if FLAGS else None   # all decode, as the timed steps are
+    wall, cpu, counters = timed_step(engine, ids, end_us := [], decode)
     lay = counters.layers.values()
     return {"wall_us": wall, "cpu_us": cpu, "end_us": end_us[0],
             "pass_us": sum(c.resolve_us + c.submit_us for c in lay), "resolve_us": sum(c.resolve_us for c in lay),

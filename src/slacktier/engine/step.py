@@ -173,6 +173,7 @@ class StepEngine:
         # prompt's rows that are never read again leave before the rows decode keeps reading (begin_step's
         # decode flags say which tokens are prefill; without them every token counts as decode);
         # "counters+sketch" adds a frequency sketch per layer that a prefill miss must pass to take a slot.
+        self._plan: _Plan | None = None   # built on the first step after any change it depends on
         self.admission = admission
         self._wait_timeout_s = C.checked_timeout(wait_timeout_s)
         self._owned_sources: list[PageSource] = list(owned_sources)   # changed in place: the finalizer holds it
@@ -194,7 +195,6 @@ class StepEngine:
         self._layers: dict[int, LayerRun] = {}
         self._order: list[int] = []
         self._row_maps: list[tuple[int, object]] = []
-        self._plan: _Plan | None = None   # built on the first step after any change it depends on
         self._taken = self._unread = 0   # window positions: results taken below _taken, resolved below _unread
         self.last_step: StepCounters | None = None
         self.totals: dict[int, LayerCounters] = {}
@@ -270,9 +270,8 @@ class StepEngine:
     def admission(self, rule: str) -> None:
         self._admission = C.checked_admission(rule)
         self.cache.use_sketch(rule in SKETCHED)   # the layers' sketches, for the rules that read one
-        plan = getattr(self, "_plan", None)   # None while __init__ runs
-        if plan is not None:
-            plan.cp.set_heat_lut(C.heat_lut(self._admission))
+        if self._plan is not None:   # a plan built later takes the rule from _build_plan
+            self._plan.cp.set_heat_lut(C.heat_lut(self._admission))
 
     def begin_step(self, ids: np.ndarray, decode: np.ndarray | None = None) -> None:
         """Issue every lookup of a step: ids [T, L, 24] int64 table row ids (L in `ids_layers` order).

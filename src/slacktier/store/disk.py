@@ -301,8 +301,7 @@ class DiskSource(RegionSource):
                     and _native_ok(page, _I64) and _native_ok(buffer, _I32)):
                 parts = [(att, region, page, buffer)]
             else:
-                copied = PageReads(np.array(region, dtype=np.int32), np.array(page, dtype=np.int64),
-                                   np.array(buffer, dtype=np.int32))
+                copied = self._copied(reads)
                 self._check_reads(copied, pool)
                 parts = []
                 group = self._region_group[copied.region]
@@ -319,8 +318,7 @@ class DiskSource(RegionSource):
                     if jobs:
                         self._abandoned.append(Ticket(0, pool, jobs=jobs))
                     # the whole batch as given (its region ids are the source's): raises, naming the first bad read
-                    self._check_reads(PageReads(np.array(region, dtype=np.int32), np.array(page, dtype=np.int64),
-                                                np.array(buffer, dtype=np.int32)), pool)
+                    self._check_reads(self._copied(reads), pool)
                     raise SlackTierError(ErrorKind.BAD_INPUT, f"read {-job - 1} is out of range",
                                          fix="ask only for pages the regions hold, into buffers of the pool")
                 jobs.append((att, job, r.shape[0]))

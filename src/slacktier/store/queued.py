@@ -198,21 +198,22 @@ class RegionSource(PageSource):
         region = reads.region
         bad = np.flatnonzero((region < 0) | (region >= len(self.regions)))
         if bad.size:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"read {bad[0]} names region {region[bad[0]]} of "
-                                 f"{len(self.regions)}", fix="index the source's region list")
+            self._refuse_read(reads, pool, BAD_REGION, int(bad[0]))
         bad = np.flatnonzero((reads.page < 0) | (reads.page >= self._region_pages[region]))
         if bad.size:
-            i = int(bad[0])
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"page outside its region of {self._region_pages[region[i]]} "
-                                 "pages", fix="ask only for pages the region holds",
-                                 **self._where(int(region[i]), int(reads.page[i])))
+            self._refuse_read(reads, pool, BAD_PAGE, int(bad[0]))
         bad = np.flatnonzero((reads.buffer < 0) | (reads.buffer >= pool.capacity))
         if bad.size:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"read {bad[0]} targets buffer {reads.buffer[bad[0]]} of a "
-                                 f"pool of {pool.capacity}", fix="size the pool to the pages of one step")
+            self._refuse_read(reads, pool, BAD_BUFFER, int(bad[0]))
+
+    @staticmethod
+    def _copied(reads: PageReads) -> PageReads:
+        """The batch in arrays of its own, in the dtypes every source takes: callers may reuse theirs at once."""
+        return PageReads(np.array(reads.region, dtype=np.int32), np.array(reads.page, dtype=np.int64),
+                         np.array(reads.buffer, dtype=np.int32))
 
     def _refuse_read(self, reads: PageReads, pool: PageBufferPool, what: int, i: int) -> None:
-        """Raise the BAD_INPUT `_check_reads` raises for read `i`, the first out of range of kind `what` (BAD_*)."""
+        """Raise BAD_INPUT for read `i`, the batch's first out of range of kind `what` (BAD_*), naming it."""
         region = int(reads.region[i])
         if what == BAD_REGION:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"read {i} names region {region} of {len(self.regions)}",
@@ -361,8 +362,7 @@ class QueuedSource(RegionSource, Generic[S]):
             if what >= 0:
                 self._refuse_read(reads, pool, what, i)
         else:
-            reads = PageReads(np.array(reads.region, dtype=np.int32), np.array(reads.page, dtype=np.int64),
-                              np.array(reads.buffer, dtype=np.int32))  # ours: callers may reuse theirs at once
+            reads = self._copied(reads)
             self._check_reads(reads, pool)
         n = len(reads)
         parts = self._split(reads, pool) if n else []
