@@ -1,5 +1,6 @@
 """What the RedKnot test modules share: a tiny DeepSeek-V4 model, its profile, seeded token runs, a three-segment
-layout (two documents and a query), and the module-scoped runner and full-recompute fixtures.
+layout (two documents and a query), the module-scoped runner and full-recompute fixtures, and one that closes
+every service a test made.
 
 A module imports the fixtures by name and defines its own `LAYOUT` (the `full` fixture reads it from the module).
 """
@@ -12,6 +13,7 @@ import torch
 from slacktier.redknot.model import build_model, tiny_config
 from slacktier.redknot.profile import profile_for_config
 from slacktier.redknot.runner import Layout, RedKnotRunner, Segment
+from slacktier.redknot.service import RedKnotService
 
 CFG = tiny_config()
 MODEL = build_model(CFG, seed=0)
@@ -35,3 +37,20 @@ def runner() -> RedKnotRunner:
 @pytest.fixture(scope="module")
 def full(request, runner):
     return runner.full(request.module.LAYOUT)
+
+
+@pytest.fixture(autouse=True)
+def services_closed(monkeypatch):
+    """Every service a test makes is closed after it, so none of its page sources (and their device queues)
+    outlives the test."""
+    made: list[RedKnotService] = []
+    init = RedKnotService.__init__
+
+    def recorded(self, *args, **kwargs) -> None:
+        init(self, *args, **kwargs)
+        made.append(self)
+
+    monkeypatch.setattr(RedKnotService, "__init__", recorded)
+    yield
+    for svc in made:
+        svc.close()

@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redknot_common import CFG, MODEL, PROFILE, full, runner, tokens, two_docs_and_a_query  # noqa: F401
+from redknot_common import (CFG, MODEL, PROFILE, full, runner, services_closed, tokens,  # noqa: F401
+                            two_docs_and_a_query)
 from slacktier.errors import SlackTierError
 from slacktier.redknot.artifacts import ArtifactStore, Certificate, FallbackReason, RowFormat
 from slacktier.redknot.model import build_model

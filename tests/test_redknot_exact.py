@@ -8,7 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from redknot_common import CFG, MODEL, PROFILE, full, runner, tokens, two_docs_and_a_query  # noqa: F401
+from redknot_common import (CFG, MODEL, PROFILE, full, runner, services_closed, tokens,  # noqa: F401
+                            two_docs_and_a_query)
 from slacktier.redknot.artifacts import ArtifactStore
 from slacktier.redknot.attention import apply_rope, grouped_projection, merge_partials, rope_tables, segment_partial
 from slacktier.redknot.profile import HeadPolicy, profile_for_config
