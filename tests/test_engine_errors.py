@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 
 import os
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -267,34 +266,12 @@ def test_gather_outside_a_step_and_unknown_layer() -> None:
     engine.end_step()
 
 
-class _LateDram(DramSource):
-    """A DRAM tier whose next batch, once `hold()` is called, completes only when `release()` is: a late read."""
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        self._gate = threading.Event()
-        self._held: threading.Event | None = None
-
-    def hold(self) -> None:
-        self._gate.clear()
-        self._held = self._gate
-
-    def release(self) -> None:
-        self._gate.set()
-
-    def _read(self, lane, part):
-        held, self._held = self._held, None
-        if held is not None:
-            held.wait()
-        return super()._read(lane, part)
-
-
 def test_a_read_that_times_out_never_lands_in_a_later_step() -> None:
     """Layer 14's read times out and lands two steps later, over buffers a later step gave layer 1."""
     raws = {layer: synthetic_rows(layer, 0, n) for layer, n in ROWS.items()}
     regions = [Region(layer=layer, rank=0, path=f"mem:{layer}", offset_bytes=0, pages=pages_for_rows(n),
                       row_start=0, rows=n) for layer, n in ROWS.items()]
-    sources = {r.layer: _LateDram([r], pages=[pack_pages(raws[r.layer])]) for r in regions}
+    sources = {r.layer: DramSource([r], pages=[pack_pages(raws[r.layer])]) for r in regions}
     tables = [TableSpec(layer=r.layer, row_start=0, rows=r.rows, regions=(r,), source=sources[r.layer],
                         cache_share=0.5, reference=ArrayRowReader(raws[r.layer])) for r in regions]
     engine = StepEngine(tables, RowCache(4000), check=True, check_raise=True, wait_timeout_s=0.05,
@@ -306,7 +283,7 @@ def test_a_read_that_times_out_never_lands_in_a_later_step() -> None:
     engine.end_step()
     late = warm.copy()
     late[:, 1] = step_ids(ROWS, 16, 1)[:, 1] # layer 14 misses: its pages go to buffers 0, 1, ...
-    sources[14].hold()
+    sources[14].hold(True)                  # the DRAM queue admits no copy: layer 14's batch lands late
     engine.begin_step(late)
     expect_rows(engine.gather(1), raws[1], late[:, 0])
     with pytest.raises(SlackTierError) as exc:
@@ -318,7 +295,7 @@ def test_a_read_that_times_out_never_lands_in_a_later_step() -> None:
     # Next step: layer 1 misses (its pages go to buffers 0, 1, ... again); the late batch lands only now.
     ids = step_ids(ROWS, 16, 2)
     engine.begin_step(ids)
-    sources[14].release()
+    sources[14].hold(False)
     expect_rows(engine.gather(14), raws[14], ids[:, 1])   # queued behind the late batch: it has landed
     expect_rows(engine.gather(1), raws[1], ids[:, 0])
     assert engine.end_step().layers[1].pages_read > 0

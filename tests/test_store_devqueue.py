@@ -17,7 +17,7 @@ from slacktier.engine.tables import TableSpec
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads
 from slacktier.store import _native
-from slacktier.store.devqueue import QUEUE_SETTING_CONFLICTS, open_queues
+from slacktier.store.devqueue import HOST_MEMORY, QUEUE_SETTING_CONFLICTS, open_queues
 from slacktier.store.disk import DiskSource
 from slacktier.testing.store import stage_synthetic
 from slacktier.tables.codec import synthetic_rows
@@ -38,7 +38,8 @@ def _two_tables(directory, engine: str, rows: int = 3000, **options):
 
 
 def _queue(engine: str):
-    [q] = [q for q in open_queues() if q.engine_name == engine]
+    """The one open disk queue of `engine` (a DRAM table another test left open has a host-memory queue)."""
+    [q] = [q for q in open_queues() if q.engine_name == engine and q.device != HOST_MEMORY]
     return q
 
 

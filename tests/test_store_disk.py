@@ -17,7 +17,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads
 from slacktier.store import _native
 from slacktier.store._common import page_crc32c
-from slacktier.store.devqueue import open_queues
+from slacktier.store.devqueue import HOST_MEMORY, open_queues
 from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
 from slacktier.testing.store import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
@@ -211,7 +211,7 @@ def test_a_batch_that_times_out_is_dropped_and_its_pool_given_back(o_direct_dir)
     # was given, the queue gives that pool back, and the next batch, into a new pool, is exact.
     staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2)
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
-    [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
+    [queue] = [q for q in open_queues() if q.engine_name == "io_uring" and q.device != HOST_MEMORY]
     old, new = PageBufferPool(4), PageBufferPool(4)
     try:
         src.hold(True)
@@ -241,7 +241,7 @@ def test_the_c_worker_refuses_a_bad_read_and_queues_nothing_of_its_batch(o_direc
     try:
         lane = src.lane()   # compiled code's way in: C checks the reads itself
         bad = _reads([(0, 1), (0, staged.specs[0].pages)])
-        [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
+        [queue] = [q for q in open_queues() if q.engine_name == "io_uring" and q.device != HOST_MEMORY]
         assert queue.submit(lane.arm(), bad.region, bad.page, bad.buffer, pool) == -2
         with pytest.raises(SlackTierError) as info:
             src.submit(bad, pool)
@@ -263,7 +263,7 @@ def test_a_job_queued_through_the_lane_is_booked_as_a_ticket_of_the_source(o_dir
     # word it gives (C checks and copies it), book the job; the source waits for that ticket like one from submit.
     staged = stage_synthetic(o_direct_dir, layers=(1,), ranks=2)
     src = DiskSource(staged.specs, DiskOptions(engine="io_uring"))
-    [queue] = [q for q in open_queues() if q.engine_name == "io_uring"]
+    [queue] = [q for q in open_queues() if q.engine_name == "io_uring" and q.device != HOST_MEMORY]
     pool = PageBufferPool(2)
     try:
         lane = src.lane()

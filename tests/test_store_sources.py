@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import inspect
 import shutil
+import time
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -20,8 +22,9 @@ from slacktier.store.redis.loader import load_manifest
 from slacktier.testing.store import stage_synthetic
 
 _URING_MISSING = probe_io_uring()
-KINDS = ["dram", "disk-io_uring", "disk-threads", "redis"]
+KINDS = ["dram", "dram-threads", "disk-io_uring", "disk-threads", "redis"]
 AVAILABLE = [k for k in KINDS if k != "disk-io_uring" or _URING_MISSING is None]
+needs_uring = pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable here: {_URING_MISSING}")
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +38,11 @@ def _open(kind: str, staged, redis_server_factory) -> PageSource:
         pytest.skip(f"io_uring unavailable here: {_URING_MISSING}")
     if kind == "dram":
         return open_source("dram", staged.specs)
+    if kind == "dram-threads":   # where io_uring cannot be set up: the copying thread
+        with mock.patch("slacktier.store.dram.probe_io_uring", return_value="refused by this test"):
+            src = open_source("dram", staged.specs)
+        assert "threads" in src.engine_name
+        return src
     if kind.startswith("disk-"):
         return open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1], io_threads=2))
     server = redis_server_factory()
@@ -235,6 +243,63 @@ def test_dram_source_takes_given_arrays(staged):
         _check_random_batch(src, staged, 50, seed=9)
     finally:
         src.close()
+
+
+@needs_uring
+def test_a_dram_batch_queued_while_its_queue_is_deferred_is_copied_when_the_last_deferral_ends(staged):
+    """A step engine defers the host-memory queue around its compiled pass (HostMemoryLane): nothing is copied
+    while any deferral is open, deferrals nest, and the batch lands whole once the last one ends."""
+    src = DramSource(staged.specs, pages=staged.pages)
+    try:
+        lane = src.lane()
+        assert lane is not None and lane.defers and "io_uring" in src.engine_name
+        queue = lane.queue
+        pool = PageBufferPool(100)
+        reads = _random_reads(staged, np.random.default_rng(12), 100)
+        queue.trace(100)
+        lane.defer(True)
+        lane.defer(True)
+        ticket = src.submit(reads, pool)
+        time.sleep(0.05)
+        assert queue.traced()[1].size == 0            # deferred: no read admitted
+        lane.defer(False)
+        time.sleep(0.05)
+        assert queue.traced()[1].size == 0            # one deferral still open
+        lane.defer(False)
+        src.wait(ticket, timeout_s=30)
+        assert queue.traced()[1].size == 100
+        np.testing.assert_array_equal(pool.pages[reads.buffer], _expected(staged, reads))
+        lane.defer(False)                             # ending more deferrals than were opened is a no-op
+        _check_random_batch(src, staged, 20, seed=13)
+    finally:
+        src.close()
+
+
+@needs_uring
+def test_dram_tables_share_one_queue_in_window_order(staged):
+    """Two DRAM tables of one process share the host-memory queue: a batch of the deeper layer queued first is
+    copied after the shallower layer's, as on a disk."""
+    deep = DramSource([r for r in staged.specs if r.layer == 14])
+    shallow = DramSource([r for r in staged.specs if r.layer == 1])
+    try:
+        queue = deep.lane().queue
+        assert shallow.lane().queue is queue
+        pool = PageBufferPool(40)
+        first = PageReads(np.zeros(20, np.int32), np.arange(20, dtype=np.int64) % 14, np.arange(20, dtype=np.int32))
+        second = PageReads(np.zeros(20, np.int32), np.arange(20, dtype=np.int64) % 14,
+                           np.arange(20, 40, dtype=np.int32))
+        queue.trace(40)
+        deep.hold(True)                               # both batches queued before the queue admits any
+        t14, t1 = deep.submit(first, pool), shallow.submit(second, pool)
+        deep.hold(False)
+        deep.wait(t14, timeout_s=30)
+        shallow.wait(t1, timeout_s=30)
+        clients, _, _ = queue.traced()
+        assert clients.size == 40 and len(set(clients[:20].tolist())) == 1 and clients[0] != clients[-1]
+        assert clients[0] == shallow.lane().client
+    finally:
+        deep.close()
+        shallow.close()
 
 
 def test_dram_checks_its_pages_once_at_load_and_names_the_bad_one(staged):

@@ -597,10 +597,12 @@ class StepEngine:
 class _HeldLanes:
     """The locks of a plan's lanes (store.base.Lane), held around the compiled call so a concurrent submit or
     close cannot interleave with it; under them each lane is armed, and its word names its layers' client for
-    this call (0: Python submits them). One reusable object per plan, entered with `with`: a
-    `with` per lock does not fit a set of locks that varies per plan, and ExitStack costs microseconds here."""
+    this call (0: Python submits them). A lane that `defers` (the DRAM tier's host-memory copies) is deferred
+    around the call too, so its copies start once the pass is done rather than on the caller's core during
+    it. One reusable object per plan, entered with `with`: a `with` per lock does not fit a set of locks that
+    varies per plan, and ExitStack costs microseconds here."""
 
-    __slots__ = ("_cp", "_natives", "of_layer")
+    __slots__ = ("_cp", "_natives", "_deferred", "of_layer")
 
     def __init__(self, cp: CompiledPass, of_layer: list[Lane | None]) -> None:
         self._cp = cp
@@ -610,8 +612,12 @@ class _HeldLanes:
             if lane is not None:
                 by_lane.setdefault(id(lane), (lane, []))[1].append(i)
         self._natives = list(by_lane.values())   # (Lane, the indices of its layers), one per lane
+        # lanes whose medium's work would start on the CPU during the call (a DRAM copy): deferred around it
+        self._deferred = [lane for lane, _ in self._natives if lane.defers]
 
     def __enter__(self) -> None:
+        for lane in self._deferred:
+            lane.defer(True)
         held = 0
         try:
             for lane, layers in self._natives:
@@ -623,11 +629,15 @@ class _HeldLanes:
         except BaseException:
             for lane, _ in self._natives[:held]:
                 lane.lock.release()
+            for lane in self._deferred:
+                lane.defer(False)
             raise
 
     def __exit__(self, *exc: object) -> None:
         for lane, _ in self._natives:
             lane.lock.release()
+        for lane in self._deferred:
+            lane.defer(False)
 
 
 @dataclass

@@ -203,6 +203,19 @@ class IoEngine:
         (off: a later batch fills the depth an earlier one leaves)."""
         self._lib.st_eng_strict(self._engine, int(on))
 
+    def defer(self, on: bool) -> None:
+        """Open (True) or end (False) a deferral: while one is open the workers admit no read (counted)."""
+        if self._engine is not None:
+            self._lib.st_eng_defer(self._engine, int(on))
+
+    def batch_class(self, on: bool) -> None:
+        """Workers as batch-class threads (the default: a woken worker does not preempt the caller that queued
+        the batch) or ordinary ones (for a queue whose reads are host-memory copies); logged when refused."""
+        rc = self._lib.st_eng_batch(self._engine, int(on))
+        if rc:
+            log.info("io_uring engine: scheduling class %s refused: %s", "batch" if on else "normal",
+                     os.strerror(rc))
+
     def release(self, job: int) -> None:
         """Free a done job."""
         if self._engine is not None:

@@ -169,6 +169,9 @@ class Lane(abc.ABC):
       job the call returned, waited for with `source.wait` like one from
       `submit`.
 
+    and, optionally, `defers` and `defer(on)`, for a medium whose work starts on
+    the CPU the moment a batch is queued (the DRAM tier's host-memory copy).
+
     Hold `lock` (the source's) around `arm`, the compiled call and `book`, so
     a concurrent submit or close cannot interleave with them. Until it is
     booked a job is the medium's alone, so a caller books every job a call
@@ -178,7 +181,8 @@ class Lane(abc.ABC):
 
     One class per medium, each in its medium's file: `UringLane` (the io_uring
     engine, store/uring_queue.py: C checks, copies and queues each batch
-    itself) and `EmulatedLane` (whatif/tier.py: a numba function records each
+    itself), `HostMemoryLane` (store/dram.py: the same engine over host memory,
+    deferred) and `EmulatedLane` (whatif/tier.py: a numba function records each
     batch in a table the emulated queue takes them from). A medium writes
     two methods: `_client_word`, and `_claim`, which makes a job the call
     returned a job of its queue.
@@ -187,6 +191,11 @@ class Lane(abc.ABC):
     layers -> arm() gives the client, the call returns two jobs, book gives
     tickets 41 and 42, gather waits for them.
     """
+
+    #: the medium starts a batch's work on the CPU the moment it is queued (a host-memory copy): a caller that
+    #: queues several layers' batches in one compiled call defers it around the call (`defer`), so that work
+    #: does not take the caller's core while the call runs
+    defers: ClassVar[bool] = False
 
     def __init__(self, source: LaneOwner, client: int, address: int) -> None:
         self.source = source
@@ -197,6 +206,10 @@ class Lane(abc.ABC):
     def arm(self) -> int:
         """The word for the next compiled call, or 0 when the caller must use the source's `submit` (lock held)."""
         return 0 if self.source.busy_or_closed() else self._client_word()
+
+    def defer(self, on: bool) -> None:
+        """Open (True) or end (False) a deferral of the medium's work, where `defers`: batches queued while one
+        is open start when the last one ends. Not under the lock."""
 
     def book(self, job: int, pages: int, pool: PageBufferPool) -> int:
         """A ticket of `source` for job `job` of `pages` reads into `pool` that the last armed call returned

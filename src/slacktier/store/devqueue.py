@@ -29,6 +29,11 @@ and that is logged at WARNING and counted in `QUEUE_SETTING_CONFLICTS`
 device get one queue per engine, and the ordering then holds within each
 engine only: also logged at WARNING.
 
+A region attached with fd `HOST_MEMORY_FD` is host memory whose offset is the
+address of its page 0: the queue's worker copies its pages (the DRAM tier's
+queue, `HOST_MEMORY`), so compiled code hands a DRAM layer's batch over as it
+hands a disk's.
+
 Which device: a block device's own number; for a file, the block device of
 its filesystem, with a partition mapped to its whole disk through sysfs
 (`/sys/dev/block/MAJ:MIN/partition`), since partitions share the disk's
@@ -63,6 +68,12 @@ class Device:
 
     number: int
     name: str
+
+
+#: the queue of the process's host-memory regions (the DRAM tier): no disk has a negative number
+HOST_MEMORY = Device(-1, "host memory")
+#: the fd a region attached as host memory gives: its offset is then the address of its page 0
+HOST_MEMORY_FD = -1
 
 
 def physical_device(fd: int) -> Device:

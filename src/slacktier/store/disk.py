@@ -132,9 +132,9 @@ class DiskSource(RegionSource):
         self._direct = self._attached[0] if len(self._attached) == 1 else None
         self.devices = [att.queue.device.name for att in self._attached]
         self.engine_name = self._attached[0].queue.engine_name   # what moves the bytes: the queues' engine
-        log.info("DiskSource: engine %s, %d regions on device(s) %s, queue depth %d, %d worker(s) per device",
-                 self.engine_name, len(self.regions), ", ".join(self.devices), self._attached[0].queue.queue_depth,
-                 self._attached[0].queue.io_threads)
+        log.info("%s: engine %s, %d regions on device(s) %s, queue depth %d, %d worker(s) per device",
+                 type(self).__name__, self.engine_name, len(self.regions), ", ".join(self.devices),
+                 self._attached[0].queue.queue_depth, self._attached[0].queue.io_threads)
 
     @classmethod
     def verify_identity(cls, regions: Sequence[Region], options: DiskOptions | None,
@@ -237,8 +237,8 @@ class DiskSource(RegionSource):
     def _attach(self) -> None:
         """Attach our regions to their devices' queues, one client per device, priority = the region's layer."""
         groups: dict[int, tuple] = {}
-        for i, r in enumerate(self.regions):
-            device = self.device_of(self._fds[r.path])
+        targets = [self._target(i) for i in range(len(self.regions))]
+        for i, (device, _, _) in enumerate(targets):
             groups.setdefault(device.number, (device, []))[1].append(i)
         engine = self.queue_engine()
         o = self.options
@@ -247,8 +247,8 @@ class DiskSource(RegionSource):
             who = f"layer {self.regions[members[0]].layer}"
             q = acquire_queue(engine, device, o.queue_depth, o.io_threads, who=who)
             try:
-                fd = np.array([self._fds[self.regions[i].path] for i in members], np.int32)
-                offset = np.array([self.regions[i].offset_bytes for i in members], np.int64)
+                fd = np.array([targets[i][1] for i in members], np.int32)
+                offset = np.array([targets[i][2] for i in members], np.int64)
                 pages = self._region_pages[idx]
                 # Window order: a layer's window grows with its depth, so the lower layer id is read first.
                 priority = np.array([self.regions[i].layer for i in members], np.int32)
@@ -257,6 +257,12 @@ class DiskSource(RegionSource):
                 release_queue(q)
                 raise
             self._attached.append(_Attached(q, client, idx))
+
+    def _target(self, i: int) -> tuple[Device, int, int]:
+        """Where region i's pages are read: the device whose queue reads them, the fd, and the byte offset of
+        its page 0 in that file (a tier built on this one may read from elsewhere, as host memory)."""
+        fd = self._fds[self.regions[i].path]
+        return self.device_of(fd), fd, self.regions[i].offset_bytes
 
     def queue_settings_kept(self) -> list[tuple[str, int, int, str]]:
         """(key, asked, kept, device) for each queue setting the options ask for that a device queue this source

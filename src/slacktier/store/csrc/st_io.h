@@ -33,7 +33,9 @@ struct st_wait_info {
 struct st_ring *st_ring_create(unsigned entries, int *err);
 void st_ring_destroy(struct st_ring *r);
 
-/* The device queue: worker threads owning one ring each, taking reads in (priority, arrival) order. */
+/* The device queue: worker threads owning one ring each, taking reads in (priority, arrival) order.
+ * A region attached with a negative fd is host memory whose page 0 sits at the address given as its
+ * offset: the worker copies its pages into the pool itself (the DRAM tier), in the same order. */
 struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_batch, unsigned len, int nthreads,
                              int *err);
 struct st_client *st_eng_attach(struct st_eng *e, int nregions, const int32_t *region_fd,
@@ -41,7 +43,9 @@ struct st_client *st_eng_attach(struct st_eng *e, int nregions, const int32_t *r
                                 const int32_t *region_prio, const int32_t *region_ioprio, int *err);
 int st_eng_detach(struct st_eng *e, struct st_client *c);
 void st_eng_strict(struct st_eng *e, int on);
+int st_eng_batch(struct st_eng *e, int on);
 void st_eng_hold(struct st_eng *e, int on);
+void st_eng_defer(struct st_eng *e, int on);
 
 /* The submit compiled code calls by address, per layer: a C engine client's (this one) or any lane of the
  * same signature and error word. Returns the job, or NULL with *err = i + 1 for read i out of range

@@ -194,7 +194,8 @@ struct st_client {
     int id;                              /* attach order, for the admission trace */
     int nregions;
     int live;                            /* jobs not yet released: detach refuses while any is */
-    int32_t *region_fd;
+    int32_t *region_fd;                  /* < 0: the region is host memory, at address region_offset */
+    int host_only;                       /* every region is host memory: its pools are never registered */
     int64_t *region_offset, *region_pages;
     int32_t *region_prio;                /* admission order of its reads: lower first */
     int32_t *region_ioprio;              /* the sqe's ioprio for its reads (0: the thread's own) */
@@ -231,6 +232,7 @@ struct st_eng {
     struct st_client *clients;
     int next_client;
     int stop, held, nthreads;
+    int deferred;                        /* open st_eng_defer calls: admit nothing until they close */
     int strict;                          /* admit a batch only once no earlier-priority read is in flight */
     unsigned entries, depth, wait_batch, len;
     uint64_t seq;
@@ -277,7 +279,7 @@ static int inflight_prio(struct st_eng *e) {
 static unsigned admit(struct st_eng *e, struct st_job **slot_job, int *slot_read, unsigned *free_slots,
                       unsigned *nfree, unsigned room, unsigned *taken) {
     unsigned k = 0;
-    while (room && e->queue && !e->held) {
+    while (room && e->queue && !e->held && !e->deferred) {
         struct st_job *j = e->queue;
         if (e->strict && j->admitted == 0 && j->prio > inflight_prio(e)) break;
         if (j->admitted == 0) j->first_ns = mono_ns();
@@ -308,7 +310,8 @@ static void *eng_main(void *arg) {
      * thread that queued a batch (begin_step, inside st_eng_submit) is not descheduled by this worker
      * waking on its core; the worker runs on an idle core, or when the caller's slice ends. Without it,
      * on a machine with few cores, many begin_steps ran far longer in wall time than in CPU time.
-     * Best effort: a refusal leaves the thread as it was. */
+     * Best effort: a refusal leaves the thread as it was. A queue of host-memory copies turns it off
+     * (st_eng_batch). */
     struct sched_param batch = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
     pthread_setname_np(pthread_self(), "st-uring");
@@ -318,13 +321,16 @@ static void *eng_main(void *arg) {
     if (r && (depth == 0 || depth > r->entries)) depth = r->entries;
     struct st_job **slot_job = NULL;
     int *slot_read = NULL;
-    unsigned *free_slots = NULL, *taken = NULL;
+    unsigned *free_slots = NULL, *taken = NULL, *copied = NULL;
     if (r) {
         slot_job = calloc(depth, sizeof(*slot_job));
         slot_read = calloc(depth, sizeof(*slot_read));
         free_slots = calloc(depth, sizeof(*free_slots));
         taken = calloc(depth, sizeof(*taken));
-        if (!slot_job || !slot_read || !free_slots || !taken) { err = ENOMEM; st_ring_destroy(r); r = NULL; }
+        copied = calloc(depth, sizeof(*copied));
+        if (!slot_job || !slot_read || !free_slots || !taken || !copied) {
+            err = ENOMEM; st_ring_destroy(r); r = NULL;
+        }
     }
     pthread_mutex_lock(&e->mu);
     w->started = 1;
@@ -332,7 +338,7 @@ static void *eng_main(void *arg) {
     pthread_cond_broadcast(&e->done);
     pthread_mutex_unlock(&e->mu);
     if (!r) {
-        free(slot_job); free(slot_read); free(free_slots); free(taken);
+        free(slot_job); free(slot_read); free(free_slots); free(taken); free(copied);
         return NULL;
     }
     unsigned nfree = depth;
@@ -346,7 +352,7 @@ static void *eng_main(void *arg) {
     for (;;) {
         pthread_mutex_lock(&e->mu);
         while (!e->stop && inflight + queued == 0 && files_gen == e->files_gen
-               && (!e->queue || e->held || (e->strict && e->queue->admitted == 0
+               && (!e->queue || e->held || e->deferred || (e->strict && e->queue->admitted == 0
                                             && e->queue->prio > inflight_prio(e))))
             pthread_cond_wait(&e->work, &e->mu);
         if (inflight + queued == 0 && e->stop && !e->queue) { pthread_mutex_unlock(&e->mu); break; }
@@ -362,11 +368,12 @@ static void *eng_main(void *arg) {
                 r->nfiles = 0;
             }
         }
-        if (inflight + queued == 0 && e->queue && !e->held) {
+        if (inflight + queued == 0 && e->queue && !e->held && !e->deferred) {
             /* The caller keeps every pool that may be registered mapped (disk.py, st_eng_registered), so an
              * address seen again is the same pool, never a new mapping at a reused address. */
             struct st_job *h = e->queue;
-            if (h->pool_addr != r->buf_addr && h->pool_addr != refused_addr && h->pool_len) {
+            if (!h->client->host_only && h->pool_addr != r->buf_addr && h->pool_addr != refused_addr
+                && h->pool_len) {
                 if (st_ring_register_buffer(r, h->pool_addr, h->pool_len) != 0) {
                     refused_addr = h->pool_addr;
                     e->buffers_refused++;
@@ -380,7 +387,7 @@ static void *eng_main(void *arg) {
         pthread_mutex_unlock(&e->mu);
 
         int64_t c0 = thread_cpu_ns();
-        unsigned tail = *r->sq_tail;
+        unsigned tail = *r->sq_tail, ncopied = 0;
         for (unsigned q = 0; q < k; q++) {
             unsigned s = taken[q];
             struct st_job *j = slot_job[s];
@@ -389,6 +396,14 @@ static void *eng_main(void *arg) {
             int32_t g = j->region[i];
             int fd = c->region_fd[g];
             uint64_t addr = j->pool_addr + (uint64_t)j->buffer[i] * e->len;
+            if (fd < 0) {
+                /* Host memory: the page is copied here and lands at once, no ring entry. */
+                memcpy((void *)(uintptr_t)addr,
+                       (const void *)(uintptr_t)(c->region_offset[g] + j->page[i] * (int64_t)e->len), e->len);
+                j->res[i] = (int32_t)e->len;
+                copied[ncopied++] = s;
+                continue;
+            }
             struct io_uring_sqe *sqe = &r->sqes[tail & mask];
             memset(sqe, 0, sizeof(*sqe));
             sqe->opcode = IORING_OP_READ;
@@ -410,10 +425,11 @@ static void *eng_main(void *arg) {
             r->sq_array[tail & mask] = tail & mask;
             tail++;
         }
-        if (k) __atomic_store_n(r->sq_tail, tail, __ATOMIC_RELEASE);
-        queued += k;
+        if (k > ncopied) __atomic_store_n(r->sq_tail, tail, __ATOMIC_RELEASE);
+        queued += k - ncopied;
 
         unsigned nreaped = 0;
+        for (unsigned q = 0; q < ncopied; q++) taken[nreaped++] = copied[q];
         int fatal = 0;
         unsigned cq_ready = __atomic_load_n(r->cq_tail, __ATOMIC_ACQUIRE) - *r->cq_head;
         if (queued || (inflight && !cq_ready)) {
@@ -489,7 +505,7 @@ static void *eng_main(void *arg) {
             pthread_mutex_unlock(&e->mu);
         }
     }
-    free(slot_job); free(slot_read); free(free_slots); free(taken);
+    free(slot_job); free(slot_read); free(free_slots); free(taken); free(copied);
     st_ring_destroy(r);
     return NULL;
 }
@@ -548,8 +564,9 @@ struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_bat
 
 /* Attach a client: region i is region_pages[i] pages of `len` bytes at byte region_offset[i] of file
  * region_fd[i], admitted in region_prio[i] order, read with sqe ioprio region_ioprio[i]. Its files join
- * the set each ring registers when idle (the first ST_MAX_FILES distinct files of all clients). NULL and
- * *err = errno on failure. */
+ * the set each ring registers when idle (the first ST_MAX_FILES distinct files of all clients). A region
+ * with region_fd[i] < 0 is host memory at address region_offset[i]: the worker copies its pages itself.
+ * NULL and *err = errno on failure. */
 struct st_client *st_eng_attach(struct st_eng *e, int nregions, const int32_t *region_fd,
                                 const int64_t *region_offset, const int64_t *region_pages,
                                 const int32_t *region_prio, const int32_t *region_ioprio, int *err) {
@@ -570,6 +587,8 @@ struct st_client *st_eng_attach(struct st_eng *e, int nregions, const int32_t *r
     }
     c->eng = e;
     c->nregions = nregions;
+    c->host_only = 1;
+    for (int i = 0; i < nregions; i++) if (region_fd[i] >= 0) c->host_only = 0;
     memcpy(c->region_fd, region_fd, sizeof(int32_t) * nregions);
     memcpy(c->region_offset, region_offset, sizeof(int64_t) * nregions);
     memcpy(c->region_pages, region_pages, sizeof(int64_t) * nregions);
@@ -582,6 +601,7 @@ struct st_client *st_eng_attach(struct st_eng *e, int nregions, const int32_t *r
     e->clients = c;
     int changed = 0;
     for (int i = 0; i < nregions; i++) {
+        if (region_fd[i] < 0) continue;   /* host memory: no file to register */
         unsigned f = 0;
         while (f < e->nfiles && e->files[f] != region_fd[i]) f++;
         if (f < e->nfiles) { e->file_refs[f]++; continue; }
@@ -608,6 +628,7 @@ int st_eng_detach(struct st_eng *e, struct st_client *c) {
     if (c->next) c->next->prev = c->prev;
     int changed = 0;
     for (int i = 0; i < c->nregions; i++) {
+        if (c->region_fd[i] < 0) continue;
         for (unsigned f = 0; f < e->nfiles; f++) {
             if (e->files[f] != c->region_fd[i]) continue;
             if (--e->file_refs[f] == 0) {
@@ -645,12 +666,36 @@ void st_eng_strict(struct st_eng *e, int on) {
     pthread_mutex_unlock(&e->mu);
 }
 
+/* Workers as batch-class threads (1, the default: a woken worker does not preempt the thread that queued
+ * the batch) or ordinary ones (0: a worker whose reads are host-memory copies, CPU work that must run
+ * while the caller keeps its core busy, is woken as any thread is). 0, or the first errno refused. */
+int st_eng_batch(struct st_eng *e, int on) {
+    struct sched_param none = {0};
+    int rc = 0;
+    for (int t = 0; t < e->nthreads; t++) {
+        int r = pthread_setschedparam(e->workers[t].thread, on ? SCHED_BATCH : SCHED_OTHER, &none);
+        if (r && !rc) rc = r;
+    }
+    return rc;
+}
+
 /* Hold (1) or release (0) the queue: a held queue admits no read, so a test can make a batch land late
  * for real. Stopping the queue releases it. */
 void st_eng_hold(struct st_eng *e, int on) {
     pthread_mutex_lock(&e->mu);
     e->held = on;
     pthread_cond_broadcast(&e->work);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Defer (1) the queue's work, or end one deferral (0): while any is open the workers admit no read, and the
+ * last one to end wakes them. A step engine defers a host-memory queue around its compiled pass, so the
+ * copies of the batches the pass queues start once the pass is done instead of taking the caller's core
+ * from it. Counted, so callers that share the queue nest; stopping the queue ends them all. */
+void st_eng_defer(struct st_eng *e, int on) {
+    pthread_mutex_lock(&e->mu);
+    if (on) e->deferred++;
+    else if (e->deferred > 0 && --e->deferred == 0) pthread_cond_broadcast(&e->work);
     pthread_mutex_unlock(&e->mu);
 }
 
@@ -840,6 +885,7 @@ void st_eng_destroy(struct st_eng *e) {
     pthread_mutex_lock(&e->mu);
     e->stop = 1;
     e->held = 0;
+    e->deferred = 0;
     pthread_cond_broadcast(&e->work);
     pthread_mutex_unlock(&e->mu);
     for (int t = 0; t < e->nthreads; t++) pthread_join(e->workers[t].thread, NULL);
