@@ -1,17 +1,23 @@
-"""A DRAM-placed layer's read time per step: the pages a step misses, copied into the page pool by the DRAM tier.
+"""A DRAM-placed layer's read time per step, and what the placement costs begin_step.
+
+The read: the pages a step misses, copied into the page pool by the DRAM tier.
 
 One table (the V4.1 layout scaled to `--vocab` rows per head, staged as a file
 and loaded into host memory), layer 1 on `source = "dram"`, layer 14 on disk,
 a row cache of 1,000 rows (nearly every lookup misses), steps of `--batch`
 tokens of real text (the built-in token ids). Per step the engine's counters give
-layer 1's pages and its read time (submit to landed). Between begin_step and the
-first gather the caller either waits at once, sleeps 3 ms, or spins 3 ms in
-Python (as the timeline's runner and a serving engine's Python thread keep the
-GIL busy), to show whether the copy depends on the caller leaving the
-interpreter. Printed: median and p90 read time per mode, pages per step, and
-microseconds per page.
+layer 1's pages and its read time (submit to landed), and begin_step is timed
+(wall and the calling thread's CPU). Between begin_step and the first gather the
+caller either waits at once, sleeps 3 ms, or spins 3 ms in Python (as the
+timeline's runner and a serving engine's Python thread keep the GIL and a core
+busy), to show whether the copy depends on the caller leaving its core or the
+interpreter. With `--disk-too` the same steps run with layer 1 on disk as well:
+begin_step's reference when no layer is on DRAM. Printed: per placement and
+mode, median and p90 read time, begin_step's median wall and CPU time, pages per
+step and microseconds per page.
 
     PYTHONPATH=src .venv/bin/python benchmarks/tier/bench_dram_read.py [--vocab 200000] [--batch 32] [--steps 40]
+        [--disk-too]
 
 Run it with another checkout's `src/` first on PYTHONPATH to time that tree's DRAM tier.
 """
@@ -33,10 +39,10 @@ from slacktier.tables.stage import stage_synthetic
 from slacktier.testing.engine import real_token_ids
 
 
-def control(folder: Path, manifest: Path) -> Path:
-    """The control file: layer 1 on DRAM, layer 14 on disk, a 1,000-row cache split half and half."""
+def control(folder: Path, manifest: Path, first: str = "dram") -> Path:
+    """The control file: layer 1 on `first`, layer 14 on disk, a 1,000-row cache split half and half."""
     tables = tuple(TableConfig(layer=layer, manifest=str(manifest), source=source, cache_share=0.5, order=order)
-                   for order, (layer, source) in enumerate(((1, "dram"), (14, "disk"))))
+                   for order, (layer, source) in enumerate(((1, first), (14, "disk"))))
     return write_control(ControlFile(engine=EngineConfig(device="cpu", cache_rows=1000, max_tokens=256),
                                      tables=tables), folder / "control.toml")
 
@@ -53,34 +59,42 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--steps", type=int, default=40, help="steps per mode (the first 5 are not counted)")
     ap.add_argument("--dir", default="runs")
+    ap.add_argument("--disk-too", action="store_true", help="also run the steps with layer 1 on disk")
     args = ap.parse_args()
     layout = EngramLayout.scaled(args.vocab)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     modes = ("wait", "sleep", "spin", "wait", "sleep", "spin")
     ids = real_token_ids(args.batch * args.steps, layout)
-    got: dict[str, list[tuple[float, int]]] = {}
+    got: dict[tuple[str, str], list[tuple[float, int, float, float]]] = {}
+    placements = ("dram", "disk") if args.disk_too else ("dram",)
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         staged = stage_synthetic([Path(d) / "t.bin"], layout, 1, 5, progress=False)
-        with StepEngine.from_control(str(control(Path(d), Path(staged.path)))) as engine:
-            for mode in modes:
-                for k in range(args.steps):
-                    engine.begin_step(np.ascontiguousarray(ids[k * args.batch:(k + 1) * args.batch]))
-                    if mode == "sleep":
-                        time.sleep(0.003)
-                    elif mode == "spin":
-                        spin(0.003)
-                    for layer in engine.layers:
-                        engine.gather(layer)
-                    c = engine.end_step().layers[1]
-                    if k >= 5:
-                        got.setdefault(mode, []).append((c.read_us, c.pages_read))
+        for first in placements:
+            with StepEngine.from_control(str(control(Path(d), Path(staged.path), first))) as engine:
+                for mode in modes:
+                    for k in range(args.steps):
+                        batch = np.ascontiguousarray(ids[k * args.batch:(k + 1) * args.batch])
+                        t0, c0 = time.perf_counter(), time.thread_time()
+                        engine.begin_step(batch)
+                        begin_s, begin_cpu = time.perf_counter() - t0, time.thread_time() - c0
+                        if mode == "sleep":
+                            time.sleep(0.003)
+                        elif mode == "spin":
+                            spin(0.003)
+                        for layer in engine.layers:
+                            engine.gather(layer)
+                        c = engine.end_step().layers[1]
+                        if k >= 5:
+                            got.setdefault((first, mode), []).append((c.read_us, c.pages_read, 1e6 * begin_s,
+                                                                      1e6 * begin_cpu))
     package = Path(sys.modules[StepEngine.__module__].__file__).parents[2]
-    print(f"layer 1 on DRAM, B={args.batch}, vocab {args.vocab:,}, {2 * (args.steps - 5)} steps per mode; "
-          f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; package: {package}")
-    for mode, rows in got.items():
+    print(f"layer 1 on {' / '.join(placements)}, B={args.batch}, vocab {args.vocab:,}, {2 * (args.steps - 5)} steps "
+          f"per mode; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; package: {package}")
+    for (first, mode), rows in got.items():
         a = np.array(rows)
         med = float(np.median(a[:, 0]))
-        print(f"{mode:5s} read {med:.0f} us median, {np.percentile(a[:, 0], 90):.0f} us p90; "
+        print(f"{first:4s} {mode:5s} read {med:.0f} us median, {np.percentile(a[:, 0], 90):.0f} us p90; "
+              f"begin_step {np.median(a[:, 2]):.0f} us ({np.median(a[:, 3]):.0f} us CPU); "
               f"{np.median(a[:, 1]):.0f} pages per step, {med / max(np.median(a[:, 1]), 1):.2f} us per page")
     return 0
 
