@@ -143,7 +143,7 @@ def timeline_demo(workdir: str | Path, metrics: bool = False, progress: bool = F
     cfg = SweepConfig(workdir=str(Path(workdir) / "timeline"), batches=(32,), runs=3, decode_steps=16,
                       metrics=metrics)
     sw = planner_sweep(cfg, lambda a, b: [Job(32, p) for p in timeline_placements(a, b, cfg.cache_rows)],
-                       _uncached, read_fit_runs=12, curve_points=9, progress=progress)
+                       _uncached, read_fit_runs=48, curve_points=9, progress=progress)
     runs = [r for _, r in sw.done]
     held = sw.held_out()
     q = sw.quality(held)

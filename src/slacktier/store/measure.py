@@ -63,7 +63,9 @@ def measure_reads(tier: str, manifest, layers: Sequence[int], *, runs: int,
         pools = [PageBufferPool(m) for m in max_pages]
         rng = np.random.default_rng(seed)
         pages_drawn, t_ms = [], []
-        for _ in range(3):   # warm-up: threads, rings, first touches
+        for pool in pools:   # every buffer's first touch now, not in the timed run that first reaches it
+            pool.pages.fill(0)
+        for _ in range(3):   # warm-up: threads, rings, first reads
             for src, reg, pool in zip(sources, regions, pools):
                 src.wait(src.submit(random_reads(min(64, reg[0].pages, pool.capacity), reg[0].pages, rng), pool))
         for _ in range(runs):
