@@ -41,7 +41,7 @@ def _open(kind: str, staged, redis_server_factory) -> PageSource:
     if kind == "dram-threads":   # where io_uring cannot be set up: the copying thread
         with mock.patch("slacktier.store.dram.probe_io_uring", return_value="refused by this test"):
             src = open_source("dram", staged.specs)
-        assert "threads" in src.engine_name
+        assert "threads" in src.engine_name and src.lane() is None   # begin_step submits its batches from Python
         return src
     if kind.startswith("disk-"):
         return open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1], io_threads=2))
