@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import inspect
+import logging
 import shutil
 import time
-from unittest import mock
 
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slacktier.config import DiskOptions, RedisOptions
+from slacktier.config import DiskOptions, DramOptions, RedisOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads, PageSource, ReadStats, open_source
 from slacktier.store._common import page_crc32c
+from slacktier.store import _native
 from slacktier.store._native import probe_io_uring
+from slacktier.store.disk import ENGINE_FALLBACKS
 from slacktier.store.dram import DramSource
 from slacktier.store.redis.loader import load_manifest
 from slacktier.testing.store import stage_synthetic
@@ -38,9 +40,8 @@ def _open(kind: str, staged, redis_server_factory) -> PageSource:
         pytest.skip(f"io_uring unavailable here: {_URING_MISSING}")
     if kind == "dram":
         return open_source("dram", staged.specs)
-    if kind == "dram-threads":   # where io_uring cannot be set up: the copying thread
-        with mock.patch("slacktier.store.dram.probe_io_uring", return_value="refused by this test"):
-            src = open_source("dram", staged.specs)
+    if kind == "dram-threads":   # what serves where io_uring cannot be set up: the copying thread
+        src = open_source("dram", staged.specs, DramOptions(engine="threads"))
         assert "threads" in src.engine_name and src.lane() is None   # begin_step submits its batches from Python
         return src
     if kind.startswith("disk-"):
@@ -243,6 +244,31 @@ def test_dram_source_takes_given_arrays(staged):
         _check_random_batch(src, staged, 50, seed=9)
     finally:
         src.close()
+
+
+def test_without_io_uring_dram_falls_back_to_a_copying_thread_loudly(staged, monkeypatch, tmp_path, caplog):
+    """No C compiler (so no helper, so no io_uring queue): "auto" serves through the copying thread, logged at
+    WARNING and counted; "io_uring" refuses to open, naming the way out."""
+    monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
+    monkeypatch.setenv("SLACKTIER_CACHE_DIR", str(tmp_path / "cache"))
+    _native.load_helper.cache_clear()
+    try:
+        before = sum(ENGINE_FALLBACKS.values())
+        with caplog.at_level(logging.WARNING, logger="slacktier.store.dram"):
+            src = DramSource(staged.specs, DramOptions(engine="auto"))
+        try:
+            assert "threads" in src.engine_name and src.lane() is None
+            assert sum(ENGINE_FALLBACKS.values()) == before + 1
+            assert any(r.levelno == logging.WARNING and "io_uring unavailable" in r.getMessage()
+                       for r in caplog.records)
+            _check_random_batch(src, staged, 40, seed=14)
+        finally:
+            src.close()
+        with pytest.raises(SlackTierError) as info:
+            DramSource(staged.specs, DramOptions(engine="io_uring"))
+        assert info.value.kind is ErrorKind.UNAVAILABLE and "threads" in info.value.fix
+    finally:
+        _native.load_helper.cache_clear()
 
 
 @needs_uring

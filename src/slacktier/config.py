@@ -131,10 +131,18 @@ class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 
 
 class DramOptions(Options, frozen=True):
-    """The DRAM tier has no options: pages are copied from host memory."""
+    """`[table.dram]`: what copies the pages from host memory.
+
+    `engine = "auto"` takes the C device queue's worker when io_uring can be set up (compiled code hands a
+    batch over, no Python on the copy's path) and otherwise a Python thread that copies with a compiled loop
+    (begin_step then submits DRAM batches from Python), logged and counted; "io_uring" refuses to open where it
+    cannot be set up, and "threads" always takes the thread.
+    """
 
     holds_host_copy: ClassVar[bool] = True
     device_kind: ClassVar[str] = "host"
+
+    engine: Literal["auto", "io_uring", "threads"] = "auto"
 
 
 class DiskOptions(Options, frozen=True):

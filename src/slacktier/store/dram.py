@@ -45,7 +45,7 @@ from slacktier.store._common import check_file_targets
 from slacktier.store._native import probe_io_uring
 from slacktier.store.base import LaneOwner
 from slacktier.store.devqueue import HOST_MEMORY, HOST_MEMORY_FD, Device, DeviceQueue
-from slacktier.store.disk import DiskSource
+from slacktier.store.disk import ENGINE_FALLBACKS, ENGINES, DiskSource
 from slacktier.store.pread_queue import PreadJob, PreadQueue
 from slacktier.store.queued import typed_options
 from slacktier.store.registry import register_tier
@@ -197,19 +197,35 @@ class DramSource(DiskSource):
     def __init__(self, regions: Sequence[Region], options: DramOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None,
                  pages: Sequence[np.ndarray] | None = None) -> None:
-        self.dram_options = typed_options(options, DramOptions)
+        self.dram_options = opts = typed_options(options, DramOptions)
+        if opts.engine not in ENGINES:   # a msgspec struct built in code is not checked against its Literal
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown DRAM engine {opts.engine!r}",
+                                 fix=f"choose one of {', '.join(ENGINES)}")
         if identity is not None:
-            self.verify_identity(regions, self.dram_options, identity)
+            self.verify_identity(regions, opts, identity)
         self._given = pages
         # The queue's settings: the C worker copies up to `queue_depth` reads per turn of its lock; the
         # fallback's one thread copies a chunk per turn.
-        uring = probe_io_uring()
-        if uring is not None:
-            log.info("DramSource: io_uring unavailable (%s); DRAM batches are submitted from Python to a copying "
-                     "thread", uring)
-        disk = DiskOptions(engine="threads" if uring else "io_uring", queue_depth=128, io_threads=1)
+        disk = DiskOptions(engine=self._choose_copier(opts.engine), queue_depth=128, io_threads=1)
         super().__init__(regions, disk, page_crc32c=page_crc32c)
         self.engine_name = f"memcpy ({self.engine_name})"
+
+    @staticmethod
+    def _choose_copier(engine: str) -> str:
+        """The engine of the host-memory queue: io_uring's C worker, or the copying thread (a fallback under
+        "auto", logged at WARNING and counted in `store.disk.ENGINE_FALLBACKS`)."""
+        if engine == "threads":
+            return "threads"
+        reason = probe_io_uring()
+        if reason is None:
+            return "io_uring"
+        if engine == "io_uring":
+            raise SlackTierError(ErrorKind.UNAVAILABLE, f"the DRAM tier's io_uring engine asked for but unavailable: "
+                                 f"{reason}", fix="choose [table.dram] engine = 'threads' or 'auto'")
+        ENGINE_FALLBACKS[reason] += 1
+        log.warning("DramSource: io_uring unavailable (%s); a Python thread copies DRAM pages and begin_step submits "
+                    "them from Python (fallback #%d in this process)", reason, sum(ENGINE_FALLBACKS.values()))
+        return "threads"
 
     @classmethod
     def verify_identity(cls, regions: Sequence[Region], options: DramOptions | None,
