@@ -254,7 +254,7 @@ def test_without_io_uring_dram_falls_back_to_a_copying_thread_loudly(staged, mon
     _native.load_helper.cache_clear()
     try:
         before = sum(ENGINE_FALLBACKS.values())
-        with caplog.at_level(logging.WARNING, logger="slacktier.store.dram"):
+        with caplog.at_level(logging.WARNING, logger="slacktier.store.disk"):
             src = DramSource(staged.specs, DramOptions(engine="auto"))
         try:
             assert "threads" in src.engine_name and src.lane() is None

@@ -45,6 +45,7 @@ import time
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -89,6 +90,10 @@ class DiskSource(RegionSource):
     #: CPU per page than the disk tier's budget and lowers its IOPS. The device's own sector ECC guards the
     #: medium; set verify_reads = true to check anyway.
     verify_by_default = False
+    #: the control file's options table of the tier, and what its thread engine is, for the fallback's messages
+    #: (a tier built on this one says its own)
+    tier_key: ClassVar[str] = "disk"
+    fallback_says: ClassVar[str] = "falling back to the os.preadv thread pool"
 
     def __init__(self, regions: Sequence[Region], options: DiskOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
@@ -228,10 +233,10 @@ class DiskSource(RegionSource):
             return "io_uring"
         if engine == "io_uring":
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_uring engine asked for but unavailable: {reason}",
-                                 fix="choose engine='threads' or 'auto'")
+                                 fix=f"choose [table.{self.tier_key}] engine = 'threads' or 'auto'")
         ENGINE_FALLBACKS[reason] += 1
-        log.warning("DiskSource: io_uring unavailable (%s); falling back to the os.preadv thread pool "
-                    "(fallback #%d in this process)", reason, sum(ENGINE_FALLBACKS.values()))
+        log.warning("%s: io_uring unavailable (%s); %s (fallback #%d in this process)", type(self).__name__, reason,
+                    self.fallback_says, sum(ENGINE_FALLBACKS.values()))
         return "threads"
 
     def _attach(self) -> None:

@@ -42,10 +42,9 @@ from numba import njit
 from slacktier.config import DiskOptions, DramOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
-from slacktier.store._native import probe_io_uring
 from slacktier.store.base import LaneOwner
 from slacktier.store.devqueue import HOST_MEMORY, HOST_MEMORY_FD, Device, DeviceQueue
-from slacktier.store.disk import ENGINE_FALLBACKS, ENGINES, DiskSource
+from slacktier.store.disk import ENGINES, DiskSource
 from slacktier.store.pread_queue import PreadJob, PreadQueue
 from slacktier.store.queued import typed_options
 from slacktier.store.registry import register_tier
@@ -193,6 +192,8 @@ class DramSource(DiskSource):
     read_what = "dram read"
     #: pages are checked once, at load (see the module docstring), so verification costs nothing per read
     verify_by_default = True
+    tier_key = "dram"
+    fallback_says = "a Python thread copies DRAM pages and begin_step submits them from Python"
 
     def __init__(self, regions: Sequence[Region], options: DramOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None,
@@ -206,26 +207,9 @@ class DramSource(DiskSource):
         self._given = pages
         # The queue's settings: the C worker copies up to `queue_depth` reads per turn of its lock; the
         # fallback's one thread copies a chunk per turn.
-        disk = DiskOptions(engine=self._choose_copier(opts.engine), queue_depth=128, io_threads=1)
+        disk = DiskOptions(engine=opts.engine, queue_depth=128, io_threads=1)
         super().__init__(regions, disk, page_crc32c=page_crc32c)
         self.engine_name = f"memcpy ({self.engine_name})"
-
-    @staticmethod
-    def _choose_copier(engine: str) -> str:
-        """The engine of the host-memory queue: io_uring's C worker, or the copying thread (a fallback under
-        "auto", logged at WARNING and counted in `store.disk.ENGINE_FALLBACKS`)."""
-        if engine == "threads":
-            return "threads"
-        reason = probe_io_uring()
-        if reason is None:
-            return "io_uring"
-        if engine == "io_uring":
-            raise SlackTierError(ErrorKind.UNAVAILABLE, f"the DRAM tier's io_uring engine asked for but unavailable: "
-                                 f"{reason}", fix="choose [table.dram] engine = 'threads' or 'auto'")
-        ENGINE_FALLBACKS[reason] += 1
-        log.warning("DramSource: io_uring unavailable (%s); a Python thread copies DRAM pages and begin_step submits "
-                    "them from Python (fallback #%d in this process)", reason, sum(ENGINE_FALLBACKS.values()))
-        return "threads"
 
     @classmethod
     def verify_identity(cls, regions: Sequence[Region], options: DramOptions | None,
@@ -283,7 +267,7 @@ class DramSource(DiskSource):
         return HOST_MEMORY, HOST_MEMORY_FD, self._pages.ctypes.data + int(self._region_base[i]) * PAGE_BYTES
 
     def queue_engine(self) -> type[DeviceQueue]:
-        return HostMemoryQueue if self.options.engine == "threads" else HostMemoryUringQueue
+        return HostMemoryQueue if self.engine_name == "threads" else HostMemoryUringQueue
 
     def _warm(self) -> None:
         super()._warm()
