@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from slacktier.config import DiskOptions, DramOptions, RedisOptions
+from slacktier.config import DiskOptions, DramOptions, RedisOptions, load_control
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store import PageBufferPool, PageReads, PageSource, ReadStats, open_source
 from slacktier.store._common import page_crc32c
@@ -349,6 +349,18 @@ def test_options_of_another_tier_are_refused(staged):
     with pytest.raises(SlackTierError, match="takes DramOptions") as info:
         open_source("dram", staged.specs, DiskOptions())
     assert info.value.kind is ErrorKind.BAD_INPUT
+
+
+def test_an_unknown_dram_engine_is_refused_in_code_and_in_a_control_file(staged, tmp_path):
+    with pytest.raises(SlackTierError, match="unknown DRAM engine") as info:
+        DramSource(staged.specs, DramOptions(engine="dma"))   # type: ignore[arg-type]
+    assert info.value.kind is ErrorKind.BAD_INPUT and "threads" in info.value.fix
+    path = tmp_path / "control.toml"
+    path.write_text('[engine]\ndevice = "cpu"\ncache_rows = 100\n\n[[table]]\nlayer = 1\nmanifest = "m.json"\n'
+                    'source = "dram"\n\n[table.dram]\nengine = "dma"\n')
+    with pytest.raises(SlackTierError) as info:
+        load_control(path)
+    assert info.value.kind is ErrorKind.BAD_INPUT and "engine" in str(info.value)
 
 
 @pytest.fixture(scope="module")
