@@ -352,7 +352,7 @@ def test_options_of_another_tier_are_refused(staged):
 
 
 def test_an_unknown_dram_engine_is_refused_in_code_and_in_a_control_file(staged, tmp_path):
-    with pytest.raises(SlackTierError, match="unknown DRAM engine") as info:
+    with pytest.raises(SlackTierError, match="unknown dram engine") as info:
         DramSource(staged.specs, DramOptions(engine="dma"))   # type: ignore[arg-type]
     assert info.value.kind is ErrorKind.BAD_INPUT and "threads" in info.value.fix
     path = tmp_path / "control.toml"

@@ -101,7 +101,7 @@ class DiskSource(RegionSource):
         self.options = opts = typed_options(options, DiskOptions)
         # DiskOptions is a msgspec struct: its bounds hold when parsed from a control file, not when built in code.
         if opts.engine not in ENGINES:
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown disk engine {opts.engine!r}",
+            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown {self.tier_key} engine {opts.engine!r}",
                                  fix=f"choose one of {', '.join(ENGINES)}")
         if not 1 <= opts.queue_depth <= 4096 or not 1 <= opts.io_threads <= 64:
             raise SlackTierError(ErrorKind.BAD_INPUT, f"queue_depth {opts.queue_depth}, io_threads "

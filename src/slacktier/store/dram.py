@@ -44,7 +44,7 @@ from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
 from slacktier.store.base import LaneOwner
 from slacktier.store.devqueue import HOST_MEMORY, HOST_MEMORY_FD, Device, DeviceQueue
-from slacktier.store.disk import ENGINES, DiskSource
+from slacktier.store.disk import DiskSource
 from slacktier.store.pread_queue import PreadJob, PreadQueue
 from slacktier.store.queued import typed_options
 from slacktier.store.registry import register_tier
@@ -198,15 +198,12 @@ class DramSource(DiskSource):
     def __init__(self, regions: Sequence[Region], options: DramOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None,
                  pages: Sequence[np.ndarray] | None = None) -> None:
-        self.dram_options = opts = typed_options(options, DramOptions)
-        if opts.engine not in ENGINES:   # a msgspec struct built in code is not checked against its Literal
-            raise SlackTierError(ErrorKind.BAD_INPUT, f"unknown DRAM engine {opts.engine!r}",
-                                 fix=f"choose one of {', '.join(ENGINES)}")
+        opts = typed_options(options, DramOptions)
         if identity is not None:
             self.verify_identity(regions, opts, identity)
         self._given = pages
-        # The queue's settings: the C worker copies up to `queue_depth` reads per turn of its lock; the
-        # fallback's one thread copies a chunk per turn.
+        # The queue's settings (the disk tier checks the engine's name): the C worker copies up to
+        # `queue_depth` reads per turn of its lock; the fallback's one thread copies a chunk per turn.
         disk = DiskOptions(engine=opts.engine, queue_depth=128, io_threads=1)
         super().__init__(regions, disk, page_crc32c=page_crc32c)
         self.engine_name = f"memcpy ({self.engine_name})"
