@@ -9,7 +9,8 @@ replayed with B interleaved sessions. Everything is chosen on the FIT half:
   rank (the most pages at an even split), both tables on one disk (layer 1
   pays the paper's 3.05 us per page, layer 14, queued behind it, 0.37 us:
   plan.constants); every configuration and rank uses that split (`--split-per-rule`:
-  the admission rows use the split chosen from the rule's own fit curves);
+  the admission rows use the split chosen from the rule's own fit curves;
+  `--split-packed`: from the rule's fit curves counted with the pack list);
 - the pack list: `workloads.packing.choose_contexts` on the fit half, every
   rank's savings summed (one list is staged on every rank), replayed with the
   cache each configuration serves (the served CLOCK, or the admission rule);
@@ -18,7 +19,10 @@ replayed with B interleaved sessions. Everything is chosen on the FIT half:
   `packing.NAMED_RULES`); `--admission counters` or `prefill-cold` replays one
   the engine serves, through the served pass; `--admission counters+tinylfu`
   evaluates round two's best agent rule (bench_admission_explore.CountersSketch),
-  which the engine does not serve.
+  which the engine does not serve; `--admission belady` replays Belady with
+  bypass, an oracle that sees the future (the floor of any admission rule:
+  with every fit-half context packed, the fewest pages these levers can reach
+  on this split).
 
 Every figure is taken on the HELD-OUT half: each TP rank's own lookups
 (`--partition`, TP `--ranks`) replayed through its cache; pages per decode step
@@ -60,6 +64,7 @@ from slacktier.workloads import packing as P
 from slacktier.workloads.characterize import write_json
 from slacktier.workloads.corpus import CorpusConfig, load_workload
 from slacktier.workloads.hashing import EngramLookupHasher
+from slacktier.workloads.policies import belady
 from slacktier.workloads.replay import LookupTrace, ReplayConfig, collect_trace, replay_steps
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))   # the repo root: benchmarks.* imports
@@ -69,6 +74,18 @@ from benchmarks.paper.bench_admission_explore import CountersSketch  # noqa: E40
 LAYERS = (1, 14)
 DEFAULT_RULE = {"agent": "cold+tinylfu", "chat": "cold"}
 COUNTERS_SKETCH = "counters+tinylfu"   # bench_admission_explore's CountersSketch: evaluated, not served
+BELADY = "belady"                      # the oracle: no causal rule can beat it
+
+
+class BeladyOracle:
+    """Belady with bypass as a rule that replays itself: each row is kept while its next lookup is a decode
+    lookup and evicted furthest-next-use first, so it gives the most decode hits any cache of this size can."""
+
+    def label(self) -> str:
+        return "Belady with bypass (oracle)"
+
+    def replay(self, prep, capacity: int) -> np.ndarray:
+        return belady(prep.ids, prep.decode, prep.n_items, capacity)
 SPLIT_GRID = (0, 62_500, 125_000, 250_000, 375_000, 500_000, 625_000, 750_000, 875_000, 1_000_000)
 
 
@@ -99,20 +116,22 @@ def full_mean(steps: np.ndarray, full: np.ndarray) -> float:
     return float(steps[full].mean()) if full.any() else float("nan")
 
 
-def planner_split(fit: LookupTrace, cache_rows: int, ranks: int, partition: str, rule=None) -> tuple[dict[int, int],
-                                                                                                     dict]:
+def planner_split(fit: LookupTrace, cache_rows: int, ranks: int, partition: str, rule=None,
+                  pack: dict | None = None) -> tuple[dict[int, int], dict]:
     """Rows per layer of the planner's split, from the fit half's curves of the slowest rank: served CLOCK, or
-    CLOCK with `rule` (what `characterize --admission` draws for `plan`)."""
+    CLOCK with `rule` (what `characterize --admission` draws for `plan`); `pack` (layer -> each fit token's
+    packed context or -1) counts the curves with packing, as `characterize --pack-list` draws them."""
     grid = sorted({int(c * cache_rows / SPLIT_GRID[-1]) for c in SPLIT_GRID})
     even = cache_rows // len(LAYERS)
-    load = {rank: sum(float(P.step_pages(lk, P.hit_mask(lk, even, rule)).mean())
+    pk = pack or {}
+    load = {rank: sum(float(P.step_pages(lk, P.hit_mask(lk, even, rule), pk.get(lk.layer)).mean())
                       for lk in (P.rank_lookups(fit, l, rank, ranks, partition) for l in LAYERS))
             for rank in range(ranks)}
     slowest = (max(load.values()), max(load, key=lambda r: load[r]))   # the slowest rank at an even split
     curves = {}
     for layer in LAYERS:
         lk = P.rank_lookups(fit, layer, slowest[1], ranks, partition)
-        curves[layer] = [float(P.step_pages(lk, P.hit_mask(lk, c, rule)).mean()) for c in grid]
+        curves[layer] = [float(P.step_pages(lk, P.hit_mask(lk, c, rule), pk.get(layer)).mean()) for c in grid]
     split = best_split(LAYERS, [MissCurve(tuple(map(float, grid)), tuple(curves[l])) for l in LAYERS],
                        [PAPER_NVME_PAGE_MS, PAPER_NVME_BEHIND_PAGE_MS], cache_rows)
     rows = {l: int(round(split.rows_of(l))) for l in LAYERS}
@@ -155,7 +174,8 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
     rows_of, split_info = planner_split(fit, args.cache_rows, args.ranks, args.partition)
     progress(f"{wl}: planner split {rows_of} (from rank {split_info['rank']}'s fit curves)")
     rule_name = args.admission or DEFAULT_RULE[wl]
-    rule = CountersSketch() if rule_name == COUNTERS_SKETCH else P.named_rule(rule_name)
+    rule = CountersSketch() if rule_name == COUNTERS_SKETCH else BeladyOracle() if rule_name == BELADY \
+        else P.named_rule(rule_name)
     meta = P.pack_meta(wl, args.seed, args.batch, args.cache_rows, args.ranks, args.partition, "deepseek")
     out: list[Row] = []
     info = {"workload": wl, "fit_sessions": len(split.fit), "holdout_sessions": len(split.holdout),
@@ -171,6 +191,16 @@ def run_workload(wl: str, args, hasher, progress) -> tuple[list[Row], dict]:
                      f"{info['split_admission']['rank']}'s fit curves)")
         choice = P.choose_contexts(fit, LAYERS, rows_of, args.ranks, None, args.partition, rl, meta,
                                    P.fit_sources(split, fit) if args.order == "sources" else None)
+        if rl is not None and args.split_packed:   # the split from the fit curves counted with the list and rule
+            fit_pack = {l: P.lookup_contexts(choice.ids[l], P.token_contexts(fit, l)) for l in LAYERS}
+            packed_rows, info["split_packed"] = planner_split(fit, args.cache_rows, args.ranks, args.partition, rl,
+                                                              fit_pack)
+            progress(f"{wl}: planner split with the rule and the list {packed_rows} (from rank "
+                     f"{info['split_packed']['rank']}'s fit curves)")
+            if packed_rows != rows_of:   # staging would take the list chosen at the split it serves
+                rows_of = packed_rows
+                choice = P.choose_contexts(fit, LAYERS, rows_of, args.ranks, None, args.partition, rl, meta,
+                                           P.fit_sources(split, fit) if args.order == "sources" else None)
         path = P.write_pack_list(args.out / f"pack_{wl}_{policy.lower()}.npz", choice)
         progress(f"{wl} {policy}: chose {[choice.count(l) for l in LAYERS]} contexts on the fit half "
                  f"({time.perf_counter() - t1:.0f} s) -> {path}")
@@ -240,11 +270,16 @@ def main() -> None:
     ap.add_argument("--partition", default="columns")
     ap.add_argument("--fractions", default="0.125,0.25,0.5,1",
                     help="budgets as fractions of the extra disk the fit half's useful contexts fill")
-    ap.add_argument("--admission", default="", help=f"a rule of {tuple(P.NAMED_RULES)}, or {COUNTERS_SKETCH} "
+    ap.add_argument("--admission", default="", help=f"a rule of {tuple(P.NAMED_RULES)}, {COUNTERS_SKETCH}, or "
+                                                    f"{BELADY} (the oracle) "
                                                     f"(default: per workload {DEFAULT_RULE})")
     ap.add_argument("--split-per-rule", action="store_true",
                     help="the admission rows' cache split from the fit half's curves with the rule, as `plan` would "
                          "choose it from `characterize --admission` curves (default: every row uses CLOCK's split)")
+    ap.add_argument("--split-packed", action="store_true",
+                    help="the admission rows' cache split from the fit half's curves with the rule and the pack list, "
+                         "as `plan` would choose it from `characterize --admission R --pack-list` curves; the "
+                         "list is then chosen again at that split")
     ap.add_argument("--steps", choices=("all", "full"), default="all",
                     help="decode steps counted: every one, or those with B tokens decoding")
     ap.add_argument("--chat-sessions", type=int, default=192, help="ShareGPT conversations (both halves)")
@@ -274,7 +309,10 @@ def main() -> None:
             f"B={args.batch}, TP{args.ranks} `{args.partition}`, lists ordered by {args.order}, "
             f"{args.cache_rows:,} cache rows per rank split "
             + "; ".join(f"{i['workload']} L1 {i['split']['rows']['1']:,} / L14 {i['split']['rows']['14']:,} "
-                        f"({i['fit_sessions']} / {i['holdout_sessions']} sessions fit / held-out, "
+                        + (f" (admission rows: L1 {i['split_packed']['rows']['1']:,} / L14 "
+                           f"{i['split_packed']['rows']['14']:,}, from the packed fit curves)"
+                           if "split_packed" in i else "")
+                        + f" ({i['fit_sessions']} / {i['holdout_sessions']} sessions fit / held-out, "
                         f"{i['steps_counted']} held-out decode steps ({args.steps}; {i['full_batch_steps']} with a "
                         f"full batch), admission "
                         f"{i['admission']})"
