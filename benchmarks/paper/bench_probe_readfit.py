@@ -71,10 +71,14 @@ def measure(args) -> tuple[np.ndarray, np.ndarray]:
     s1, s14 = DiskSource([r1], options), DiskSource([r14], options)
     pool1, pool14 = PageBufferPool(args.max_p1), PageBufferPool(args.max_p14)
     rng = np.random.default_rng(args.seed)
+    warm_rng = np.random.default_rng(args.seed + 1)   # layer 14's warm-up draws: the timed runs' draws stay the same
     pages, times = [], []
     try:
-        for _ in range(3):  # warm-up
+        for pool in (pool1, pool14):   # every buffer's first touch now, not in the timed run that first reaches it
+            pool.pages.fill(0)
+        for _ in range(3):  # warm-up: threads, rings, first reads, on both sources
             s1.wait(s1.submit(reads_for(64, args.region_pages, rng), pool1))
+            s14.wait(s14.submit(reads_for(64, args.region_pages, warm_rng), pool14))
         for _ in range(args.runs):
             p1, p14 = int(rng.integers(1, args.max_p1 + 1)), int(rng.integers(1, args.max_p14 + 1))
             q1, q14 = reads_for(p1, args.region_pages, rng), reads_for(p14, args.region_pages, rng)
