@@ -1,7 +1,8 @@
 """The thread device queue: Python threads issuing os.preadv, fed from one (priority, arrival) queue.
 
-The fallback where io_uring cannot be set up (no compiler, a kernel without
-io_uring). min(queue_depth, PREAD_THREADS_MAX) threads per `io_threads` each
+The "threads" engine where the C helper cannot be built (no compiler); with
+it, "threads" is the C device queue without rings (store.uring_queue
+.PreadThreadsQueue). min(queue_depth, PREAD_THREADS_MAX) threads per `io_threads` each
 take up to `CHUNK_READS` reads at a time from the head of the queue, so at
 most that many reads per thread run out of window order. Order is strict, as
 on the io_uring queue: a job's first read waits while an earlier-priority job
@@ -151,7 +152,10 @@ class PreadQueue(DeviceQueue):
         else:
             heapq.heappush(self._queue, (priority, job, j))
             if not self._held:   # a held queue's workers would wake only to wait again (hold(False) wakes them)
-                self._work.notify_all()
+                # As many threads as the batch has chunks: each thread woken takes the interpreter from whoever
+                # runs next, and a thread that finds nothing to take only waits again. Busy threads go on to the
+                # next chunk without a wake-up.
+                self._work.notify(-(-j.region.shape[0] // self.chunk_reads))
 
     def submitted_ns(self, job: int) -> int:
         """When job `job` was queued (perf_counter_ns)."""
@@ -196,7 +200,8 @@ class PreadQueue(DeviceQueue):
                 job.landed += hi - lo
                 if job.landed == job.region.shape[0]:
                     self._land(job)
-                    self._work.notify_all()   # a job held back behind it may start
+                    if self._queue:   # a job held back behind it may start (none queued: nobody to wake)
+                        self._work.notify_all()
 
     def _land(self, job: PreadJob) -> None:
         """Every read of `job` has its result: mark it done and find its first bad read once, here rather than in
