@@ -5,6 +5,7 @@ admission trace), never a time."""
 from __future__ import annotations
 
 import logging
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -19,6 +20,7 @@ from slacktier.store import PageBufferPool, PageReads
 from slacktier.store import _native
 from slacktier.store.devqueue import HOST_MEMORY, QUEUE_SETTING_CONFLICTS, open_queues
 from slacktier.store.disk import DiskSource
+from slacktier.store.pread_queue import PreadQueue
 from slacktier.testing.store import stage_synthetic
 from slacktier.tables.codec import synthetic_rows
 from slacktier.tables.synthetic_source import layer_seed
@@ -26,20 +28,24 @@ from slacktier.tables.synthetic_source import layer_seed
 _URING_MISSING = _native.probe_io_uring()
 ENGINES = [pytest.param("io_uring", marks=pytest.mark.skipif(_URING_MISSING is not None,
                                                              reason=f"io_uring unavailable: {_URING_MISSING}")),
-           "threads"]
+           "threads",
+           "threads-python"]   # the threads engine where the C helper cannot be built: Python's thread queue
 
 
 def _two_tables(directory, engine: str, rows: int = 3000, **options):
     """Layers 1 and 14 staged in two files of one directory (one device), a DiskSource each."""
     one = stage_synthetic(directory / "l1", layers=(1,), ranks=1, rows=rows)
     fourteen = stage_synthetic(directory / "l14", layers=(14,), ranks=1, rows=rows)
-    opts = DiskOptions(engine=engine, **options)
-    return one, fourteen, DiskSource(one.specs, opts), DiskSource(fourteen.specs, opts)
+    opts = DiskOptions(engine=engine.removesuffix("-python"), **options)
+    with mock.patch("slacktier.store.disk.helper_builds", return_value=not engine.endswith("-python")):
+        return one, fourteen, DiskSource(one.specs, opts), DiskSource(fourteen.specs, opts)
 
 
 def _queue(engine: str):
     """The one open disk queue of `engine` (a DRAM table another test left open has a host-memory queue)."""
-    [q] = [q for q in open_queues() if q.engine_name == engine and q.device != HOST_MEMORY]
+    name = engine.removesuffix("-python")
+    [q] = [q for q in open_queues() if q.engine_name == name and q.device != HOST_MEMORY]
+    assert (type(q) is PreadQueue) == engine.endswith("-python")
     return q
 
 
@@ -53,7 +59,7 @@ def test_two_tables_on_one_device_share_one_queue_that_admits_layer_1_first(o_di
     one, fourteen, s1, s14 = _two_tables(o_direct_dir, engine, queue_depth=8)
     try:
         q = _queue(engine)
-        assert q.users == before.get((engine, q.device), 0) + 2   # one queue for both tables
+        assert q.users == before.get((q.engine_name, q.device), 0) + 2   # one queue for both tables
         n1, n14 = one.specs[0].pages, fourteen.specs[0].pages
         p1, p14 = PageBufferPool(n1), PageBufferPool(n14)
         q.trace(n1 + n14)
@@ -73,7 +79,7 @@ def test_two_tables_on_one_device_share_one_queue_that_admits_layer_1_first(o_di
     finally:
         s1.close()
         s14.close()
-    users = before.get((engine, q.device), 0)       # the last table to leave closes the device's queue
+    users = before.get((q.engine_name, q.device), 0)   # the last table to leave closes the device's queue
     assert [x.users for x in open_queues() if x is q] == ([users] if users else [])
 
 

@@ -19,6 +19,8 @@ from slacktier.store import _native
 from slacktier.store._common import page_crc32c
 from slacktier.store.devqueue import HOST_MEMORY, open_queues
 from slacktier.store.disk import ENGINE_FALLBACKS, REGISTRATION_SKIPS, DiskSource
+from slacktier.store.pread_queue import PreadQueue
+from slacktier.store.uring_queue import PreadThreadsQueue
 from slacktier.testing.store import stage_synthetic
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
@@ -185,6 +187,46 @@ def test_without_a_compiler_auto_falls_back_loudly_and_counts_it(o_direct_dir, n
         pool = PageBufferPool(2)
         src.wait(src.submit(_reads([(0, 0), (0, 5)]), pool))
         assert np.array_equal(pool.pages[1], staged.pages[0][5])
+    finally:
+        src.close()
+
+
+def test_where_io_uring_is_refused_the_c_engine_reads_with_pread_threads(o_direct_dir, monkeypatch, caplog):
+    """A container's default seccomp profile refuses io_uring_setup: "auto" falls back to the threads engine,
+    which, with the helper built, is the C device queue without rings (its lane takes compiled code's batches),
+    and the warning says what to allow."""
+    monkeypatch.setattr("slacktier.store.disk.probe_io_uring",
+                        lambda: "io_uring_setup failed: Operation not permitted")
+    staged = stage_synthetic(o_direct_dir, layers=(1, 14), ranks=2, rows=300)
+    with caplog.at_level(logging.WARNING, logger="slacktier.store.disk"):
+        src = DiskSource(staged.specs, DiskOptions(engine="auto", queue_depth=8))
+    try:
+        assert src.engine_name == "threads"
+        assert any("seccomp" in r.getMessage() and "io_uring_setup" in r.getMessage() for r in caplog.records)
+        [queue] = [q for q in open_queues() if q.engine_name == "threads" and q.device != HOST_MEMORY]
+        assert isinstance(queue, PreadThreadsQueue) and queue.engine.threads == 8
+        assert src.lane() is not None
+        pairs = [(r, p) for r, spec in enumerate(staged.specs) for p in range(spec.pages)]
+        order = np.random.default_rng(2).permutation(len(pairs))
+        pool = PageBufferPool(len(pairs))
+        pool.pages[:] = 0xEE
+        src.wait(src.submit(_reads([pairs[i] for i in order]), pool))
+        for i, j in enumerate(order):
+            r, p = pairs[j]
+            assert np.array_equal(pool.pages[i], staged.pages[r][p])
+    finally:
+        src.close()
+
+
+def test_the_threads_engine_without_the_helper_is_the_python_thread_queue(o_direct_dir, no_compiler):
+    staged = stage_synthetic(o_direct_dir, ranks=1)
+    src = DiskSource(staged.specs, DiskOptions(engine="threads"))
+    try:
+        [queue] = [q for q in open_queues() if q.engine_name == "threads" and q.device != HOST_MEMORY]
+        assert type(queue) is PreadQueue and src.lane() is None
+        pool = PageBufferPool(1)
+        src.wait(src.submit(_reads([(0, 3)]), pool))
+        assert np.array_equal(pool.pages[0], staged.pages[0][3])
     finally:
         src.close()
 

@@ -6,7 +6,9 @@ import inspect
 import logging
 import shutil
 import time
+from unittest import mock
 
+import msgspec
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -24,8 +26,9 @@ from slacktier.store.redis.loader import load_manifest
 from slacktier.testing.store import stage_synthetic
 
 _URING_MISSING = probe_io_uring()
-KINDS = ["dram", "dram-threads", "disk-io_uring", "disk-threads", "redis"]
-AVAILABLE = [k for k in KINDS if k != "disk-io_uring" or _URING_MISSING is None]
+KINDS = ["dram", "dram-threads", "disk-io_uring", "disk-threads", "disk-threads-python", "redis"]
+# every kind at once: the two threads kinds share one device queue, so the Python one is left out
+AVAILABLE = [k for k in KINDS if (k != "disk-io_uring" or _URING_MISSING is None) and k != "disk-threads-python"]
 needs_uring = pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring unavailable here: {_URING_MISSING}")
 
 
@@ -33,6 +36,14 @@ needs_uring = pytest.mark.skipif(_URING_MISSING is not None, reason=f"io_uring u
 def staged(o_direct_module_dir):
     # 2 layers x 3 ranks on 2 devices (files), 200 rows = 14 pages per region.
     return stage_synthetic(o_direct_module_dir, layers=(1, 14), ranks=3, rows=200, devices=2)
+
+
+def _open_disk(kind: str, specs, options: DiskOptions, **kw) -> PageSource:
+    """A disk source of `kind` ("disk-<engine>", or "disk-threads-python": the threads engine where the C
+    helper cannot be built, Python's thread queue)."""
+    engine = kind.removeprefix("disk-").removesuffix("-python")
+    with mock.patch("slacktier.store.disk.helper_builds", return_value=not kind.endswith("-python")):
+        return open_source("disk", specs, msgspec.structs.replace(options, engine=engine), **kw)
 
 
 def _open(kind: str, staged, redis_server_factory) -> PageSource:
@@ -45,7 +56,11 @@ def _open(kind: str, staged, redis_server_factory) -> PageSource:
         assert "threads" in src.engine_name and src.lane() is None   # begin_step submits its batches from Python
         return src
     if kind.startswith("disk-"):
-        return open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1], io_threads=2))
+        src = _open_disk(kind, staged.specs, DiskOptions(io_threads=2))
+        # the C device queue, with or without rings, takes compiled code's batches; Python's thread queue does
+        # not (begin_step then submits them from Python)
+        assert (src.lane() is None) == kind.endswith("-python")
+        return src
     server = redis_server_factory()
     options = RedisOptions(url=server.url, prefix="t-sources")
     load_manifest(options, staged.manifest)
@@ -216,7 +231,7 @@ def test_checksum_verification_passes_on_intact_pages(kind, staged, request):
     if kind == "dram":
         src = open_source("dram", staged.specs, page_crc32c=sums)
     elif kind.startswith("disk-"):
-        src = open_source("disk", staged.specs, DiskOptions(engine=kind.split("-", 1)[1]), page_crc32c=sums)
+        src = _open_disk(kind, staged.specs, DiskOptions(), page_crc32c=sums)
     else:
         server = request.getfixturevalue("redis_server")
         options = RedisOptions(url=server.url, prefix="t-verify")
@@ -246,9 +261,24 @@ def test_dram_source_takes_given_arrays(staged):
         src.close()
 
 
-def test_without_io_uring_dram_falls_back_to_a_copying_thread_loudly(staged, monkeypatch, tmp_path, caplog):
-    """No C compiler (so no helper, so no io_uring queue): "auto" serves through the copying thread, logged at
-    WARNING and counted; "io_uring" refuses to open, naming the way out."""
+def test_where_io_uring_is_refused_dram_keeps_the_c_worker(staged, monkeypatch, caplog):
+    """A copy needs the C helper, not a ring: with io_uring refused (a container's seccomp profile), "auto"
+    still serves through the C worker and its lane, with no fallback logged."""
+    monkeypatch.setattr("slacktier.store.disk.probe_io_uring", lambda: "io_uring_setup failed: Operation not permitted")
+    before = sum(ENGINE_FALLBACKS.values())
+    with caplog.at_level(logging.WARNING, logger="slacktier.store.disk"):
+        src = DramSource(staged.specs, DramOptions(engine="auto"))
+    try:
+        assert "io_uring" in src.engine_name and src.lane() is not None   # the option's name: the C worker
+        assert sum(ENGINE_FALLBACKS.values()) == before and not caplog.records
+        _check_random_batch(src, staged, 40, seed=15)
+    finally:
+        src.close()
+
+
+def test_without_a_compiler_dram_falls_back_to_a_copying_thread_loudly(staged, monkeypatch, tmp_path, caplog):
+    """No C compiler (so no helper, so no C queue): "auto" serves through the copying thread, logged at
+    WARNING and counted; "io_uring" (the C worker) refuses to open, naming the way out."""
     monkeypatch.setenv("CC", str(tmp_path / "no-such-cc"))
     monkeypatch.setenv("SLACKTIER_CACHE_DIR", str(tmp_path / "cache"))
     _native.load_helper.cache_clear()
@@ -259,7 +289,7 @@ def test_without_io_uring_dram_falls_back_to_a_copying_thread_loudly(staged, mon
         try:
             assert "threads" in src.engine_name and src.lane() is None
             assert sum(ENGINE_FALLBACKS.values()) == before + 1
-            assert any(r.levelno == logging.WARNING and "io_uring unavailable" in r.getMessage()
+            assert any(r.levelno == logging.WARNING and "engine unavailable" in r.getMessage()
                        for r in caplog.records)
             _check_random_batch(src, staged, 40, seed=14)
         finally:

@@ -133,10 +133,10 @@ class Options(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
 class DramOptions(Options, frozen=True):
     """`[table.dram]`: what copies the pages from host memory.
 
-    `engine = "auto"` takes the C device queue's worker when io_uring can be set up (compiled code hands a
-    batch over, no Python on the copy's path) and otherwise a Python thread that copies with a compiled loop
-    (begin_step then submits DRAM batches from Python), logged and counted; "io_uring" refuses to open where it
-    cannot be set up, and "threads" always takes the thread.
+    `engine = "auto"` takes the C device queue's worker when the C helper builds (compiled code hands a batch
+    over, no Python on the copy's path; a copy needs no io_uring ring) and otherwise a Python thread that
+    copies with a compiled loop (begin_step then submits DRAM batches from Python), logged and counted;
+    "io_uring" (the C worker) refuses to open without the helper, and "threads" always takes the thread.
     """
 
     holds_host_copy: ClassVar[bool] = True
@@ -150,6 +150,11 @@ class DiskOptions(Options, frozen=True):
 
     `queue_depth` and `io_threads` belong to the device's one queue (store/devqueue.py): the first table to
     open it sets them.
+
+    `engine = "auto"` takes io_uring where a ring can be set up and otherwise "threads", logged and counted
+    (a container's default seccomp profile refuses io_uring). "threads" reads with pread on queue_depth C
+    threads per io_thread (at most 64) where the C helper builds, the same device queue and lane as
+    io_uring's, and on Python threads without it.
 
     There is no I/O priority class per table: putting the short-window layer's reads in the real-time class
     (mq-deadline honours classes) did not shorten them, measured with four TP rank processes sharing one disk,

@@ -118,7 +118,8 @@ def load_helper() -> ctypes.CDLL:
 
 class IoEngine:
     """A C device queue (csrc/uring_read.c `st_eng_*`): worker pthreads owning one io_uring ring each, taking
-    reads from one queue kept in (priority, arrival) order.
+    reads from one queue kept in (priority, arrival) order; with `entries` 0 they own no ring and each reads
+    `depth` reads at a time with pread (or copies host memory).
 
     Clients attach their regions (`attach`: region i is region_pages[i] pages of `page_bytes` at byte
     region_offset[i] of file region_fd[i], admitted in region_prio[i] order). A batch of one client goes
@@ -131,6 +132,9 @@ class IoEngine:
         self._lib = load_helper()
         err = ctypes.c_int(0)
         engine = self._lib.st_eng_create(entries, depth, wait_batch, page_bytes, threads, ctypes.byref(err))
+        if not engine and entries == 0:
+            raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot start {threads} C read threads: "
+                                 f"{os.strerror(err.value)}", fix="lower queue_depth or io_threads")
         if not engine:
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"cannot start the io_uring I/O engine: "
                                  f"{os.strerror(err.value)}",
@@ -244,6 +248,19 @@ class IoEngine:
         if self._engine is not None:
             self._lib.st_eng_destroy(self._engine)
             self._engine = None
+
+
+#: most worker threads a C device queue starts (csrc/uring_read.c ST_MAX_THREADS)
+MAX_ENGINE_THREADS = 64
+
+
+def helper_builds() -> bool:
+    """Whether the C helper builds and loads here (a compiler and linux/io_uring.h), io_uring or not."""
+    try:
+        load_helper()
+    except SlackTierError:
+        return False
+    return True
 
 
 def probe_io_uring() -> str | None:

@@ -52,14 +52,15 @@ import numpy as np
 from slacktier.config import DiskOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
-from slacktier.store._native import probe_io_uring
+from slacktier.store._native import helper_builds, probe_io_uring
 from slacktier.store.base import Lane, PageBufferPool, PageReads, ReadStats
 from slacktier.store.devqueue import Device, DeviceQueue, acquire_queue, physical_device, release_queue
 from slacktier.store.pread_queue import PreadQueue
 from slacktier.store.queued import Part, RegionSource, typed_options
 from slacktier.store.registry import register_tier
 from slacktier.store.tickets import Ticket, timeout_error
-from slacktier.store.uring_queue import REGISTRATION_SKIPS, UringQueue  # noqa: F401 (counted there, read here)
+from slacktier.store.uring_queue import (REGISTRATION_SKIPS, PreadThreadsQueue,  # noqa: F401 (counted there)
+                                         UringQueue)
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.manifest import TARGET_HEADER_BYTES, TableIdentity, parse_header
 from slacktier.tables.odirect import lock_target
@@ -93,7 +94,7 @@ class DiskSource(RegionSource):
     #: the control file's options table of the tier, and what its thread engine is, for the fallback's messages
     #: (a tier built on this one says its own)
     tier_key: ClassVar[str] = "disk"
-    fallback_says: ClassVar[str] = "falling back to the os.preadv thread pool"
+    fallback_says: ClassVar[str] = "falling back to blocking reads on threads (engine 'threads')"
 
     def __init__(self, regions: Sequence[Region], options: DiskOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None) -> None:
@@ -225,18 +226,25 @@ class DiskSource(RegionSource):
                                   "process ignored the lock)")
         return None
 
+    def _engine_missing(self) -> str | None:
+        """Why the "io_uring" engine cannot serve here (None: it can): the disk's needs a ring."""
+        return probe_io_uring()
+
     def _choose_engine(self, engine: str) -> str:
         if engine == "threads":
             return "threads"
-        reason = probe_io_uring()
+        reason = self._engine_missing()
         if reason is None:
             return "io_uring"
         if engine == "io_uring":
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_uring engine asked for but unavailable: {reason}",
                                  fix=f"choose [table.{self.tier_key}] engine = 'threads' or 'auto'")
         ENGINE_FALLBACKS[reason] += 1
-        log.warning("%s: io_uring unavailable (%s); %s (fallback #%d in this process)", type(self).__name__, reason,
-                    self.fallback_says, sum(ENGINE_FALLBACKS.values()))
+        hint = (" In a container, the default seccomp profile refuses io_uring: a profile that allows "
+                "io_uring_setup, io_uring_enter and io_uring_register gives it back (docker run --security-opt "
+                "seccomp=PROFILE)." if "not permitted" in reason else "")
+        log.warning("%s: io_uring engine unavailable (%s); %s (fallback #%d in this process).%s",
+                    type(self).__name__, reason, self.fallback_says, sum(ENGINE_FALLBACKS.values()), hint)
         return "threads"
 
     def _attach(self) -> None:
@@ -279,7 +287,10 @@ class DiskSource(RegionSource):
                                          ("io_threads", o.io_threads, att.queue.io_threads)) if asked != kept]
 
     def queue_engine(self) -> type[DeviceQueue]:
-        """The device-queue class of the chosen engine (a tier built on this one may serve its own)."""
+        """The device-queue class of the chosen engine (a tier built on this one may serve its own): for
+        "threads", the C engine's pread threads where the helper builds, else the Python thread queue."""
+        if self.engine_name == "threads" and helper_builds():
+            return PreadThreadsQueue
         return _QUEUES[self.engine_name]
 
     def device_of(self, fd: int) -> Device:

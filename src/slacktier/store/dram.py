@@ -8,10 +8,12 @@ each read into the pool. So a DRAM batch goes where a disk batch goes: compiled
 code hands it over through the queue's lane (begin_step does not stop for it),
 `submit` returns at once, the copy runs with no Python on its thread, and the
 queue keeps window order across every DRAM table of the process (layer 1's
-pages are copied before layer 14's). Where io_uring cannot be set up, the
-queue is `HostMemoryQueue`: one Python thread that copies each chunk with a
-compiled loop (numba, GIL released); begin_step then submits DRAM batches from
-Python, as it does for every tier without a lane.
+pages are copied before layer 14's). The worker needs the C helper but no
+io_uring ring, so it serves where io_uring is refused too. Where the helper
+cannot be built (no C compiler), the queue is `HostMemoryQueue`: one Python
+thread that copies each chunk with a compiled loop (numba, GIL released);
+begin_step then submits DRAM batches from Python, as it does for every tier
+without a lane.
 
 Neither this array nor the pool is pinned: the engine packs missed rows into
 its own pinned staging tensor (see store/base.py, PageBufferPool).
@@ -42,6 +44,7 @@ from numba import njit
 from slacktier.config import DiskOptions, DramOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
+from slacktier.store._native import IoEngine, load_helper
 from slacktier.store.base import LaneOwner
 from slacktier.store.devqueue import HOST_MEMORY, HOST_MEMORY_FD, Device, DeviceQueue
 from slacktier.store.disk import DiskSource
@@ -119,7 +122,8 @@ class _ClientMemory:
 
 
 class HostMemoryUringQueue(_ClientMemory, UringQueue):
-    """The io_uring engine's queue over host memory: its C worker copies each read.
+    """The C device queue over host memory: its worker copies each read, with no ring (a copy needs none, so
+    the queue serves where io_uring is refused, as in a container's default seccomp profile).
 
     The worker runs as an ordinary thread, not a batch-class one as a disk's
     does: a copy is CPU work that must run while the caller keeps its core busy
@@ -131,6 +135,10 @@ class HostMemoryUringQueue(_ClientMemory, UringQueue):
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
         self.engine.batch_class(False)
+
+    def _start_engine(self) -> IoEngine:
+        """`io_threads` workers without a ring, each copying up to `queue_depth` reads per turn of the lock."""
+        return IoEngine(0, self.queue_depth, 1, PAGE_BYTES, self.io_threads)
 
     def lane(self, client: int, source: LaneOwner) -> HostMemoryLane:
         return HostMemoryLane(source, client, self)
@@ -146,7 +154,7 @@ class HostMemoryLane(UringLane):
 
 
 class HostMemoryQueue(_ClientMemory, PreadQueue):
-    """The host-memory queue where io_uring cannot be set up: the thread queue's admission (window order,
+    """The host-memory queue where the C helper cannot be built: the thread queue's admission (window order,
     strict) with `io_threads` threads copying each chunk of reads with a compiled loop."""
 
     #: pages copied per turn of a thread: its Python between turns needs the GIL, and a copy is short
@@ -194,6 +202,14 @@ class DramSource(DiskSource):
     verify_by_default = True
     tier_key = "dram"
     fallback_says = "a Python thread copies DRAM pages and begin_step submits them from Python"
+
+    def _engine_missing(self) -> str | None:
+        """Why the C engine cannot copy here (None: it can): host memory needs the helper, not a ring."""
+        try:
+            load_helper()
+        except SlackTierError as exc:
+            return str(exc)
+        return None
 
     def __init__(self, regions: Sequence[Region], options: DramOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None,

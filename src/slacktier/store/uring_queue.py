@@ -23,7 +23,7 @@ import numpy as np
 
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.tables.native import WaitInfo
-from slacktier.store._native import IoEngine, submit_address
+from slacktier.store._native import MAX_ENGINE_THREADS, IoEngine, submit_address
 from slacktier.store.base import Lane, LaneOwner, PageBufferPool
 from slacktier.store.devqueue import IO_CLASSES, Device, DeviceQueue, Landed
 from slacktier.tables.layout import PAGE_BYTES
@@ -41,7 +41,7 @@ class UringQueue(DeviceQueue):
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
-        self.engine = IoEngine(queue_depth, queue_depth, max(1, queue_depth // 8), PAGE_BYTES, io_threads)
+        self.engine = self._start_engine()
         self._lock = threading.Lock()
         self._pools: dict[int, list] = {}   # pool address -> [pool, live jobs into it]
         #: (buffer, file) registrations the kernel refused, as last counted (reads then run unregistered)
@@ -49,6 +49,10 @@ class UringQueue(DeviceQueue):
         self._traced = 0
         self._client_of_id: list[int] = []
         self.submit_address = submit_address()   # st_eng_submit's, for compiled code
+
+    def _start_engine(self) -> IoEngine:
+        """`io_threads` workers with a ring of `queue_depth` each."""
+        return IoEngine(self.queue_depth, self.queue_depth, max(1, self.queue_depth // 8), PAGE_BYTES, self.io_threads)
 
     def attach(self, fd: np.ndarray, offset_bytes: np.ndarray, pages: np.ndarray, priority: np.ndarray,
                io_class: str = "") -> int:
@@ -173,3 +177,22 @@ class UringLane(Lane):
     def _claim(self, job: int, pool: PageBufferPool) -> int:
         self.queue._keep_mapped(pool)
         return job
+
+
+class PreadThreadsQueue(UringQueue):
+    """The C device queue without rings: worker threads reading with pread, one read at a time each.
+
+    What the "threads" engine runs where the helper builds: io_uring may still be refused (a container's
+    default seccomp profile, `kernel.io_uring_disabled`), and blocking reads on C threads keep the queue's
+    order, its lane for compiled code and a worker's wake-up out of the interpreter. queue_depth threads per
+    io_thread, at most MAX_ENGINE_THREADS in all: the reads in flight are the threads'. Without the helper,
+    the Python thread queue (store.pread_queue) serves instead."""
+
+    engine_name: ClassVar[str] = "threads"
+
+    def _start_engine(self) -> IoEngine:
+        return IoEngine(0, 1, 1, PAGE_BYTES, self.thread_count())
+
+    def thread_count(self) -> int:
+        """Worker threads: queue_depth per io_thread, at most MAX_ENGINE_THREADS."""
+        return min(self.queue_depth * self.io_threads, MAX_ENGINE_THREADS)

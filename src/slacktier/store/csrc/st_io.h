@@ -34,6 +34,8 @@ struct st_ring *st_ring_create(unsigned entries, int *err);
 void st_ring_destroy(struct st_ring *r);
 
 /* The device queue: worker threads owning one ring each, taking reads in (priority, arrival) order.
+ * With entries 0 the workers own no ring and read `depth` reads at a time each with pread, where io_uring
+ * cannot be set up (a container's seccomp profile, a kernel that disables it) or is not needed.
  * A region attached with a negative fd is host memory whose page 0 sits at the address given as its
  * offset: the worker copies its pages into the pool itself (the DRAM tier), in the same order. */
 struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_batch, unsigned len, int nthreads,

@@ -276,6 +276,20 @@ static int inflight_prio(struct st_eng *e) {
     return p;
 }
 
+/* Wake the workers for `reads` newly queued reads (e->mu held). A ring's workers are few and all of them
+ * look; a queue without rings has many workers reading one chunk each, so only as many as the reads fill
+ * are woken: each one woken takes a core from whoever runs next, and one that finds nothing only waits again.
+ * Busy workers go on to the next chunk without a wake-up. */
+static void wake_workers(struct st_eng *e, int reads) {
+    if (e->entries) {
+        pthread_cond_broadcast(&e->work);
+        return;
+    }
+    int n = (reads + (int)e->depth - 1) / (int)e->depth;
+    if (n > e->nthreads) n = e->nthreads;
+    for (int i = 0; i < n; i++) pthread_cond_signal(&e->work);
+}
+
 static unsigned admit(struct st_eng *e, struct st_job **slot_job, int *slot_read, unsigned *free_slots,
                       unsigned *nfree, unsigned room, unsigned *taken) {
     unsigned k = 0;
@@ -302,6 +316,71 @@ static unsigned admit(struct st_eng *e, struct st_job **slot_job, int *slot_read
     return k;
 }
 
+/* A worker of a queue without rings (created with entries 0, where io_uring cannot be set up): it takes up
+ * to `depth` reads at a time, in the queue's order, and reads them one after another with pread (or copies
+ * host memory), with no lock held; the queue's reads in flight are its workers' chunks. The same admission,
+ * jobs and waits as a ring's worker, so compiled code submits to it the same way. */
+static void *sync_main(struct st_worker *w) {
+    struct st_eng *e = w->e;
+    unsigned chunk = e->depth ? e->depth : 1;
+    struct st_job **slot_job = calloc(chunk, sizeof(*slot_job));
+    int *slot_read = calloc(chunk, sizeof(*slot_read));
+    unsigned *free_slots = calloc(chunk, sizeof(*free_slots)), *taken = calloc(chunk, sizeof(*taken));
+    int ok = slot_job && slot_read && free_slots && taken;
+    pthread_mutex_lock(&e->mu);
+    w->started = 1;
+    w->err = ok ? 0 : ENOMEM;
+    pthread_cond_broadcast(&e->done);
+    pthread_mutex_unlock(&e->mu);
+    for (;;) {
+        if (!ok) break;
+        pthread_mutex_lock(&e->mu);
+        while (!e->stop && (!e->queue || e->held || e->deferred
+                            || (e->strict && e->queue->admitted == 0 && e->queue->prio > inflight_prio(e))))
+            pthread_cond_wait(&e->work, &e->mu);
+        if (!e->queue) { pthread_mutex_unlock(&e->mu); break; }   /* stopping, and nothing left to read */
+        unsigned nfree = chunk;
+        for (unsigned q = 0; q < chunk; q++) free_slots[q] = chunk - 1 - q;
+        unsigned k = admit(e, slot_job, slot_read, free_slots, &nfree, chunk, taken);
+        pthread_mutex_unlock(&e->mu);
+        if (!k) continue;
+        int64_t c0 = thread_cpu_ns();
+        for (unsigned q = 0; q < k; q++) {
+            unsigned s = taken[q];
+            struct st_job *j = slot_job[s];
+            int i = slot_read[s];
+            struct st_client *c = j->client;
+            int32_t g = j->region[i];
+            int fd = c->region_fd[g];
+            void *addr = (void *)(uintptr_t)(j->pool_addr + (uint64_t)j->buffer[i] * e->len);
+            int64_t off = c->region_offset[g] + j->page[i] * (int64_t)e->len;
+            if (fd < 0) {
+                memcpy(addr, (const void *)(uintptr_t)off, e->len);
+                j->res[i] = (int32_t)e->len;
+                continue;
+            }
+            ssize_t got;
+            do got = pread(fd, addr, e->len, off); while (got < 0 && errno == EINTR);
+            j->res[i] = got < 0 ? -errno : (int32_t)got;
+        }
+        int64_t each = (thread_cpu_ns() - c0) / k;
+        int finished = 0;
+        pthread_mutex_lock(&e->mu);
+        for (unsigned q = 0; q < k; q++) {
+            struct st_job *j = slot_job[taken[q]];
+            j->cpu_ns += each;
+            if (++j->landed == j->n) { finish_job(j); finished = 1; }
+        }
+        if (finished) {
+            pthread_cond_broadcast(&e->done);
+            if (e->strict && e->queue) pthread_cond_broadcast(&e->work);   /* a blocked batch may go now */
+        }
+        pthread_mutex_unlock(&e->mu);
+    }
+    free(slot_job); free(slot_read); free(free_slots); free(taken);
+    return NULL;
+}
+
 static void *eng_main(void *arg) {
     struct st_worker *w = arg;
     struct st_eng *e = w->e;
@@ -314,6 +393,10 @@ static void *eng_main(void *arg) {
      * (st_eng_batch). */
     struct sched_param batch = {0};
     pthread_setschedparam(pthread_self(), SCHED_BATCH, &batch);
+    if (!e->entries) {
+        pthread_setname_np(pthread_self(), "st-pread");
+        return sync_main(w);
+    }
     pthread_setname_np(pthread_self(), "st-uring");
     /* Created here: with IORING_SETUP_SINGLE_ISSUER only this thread may submit or register. */
     struct st_ring *r = st_ring_create(e->entries, &err);
@@ -511,8 +594,9 @@ static void *eng_main(void *arg) {
 }
 
 /* Start a device queue: `nthreads` workers, each owning a ring of `entries` slots, reading `len` bytes per
- * read, at most `depth` in flight per ring, each wait asking for `wait_batch` completions. NULL and
- * *err = errno on failure. */
+ * read, at most `depth` in flight per ring, each wait asking for `wait_batch` completions. With `entries` 0
+ * the workers own no ring: each reads `depth` reads at a time with pread (sync_main). NULL and *err = errno
+ * on failure. */
 struct st_eng *st_eng_create(unsigned entries, unsigned depth, unsigned wait_batch, unsigned len, int nthreads,
                              int *err) {
     if (nthreads < 1 || nthreads > ST_MAX_THREADS) { *err = EINVAL; return NULL; }
@@ -759,7 +843,7 @@ struct st_job *st_eng_submit(struct st_client *c, int n, const int32_t *region, 
         while (*at && (*at)->prio <= prio) at = &(*at)->next;
         j->next = *at;
         *at = j;
-        pthread_cond_broadcast(&e->work);
+        wake_workers(e, n);
     }
     pthread_mutex_unlock(&e->mu);
     *err = 0;
