@@ -15,9 +15,10 @@ the device `queue_depth` deep from the head of that order. So layer 14's
 reads only fill the depth that layer 1's leave, however many tables, layers
 and ranks one process serves.
 
-Two engines implement it (`store/uring_queue.py`: C threads with an io_uring
-ring each; `store/pread_queue.py`: Python threads calling os.preadv, the
-fallback). The disk tier (`store/disk.py`) gets its queues from
+Three queues implement it (`store/uring_queue.py`: C threads with an io_uring
+ring each, or, for the "threads" engine, C threads calling pread without a
+ring; `store/pread_queue.py`: Python threads calling os.preadv, where the C
+helper cannot be built). The disk tier (`store/disk.py`) gets its queues from
 `acquire_queue` and gives them back with `release_queue`; the last table to
 leave a device closes its queue.
 

@@ -13,10 +13,13 @@ earlier layer's leave. Two engines drive a queue:
   checks every read against the regions and the pool, copies the batch,
   queues it and wakes a worker, so no Python runs per batch on the I/O side.
   `wait` blocks in C with the GIL released.
-- ``threads``: Python threads issuing ``os.preadv`` (store/pread_queue.py);
-  the fallback where io_uring cannot be set up (no compiler, kernel without
-  io_uring). Choosing it under ``engine="auto"`` is logged at WARNING and
-  counted in `ENGINE_FALLBACKS`.
+- ``threads``: blocking reads on threads, the fallback where io_uring cannot
+  be set up (a container's default seccomp profile, a kernel that disables
+  it). Where the helper builds it is the same C queue without rings
+  (`PreadThreadsQueue`: queue_depth worker threads calling pread, the same
+  admission and lane); without a compiler, Python threads issuing
+  ``os.preadv`` (store/pread_queue.py). Choosing it under ``engine="auto"`` is
+  logged at WARNING and counted in `ENGINE_FALLBACKS`.
 
 Compiled code queues batches through the source's lane (`lane()`, store.base.Lane:
 the io_uring medium's `UringLane`, or a queue of a tier built on this one),
@@ -69,7 +72,7 @@ from slacktier.tables.regions import Region
 log = logging.getLogger(__name__)
 
 ENGINES = ("auto", "io_uring", "threads")
-#: how often `engine="auto"` fell back to the thread pool in this process, by reason
+#: how often `engine="auto"` fell back to the threads engine in this process, by reason
 ENGINE_FALLBACKS: Counter[str] = Counter()
 _QUEUES: dict[str, type[DeviceQueue]] = {"io_uring": UringQueue, "threads": PreadQueue}
 
