@@ -316,6 +316,20 @@ static unsigned admit(struct st_eng *e, struct st_job **slot_job, int *slot_read
     return k;
 }
 
+/* Read i of job j: returns its file and sets the pool address it lands at and its byte offset in the file;
+ * a host-memory read (fd < 0, its page at address *off) is copied here and has landed when this returns. */
+static int take_read(const struct st_eng *e, struct st_job *j, int i, uint64_t *addr, int64_t *off) {
+    const struct st_client *c = j->client;
+    int32_t g = j->region[i];
+    *addr = j->pool_addr + (uint64_t)j->buffer[i] * e->len;
+    *off = c->region_offset[g] + j->page[i] * (int64_t)e->len;
+    if (c->region_fd[g] < 0) {
+        memcpy((void *)(uintptr_t)*addr, (const void *)(uintptr_t)*off, e->len);
+        j->res[i] = (int32_t)e->len;
+    }
+    return c->region_fd[g];
+}
+
 /* A worker of a queue without rings (created with entries 0, where io_uring cannot be set up): it takes up
  * to `depth` reads at a time, in the queue's order, and reads them one after another with pread (or copies
  * host memory), with no lock held; the queue's reads in flight are its workers' chunks. The same admission,
@@ -346,21 +360,14 @@ static void *sync_main(struct st_worker *w) {
         if (!k) continue;
         int64_t c0 = thread_cpu_ns();
         for (unsigned q = 0; q < k; q++) {
-            unsigned s = taken[q];
-            struct st_job *j = slot_job[s];
-            int i = slot_read[s];
-            struct st_client *c = j->client;
-            int32_t g = j->region[i];
-            int fd = c->region_fd[g];
-            void *addr = (void *)(uintptr_t)(j->pool_addr + (uint64_t)j->buffer[i] * e->len);
-            int64_t off = c->region_offset[g] + j->page[i] * (int64_t)e->len;
-            if (fd < 0) {
-                memcpy(addr, (const void *)(uintptr_t)off, e->len);
-                j->res[i] = (int32_t)e->len;
-                continue;
-            }
+            struct st_job *j = slot_job[taken[q]];
+            int i = slot_read[taken[q]];
+            uint64_t addr;
+            int64_t off;
+            int fd = take_read(e, j, i, &addr, &off);
+            if (fd < 0) continue;
             ssize_t got;
-            do got = pread(fd, addr, e->len, off); while (got < 0 && errno == EINTR);
+            do got = pread(fd, (void *)(uintptr_t)addr, e->len, off); while (got < 0 && errno == EINTR);
             j->res[i] = got < 0 ? -errno : (int32_t)got;
         }
         int64_t each = (thread_cpu_ns() - c0) / k;
@@ -475,15 +482,10 @@ static void *eng_main(void *arg) {
             unsigned s = taken[q];
             struct st_job *j = slot_job[s];
             int i = slot_read[s];
-            struct st_client *c = j->client;
-            int32_t g = j->region[i];
-            int fd = c->region_fd[g];
-            uint64_t addr = j->pool_addr + (uint64_t)j->buffer[i] * e->len;
-            if (fd < 0) {
-                /* Host memory: the page is copied here and lands at once, no ring entry. */
-                memcpy((void *)(uintptr_t)addr,
-                       (const void *)(uintptr_t)(c->region_offset[g] + j->page[i] * (int64_t)e->len), e->len);
-                j->res[i] = (int32_t)e->len;
+            uint64_t addr;
+            int64_t off;
+            int fd = take_read(e, j, i, &addr, &off);
+            if (fd < 0) {   /* host memory: copied, landed, no ring entry */
                 copied[ncopied++] = s;
                 continue;
             }
@@ -500,8 +502,8 @@ static void *eng_main(void *arg) {
                 sqe->opcode = IORING_OP_READ_FIXED;
                 sqe->buf_index = 0;
             }
-            sqe->ioprio = (uint16_t)c->region_ioprio[g];
-            sqe->off = (uint64_t)(c->region_offset[g] + j->page[i] * (int64_t)e->len);
+            sqe->ioprio = (uint16_t)j->client->region_ioprio[j->region[i]];
+            sqe->off = (uint64_t)off;
             sqe->addr = addr;
             sqe->len = e->len;
             sqe->user_data = s;
