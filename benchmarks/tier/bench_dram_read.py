@@ -17,7 +17,7 @@ mode, median and p90 read time, begin_step's median wall and CPU time, pages per
 step and microseconds per page.
 
     PYTHONPATH=src .venv/bin/python benchmarks/tier/bench_dram_read.py [--vocab 200000] [--batch 32] [--steps 40]
-        [--disk-too] [--dram-engine auto|io_uring|threads]
+        [--disk-too] [--dram-engine auto|io_uring|threads] [--disk-engine auto|io_uring|threads|threads-python]
 
 Run it with another checkout's `src/` first on PYTHONPATH to time that tree's DRAM tier.
 """
@@ -32,17 +32,19 @@ from pathlib import Path
 
 import numpy as np
 
-from slacktier.config import ControlFile, DramOptions, EngineConfig, TableConfig, write_control
+from slacktier.config import ControlFile, DiskOptions, DramOptions, EngineConfig, TableConfig, write_control
 from slacktier.engine.step import StepEngine
 from slacktier.tables.engram_hash import EngramLayout
 from slacktier.tables.stage import stage_synthetic
 from slacktier.testing.engine import real_token_ids
 
 
-def control(folder: Path, manifest: Path, first: str = "dram", dram_engine: str = "auto") -> Path:
+def control(folder: Path, manifest: Path, first: str = "dram", dram_engine: str = "auto",
+            disk_engine: str = "auto") -> Path:
     """The control file: layer 1 on `first`, layer 14 on disk, a 1,000-row cache split half and half."""
     tables = tuple(TableConfig(layer=layer, manifest=str(manifest), source=source, cache_share=0.5, order=order,
-                               options=DramOptions(engine=dram_engine) if source == "dram" else None)
+                               options=DramOptions(engine=dram_engine) if source == "dram" else
+                               DiskOptions(engine=disk_engine.removesuffix("-python")))
                    for order, (layer, source) in enumerate(((1, first), (14, "disk"))))
     return write_control(ControlFile(engine=EngineConfig(device="cpu", cache_rows=1000, max_tokens=256),
                                      tables=tables), folder / "control.toml")
@@ -62,8 +64,13 @@ def main() -> int:
     ap.add_argument("--dir", default="runs")
     ap.add_argument("--disk-too", action="store_true", help="also run the steps with layer 1 on disk")
     ap.add_argument("--dram-engine", default="auto", choices=("auto", "io_uring", "threads"),
-                    help="[table.dram] engine: the C worker, or the copying thread of a machine without io_uring")
+                    help="[table.dram] engine: the C worker, or the copying thread of a machine without the helper")
+    ap.add_argument("--disk-engine", default="auto", choices=("auto", "io_uring", "threads", "threads-python"),
+                    help="[table.disk] engine (threads-python: the threads engine as it runs without the C helper)")
     args = ap.parse_args()
+    if args.disk_engine == "threads-python":   # what a machine without a compiler gets
+        import slacktier.store.disk
+        slacktier.store.disk.helper_builds = lambda: False
     layout = EngramLayout.scaled(args.vocab)
     Path(args.dir).mkdir(parents=True, exist_ok=True)
     modes = ("wait", "sleep", "spin", "wait", "sleep", "spin")
@@ -73,7 +80,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(dir=args.dir) as d:
         staged = stage_synthetic([Path(d) / "t.bin"], layout, 1, 5, progress=False)
         for first in placements:
-            with StepEngine.from_control(str(control(Path(d), Path(staged.path), first, args.dram_engine))) as engine:
+            path = control(Path(d), Path(staged.path), first, args.dram_engine, args.disk_engine)
+            with StepEngine.from_control(str(path)) as engine:
                 for mode in modes:
                     for k in range(args.steps):
                         batch = np.ascontiguousarray(ids[k * args.batch:(k + 1) * args.batch])
@@ -91,7 +99,8 @@ def main() -> int:
                             got.setdefault((first, mode), []).append((c.read_us, c.pages_read, 1e6 * begin_s,
                                                                       1e6 * begin_cpu))
     package = Path(sys.modules[StepEngine.__module__].__file__).parents[2]
-    print(f"layer 1 on {' / '.join(placements)}, B={args.batch}, vocab {args.vocab:,}, {2 * (args.steps - 5)} steps "
+    print(f"layer 1 on {' / '.join(placements)}, disk engine {args.disk_engine}, B={args.batch}, vocab "
+          f"{args.vocab:,}, {2 * (args.steps - 5)} steps "
           f"per mode; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; package: {package}")
     for (first, mode), rows in got.items():
         a = np.array(rows)

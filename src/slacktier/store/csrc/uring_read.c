@@ -276,18 +276,22 @@ static int inflight_prio(struct st_eng *e) {
     return p;
 }
 
-/* Wake the workers for `reads` newly queued reads (e->mu held). A ring's workers are few and all of them
- * look; a queue without rings has many workers reading one chunk each, so only as many as the reads fill
- * are woken: each one woken takes a core from whoever runs next, and one that finds nothing only waits again.
- * Busy workers go on to the next chunk without a wake-up. */
-static void wake_workers(struct st_eng *e, int reads) {
-    if (e->entries) {
-        pthread_cond_broadcast(&e->work);
-        return;
+/* Wake the workers for newly queued reads (e->mu held). A ring's workers are few and all of them look. A
+ * queue without rings has many workers reading one chunk each: the caller wakes one, and each worker that
+ * takes a chunk with more left wakes two more (spread_wake), so the wake-ups fan out on the workers' cores
+ * instead of costing the caller (begin_step) a system call per worker. Busy workers go on to the next chunk
+ * without a wake-up. */
+static void wake_workers(struct st_eng *e) {
+    if (e->entries) pthread_cond_broadcast(&e->work);
+    else pthread_cond_signal(&e->work);
+}
+
+/* A ringless worker took a chunk: if reads are left to take, two more workers look (e->mu held). */
+static void spread_wake(struct st_eng *e) {
+    if (e->queue && !e->held && !e->deferred) {
+        pthread_cond_signal(&e->work);
+        pthread_cond_signal(&e->work);
     }
-    int n = (reads + (int)e->depth - 1) / (int)e->depth;
-    if (n > e->nthreads) n = e->nthreads;
-    for (int i = 0; i < n; i++) pthread_cond_signal(&e->work);
 }
 
 static unsigned admit(struct st_eng *e, struct st_job **slot_job, int *slot_read, unsigned *free_slots,
@@ -356,6 +360,7 @@ static void *sync_main(struct st_worker *w) {
         unsigned nfree = chunk;
         for (unsigned q = 0; q < chunk; q++) free_slots[q] = chunk - 1 - q;
         unsigned k = admit(e, slot_job, slot_read, free_slots, &nfree, chunk, taken);
+        if (k) spread_wake(e);
         pthread_mutex_unlock(&e->mu);
         if (!k) continue;
         int64_t c0 = thread_cpu_ns();
@@ -380,7 +385,7 @@ static void *sync_main(struct st_worker *w) {
         }
         if (finished) {
             pthread_cond_broadcast(&e->done);
-            if (e->strict && e->queue) pthread_cond_broadcast(&e->work);   /* a blocked batch may go now */
+            if (e->strict) spread_wake(e);   /* a blocked batch may go now: this worker looks, and two more */
         }
         pthread_mutex_unlock(&e->mu);
     }
@@ -845,7 +850,7 @@ struct st_job *st_eng_submit(struct st_client *c, int n, const int32_t *region, 
         while (*at && (*at)->prio <= prio) at = &(*at)->next;
         j->next = *at;
         *at = j;
-        wake_workers(e, n);
+        wake_workers(e);
     }
     pthread_mutex_unlock(&e->mu);
     *err = 0;
