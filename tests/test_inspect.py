@@ -81,6 +81,28 @@ def test_inspect_demo_table_and_control_file(demo_table, tmp_path: Path, capsys)
     assert (s1["host_bytes"] - t1["host_bytes"], s14["host_bytes"] - t14["host_bytes"]) == (4 * 8192, 4 * 2048)
 
 
+def test_inspect_says_what_each_table_reads_with_on_this_host(demo_table, tmp_path: Path, capsys,
+                                                               monkeypatch) -> None:
+    """Where io_uring is refused (a container's seccomp profile), inspect says so before any engine opens: the
+    disk table reads with pread on C threads, the DRAM table's copies stay on the C worker."""
+    first, second = DEMO.layers
+    cfg = ControlFile(engine=EngineConfig(cache_rows=8192, max_tokens=64),
+                      tables=(TableConfig(layer=first, manifest=demo_table.path, source="dram", cache_share=0.5),
+                              TableConfig(layer=second, manifest=demo_table.path, source="disk", cache_share=0.5,
+                                          order=1)))
+    control = write_control(cfg, tmp_path / "placement.toml")
+    monkeypatch.setattr("slacktier.store.disk.probe_io_uring", lambda: "io_uring_setup failed: Operation not permitted")
+    assert cli.main(["inspect", str(control), "--json"]) == 0
+    t1, t14 = json.loads(capsys.readouterr().out)["control_report"]["tables"]
+    assert t14["engine_here"] == {"asked": "auto", "engine": "threads", "reads_with": "pread on C threads",
+                                  "io_uring_missing": "io_uring_setup failed: Operation not permitted"}
+    assert t1["engine_here"]["reads_with"] == "memcpy on a C worker" and t1["engine_here"]["io_uring_missing"] is None
+    assert cli.main(["inspect", str(control)]) == 0
+    text = capsys.readouterr().out
+    assert ("on this host: engine 'auto' reads with pread on C threads (io_uring unavailable here: io_uring_setup "
+            "failed: Operation not permitted)") in text
+
+
 def test_sharding_mismatch_is_refused(engram_table, demo_table, capsys) -> None:
     check_tp_sharding(engram_table, 4)       # staged for TP 4: whole hash columns per rank
     with pytest.raises(SlackTierError) as err:

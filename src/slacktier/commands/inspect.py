@@ -108,6 +108,7 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
     from slacktier.cache.kernels import sketch_bytes
     from slacktier.cache.rowdir import entries_for
     from slacktier.engine.build import resolve_control
+    from slacktier.store.registry import get_tier
     from slacktier.tables.layout import PAGE_BYTES, ROW_BYTES
     from slacktier.tables.manifest import check_tp_sharding
     from slacktier.tables.memfs import ram_backed
@@ -137,8 +138,16 @@ def control_report(path: str | Path, tp: int = 0) -> dict[str, Any]:
         directory = 8 * entries_for(slots.get(t.layer, 0))   # cache.rowdir, sized to the layer's cache rows
         # the admission rule's frequency sketch (cache.kernels.new_sketch), one byte a counter
         sketch = sketch_bytes(slots.get(t.layer, 0)) if eng.admission in SKETCHED else 0
+        # what this host would read the table through (the disk tier's engine choice, made again at open)
+        choice = getattr(get_tier(t.source).source_cls, "engine_choice", None)
+        engine = None
+        if choice is not None:
+            asked = getattr(t.options, "engine", "auto")
+            name, why, reads_with = choice(asked)
+            engine = {"asked": asked, "engine": name, "reads_with": reads_with, "io_uring_missing": why}
         tables.append({
             "layer": t.layer, "order": t.order, "tier": t.source, "rank": t.rank if t.rank >= 0 else "all",
+            "engine_here": engine,
             "manifest": t.manifest, "rows": sum(r.rows for r in mine),
             "devices": sorted({r.path for r in mine}) if tier_facts(t.source).device_kind == "file" else
             [getattr(t.options, "url", t.source)],
@@ -248,6 +257,11 @@ def lines(report: dict[str, Any]) -> list[str]:
                           if t.get("sketch_bytes") else "")
                        + (f"; staged files in host memory {_mib(t['in_memory_bytes'])}: {', '.join(t['in_memory'])}"
                           if t["in_memory"] else "") + ")")
+            e = t.get("engine_here")
+            if e:
+                out.append(f"    on this host: engine {e['asked']!r} reads with {e['reads_with']}"
+                           + (f" (io_uring unavailable here: {e['io_uring_missing']})"
+                              if e["io_uring_missing"] and e["asked"] != "threads" else ""))
             if t["index_bytes"]:
                 out.append(f"    context packing: packed regions {_mib(t['packed_bytes'])} extra "
                            f"{'host memory' if t['packed_in_host'] else 'disk'}, index {_mib(t['index_bytes'])} "

@@ -120,6 +120,8 @@ class DeviceQueue(abc.ABC):
 
     #: what moves the bytes ("io_uring" or "threads")
     engine_name: ClassVar[str]
+    #: how its reads are done, for a person (`slacktier inspect`)
+    reads_with: ClassVar[str] = ""
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         self.device = device

@@ -229,9 +229,25 @@ class DiskSource(RegionSource):
                                   "process ignored the lock)")
         return None
 
-    def _engine_missing(self) -> str | None:
+    @classmethod
+    def _engine_missing(cls) -> str | None:
         """Why the "io_uring" engine cannot serve here (None: it can): the disk's needs a ring."""
         return probe_io_uring()
+
+    @classmethod
+    def engine_choice(cls, engine: str) -> tuple[str, str | None, str]:
+        """What `engine = <engine>` reads through on this host, without opening anything: the engine's name,
+        why "io_uring" cannot serve here (None: it can), and how the queue that would run reads, in words
+        (`slacktier inspect`)."""
+        reason = None if engine == "threads" else cls._engine_missing()
+        name = "io_uring" if engine != "threads" and reason is None else "threads"
+        return name, reason, cls._queue_class(name).reads_with
+
+    @classmethod
+    def _queue_class(cls, engine_name: str) -> type[DeviceQueue]:
+        if engine_name == "threads" and helper_builds():
+            return PreadThreadsQueue
+        return _QUEUES[engine_name]
 
     def _choose_engine(self, engine: str) -> str:
         if engine == "threads":
@@ -292,9 +308,7 @@ class DiskSource(RegionSource):
     def queue_engine(self) -> type[DeviceQueue]:
         """The device-queue class of the chosen engine (a tier built on this one may serve its own): for
         "threads", the C engine's pread threads where the helper builds, else the Python thread queue."""
-        if self.engine_name == "threads" and helper_builds():
-            return PreadThreadsQueue
-        return _QUEUES[self.engine_name]
+        return self._queue_class(self.engine_name)
 
     def device_of(self, fd: int) -> Device:
         """The device whose queue serves a region file (its physical device; a tier built on this one may name

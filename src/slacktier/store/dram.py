@@ -132,6 +132,8 @@ class HostMemoryUringQueue(_ClientMemory, UringQueue):
     instead, its lane defers the copies of the batches a compiled pass queues
     until the pass is done (`HostMemoryLane`)."""
 
+    reads_with: ClassVar[str] = "memcpy on a C worker"
+
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
         self.engine.batch_class(False)
@@ -159,6 +161,7 @@ class HostMemoryQueue(_ClientMemory, PreadQueue):
 
     #: pages copied per turn of a thread: its Python between turns needs the GIL, and a copy is short
     chunk_reads: ClassVar[int] = 256
+    reads_with: ClassVar[str] = "memcpy on a Python thread"
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
@@ -203,7 +206,8 @@ class DramSource(DiskSource):
     tier_key = "dram"
     fallback_says = "a Python thread copies DRAM pages and begin_step submits them from Python"
 
-    def _engine_missing(self) -> str | None:
+    @classmethod
+    def _engine_missing(cls) -> str | None:
         """Why the C engine cannot copy here (None: it can): host memory needs the helper, not a ring."""
         try:
             load_helper()
@@ -279,8 +283,9 @@ class DramSource(DiskSource):
         """Region i is host memory: the address of its page 0 in the held array."""
         return HOST_MEMORY, HOST_MEMORY_FD, self._pages.ctypes.data + int(self._region_base[i]) * PAGE_BYTES
 
-    def queue_engine(self) -> type[DeviceQueue]:
-        return HostMemoryQueue if self.engine_name == "threads" else HostMemoryUringQueue
+    @classmethod
+    def _queue_class(cls, engine_name: str) -> type[DeviceQueue]:
+        return HostMemoryQueue if engine_name == "threads" else HostMemoryUringQueue
 
     def _warm(self) -> None:
         super()._warm()

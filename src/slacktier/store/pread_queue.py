@@ -69,6 +69,7 @@ class PreadQueue(DeviceQueue):
     """A device's reads through os.preadv threads, one admission order."""
 
     engine_name: ClassVar[str] = "threads"
+    reads_with: ClassVar[str] = "os.preadv on Python threads"
     #: reads a thread takes from the queue at a time (a subclass whose reads are memory copies may take more)
     chunk_reads: ClassVar[int] = CHUNK_READS
 

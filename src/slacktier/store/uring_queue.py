@@ -38,6 +38,7 @@ class UringQueue(DeviceQueue):
     """A device's reads through io_uring: `io_threads` rings of `queue_depth` each, one admission order."""
 
     engine_name: ClassVar[str] = "io_uring"
+    reads_with: ClassVar[str] = "io_uring on C threads"
 
     def __init__(self, device: Device, queue_depth: int, io_threads: int) -> None:
         super().__init__(device, queue_depth, io_threads)
@@ -189,6 +190,7 @@ class PreadThreadsQueue(UringQueue):
     the Python thread queue (store.pread_queue) serves instead."""
 
     engine_name: ClassVar[str] = "threads"
+    reads_with: ClassVar[str] = "pread on C threads"
 
     def _start_engine(self) -> IoEngine:
         return IoEngine(0, 1, 1, PAGE_BYTES, self.thread_count())
