@@ -262,8 +262,10 @@ class DiskSource(RegionSource):
         hint = (" In a container, the default seccomp profile refuses io_uring: a profile that allows "
                 "io_uring_setup, io_uring_enter and io_uring_register gives it back (docker run --security-opt "
                 "seccomp=PROFILE)." if "not permitted" in reason else "")
-        log.warning("%s: io_uring engine unavailable (%s); %s (fallback #%d in this process).%s",
-                    type(self).__name__, reason, self.fallback_says, sum(ENGINE_FALLBACKS.values()), hint)
+        # Once per reason and process at WARNING (an engine opens a source per table and reload): the rest at INFO.
+        log.log(logging.WARNING if ENGINE_FALLBACKS[reason] == 1 else logging.INFO,
+                "%s: io_uring engine unavailable (%s); %s (fallback #%d in this process).%s",
+                type(self).__name__, reason, self.fallback_says, sum(ENGINE_FALLBACKS.values()), hint)
         return "threads"
 
     def _attach(self) -> None:
