@@ -53,7 +53,7 @@ Schema (every key but `layer` and `manifest` has a default):
 
     [table.disk]            # options of the table's own tier, typed by that tier
     engine = "auto"         # "auto" | "io_uring" | "threads"
-    queue_depth = 128       # reads in flight per worker
+    queue_depth = 128       # reads in flight per worker (engine "threads": worker threads, at most 64)
     io_threads = 1          # workers per device
 
     [table.redis]           # tier "redis": one server or a cluster (store/redis/)

@@ -254,21 +254,27 @@ class IoEngine:
 MAX_ENGINE_THREADS = 64
 
 
-def helper_builds() -> bool:
-    """Whether the C helper builds and loads here (a compiler and linux/io_uring.h), io_uring or not."""
+def helper_missing() -> str | None:
+    """None when the C helper builds and loads here (a compiler and linux/io_uring.h; io_uring itself may still
+    be refused), else the reason it cannot."""
     try:
         load_helper()
-    except SlackTierError:
-        return False
-    return True
+    except SlackTierError as exc:
+        return str(exc)
+    return None
+
+
+def helper_builds() -> bool:
+    """Whether the C helper builds and loads here, io_uring or not."""
+    return helper_missing() is None
 
 
 def probe_io_uring() -> str | None:
     """None when the helper builds and a ring can be set up here, else the reason it cannot."""
-    try:
-        lib = load_helper()
-    except SlackTierError as exc:
-        return str(exc)
+    reason = helper_missing()
+    if reason is not None:
+        return reason
+    lib = load_helper()
     err = ctypes.c_int(0)
     ring = lib.st_ring_create(8, ctypes.byref(err))
     if not ring:

@@ -44,7 +44,7 @@ from numba import njit
 from slacktier.config import DiskOptions, DramOptions
 from slacktier.errors import ErrorKind, SlackTierError
 from slacktier.store._common import check_file_targets
-from slacktier.store._native import IoEngine, load_helper
+from slacktier.store._native import IoEngine, helper_missing
 from slacktier.store.base import LaneOwner
 from slacktier.store.devqueue import HOST_MEMORY, HOST_MEMORY_FD, Device, DeviceQueue
 from slacktier.store.disk import DiskSource
@@ -209,11 +209,7 @@ class DramSource(DiskSource):
     @classmethod
     def _engine_missing(cls) -> str | None:
         """Why the C engine cannot copy here (None: it can): host memory needs the helper, not a ring."""
-        try:
-            load_helper()
-        except SlackTierError as exc:
-            return str(exc)
-        return None
+        return helper_missing()
 
     def __init__(self, regions: Sequence[Region], options: DramOptions | None = None, *,
                  page_crc32c: Sequence[np.ndarray] | None = None, identity: TableIdentity | None = None,
