@@ -81,16 +81,23 @@ def test_inspect_demo_table_and_control_file(demo_table, tmp_path: Path, capsys)
     assert (s1["host_bytes"] - t1["host_bytes"], s14["host_bytes"] - t14["host_bytes"]) == (4 * 8192, 4 * 2048)
 
 
+def _two_tables(demo_table, tmp_path: Path, first_source: str, first_share: float) -> Path:
+    """A control file of the demo table's two layers: the first on `first_source` with `first_share` of 8,192
+    cache rows, the second on disk with the rest, submitted second."""
+    first, second = DEMO.layers
+    cfg = ControlFile(engine=EngineConfig(cache_rows=8192, max_tokens=64),
+                      tables=(TableConfig(layer=first, manifest=demo_table.path, source=first_source,
+                                          cache_share=first_share),
+                              TableConfig(layer=second, manifest=demo_table.path, source="disk",
+                                          cache_share=1 - first_share, order=1)))
+    return write_control(cfg, tmp_path / "placement.toml")
+
+
 def test_inspect_says_what_each_table_reads_with_on_this_host(demo_table, tmp_path: Path, capsys,
                                                                monkeypatch) -> None:
     """Where io_uring is refused (a container's seccomp profile), inspect says so before any engine opens: the
     disk table reads with pread on C threads, the DRAM table's copies stay on the C worker."""
-    first, second = DEMO.layers
-    cfg = ControlFile(engine=EngineConfig(cache_rows=8192, max_tokens=64),
-                      tables=(TableConfig(layer=first, manifest=demo_table.path, source="dram", cache_share=0.5),
-                              TableConfig(layer=second, manifest=demo_table.path, source="disk", cache_share=0.5,
-                                          order=1)))
-    control = write_control(cfg, tmp_path / "placement.toml")
+    control = _two_tables(demo_table, tmp_path, "dram", 0.5)
     monkeypatch.setattr("slacktier.store.disk.probe_io_uring", lambda: "io_uring_setup failed: Operation not permitted")
     assert cli.main(["inspect", str(control), "--json"]) == 0
     t1, t14 = json.loads(capsys.readouterr().out)["control_report"]["tables"]
@@ -154,11 +161,7 @@ def test_inspect_predicts_the_control_files_placement_as_the_planner_does(demo_t
     from slacktier.plan import TableDemand, load_miss_curves, load_tiers, predict_fixed_placement
 
     first, second = DEMO.layers
-    cfg = ControlFile(engine=EngineConfig(cache_rows=8192, max_tokens=64),
-                      tables=(TableConfig(layer=first, manifest=demo_table.path, source="disk", cache_share=0.75),
-                              TableConfig(layer=second, manifest=demo_table.path, source="disk", cache_share=0.25,
-                                          order=1)))
-    control = write_control(cfg, tmp_path / "placement.toml")
+    control = _two_tables(demo_table, tmp_path, "disk", 0.75)
     tiers = tmp_path / "tiers.toml"
     tiers.write_text('[[tier]]\nname = "dram"\nintercept_ms = 0.01\npage_ms = 0.00001\ncontention_page_ms = 0\n\n'
                      '[[tier]]\nname = "disk"\nintercept_ms = 0.30\npage_ms = 0.00305\ncontention_page_ms = 0.00037\n'
