@@ -1,7 +1,8 @@
-"""Disk tier: random 4 KiB O_DIRECT page reads, io_uring vs thread-pool engine vs fio, same file.
+"""Disk tier: random 4 KiB O_DIRECT page reads, io_uring vs the threads engine vs fio, same file.
 
-io_uring and fio run at the same queue depth; the thread-pool engine runs
-min(depth, PREAD_THREADS_MAX) threads (store/disk.py), one read in flight each.
+io_uring and fio run at the same queue depth; the threads engine (pread on the C
+queue's threads: io_uring is needed here anyway, so the helper builds) runs
+min(depth, MAX_ENGINE_THREADS) threads (store/uring_queue.py), one read in flight each.
 
 For each batch size (700 and 3,000 pages, the paper's per-step page counts)
 the DiskSource submits batches of uniformly random pages of one large file
@@ -40,7 +41,7 @@ import numpy as np
 from slacktier.config import DiskOptions
 from slacktier.store import PageBufferPool, PageReads
 from slacktier.store.disk import DiskSource
-from slacktier.store.pread_queue import PREAD_THREADS_MAX
+from slacktier.store._native import MAX_ENGINE_THREADS
 from slacktier.tables.layout import PAGE_BYTES
 from slacktier.tables.regions import Region
 
@@ -145,8 +146,8 @@ def main() -> int:
     ap.add_argument("--file-gib", type=float, default=4.0)
     ap.add_argument("--depth", type=int, default=128, help="queue depth: io_uring entries, fio iodepth")
     ap.add_argument("--extra-threads", type=int, nargs="*", default=[],
-                    help="also run the thread-pool engine at these queue depths (its threads: at most "
-                         f"{PREAD_THREADS_MAX})")
+                    help="also run the threads engine at these queue depths (its threads: at most "
+                         f"{MAX_ENGINE_THREADS})")
     ap.add_argument("--batches", type=int, nargs="+", default=[700, 3000])
     ap.add_argument("--seconds", type=float, default=0.5, help="per run (fio adds ~0.7 s of start and stop)")
     ap.add_argument("--pairs", type=int, default=3, help="(engine, fio) pairs per configuration per round")
@@ -163,8 +164,8 @@ def main() -> int:
           f"(written in {time.perf_counter() - t0:.0f} s)")
     region = [Region(layer=0, rank=0, path=str(args.file), offset_bytes=0, pages=file_pages)]
     sources = {f"io_uring qd{args.depth}": DiskSource(region, DiskOptions(engine="io_uring", queue_depth=args.depth))}
-    # The thread engine runs min(queue_depth, PREAD_THREADS_MAX) threads; more cost CPU without adding IOPS.
-    thread_counts = {min(t, PREAD_THREADS_MAX) for t in [args.depth, *args.extra_threads]}
+    # The threads engine runs min(queue_depth, MAX_ENGINE_THREADS) threads.
+    thread_counts = {min(t, MAX_ENGINE_THREADS) for t in [args.depth, *args.extra_threads]}
     for threads in sorted(thread_counts):
         sources[f"threads x{threads}"] = DiskSource(region, DiskOptions(engine="threads", queue_depth=threads))
     pool = PageBufferPool(max(args.batches))
