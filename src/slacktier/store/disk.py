@@ -19,7 +19,8 @@ earlier layer's leave. Two engines drive a queue:
   (`PreadThreadsQueue`: queue_depth worker threads calling pread, the same
   admission and lane); without a compiler, Python threads issuing
   ``os.preadv`` (store/pread_queue.py). Choosing it under ``engine="auto"`` is
-  logged at WARNING and counted in `ENGINE_FALLBACKS`.
+  logged (at WARNING the first time per reason in a process, then at INFO) and
+  counted in `ENGINE_FALLBACKS`.
 
 Compiled code queues batches through the source's lane (`lane()`, store.base.Lane:
 the io_uring medium's `UringLane`, or a queue of a tier built on this one),
@@ -250,11 +251,9 @@ class DiskSource(RegionSource):
         return _QUEUES[engine_name]
 
     def _choose_engine(self, engine: str) -> str:
-        if engine == "threads":
-            return "threads"
-        reason = self._engine_missing()
-        if reason is None:
-            return "io_uring"
+        name, reason, _ = self.engine_choice(engine)
+        if reason is None:   # as asked: io_uring serves, or "threads" was asked for
+            return name
         if engine == "io_uring":
             raise SlackTierError(ErrorKind.UNAVAILABLE, f"io_uring engine asked for but unavailable: {reason}",
                                  fix=f"choose [table.{self.tier_key}] engine = 'threads' or 'auto'")
